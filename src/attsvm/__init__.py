@@ -1,0 +1,64 @@
+"""attsvm — Transformers as Support Vector Machines (Tarzanagh, Li, Thrampoulidis, Oymak, 2023).
+
+Solve the attention SVMs with certificates, train one-layer attention and watch it converge to
+them, reproduce the paper's figures, and carry the ideas to real pretrained transformers.
+
+The public API is listed in ``__all__``; names load lazily so that ``import attsvm`` does not pull
+torch until a torch-backed name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (STYLE: private modules, curated re-exports)
+_EXPORTS: dict[str, str] = {
+    # problem and data (SPEC §1–2)
+    "AttentionProblem": "attsvm.problem",
+    "Head": "attsvm.problem",
+    "TieError": "attsvm.problem",
+    "datasets": "attsvm.datasets",
+    # tokens (SPEC §2)
+    "pair_differences": "attsvm.tokens",
+    "margins": "attsvm.tokens",
+    "support_tokens": "attsvm.tokens",
+    "selected_tokens": "attsvm.tokens",
+    "LocalOptimalityReport": "attsvm.tokens",
+    # solvers (SPEC §3, §5)
+    "AttentionSVM": "attsvm.svm",
+    "InfeasibleSVMError": "attsvm.svm",
+    "feasible": "attsvm.svm",
+    "FeasibilityReport": "attsvm.svm",
+    "locally_optimal": "attsvm.svm",
+    "ConstraintSet": "attsvm.svm",
+    # metrics (SPEC §4, §7)
+    "correlation": "attsvm.metrics",
+    "singular_values": "attsvm.metrics",
+    "matrix_rank": "attsvm.metrics",
+    "effective_rank": "attsvm.metrics",
+    "nuc_fro_ratio": "attsvm.metrics",
+    # training (SPEC §4)
+    "AttentionModel": "attsvm.model",
+    "train": "attsvm.train",
+    "TrainResult": "attsvm.train",
+    "regularization_path": "attsvm.train",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attsvm' has no attribute {name!r}")
+    mod = importlib.import_module(module)
+    value = mod if module.endswith("." + name) else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,75 @@
+"""Input checking shared by every public entry point.
+
+Each helper raises ``ValueError``/``TypeError`` naming the argument, what was expected and what
+came, so that no user ever sees a numpy traceback from deep inside a solver (STYLE habit 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["as_float_array", "check_choice", "check_positive_int", "check_finite_scalar"]
+
+
+def as_float_array(value: Any, name: str, *, ndim: int | None = None,
+                   shape: tuple[int | None, ...] | None = None) -> NDArray[np.float64]:
+    """Return ``value`` as a finite float64 array, or raise naming ``name``.
+
+    ``shape`` entries that are ``None`` are free; others must match exactly.
+    """
+    if value is None:
+        raise TypeError(f"{name} must be an array, got None")
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise TypeError(f"{name} must be array-like, got {type(value).__name__}") from exc
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{name} must be real, got complex dtype {arr.dtype}")
+    arr = arr.astype(np.float64, copy=True)
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {arr.shape}")
+    if shape is not None:
+        if arr.ndim != len(shape) or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise ValueError(f"{name} must be finite, got {bad} NaN/inf entries")
+    return arr
+
+
+def check_choice(value: Any, name: str, allowed: Iterable[Any]) -> Any:
+    """Check that ``value`` is one of ``allowed`` (STYLE habit 2: modes are checked in one place)."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}")
+    return value
+
+
+def check_positive_int(value: Any, name: str, *, minimum: int = 1) -> int:
+    """Check an integer argument ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_finite_scalar(value: Any, name: str, *, positive: bool = False) -> float:
+    """Check a real finite scalar (optionally ``> 0``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return value

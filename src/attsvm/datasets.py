@@ -1,0 +1,119 @@
+"""Instances: the published data recipe, the hand-built GD-path instances, and a numpy generator.
+
+``paper_instance`` follows SPEC §6 draw for draw (one ``torch.Generator`` seeded with the run index;
+``v``, ``Y``, ``X``, ``Z`` drawn in that order in float32 and normalised as the published code does,
+then converted to float64), so seed ``s`` here is run ``s`` of the published notebooks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ._validation import check_choice, check_finite_scalar, check_positive_int
+from .problem import AttentionProblem, Head
+
+__all__ = ["paper_instance", "gd_paths_instance", "random_instance"]
+
+
+def _check_nTd(n: int, T: int, d: int) -> tuple[int, int, int]:
+    return (check_positive_int(n, "n"), check_positive_int(T, "T", minimum=2), check_positive_int(d, "d"))
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    return int(seed)
+
+
+def paper_instance(n: int, T: int, d: int, *, seed: int, self_attention: bool = False,
+                   query_index: int = 0) -> AttentionProblem:
+    """The published data recipe (SPEC §6), reproducing the published draws seed for seed.
+
+    ``v ~ N(0, I_d)`` normalised; ``Y = 2·1[N(0,1) > 0] − 1``; ``X ~ N(0, I)`` of shape (n, T, d) with
+    each token normalised; ``Z ~ N(0, I)`` of shape (n, d) with each row normalised. With
+    ``self_attention=True`` the same draws are made (``Z`` is drawn and discarded, as in the published
+    code) and ``z_i = x_{i, query_index}``.
+    """
+    n, T, d = _check_nTd(n, T, d)
+    seed = _check_seed(seed)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    v = torch.randn((d,), generator=g)
+    v /= torch.norm(v)
+    Y = 2 * torch.ones(n) * (torch.randn(n, generator=g) > 0) - 1
+    X = torch.randn((n, T, d), generator=g)
+    X /= torch.norm(X, dim=-1, keepdim=True)
+    Z = torch.randn((n, d), generator=g)
+    Z /= torch.norm(Z, dim=-1, keepdim=True)
+    Xn, Yn, Zn, vn = (t.double().numpy() for t in (X, Y, Z, v))
+    if self_attention:
+        return AttentionProblem(Xn, Yn, vn, query_index=query_index)
+    return AttentionProblem(Xn, Yn, vn, Z=Zn)
+
+
+def gd_paths_instance(T: Literal[3, 5] = 3) -> AttentionProblem:
+    """The hand-built instance of the GD-path figures (SPEC §6 ``gd-paths``): n = 2, d = 2.
+
+    Seed 1; ``v ~ N(0, I)`` normalised; ``y = (1, 1)``; tokens ``0.3·N(0, I)`` shifted by (−1, 0) in
+    sequence 0 and (+1, 0) in sequence 1; unit-norm Gaussian cross-attention queries.
+    """
+    if T not in (3, 5):
+        raise ValueError(f"T must be 3 or 5 (the two GD-path figures), got {T!r}")
+    n, d = 2, 2
+    g = torch.Generator()
+    g.manual_seed(1)
+    v = torch.randn((d,), generator=g)
+    v /= torch.norm(v)
+    Y = torch.ones(n)
+    X = 0.3 * torch.randn((n, T, d), generator=g)
+    X[0] += torch.tensor([-1.0, 0.0])
+    X[1] += torch.tensor([1.0, 0.0])
+    Z = torch.randn((n, d), generator=g)
+    Z /= torch.norm(Z, dim=-1, keepdim=True)
+    return AttentionProblem(X.double().numpy(), Y.double().numpy(), v.double().numpy(), Z=Z.double().numpy())
+
+
+def random_instance(n: int, T: int, d: int, *, seed: int | np.random.Generator,
+                    self_attention: bool = False, query_index: int = 0,
+                    token_norm: float | None = 1.0, query_norm: float | None = 1.0,
+                    head: Literal["linear", "relu", "multiclass"] = "linear", n_classes: int = 3,
+                    head_width: int | None = None) -> AttentionProblem:
+    """A Gaussian instance from a numpy generator, with options.
+
+    Tokens, queries and head are standard Gaussian; ``token_norm`` / ``query_norm`` rescale each
+    token / query to that norm (None keeps the raw draw). ``head="relu"`` draws V (d, head_width)
+    with ‖V‖_F = 1; ``head="multiclass"`` draws V (d, n_classes) and uniform class labels.
+    """
+    n, T, d = _check_nTd(n, T, d)
+    check_choice(head, "head", ("linear", "relu", "multiclass"))
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(_check_seed(seed))
+    X = rng.standard_normal((n, T, d))
+    if token_norm is not None:
+        token_norm = check_finite_scalar(token_norm, "token_norm", positive=True)
+        X *= token_norm / np.linalg.norm(X, axis=-1, keepdims=True)
+    Z = rng.standard_normal((n, d))
+    if query_norm is not None:
+        query_norm = check_finite_scalar(query_norm, "query_norm", positive=True)
+        Z *= query_norm / np.linalg.norm(Z, axis=-1, keepdims=True)
+    if head == "linear":
+        v = rng.standard_normal(d)
+        h: Head = Head.linear(v / np.linalg.norm(v))
+        y = np.where(rng.standard_normal(n) > 0, 1.0, -1.0)
+    elif head == "relu":
+        k = d if head_width is None else check_positive_int(head_width, "head_width")
+        V = rng.standard_normal((d, k))
+        h = Head.relu(V / np.linalg.norm(V))
+        y = np.where(rng.standard_normal(n) > 0, 1.0, -1.0)
+    else:
+        C = check_positive_int(n_classes, "n_classes", minimum=2)
+        V = rng.standard_normal((d, C))
+        h = Head.multiclass(V / np.linalg.norm(V))
+        y = rng.integers(0, C, size=n).astype(np.float64)
+    if self_attention:
+        return AttentionProblem(X, y, h, query_index=query_index)
+    return AttentionProblem(X, y, h, Z=Z)

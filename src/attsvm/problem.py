@@ -1,0 +1,327 @@
+"""The attention-SVM instance: tokens, labels, queries and head (SPEC §1–2).
+
+An :class:`AttentionProblem` holds the data of one ERM instance
+
+    f(X_i) = h(X_iᵀ softmax(X_i W z_i)),     i = 1..n,
+
+with tokens ``X`` of shape (n, T, d), labels ``y``, the query ``z_i`` of each sequence (given as ``Z``
+for cross-attention, or ``z_i = X[i, query_index]`` for self-attention) and a head ``h``. It computes
+the token scores γ (SPEC §2) and the optimal tokens, and validates everything on construction so
+that downstream solvers and trainers never see malformed input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._validation import as_float_array, check_choice
+
+__all__ = ["AttentionProblem", "Head", "TieError", "HeadKind", "LossName", "LOSSES", "loss_fn"]
+
+HeadKind = Literal["linear", "relu", "multiclass"]
+LossName = Literal["logistic", "exponential", "correlation"]
+LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation")
+TIES: tuple[str, ...] = ("raise", "first")
+
+# Relative tolerance under which two token scores count as a tie for the maximum (SPEC §2).
+TIE_RTOL = 1e-12
+
+
+class TieError(ValueError):
+    """Raised when some sequence has several tokens sharing the maximal score (SPEC §2).
+
+    ``sequences`` lists the offending sequence indices and ``tied`` the tied token indices of each.
+    """
+
+    def __init__(self, sequences: list[int], tied: list[list[int]]):
+        self.sequences = sequences
+        self.tied = tied
+        shown = ", ".join(f"sequence {i}: tokens {t}" for i, t in list(zip(sequences, tied))[:10])
+        more = "" if len(sequences) <= 10 else f" (and {len(sequences) - 10} more)"
+        super().__init__(
+            f"the optimal token is not unique in {len(sequences)} sequence(s) ({shown}{more}); "
+            "the theory assumes a strict maximum. Pass ties='first' to take the first maximiser, "
+            "or give the token selection explicitly."
+        )
+
+
+def loss_fn(name: str, u: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Evaluate a loss ℓ(u) of SPEC §1 in a form that stays finite for huge |u|.
+
+    logistic: log(1 + e^{−u}) as a stable softplus; exponential: e^{−u} (clipped exponent, so
+    it overflows to a large finite number rather than inf); correlation: −u.
+    """
+    check_choice(name, "loss", LOSSES)
+    u = np.asarray(u, dtype=np.float64)
+    if name == "logistic":
+        return np.logaddexp(0.0, -u)
+    if name == "exponential":
+        return np.exp(np.minimum(-u, 700.0))
+    return -u
+
+
+@dataclass(frozen=True)
+class Head:
+    """A prediction head h (SPEC §1).
+
+    * ``linear``: h(x) = vᵀx with ``weights`` of shape (d,).
+    * ``relu``: h(x) = 1ᵀ ReLU(Vᵀx) with ``weights`` V of shape (d, k).
+    * ``multiclass``: logits Vᵀx with ``weights`` V of shape (d, C), trained with cross-entropy.
+    """
+
+    kind: HeadKind
+    weights: NDArray[np.float64]
+
+    @classmethod
+    def linear(cls, v: ArrayLike) -> Head:
+        return cls("linear", as_float_array(v, "v", ndim=1))
+
+    @classmethod
+    def relu(cls, V: ArrayLike) -> Head:
+        return cls("relu", as_float_array(V, "V", ndim=2))
+
+    @classmethod
+    def multiclass(cls, V: ArrayLike) -> Head:
+        V = as_float_array(V, "V", ndim=2)
+        if V.shape[1] < 2:
+            raise ValueError(f"V of a multiclass head must have at least 2 columns (classes), got {V.shape}")
+        return cls("multiclass", V)
+
+    @property
+    def d(self) -> int:
+        return int(self.weights.shape[0])
+
+    @property
+    def n_classes(self) -> int | None:
+        return int(self.weights.shape[1]) if self.kind == "multiclass" else None
+
+    def __call__(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Apply the head to vectors ``x`` of shape (..., d): (...) or (..., C) for multiclass."""
+        if self.kind == "linear":
+            return x @ self.weights
+        if self.kind == "relu":
+            return np.maximum(x @ self.weights, 0.0).sum(axis=-1)
+        return x @ self.weights
+
+
+class AttentionProblem:
+    """One attention-ERM instance (SPEC §1).
+
+    Parameters
+    ----------
+    X : array of shape (n, T, d)
+        Tokens; ``T >= 2``.
+    y : array of shape (n,)
+        Labels in {−1, +1} (linear and ReLU heads) or class indices 0..C−1 (multiclass head).
+    v : array of shape (d,) or Head
+        The linear head vector, or a :class:`Head` for the nonlinear / multiclass heads.
+    Z : array of shape (n, d), optional
+        Cross-attention queries ``z_i``. Exactly one of ``Z`` and ``query_index`` must be given.
+    query_index : int, optional
+        Self-attention: ``z_i = X[i, query_index]`` (the paper's ``x_1`` / ``x_CLS``).
+    loss : {"logistic", "exponential", "correlation"}
+        ℓ used for nonlinear-head token scores (SPEC §2) and as the trainer's default.
+
+    Attributes
+    ----------
+    X, y, Z, query_index, head, loss
+        The validated data (float64 copies; ``Z`` is None for self-attention).
+    n, T, d : int
+    """
+
+    def __init__(self, X: ArrayLike, y: ArrayLike, v: ArrayLike | Head, *, Z: ArrayLike | None = None,
+                 query_index: int | None = None, loss: LossName = "logistic") -> None:
+        X = as_float_array(X, "X", ndim=3)
+        n, T, d = X.shape
+        if n < 1 or d < 1:
+            raise ValueError(f"X must have n >= 1 sequences and d >= 1 features, got shape {X.shape}")
+        if T < 2:
+            raise ValueError(f"X must have T >= 2 tokens per sequence (attention needs a choice), got T={T}")
+        self.loss: str = check_choice(loss, "loss", LOSSES)
+
+        if isinstance(v, Head):
+            head = v
+        else:
+            head = Head.linear(as_float_array(v, "v", ndim=1))
+        if head.d != d:
+            raise ValueError(f"the head expects d={head.d} features but X has d={d} (X shape {X.shape})")
+        self.head: Head = head
+
+        y_arr = as_float_array(y, "y", ndim=1)
+        if y_arr.shape[0] != n:
+            raise ValueError(f"y must have one label per sequence: expected shape ({n},), got {y_arr.shape}")
+        if head.kind == "multiclass":
+            C = head.n_classes
+            assert C is not None
+            if not np.all((y_arr == np.round(y_arr)) & (y_arr >= 0) & (y_arr < C)):
+                raise ValueError(f"y must hold class indices in 0..{C - 1} for a multiclass head, "
+                                 f"got values {np.unique(y_arr)[:10]}")
+        elif not np.all(np.isin(y_arr, (-1.0, 1.0))):
+            bad = np.unique(y_arr[~np.isin(y_arr, (-1.0, 1.0))])[:10]
+            raise ValueError(f"y must hold labels in {{-1, +1}}, got other values {bad}")
+
+        if (Z is None) == (query_index is None):
+            raise ValueError("give exactly one of Z (cross-attention queries, shape (n, d)) and "
+                             f"query_index (self-attention); got Z={'None' if Z is None else 'array'}, "
+                             f"query_index={query_index!r}")
+        if Z is not None:
+            Z_arr: NDArray[np.float64] | None = as_float_array(Z, "Z", shape=(n, d))
+            qi: int | None = None
+        else:
+            if isinstance(query_index, bool) or not isinstance(query_index, (int, np.integer)):
+                raise TypeError(f"query_index must be an integer token index, got {query_index!r}")
+            if not -T <= int(query_index) < T:
+                raise ValueError(f"query_index must be in [0, {T}) (a token index), got {query_index}")
+            Z_arr, qi = None, int(query_index) % T
+        self.X: NDArray[np.float64] = X
+        self.y: NDArray[np.float64] = y_arr
+        self.Z: NDArray[np.float64] | None = Z_arr
+        self.query_index: int | None = qi
+        for arr in (self.X, self.y) + ((self.Z,) if self.Z is not None else ()):
+            arr.setflags(write=False)
+
+    # ------------------------------------------------------------------ shapes and views
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def T(self) -> int:
+        return int(self.X.shape[1])
+
+    @property
+    def d(self) -> int:
+        return int(self.X.shape[2])
+
+    @property
+    def self_attention(self) -> bool:
+        return self.Z is None
+
+    @property
+    def v(self) -> NDArray[np.float64] | None:
+        """The linear head vector (None for other heads)."""
+        return self.head.weights if self.head.kind == "linear" else None
+
+    @property
+    def queries(self) -> NDArray[np.float64]:
+        """The query ``z_i`` of every sequence, shape (n, d)."""
+        if self.Z is not None:
+            return self.Z
+        assert self.query_index is not None
+        return self.X[:, self.query_index, :]
+
+    def __repr__(self) -> str:
+        mode = "cross" if self.Z is not None else f"self(query_index={self.query_index})"
+        return f"AttentionProblem(n={self.n}, T={self.T}, d={self.d}, {mode}, head={self.head.kind})"
+
+    # ------------------------------------------------------------------ scores (SPEC §2)
+    @property
+    def scores(self) -> NDArray[np.float64]:
+        """Token scores γ of shape (n, T) (SPEC §2).
+
+        Linear head: ``γ_it = y_i vᵀx_it``. Other heads: ``γ_it = −ℓ(y_i h(x_it))`` (the loss the
+        sequence would have with all attention on token t); multiclass: minus the cross-entropy.
+        """
+        out = self.head(self.X)  # (n, T) or (n, T, C)
+        if self.head.kind == "linear":
+            return self.y[:, None] * out
+        if self.head.kind == "relu":
+            return -loss_fn(self.loss, self.y[:, None] * out)
+        # multiclass: log-softmax of the true class, stable
+        logits = out
+        m = logits.max(axis=-1, keepdims=True)
+        lse = m[..., 0] + np.log(np.exp(logits - m).sum(axis=-1))
+        true = np.take_along_axis(logits, self.y.astype(int)[:, None, None].repeat(self.T, 1), axis=-1)[..., 0]
+        return true - lse
+
+    def optimal_tokens(self, ties: Literal["raise", "first"] = "raise") -> NDArray[np.int64]:
+        """``opt_i = argmax_t γ_it`` of shape (n,) (SPEC §2).
+
+        A tie for the maximum breaks the theory's assumption: by default a :class:`TieError` names
+        the sequences concerned; ``ties="first"`` takes the first maximiser instead.
+        """
+        check_choice(ties, "ties", TIES)
+        g = self.scores
+        opt = np.argmax(g, axis=1).astype(np.int64)
+        if ties == "raise":
+            top = g.max(axis=1, keepdims=True)
+            close = np.isclose(g, top, rtol=TIE_RTOL, atol=TIE_RTOL * (1.0 + np.abs(top)))
+            counts = close.sum(axis=1)
+            if np.any(counts > 1):
+                seqs = [int(i) for i in np.flatnonzero(counts > 1)]
+                raise TieError(seqs, [[int(t) for t in np.flatnonzero(close[i])] for i in seqs])
+        return opt
+
+    def check_tokens(self, tokens: ArrayLike | None, name: str = "tokens") -> NDArray[np.int64]:
+        """Validate a token selection α (one index per sequence); None means the optimal tokens."""
+        if tokens is None:
+            return self.optimal_tokens()
+        arr = np.asarray(tokens)
+        if arr.shape != (self.n,):
+            raise ValueError(f"{name} must hold one token index per sequence: shape ({self.n},), got {arr.shape}")
+        if not np.issubdtype(arr.dtype, np.integer):
+            if np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):
+                arr = arr.astype(np.int64)
+            else:
+                raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
+        if np.any(arr < 0) or np.any(arr >= self.T):
+            raise ValueError(f"{name} must be token indices in [0, {self.T}), got values outside: "
+                             f"{arr[(arr < 0) | (arr >= self.T)][:10]}")
+        return arr.astype(np.int64)
+
+    # ------------------------------------------------------------------ attention
+    def logits(self, W: ArrayLike) -> NDArray[np.float64]:
+        """Attention logits ``x_itᵀ W z_i`` of shape (n, T) for one W (d, d) or a batch (R, d, d)."""
+        W = as_float_array(W, "W")
+        if W.shape[-2:] != (self.d, self.d) or W.ndim not in (2, 3):
+            raise ValueError(f"W must have shape ({self.d}, {self.d}) or (R, {self.d}, {self.d}), got {W.shape}")
+        u = np.einsum("...de,ne->...nd", W, self.queries)  # (..., n, d): W z_i
+        return np.einsum("ntd,...nd->...nt", self.X, u)
+
+    def softmax(self, W: ArrayLike) -> NDArray[np.float64]:
+        """Attention probabilities ``s_it`` of shape (n, T) (or (R, n, T)), computed stably."""
+        g = self.logits(W)
+        g = g - g.max(axis=-1, keepdims=True)
+        e = np.exp(g)
+        return e / e.sum(axis=-1, keepdims=True)
+
+    # ------------------------------------------------------------------ persistence
+    def to_npz(self, path: str | Path) -> None:
+        """Save to a ``.npz`` file readable by :meth:`from_npz` and ``attsvm solve --input``."""
+        arrays: dict[str, NDArray] = {"X": self.X, "y": self.y, "head_kind": np.array(self.head.kind),
+                                      "head_weights": self.head.weights, "loss": np.array(self.loss)}
+        if self.Z is not None:
+            arrays["Z"] = self.Z
+        else:
+            arrays["query_index"] = np.array(self.query_index)
+        np.savez(path, **arrays)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_npz(cls, path: str | Path) -> AttentionProblem:
+        """Load an instance from ``.npz`` with arrays ``X``, ``y``, ``v`` (or ``head_kind`` +
+        ``head_weights``) and ``Z`` or ``query_index``."""
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"input file {str(path)!r} does not exist")
+        with np.load(path, allow_pickle=False) as f:
+            keys = set(f.files)
+            missing = {"X", "y"} - keys
+            if missing:
+                raise ValueError(f"{path} must contain arrays X and y; missing {sorted(missing)} (has {sorted(keys)})")
+            if "head_kind" in keys:
+                kind = str(f["head_kind"])
+                w = f["head_weights"]
+                head: Head = {"linear": Head.linear, "relu": Head.relu, "multiclass": Head.multiclass}[kind](w)
+            elif "v" in keys:
+                head = Head.linear(f["v"])
+            else:
+                raise ValueError(f"{path} must contain the head: array v (linear) or head_kind + head_weights")
+            Z = f["Z"] if "Z" in keys else None
+            qi = int(f["query_index"]) if "query_index" in keys else None
+            loss = str(f["loss"]) if "loss" in keys else "logistic"
+            return cls(f["X"], f["y"], head, Z=Z, query_index=qi, loss=loss)  # type: ignore[arg-type]

@@ -1,0 +1,163 @@
+"""The constraint data every attention-SVM solver consumes (SPEC §3, §5).
+
+All attention SVMs here share one shape: constraints indexed by pairs ``k = (i, t)`` laid out as
+(n, T) arrays, each with a feature ``a_it ∈ R^d``, the sequence's query ``z_i ∈ R^d``, a right-hand
+side ``b_it`` and a kind (inequality ``a_itᵀ W z_i ≥ b_it`` or equality ``= b_it``); ``mask`` marks
+which (i, t) are constraints at all. This covers
+
+* Att-SVM(α): ``a_it = x_{iα_i} − x_it``, ``b = 1``, inequalities, mask ``t ≠ α_i``;
+* SVM-eq (SPEC §5): with a reference ``r_i ∈ O_i``, equalities ``b = 0`` for ``t ∈ O_i \\ {r_i}``
+  and inequalities ``b = 1`` for ``t ∉ O_i``;
+* W_fin (SPEC §5): equalities ``b = log(s_{ir}/s_it)`` for ``t ∈ O_i \\ {r_i}``.
+
+The constraint operator ``𝒜(W)_it = a_itᵀ W z_i`` and its adjoint ``𝒜*(λ) = Σ λ_it a_it z_iᵀ`` are
+vectorised (cost O(n·T·d + n·d²)), so matrix-free solvers never form the K × K Gram matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..problem import AttentionProblem
+from ..tokens import pair_differences
+
+__all__ = ["ConstraintSet", "att_svm_constraints", "Subspaces"]
+
+
+@dataclass(frozen=True)
+class Subspaces:
+    """Orthonormal bases reducing a d × d problem to a small one (SPEC §3, "Structure").
+
+    ``W = U M Vᵀ`` with ``U`` (d, r_a) spanning the constraint features {a_k} and ``V`` (d, r_z)
+    spanning the queries {z_i}; ``A`` (n, T, r_a) and ``Z`` (n, r_z) are the reduced data.
+    """
+
+    U: NDArray[np.float64]
+    V: NDArray[np.float64]
+    A: NDArray[np.float64]
+    Z: NDArray[np.float64]
+
+    def lift(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``W = U M Vᵀ`` (d, d) from a reduced ``M`` (r_a, r_z)."""
+        return self.U @ M @ self.V.T
+
+
+def _orth(rows: NDArray[np.float64], rtol: float = 1e-12) -> NDArray[np.float64]:
+    """Orthonormal basis (d, r) of the row span of ``rows`` (m, d), by SVD at relative ``rtol``."""
+    if rows.size == 0:
+        return np.zeros((rows.shape[-1], 0))
+    _, s, vt = np.linalg.svd(rows, full_matrices=False)
+    if s.size == 0 or s[0] == 0:
+        return np.zeros((rows.shape[-1], 0))
+    r = int((s > rtol * s[0]).sum())
+    return vt[:r].T.copy()
+
+
+@dataclass(frozen=True)
+class ConstraintSet:
+    """Linear constraints ``a_itᵀ W z_i (≥ or =) b_it`` in the (n, T) layout (see module doc).
+
+    Attributes
+    ----------
+    A : (n, T, d) features; rows where ``mask`` is False are ignored (and kept zero).
+    Z : (n, d) queries.
+    mask : (n, T) bool, True where (i, t) is a constraint.
+    rhs : (n, T) right-hand sides ``b_it`` (0 where masked).
+    equality : (n, T) bool, True for equality constraints (False where masked).
+    """
+
+    A: NDArray[np.float64]
+    Z: NDArray[np.float64]
+    mask: NDArray[np.bool_]
+    rhs: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
+    equality: NDArray[np.bool_] = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        n, T, d = self.A.shape
+        assert self.Z.shape == (n, d) and self.mask.shape == (n, T)
+        A = np.where(self.mask[..., None], self.A, 0.0)
+        object.__setattr__(self, "A", A)
+        rhs = np.ones((n, T)) if self.rhs is None else np.asarray(self.rhs, dtype=np.float64)
+        object.__setattr__(self, "rhs", np.where(self.mask, rhs, 0.0))
+        eq = np.zeros((n, T), dtype=bool) if self.equality is None else np.asarray(self.equality, dtype=bool)
+        object.__setattr__(self, "equality", eq & self.mask)
+
+    # ---------------------------------------------------------------- sizes
+    @property
+    def n(self) -> int:
+        return int(self.A.shape[0])
+
+    @property
+    def T(self) -> int:
+        return int(self.A.shape[1])
+
+    @property
+    def d(self) -> int:
+        return int(self.A.shape[2])
+
+    @property
+    def n_constraints(self) -> int:
+        return int(self.mask.sum())
+
+    @property
+    def inequality(self) -> NDArray[np.bool_]:
+        return self.mask & ~self.equality
+
+    # ---------------------------------------------------------------- operator and adjoint
+    def apply(self, W: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``𝒜(W)_it = a_itᵀ W z_i`` of shape (n, T) (0 where masked). ``W`` may be (R, d, d)."""
+        U = np.einsum("...de,ne->...nd", W, self.Z)  # W z_i, (..., n, d)
+        return np.einsum("ntd,...nd->...nt", self.A, U) * self.mask
+
+    def adjoint(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``𝒜*(λ) = Σ_it λ_it a_it z_iᵀ`` of shape (d, d). ``lam`` may be (R, n, T) → (R, d, d)."""
+        B = np.einsum("...nt,ntd->...nd", lam * self.mask, self.A)  # Σ_t λ_it a_it, (..., n, d)
+        return np.einsum("...nd,ne->...de", B, self.Z)
+
+    def gram_diag(self) -> NDArray[np.float64]:
+        """``‖a_it z_iᵀ‖_F² = ‖a_it‖² ‖z_i‖²`` of shape (n, T) (0 where masked)."""
+        return (self.A ** 2).sum(-1) * (self.Z ** 2).sum(-1)[:, None] * self.mask
+
+    def gram(self) -> NDArray[np.float64]:
+        """Dense Gram matrix ``G_kl = (a_kᵀa_l)(z_kᵀz_l)`` over the K masked pairs (K, K), row-major order.
+
+        Only for small K (it is K² memory); matrix-free solvers use :meth:`apply`/:meth:`adjoint`.
+        """
+        idx = np.flatnonzero(self.mask.ravel())
+        Af = self.A.reshape(-1, self.d)[idx]
+        seq = idx // self.T
+        Zf = self.Z[seq]
+        return (Af @ Af.T) * (Zf @ Zf.T)
+
+    def violation(self, W: NDArray[np.float64]) -> float:
+        """Max constraint violation: ``max(b − m)_+`` over inequalities and ``|m − b|`` over equalities."""
+        m = self.apply(W)
+        ineq = np.where(self.inequality, np.maximum(self.rhs - m, 0.0), 0.0)
+        eq = np.where(self.equality, np.abs(m - self.rhs), 0.0)
+        return float(max(ineq.max(initial=0.0), eq.max(initial=0.0)))
+
+    # ---------------------------------------------------------------- structure (SPEC §3)
+    def subspaces(self, rtol: float = 1e-12) -> Subspaces:
+        """Bases of span{a_k} and span{z_i} and the reduced data (see :class:`Subspaces`).
+
+        Projecting W onto them keeps every constraint and cannot raise the Frobenius or nuclear norm,
+        so some optimal W has the form ``U M Vᵀ``.
+        """
+        rows = self.A[self.mask]
+        U = _orth(rows, rtol)
+        used = self.mask.any(axis=1)
+        V = _orth(self.Z[used], rtol)
+        return Subspaces(U=U, V=V, A=self.A @ U, Z=self.Z @ V)
+
+    def restrict(self, sub: Subspaces) -> ConstraintSet:
+        """The same constraints written for the reduced variable M (r_a, r_z)."""
+        return ConstraintSet(sub.A, sub.Z, self.mask, self.rhs, self.equality)
+
+
+def att_svm_constraints(problem: AttentionProblem, tokens: NDArray[np.int64] | None = None) -> ConstraintSet:
+    """The constraints of Att-SVM(α) (SPEC §3): ``(x_{iα_i} − x_it)ᵀ W z_i ≥ 1`` for ``t ≠ α_i``."""
+    A, mask = pair_differences(problem, tokens)
+    return ConstraintSet(A, problem.queries.copy(), mask)

@@ -1,0 +1,122 @@
+"""Token structure of a selection α: pair differences, margins, support tokens (SPEC §2–3).
+
+For a selection ``α`` (one token per sequence) the Att-SVM constraints are indexed by pairs
+``k = (i, t ≠ α_i)`` with features ``a_it = x_{iα_i} − x_it`` and query ``z_i``; the margin of W on
+pair k is ``a_itᵀ W z_i``. Everything here is vectorised over (n, T); arrays keep the (n, T) layout
+with a boolean ``mask`` that is False at ``t = α_i``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._validation import as_float_array
+from .problem import AttentionProblem
+
+__all__ = ["pair_differences", "constraint_mask", "margins", "support_tokens", "selected_tokens",
+           "LocalOptimalityReport", "local_optimality_report", "SUPPORT_TOL"]
+
+# A constraint counts as tight (its token is a support token) when its margin is within this
+# relative tolerance of 1 (SPEC §2 "up to a tolerance").
+SUPPORT_TOL = 1e-6
+
+
+def constraint_mask(n: int, T: int, tokens: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """Boolean (n, T): True for the constraint pairs (i, t ≠ α_i)."""
+    mask = np.ones((n, T), dtype=bool)
+    mask[np.arange(n), tokens] = False
+    return mask
+
+
+def pair_differences(problem: AttentionProblem, tokens: ArrayLike | None = None
+                     ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """``a_it = x_{iα_i} − x_it`` of shape (n, T, d) and the constraint mask (n, T) (SPEC §3).
+
+    ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out.
+    """
+    alpha = problem.check_tokens(tokens)
+    X = problem.X
+    A = X[np.arange(problem.n), alpha][:, None, :] - X  # (n, T, d)
+    return A, constraint_mask(problem.n, problem.T, alpha)
+
+
+def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -> NDArray[np.float64]:
+    """Margins ``(x_{iα_i} − x_it)ᵀ W z_i`` of shape (n, T); ``+inf`` at ``t = α_i``.
+
+    Equivalently ``logit_{iα_i} − logit_it``. ``W`` may be a stack (R, d, d) → (R, n, T).
+    """
+    alpha = problem.check_tokens(tokens)
+    W = as_float_array(W, "W")
+    logits = problem.logits(W)  # (..., n, T)
+    top = np.take_along_axis(logits, np.broadcast_to(alpha[:, None], logits.shape[:-1] + (1,)), axis=-1)
+    m = top - logits
+    mask = constraint_mask(problem.n, problem.T, alpha)
+    return np.where(mask, m, np.inf)
+
+
+def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDArray[np.bool_]:
+    """Support tokens ``T_i(α)``: pairs whose margin is 1 up to ``tol`` (SPEC §2), shape (n, T).
+
+    ``margin`` must be the margins of the (normalised) SVM solution, with ``+inf`` at α_i.
+    """
+    return np.isfinite(margin) & (np.abs(margin - 1.0) <= tol * np.maximum(1.0, np.abs(margin)))
+
+
+def selected_tokens(problem: AttentionProblem, W: ArrayLike) -> NDArray[np.int64]:
+    """Tokens selected by attention ``α̂_i = argmax_t s_it`` (SPEC §4), shape (n,) or (R, n)."""
+    return np.argmax(problem.logits(W), axis=-1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class LocalOptimalityReport:
+    """Outcome of the local-optimality test of SPEC §2 for a selection α.
+
+    Attributes
+    ----------
+    tokens : (n,) the selection α.
+    feasible : whether Att-SVM(α) is feasible.
+    support : (n, T) bool, the support tokens T_i(α) (all False when infeasible).
+    passed : (n,) bool, per sequence: γ_{iα_i} > γ_it for every support token t.
+    offending : list, per sequence, of the support tokens with γ_it ≥ γ_{iα_i} (empty when passed).
+    locally_optimal : bool, feasible and every sequence passed.
+    """
+
+    tokens: NDArray[np.int64]
+    feasible: bool
+    support: NDArray[np.bool_]
+    passed: NDArray[np.bool_]
+    offending: list[list[int]]
+
+    @property
+    def locally_optimal(self) -> bool:
+        return bool(self.feasible and np.all(self.passed))
+
+    @property
+    def failed_sequences(self) -> list[int]:
+        return [int(i) for i in np.flatnonzero(~self.passed)]
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens.tolist(), "feasible": self.feasible,
+                "locally_optimal": self.locally_optimal,
+                "support": [np.flatnonzero(r).tolist() for r in self.support],
+                "passed": self.passed.tolist(), "offending": self.offending}
+
+
+def local_optimality_report(problem: AttentionProblem, tokens: ArrayLike, support: NDArray[np.bool_] | None,
+                            feasible: bool) -> LocalOptimalityReport:
+    """Apply the test of SPEC §2 given the support set of Att-SVM(α) (pure; the solve is the caller's).
+
+    α is locally optimal iff Att-SVM(α) is feasible and ``γ_{iα_i} > γ_it`` for every support token.
+    """
+    alpha = problem.check_tokens(tokens)
+    n, T = problem.n, problem.T
+    if not feasible or support is None:
+        sup = np.zeros((n, T), dtype=bool)
+        return LocalOptimalityReport(alpha, False, sup, np.zeros(n, dtype=bool), [[] for _ in range(n)])
+    g = problem.scores
+    bad = support & (g >= g[np.arange(n), alpha][:, None])  # (n, T)
+    offending = [np.flatnonzero(bad[i]).tolist() for i in range(n)]
+    return LocalOptimalityReport(alpha, True, support.copy(), ~bad.any(axis=1), offending)
