@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from ..problem import AttentionProblem
 from ..tokens import pair_differences
 
-__all__ = ["ConstraintSet", "att_svm_constraints", "Subspaces"]
+__all__ = ["ConstraintSet", "att_svm_constraints", "Subspaces", "RawSolution", "SolverStatus"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,26 @@ class ConstraintSet:
     def restrict(self, sub: Subspaces) -> ConstraintSet:
         """The same constraints written for the reduced variable M (r_a, r_z)."""
         return ConstraintSet(sub.A, sub.Z, self.mask, self.rhs, self.equality)
+
+
+SolverStatus = str  # "optimal" | "optimal_inaccurate" | "infeasible" | "max_iter" | "error"
+
+
+@dataclass
+class RawSolution:
+    """What a solver backend returns; the estimator turns it into a certified result.
+
+    ``W`` (d, d) is the primal solution (None when infeasible); ``dual`` (n, T) the multipliers λ
+    (0 where masked; ≥ 0 on inequalities, free on equalities) — for an infeasible instance, the
+    certificate of SPEC §3 (λ ≥ 0, 1ᵀλ = 1, 𝒜*(λ) = 0 up to round-off). ``info`` carries
+    backend-specific details (solver name, timings, iterations of inner loops).
+    """
+
+    W: NDArray[np.float64] | None
+    dual: NDArray[np.float64]
+    status: SolverStatus
+    n_iter: int = 0
+    info: dict = field(default_factory=dict)
 
 
 def att_svm_constraints(problem: AttentionProblem, tokens: NDArray[np.int64] | None = None) -> ConstraintSet:
