@@ -1,0 +1,24 @@
+"""Shared fixtures and settings for the attsvm test suite."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+try:  # tiny tensors: one intra-op thread is far faster on a loaded 2-core machine
+    import torch  # noqa: E402
+
+    torch.set_num_threads(1)
+except ImportError:  # pragma: no cover
+    pass
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)
