@@ -77,7 +77,8 @@ class ConstraintSet:
 
     def __post_init__(self) -> None:
         n, T, d = self.A.shape
-        assert self.Z.shape == (n, d) and self.mask.shape == (n, T)
+        # Z may have its own width: a restricted set (see :meth:`restrict`) has W of shape (r_a, r_z)
+        assert self.Z.ndim == 2 and self.Z.shape[0] == n and self.mask.shape == (n, T)
         A = np.where(self.mask[..., None], self.A, 0.0)
         object.__setattr__(self, "A", A)
         rhs = np.ones((n, T)) if self.rhs is None else np.asarray(self.rhs, dtype=np.float64)

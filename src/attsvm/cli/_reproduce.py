@@ -1,0 +1,74 @@
+"""``attsvm reproduce NAME|all``: run an experiment of SPEC §6 and write results, figures, report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "reproduce a paper experiment (or 'all'): results.json, figures, report.md; resumable"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="experiment name (see `attsvm list`) or 'all'")
+    parser.add_argument("--quick", action="store_true", help="a small CI-sized run")
+    parser.add_argument("--runs", type=int, default=None, help="override the number of runs")
+    parser.add_argument("--out", default=None, help="output folder (default results/NAME; rerun to resume)")
+    parser.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in-process)")
+    parser.add_argument("--scheduler", default=None,
+                        help="Dask scheduler address, or local:N for a loopback LocalCluster of N workers")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting (typed like its default); repeatable")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from attsvm.experiments import apply_overrides, experiment_names, get_experiment, parse_overrides, reproduce
+
+    raw = parse_overrides(args.overrides)
+    common = dict(quick=args.quick, runs=args.runs, workers=args.workers, scheduler=args.scheduler,
+                  progress=not args.no_progress, command=["attsvm"] + sys.argv[1:])
+    if args.name == "all":
+        if raw:
+            raise ValueError("--set cannot be combined with 'all' (settings differ per experiment)")
+        runs_arg = common.pop("runs")
+        names = experiment_names()
+        outs = []
+        from pathlib import Path
+
+        root = Path(args.out or "results")
+        from attsvm.experiments import make_executor
+        from attsvm.experiments._runner import write_index
+
+        ex = make_executor(args.workers, args.scheduler, temp_dir=root / ".dask-tmp")
+        try:
+            for name in names:
+                exp = get_experiment(name)
+                r = reproduce(name, out=root / name, executor=ex,
+                              runs=runs_arg if exp.runs_key else None,
+                              **{k: v for k, v in common.items() if k not in ("workers", "scheduler")})
+                outs.append(r)
+                write_index(root, outs)
+                _say(r)
+        finally:
+            ex.close()
+        print(f"index: {root / 'index.md'}")
+        return 0 if all(r.passed for r in outs) else 1
+    exp = get_experiment(args.name)
+    overrides = apply_overrides(exp.settings(quick=args.quick), raw)
+    r = reproduce(exp.name, out=args.out, overrides=overrides, **common)
+    _say(r)
+    return 0 if r.passed else 1
+
+
+def _say(r) -> None:  # type: ignore[no-untyped-def]
+    hl = r.results["headlines"]
+    judged = [h for h in hl if h["passed"] is not None]
+    ok = sum(h["passed"] is True for h in judged)
+    verdict = "agrees with the paper" if r.passed else "DISAGREES with the paper on some claims (see report)"
+    print(f"{r.name}: {ok}/{len(judged)} headline checks pass — {verdict}; "
+          f"{r.n_computed}/{r.n_trials} trials computed in {r.seconds:.1f} s")
+    for f in r.figures:
+        if f.suffix == ".png":
+            print(f"  figure:  {f}")
+    print(f"  report:  {r.report}")
+    print(f"  results: {r.out / 'results.json'}")

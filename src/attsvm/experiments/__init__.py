@@ -1,0 +1,20 @@
+"""Reproductions of the paper's experiments (SPEC §6): a registry, a resumable sweep runner on a
+local pool or Dask, and per-run results, figures and reports.
+
+>>> from attsvm.experiments import reproduce
+>>> run = reproduce("local-convergence", quick=True, out="results/lc")   # doctest: +SKIP
+>>> run.results["passed"], run.report                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from ._base import Experiment, Headline, apply_overrides, headline, parse_overrides
+from ._executor import DaskExecutor, Executor, PoolExecutor, SerialExecutor, make_executor
+from ._registry import EXPERIMENTS, experiment_names, get_experiment
+from ._runner import RunOutput, execute_trial, plot_run, reproduce, reproduce_all, versions
+from ._store import TrialStore
+
+__all__ = ["Experiment", "Headline", "headline", "apply_overrides", "parse_overrides", "Executor",
+           "SerialExecutor", "PoolExecutor", "DaskExecutor", "make_executor", "EXPERIMENTS",
+           "experiment_names", "get_experiment", "RunOutput", "execute_trial", "plot_run", "reproduce",
+           "reproduce_all", "versions", "TrialStore"]

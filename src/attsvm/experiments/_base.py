@@ -1,0 +1,198 @@
+"""The experiment interface: settings, trials, headline numbers (SPEC §6).
+
+An :class:`Experiment` is a declarative description of one reproduced figure:
+
+* ``defaults`` — the paper's settings (SPEC §6 table, the official code's values);
+* ``quick`` — overrides that shrink it to a CI-sized run;
+* ``claims`` — the statements of the paper it checks, by id;
+* ``trials(settings)`` — the trials, each a small JSON-able dict with a unique ``"key"``; a trial is a
+  *batch* (e.g. a chunk of seeds trained as one tensor program), so that paper scale stays fast;
+* ``more_trials(settings, data)`` — optional follow-up trials decided from finished data (used by
+  ``svm-eq``, whose acceptance rule discards seeds until enough runs are accepted);
+* ``run_trial(settings, trial)`` — pure and seeded: the same inputs give the same DataFrame;
+* ``aggregate(settings, data)`` — headline numbers, each tied to a claim with pass/fail;
+* ``plot(settings, data, results, outdir)`` — figures drawn only from saved data.
+
+Plotting never computes, and computing never plots (STYLE habit 11).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Experiment", "Headline", "Trial", "headline", "parse_overrides", "apply_overrides", "chunks"]
+
+Trial = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One measured number and the paper claim it checks.
+
+    ``passed`` is None for numbers that are reported without a pass/fail criterion (e.g. a drop count).
+    """
+
+    name: str
+    value: Any
+    claim: str
+    passed: bool | None
+    criterion: str = ""
+    paper: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["value"] = _jsonable(self.value)
+        return out
+
+
+def _jsonable(x: Any) -> Any:
+    """Turn numpy scalars/arrays (and nested containers of them) into JSON types; NaN → None."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return None if math.isnan(v) else v
+    return x
+
+
+@dataclass
+class Experiment:
+    """Base class of the registered experiments (see module doc). Subclasses override the methods."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    spec: ClassVar[str] = "SPEC §6"
+    claims: ClassVar[dict[str, str]] = {}
+    defaults: ClassVar[dict[str, Any]] = {}
+    quick: ClassVar[dict[str, Any]] = {}
+    # name of the setting that ``--runs N`` overrides (None: the experiment has no notion of runs)
+    runs_key: ClassVar[str | None] = "runs"
+    figure_names: ClassVar[tuple[str, ...]] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- settings
+    def settings(self, quick: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The paper defaults, then the quick size, then the user's overrides (typed and checked)."""
+        s = json.loads(json.dumps(self.defaults))  # deep copy through JSON: settings stay JSON-able
+        if quick:
+            s.update(json.loads(json.dumps(self.quick)))
+        if overrides:
+            unknown = sorted(set(overrides) - set(s))
+            if unknown:
+                raise ValueError(f"--set: unknown setting(s) {unknown} for experiment {self.name!r}; "
+                                 f"known: {sorted(s)}")
+            s.update(overrides)
+        self.validate(s)
+        return s
+
+    def validate(self, settings: dict[str, Any]) -> None:
+        """Check settings; raise ValueError naming the setting. Subclasses extend."""
+        for key, val in settings.items():
+            if isinstance(val, int) and not isinstance(val, bool) and key in ("runs", "steps") and val < 1:
+                raise ValueError(f"setting {key!r} must be >= 1, got {val}")
+
+    # ---------------------------------------------------------------- trials
+    def trials(self, settings: dict[str, Any]) -> list[Trial]:
+        raise NotImplementedError
+
+    def more_trials(self, settings: dict[str, Any], data: pd.DataFrame) -> list[Trial]:
+        """Follow-up trials decided from finished data; [] when the experiment is complete."""
+        return []
+
+    def run_trial(self, settings: dict[str, Any], trial: Trial) -> pd.DataFrame:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- results
+    def aggregate(self, settings: dict[str, Any], data: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
+        """Headline numbers (with claims and pass/fail) and a dict of extra summary tables."""
+        raise NotImplementedError
+
+    def plot(self, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any],
+             outdir: Path) -> list[Path]:
+        """Draw the figures (PNG and PDF) from saved data; return the written paths."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One paragraph for ``attsvm list`` and the report."""
+        return self.title
+
+
+# ---------------------------------------------------------------------------- --set parsing
+def parse_overrides(pairs: list[str] | None) -> dict[str, str]:
+    """Split ``key=value`` strings (the CLI's ``--set``); values stay strings until typed."""
+    out: dict[str, str] = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise ValueError(f"--set expects key=value, got {p!r}")
+        k, v = p.split("=", 1)
+        k = k.strip()
+        if not k:
+            raise ValueError(f"--set expects key=value with a non-empty key, got {p!r}")
+        out[k] = v.strip()
+    return out
+
+
+def _coerce(raw: str, default: Any, key: str) -> Any:
+    """Type ``raw`` like ``default``: bool, int, float, str, or a list (JSON or comma-separated)."""
+    try:
+        if isinstance(default, bool):
+            low = raw.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        if isinstance(default, list):
+            text = raw if raw.startswith("[") else "[" + raw + "]"
+            val = json.loads(text)
+            if not isinstance(val, list):
+                raise ValueError
+            if default and not isinstance(default[0], list):
+                proto = default[0]
+                val = [_coerce(json.dumps(x) if not isinstance(x, str) else x, proto, key) for x in val]
+            return val
+        if default is None:
+            return json.loads(raw)
+        return raw
+    except (ValueError, json.JSONDecodeError):
+        raise ValueError(f"--set {key}={raw!r}: expected a value of type {type(default).__name__} "
+                         f"(like the default {default!r})") from None
+
+
+def apply_overrides(defaults: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
+    """Type the ``--set`` strings by the type of each default; unknown keys raise ValueError."""
+    unknown = sorted(set(raw) - set(defaults))
+    if unknown:
+        raise ValueError(f"--set: unknown setting(s) {unknown}; known: {sorted(defaults)}")
+    return {k: _coerce(v, defaults[k], k) for k, v in raw.items()}
+
+
+def chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """Split ``range(n)`` into half-open blocks ``[a, b)`` of at most ``size``."""
+    size = max(1, int(size))
+    return [(a, min(n, a + size)) for a in range(0, n, size)]
+
+
+def headline(name: str, value: Any, claim: str, passed: bool | None, criterion: str = "",
+             paper: str = "") -> Headline:
+    """Shorthand for a :class:`Headline` with JSON-safe value and a plain-bool verdict."""
+    return Headline(name, _jsonable(value), claim, None if passed is None else bool(passed), criterion, paper)

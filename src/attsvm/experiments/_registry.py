@@ -1,0 +1,37 @@
+"""The registry of reproduced experiments (SPEC §6): CLI name → module defining it."""
+
+from __future__ import annotations
+
+import importlib
+
+from ._base import Experiment
+
+__all__ = ["EXPERIMENTS", "get_experiment", "experiment_names"]
+
+# CLI name -> module (each module defines EXPERIMENT, an Experiment subclass instance), in SPEC §6 order
+EXPERIMENTS: dict[str, str] = {
+    "gd-paths": "attsvm.experiments.gd_paths",
+    "local-convergence": "attsvm.experiments.local_convergence",
+    "overparam": "attsvm.experiments.overparam",
+    "svm-rank": "attsvm.experiments.svm_rank",
+    "svm-eq": "attsvm.experiments.svm_eq",
+    "reg-path": "attsvm.experiments.reg_path",
+    "multiclass": "attsvm.experiments.multiclass",
+    "nuclear-identity": "attsvm.experiments.nuclear_identity",
+    "low-rank": "attsvm.experiments.low_rank",
+}
+
+
+def experiment_names() -> list[str]:
+    return list(EXPERIMENTS)
+
+
+def get_experiment(name: str) -> Experiment:
+    """The registered experiment ``name`` (underscores accepted for dashes)."""
+    key = str(name).replace("_", "-")
+    if key not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)} (or 'all')")
+    mod = importlib.import_module(EXPERIMENTS[key])
+    exp = mod.EXPERIMENT
+    assert isinstance(exp, Experiment) and exp.name == key, f"{EXPERIMENTS[key]} must define EXPERIMENT named {key}"
+    return exp

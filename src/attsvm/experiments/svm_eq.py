@@ -1,0 +1,251 @@
+"""``svm-eq`` (SPEC §5–6): with a nonlinear (ReLU) head, GD may select *several* tokens per
+sequence; its direction is then predicted by the SVM-equivalence W^eq of the selected sets, far
+better than by the single-token Att-SVM of the top tokens.
+
+Settings of the official notebook ``multi_token_converge.ipynb``: cross-attention, n = 3, T = 4,
+d ∈ {4, 6, 8, 10}, 2001 normalized steps of size 0.1 on W, W recorded every 100 steps, head
+h(x) = 1ᵀReLU(Vᵀx) with V ~ N(0, 1) (d × d) normalised to ‖V‖_F = 1, logistic loss, data drawn per
+seed (1, 2, 3, …) from one torch generator in the order V, X, Y, Z. Published acceptance rule,
+applied to the final softmax s: a seed is dropped when
+
+* all labels are +1 ("no negative label", checked before training);
+* some s_it lies in (1e-6, 1e-3] ("ambiguous": neither selected nor zeroed);
+* no s_it is ≤ 1e-6 ("finite": nothing zeroed, the direction is undefined);
+* the SVM-eq or the single-token SVM has no solution ("svm infeasible");
+
+and seeds are consumed in order until 500 are accepted for each d. Selected set O_i = {t : s_it > 1e-3}.
+W^eq and W_fin are the Frobenius programs of SPEC §5; W ≈ W_fin + R·W^eq with R by least squares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .._linalg import correlation
+from ..problem import AttentionProblem, Head
+from ..svm._base import ConstraintSet
+from ._backends import solve_constraints, svm_solve, train_runs
+from ._base import Experiment, Headline, Trial, headline
+from ._plotting import band, save, subplots
+
+__all__ = ["SVMEq", "EXPERIMENT", "relu_instance", "svm_eq_constraints"]
+
+DROP_REASONS = ("no negative label", "ambiguous", "finite", "svm infeasible")
+
+
+def relu_instance(n: int, T: int, d: int, seed: int) -> AttentionProblem:
+    """The published ReLU-head recipe (draw order V, X, Y, Z from one seeded torch generator)."""
+    import torch
+
+    g = torch.Generator()
+    g.manual_seed(int(seed))
+    V = torch.randn((d, d), generator=g)
+    V /= torch.norm(V)
+    X = torch.randn((n, T, d), generator=g)
+    X /= torch.norm(X, dim=-1, keepdim=True)
+    Y = 2 * torch.ones(n) * (torch.randn(n, generator=g) > 0) - 1
+    Z = torch.randn((n, d), generator=g)
+    Z /= torch.norm(Z, dim=-1, keepdim=True)
+    return AttentionProblem(X.double().numpy(), Y.double().numpy(), Head.relu(V.double().numpy()),
+                            Z=Z.double().numpy())
+
+
+def svm_eq_constraints(problem: AttentionProblem, selected: np.ndarray, s: np.ndarray | None = None
+                       ) -> ConstraintSet:
+    """SPEC §5 constraints for the selected sets O_i (``selected`` (n, T) bool).
+
+    With the reference r_i = the most probable token of O_i and a_it = x_{ir} − x_it:
+    ``s=None`` → W^eq: equalities a_itᵀWz_i = 0 for t ∈ O_i∖{r_i}, inequalities ≥ 1 for t ∉ O_i;
+    ``s`` given → W_fin: equalities a_itᵀWz_i = log(s_ir / s_it) for t ∈ O_i∖{r_i} only.
+    """
+    n, T = selected.shape
+    score = np.where(selected, 1.0 if s is None else s, -np.inf)
+    ref = np.argmax(score, axis=1)
+    X = problem.X
+    A = X[np.arange(n), ref][:, None, :] - X
+    inside = selected.copy()
+    inside[np.arange(n), ref] = False
+    if s is None:
+        mask = inside | ~selected
+        rhs = np.where(inside, 0.0, 1.0)
+        return ConstraintSet(A, problem.queries.copy(), mask, rhs, inside)
+    with np.errstate(divide="ignore"):
+        rhs = np.where(inside, np.log(s[np.arange(n), ref][:, None] / np.where(inside, s, 1.0)), 0.0)
+    return ConstraintSet(A, problem.queries.copy(), inside, rhs, inside)
+
+
+@dataclass
+class SVMEq(Experiment):
+    name = "svm-eq"
+    title = "Multi-token selection: GD follows the SVM-equivalence W^eq, not the single-token SVM"
+    claims = {
+        "E1": "1 − corr(W(k), W^eq) → 0: the SVM-equivalence of the selected sets predicts GD's direction",
+        "E2": "W^eq predicts the direction far better than the single-token Att-SVM of the top tokens",
+        "E3": "W(k) ≈ R·W^eq + W_fin (the finite component inside the selected sets)",
+        "E4": "the published acceptance rule keeps runs whose unselected tokens have vanishing probability",
+    }
+    defaults = {"n": 3, "T": 4, "ds": [4, 6, 8, 10], "runs": 500, "steps": 2001, "lr": 0.1,
+                "record_every": 100, "thred_low": 1e-6, "thred_high": 1e-3, "chunk": 1000,
+                "max_seeds": 100000}
+    quick = {"ds": [4, 6], "runs": 6, "steps": 801, "chunk": 100, "max_seeds": 2000}
+
+    def describe(self) -> str:
+        return ("ReLU head, normalized GD on W; correlations at every 100th step against W^eq (directional "
+                "SVM-equivalence), W_fin + R·W^eq, and the single-token Frobenius SVM of the argmax tokens.")
+
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        if not 0 < s["thred_low"] < s["thred_high"] < 1:
+            raise ValueError(f"settings need 0 < thred_low < thred_high < 1, got {s['thred_low']}, {s['thred_high']}")
+
+    # seeds 1, 2, ... in blocks of `chunk` per d; more blocks until `runs` accepted (or max_seeds)
+    def _trial(self, s: dict[str, Any], d: int, c: int) -> Trial:
+        a = 1 + c * s["chunk"]
+        return {"key": f"d{d}-c{c:05d}", "d": d, "start": a, "stop": min(a + s["chunk"], 1 + s["max_seeds"])}
+
+    def trials(self, s: dict[str, Any]) -> list[Trial]:
+        return [self._trial(s, d, 0) for d in s["ds"]]
+
+    def more_trials(self, s: dict[str, Any], data: pd.DataFrame) -> list[Trial]:
+        out = []
+        runs_df = data[data["kind"] == "run"] if len(data) and "kind" in data else data
+        for d in s["ds"]:
+            dd = runs_df[runs_df.d == d] if len(runs_df) else runs_df
+            acc = int(dd.accepted.sum()) if len(dd) else 0
+            tried = int(dd.seed.nunique()) if len(dd) else 0
+            if acc >= s["runs"] or tried >= s["max_seeds"]:
+                continue
+            c_next = math.ceil(tried / s["chunk"])
+            rate = max(acc, 1) / max(tried, 1)
+            need = math.ceil((s["runs"] - acc) / rate * 1.2 / s["chunk"])  # a few blocks at a time
+            last = math.ceil(s["max_seeds"] / s["chunk"])
+            out += [self._trial(s, d, c) for c in range(c_next, min(c_next + max(1, need), last))]
+        return out
+
+    def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
+        n, T, d = s["n"], s["T"], trial["d"]
+        lo, hi = s["thred_low"], s["thred_high"]
+        seeds = list(range(trial["start"], trial["stop"]))
+        probs = [relu_instance(n, T, d, sd) for sd in seeds]
+        has_neg = np.array([(p.y == -1).any() for p in probs])
+        train_idx = np.flatnonzero(has_neg)
+        rows: list[dict[str, Any]] = []
+        traj: list[pd.DataFrame] = []
+        for sd in np.asarray(seeds)[~has_neg]:
+            rows.append({"seed": int(sd), "accepted": False, "reason": "no negative label"})
+        if len(train_idx):
+            tr = [probs[i] for i in train_idx]
+            out = train_runs(tr, param="W", steps=s["steps"], lr=s["lr"], seeds=[seeds[i] for i in train_idx],
+                             record_every=s["record_every"])
+            S = out.softmax  # (R, n, T)
+            amb = ((S > lo) & (S <= hi)).any(axis=(1, 2))
+            fin = ~(S <= lo).any(axis=(1, 2))
+            for r, i in enumerate(train_idx):
+                seed = seeds[i]
+                if amb[r] or fin[r]:
+                    rows.append({"seed": seed, "accepted": False, "reason": "ambiguous" if amb[r] else "finite"})
+                    continue
+                p, sr = probs[i], S[r]
+                sel = sr > hi
+                eq = solve_constraints(svm_eq_constraints(p, sel), "fro")
+                wfin = solve_constraints(svm_eq_constraints(p, sel, sr), "fro")
+                single = svm_solve(p, np.argmax(sr, axis=1), "fro")
+                if eq.W is None or wfin.W is None or single.W is None:
+                    rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible"})
+                    continue
+                Wg = out.W_hist[r, -1]
+                Wd = eq.W
+                R = float(np.sum((Wg - wfin.W) * Wd) / np.sum(Wd * Wd))
+                full = wfin.W + R * Wd
+                Wh = out.W_hist[r]
+                traj.append(pd.DataFrame({"seed": seed, "step": out.steps, "corr_eq": correlation(Wh, Wd),
+                                          "corr_full": correlation(Wh, full),
+                                          "corr_single": correlation(Wh, single.W)}))
+                rows.append({"seed": seed, "accepted": True, "reason": "",
+                             "zero_max": float(np.where(sel, 0.0, sr).max()),
+                             "n_selected_mean": float(sel.sum(1).mean()), "multi": bool((sel.sum(1) > 1).any()),
+                             "R": R, "viol_eq": eq.max_violation, "viol_single": single.max_violation,
+                             "fit_residual": float(np.linalg.norm(Wg - full) / np.linalg.norm(Wg))})
+        runs = pd.DataFrame(rows).assign(kind="run")
+        frames = [runs] + [t.assign(kind="traj") for t in traj]
+        df = pd.concat(frames, ignore_index=True)
+        df["d"] = d
+        return df
+
+    def _accepted(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        runs = df[df.kind == "run"].sort_values(["d", "seed"])
+        keep = []
+        for d, g in runs.groupby("d"):
+            acc = g[g.accepted.astype(bool)].head(s["runs"])
+            last = acc.seed.max() if len(acc) >= s["runs"] else g.seed.max()
+            keep.append((d, acc, g[g.seed <= last]))  # drop counts over the seeds the rule consumed
+        acc = pd.concat([k[1] for k in keep]) if keep else runs.iloc[:0]
+        consumed = pd.concat([k[2] for k in keep]) if keep else runs.iloc[:0]
+        cols = ["d", "seed", "step", "corr_eq", "corr_full", "corr_single"]
+        tr = df.loc[df.kind == "traj", cols].merge(acc[["d", "seed"]], on=["d", "seed"])
+        return acc, consumed, tr
+
+    def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
+        acc, consumed, tr = self._accepted(s, df)
+        last = tr[tr.step == tr.step.max()]
+        per_d = {}
+        for d, g in consumed.groupby("d"):
+            a = acc[acc.d == d]
+            l = last[last.d == d]
+            per_d[int(d)] = {
+                "accepted": int(len(a)), "seeds_consumed": int(len(g)),
+                **{f"dropped: {r}": int((g.reason == r).sum()) for r in DROP_REASONS},
+                "mean 1-corr(W, W^eq)": float((1 - l.corr_eq).mean()),
+                "mean 1-corr(W, W_fin+R W^eq)": float((1 - l.corr_full).mean()),
+                "mean 1-corr(W, single-token W_mm)": float((1 - l.corr_single).mean()),
+                "share with a multi-token selection": float(a.multi.mean()) if len(a) else float("nan"),
+            }
+        e_eq = float((1 - last.corr_eq).mean())
+        e_single = float((1 - last.corr_single).mean())
+        e_full = float((1 - last.corr_full).mean())
+        enough = all(v["accepted"] >= s["runs"] for v in per_d.values())
+        hl = [
+            headline("mean final 1 − corr(W, W^eq)", e_eq, "E1", e_eq <= 0.01, "<= 0.01", "≈ 1e-3 (Fig. 6)"),
+            headline("ratio 1−corr(single-token W_mm) / 1−corr(W^eq)", e_single / max(e_eq, 1e-300), "E2",
+                     e_single >= 10 * e_eq, ">= 10"),
+            headline("mean final 1 − corr(W, W_fin + R·W^eq)", e_full, "E3", e_full <= e_eq, "<= 1−corr(W^eq)"),
+            headline("max over accepted runs of the largest unselected softmax probability",
+                     float(acc.zero_max.max()) if len(acc) else float("nan"), "E4",
+                     bool(len(acc)) and float(acc.zero_max.max()) <= s["thred_low"], f"<= {s['thred_low']}"),
+            headline("every d reached `runs` accepted seeds", enough, "E4", enough, "true"),
+            headline("per-d acceptance and drop counts", per_d, "E4", None, "reported"),
+        ]
+        notes = [f"d={d}: {v['accepted']} accepted of {v['seeds_consumed']} seeds (" +
+                 ", ".join(f"{r}: {v['dropped: ' + r]}" for r in DROP_REASONS) + ")" for d, v in per_d.items()]
+        return hl, {"per_d": per_d, "notes": notes}
+
+    def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
+        acc, _, tr = self._accepted(s, df)
+        ds = sorted(tr.d.unique())
+        fig, ax = subplots(len(ds) + 1, width=3.6)
+        for j, d in enumerate(ds):
+            g = tr[tr.d == d]
+            for col, lab in (("corr_single", "single-token $W_{mm}$"), ("corr_eq", "$W^{eq}$"),
+                             ("corr_full", "$W_{fin} + R W^{eq}$")):
+                piv = g.pivot_table(index="seed", columns="step", values=col)
+                band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), 1e-16), lab)
+            ax[0, j].set(title=f"d = {d}", xlabel="iteration", yscale="log", ylabel="1 − corr" if j == 0 else None)
+            ax[0, j].legend(fontsize=7)
+        last = tr[tr.step == tr.step.max()].merge(acc[["d", "seed", "zero_max"]], on=["d", "seed"])
+        a = ax[0, -1]
+        for d in ds:
+            l = last[last.d == d]
+            a.scatter(np.maximum(l.zero_max, 1e-300), np.maximum(1 - l.corr_eq, 1e-16), s=6, label=f"d={d}")
+        a.set(xscale="log", yscale="log", xlabel="largest unselected softmax prob.", ylabel="1 − corr(W, $W^{eq}$)",
+              title="final correlation vs masked prob.")
+        a.legend(fontsize=7)
+        return save(fig, outdir, "svm_eq")
+
+
+EXPERIMENT = SVMEq()

@@ -1,0 +1,334 @@
+"""One-layer attention ``f(X_i) = h(X_iᵀ softmax(X_i W z_i))`` in PyTorch, batched over runs (SPEC §1).
+
+Two layers of the same model live here:
+
+* :class:`Batch` — the data of R runs as tensors (tokens, queries, labels, head), built from one or
+  several :class:`~attsvm.problem.AttentionProblem` (shared data broadcast over runs, so a batch of
+  R initialisations of one instance stores its tokens once).
+* Pure functions of ``(batch, W)``: :func:`attention_logits`, :func:`attention_probs`,
+  :func:`head_outputs`, :func:`sequence_losses`, and :func:`risk_and_grad`, the trainer's analytic
+  gradient in a round-off-stable form (see its docstring).
+* :class:`AttentionModel` — a thin ``nn.Module`` holding W (R, d, d) or K, Q (R, d, m) with
+  ``W = K Qᵀ``; its forward returns outputs and attention probabilities and stores nothing.
+
+Conventions. Logits are ``x_itᵀ W z_i``. The published code computes ``z_iᵀ W_lin x_it`` with an
+``nn.Linear`` weight ``W_lin``, i.e. ``W = W_linᵀ``; for (K, Q) it computes ``(W_q z_i)ᵀ (W_k x_it)``,
+i.e. ``K = W_kᵀ``, ``Q = W_qᵀ`` (both d × m) and ``W = K Qᵀ = W_kᵀ W_q``. The head is fixed (not
+trained), as in the paper. Everything is float64 unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ._validation import check_choice, check_positive_int
+from .problem import AttentionProblem
+
+__all__ = ["Batch", "AttentionModel", "Param", "TrainLoss", "PARAMS", "TRAIN_LOSSES",
+           "attention_logits", "attention_probs", "head_outputs", "sequence_losses", "risk",
+           "risk_and_grad", "factor_grads", "resolve_loss", "EXP_CLIP"]
+
+Param = Literal["W", "KQ"]
+TrainLoss = Literal["logistic", "exponential", "correlation", "cross_entropy"]
+PARAMS: tuple[str, ...] = ("W", "KQ")
+TRAIN_LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation", "cross_entropy")
+SCALAR_LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation")
+
+# The exponential loss e^{−u} is evaluated as e^{min(−u, EXP_CLIP)}: a huge finite number rather than
+# inf when the margin is hopelessly negative (the same clip as problem.loss_fn).
+EXP_CLIP = 700.0
+
+
+def resolve_loss(loss: str | None, head_kind: str) -> str:
+    """The training loss for a head: ``None`` → the head's natural loss; checks compatibility.
+
+    Scalar heads (linear, ReLU) take logistic / exponential / correlation; the multiclass head
+    takes cross-entropy only (SPEC §1).
+    """
+    if loss is None:
+        return "cross_entropy" if head_kind == "multiclass" else "logistic"
+    check_choice(loss, "loss", TRAIN_LOSSES)
+    if head_kind == "multiclass" and loss != "cross_entropy":
+        raise ValueError(f"loss must be 'cross_entropy' for a multiclass head, got {loss!r}")
+    if head_kind != "multiclass" and loss == "cross_entropy":
+        raise ValueError(f"loss='cross_entropy' needs a multiclass head; this head is {head_kind!r} "
+                         f"(use one of {', '.join(repr(x) for x in SCALAR_LOSSES)})")
+    return loss
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The data of R runs as tensors; the leading axis B is 1 (shared by every run) or R.
+
+    Attributes
+    ----------
+    X : Tensor (B, n, T, d)
+        Tokens.
+    Z : Tensor (B, n, d)
+        Queries ``z_i`` (for self-attention, ``X[:, :, query_index]``).
+    y : Tensor (B, n)
+        Labels ±1 (linear, ReLU) or class indices as floats (multiclass).
+    V : Tensor (B, d, k)
+        Head weights: ``v`` as one column (linear), V (ReLU), V (d, C) (multiclass).
+    head : {"linear", "relu", "multiclass"}
+    loss : {"logistic", "exponential", "correlation", "cross_entropy"}
+    """
+
+    X: Tensor
+    Z: Tensor
+    y: Tensor
+    V: Tensor
+    head: str
+    loss: str
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[1])
+
+    @property
+    def T(self) -> int:
+        return int(self.X.shape[2])
+
+    @property
+    def d(self) -> int:
+        return int(self.X.shape[3])
+
+    @property
+    def size(self) -> int:
+        """B: 1 when the data is shared by every run."""
+        return int(self.X.shape[0])
+
+    @classmethod
+    def from_problems(cls, problems: AttentionProblem | Sequence[AttentionProblem], *,
+                      loss: str | None = None, repeat: int = 1, device: torch.device | str | None = None,
+                      dtype: torch.dtype = torch.float64) -> Batch:
+        """Stack P problems (same n, T, d, head kind and head shape) into a batch.
+
+        Each problem is repeated ``repeat`` times consecutively (run ``r`` uses problem ``r // repeat``),
+        so B = P·repeat — except that a single problem is kept once (B = 1) and broadcast.
+        ``loss=None`` uses each problem's loss for scalar heads (they must agree) and cross-entropy
+        for the multiclass head.
+        """
+        probs = _as_problem_list(problems)
+        repeat = check_positive_int(repeat, "repeat")
+        p0 = probs[0]
+        for j, p in enumerate(probs[1:], start=1):
+            if (p.n, p.T, p.d) != (p0.n, p0.T, p0.d):
+                raise ValueError(f"problems must share (n, T, d): problems[0] has {(p0.n, p0.T, p0.d)}, "
+                                 f"problems[{j}] has {(p.n, p.T, p.d)}")
+            if p.head.kind != p0.head.kind or p.head.weights.shape != p0.head.weights.shape:
+                raise ValueError(f"problems must share the head kind and shape: problems[0] has "
+                                 f"{p0.head.kind} {p0.head.weights.shape}, problems[{j}] has "
+                                 f"{p.head.kind} {p.head.weights.shape}")
+        if loss is None and p0.head.kind != "multiclass":
+            losses = {p.loss for p in probs}
+            if len(losses) > 1:
+                raise ValueError(f"problems disagree on the loss ({sorted(losses)}); pass loss= explicitly")
+            loss = p0.loss
+        loss = resolve_loss(loss, p0.head.kind)
+
+        def stack(arrs: list[np.ndarray]) -> Tensor:
+            a = np.stack(arrs)
+            if len(probs) > 1 and repeat > 1:
+                a = np.repeat(a, repeat, axis=0)
+            return torch.as_tensor(a, dtype=dtype, device=device)
+
+        V = [p.head.weights.reshape(p.d, -1) for p in probs]
+        return cls(X=stack([p.X for p in probs]), Z=stack([p.queries for p in probs]),
+                   y=stack([p.y for p in probs]), V=stack(V), head=p0.head.kind, loss=loss)
+
+
+def _as_problem_list(problems: AttentionProblem | Sequence[AttentionProblem]) -> list[AttentionProblem]:
+    if isinstance(problems, AttentionProblem):
+        return [problems]
+    if isinstance(problems, (str, bytes)) or not isinstance(problems, Sequence):
+        raise TypeError(f"problems must be an AttentionProblem or a list of them, got {type(problems).__name__}")
+    out = list(problems)
+    if not out:
+        raise ValueError("problems must not be empty")
+    for j, p in enumerate(out):
+        if not isinstance(p, AttentionProblem):
+            raise TypeError(f"problems[{j}] must be an AttentionProblem, got {type(p).__name__}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# pure forward functions (autograd-friendly, stable forms)
+
+def attention_logits(batch: Batch, W: Tensor) -> Tensor:
+    """Logits ``g_it = x_itᵀ W z_i`` of shape (R, n, T) for W of shape (R, d, d)."""
+    u = batch.Z @ W.transpose(-1, -2)  # (R, n, d): (W z_i)ᵀ
+    return (batch.X @ u.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
+
+
+def attention_probs(batch: Batch, W: Tensor) -> Tensor:
+    """Attention probabilities ``s_i = softmax(X_i W z_i)`` of shape (R, n, T)."""
+    return torch.softmax(attention_logits(batch, W), dim=-1)
+
+
+def _mixture(batch: Batch, s: Tensor) -> Tensor:
+    """Attention outputs ``o_i = X_iᵀ s_i`` of shape (R, n, d)."""
+    return (s.unsqueeze(-2) @ batch.X).squeeze(-2)
+
+
+def head_outputs(batch: Batch, o: Tensor) -> Tensor:
+    """Head applied to attention outputs o (R, n, d): (R, n) for scalar heads, (R, n, C) logits."""
+    a = o @ batch.V  # (R, n, k)
+    if batch.head == "linear":
+        return a[..., 0]
+    if batch.head == "relu":
+        return torch.relu(a).sum(-1)
+    return a
+
+
+def sequence_losses(batch: Batch, out: Tensor) -> Tensor:
+    """Per-sequence losses ``ℓ(y_i f(X_i))`` (or cross-entropy) of shape (R, n), finite at huge outputs."""
+    if batch.loss == "cross_entropy":
+        logp = torch.log_softmax(out, dim=-1)  # (R, n, C)
+        idx = batch.y.long().expand(out.shape[:-1]).unsqueeze(-1)
+        return -torch.gather(logp, -1, idx).squeeze(-1)
+    u = batch.y * out
+    if batch.loss == "logistic":
+        return torch.nn.functional.softplus(-u)
+    if batch.loss == "exponential":
+        return torch.exp(torch.clamp(-u, max=EXP_CLIP))
+    return -u
+
+
+def risk(batch: Batch, W: Tensor) -> Tensor:
+    """Empirical risk ``L(W) = (1/n) Σ_i ℓ_i`` of shape (R,) (SPEC §1), differentiable by autograd."""
+    s = attention_probs(batch, W)
+    return sequence_losses(batch, head_outputs(batch, _mixture(batch, s))).mean(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# analytic, round-off-stable gradient (the trainer's hot path)
+
+def risk_and_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Risk (R,), its gradient ∇_W L (R, d, d) and the attention probabilities (R, n, T).
+
+    The gradient is written relative to the top-logit token ``r_i`` of each sequence:
+    with ``D_it = x_it − x_{ir}``, ``e_i = ∂ℓ_i/∂o_i`` and ``c_it = D_itᵀ e_i``,
+
+        ∇_W L = (1/n) Σ_i Σ_t s_it (c_it − Σ_τ s_iτ c_iτ) D_it z_iᵀ,
+
+    which equals the textbook ``Σ_t ∂ℓ/∂g_it x_it z_iᵀ`` because softmax derivatives sum to zero over
+    t. Every term carries its own factor ``s_it`` (t ≠ r_i), so once attention saturates the gradient
+    is computed to full relative precision instead of as a difference of O(1) numbers — which
+    normalized GD would otherwise amplify into a random step direction (issue #3). Likewise the loss
+    derivatives use ``σ(−u)`` (logistic) and, for cross-entropy, ``p_y − 1 = −Σ_{c≠y} p_c``.
+    """
+    g = attention_logits(batch, W)  # (R, n, T)
+    R = g.shape[0]
+    ref = g.argmax(-1)  # (R, n)
+    s = torch.softmax(g, dim=-1)  # (R, n, T)
+    X = batch.X.expand(R, -1, -1, -1)
+    x_ref = torch.gather(X, 2, ref[..., None, None].expand(-1, -1, 1, X.shape[-1]))  # (R, n, 1, d)
+    D = X - x_ref  # (R, n, T, d); exactly 0 at t = r_i
+    o = x_ref.squeeze(-2) + (s.unsqueeze(-2) @ D).squeeze(-2)  # (R, n, d)
+    a = o @ batch.V  # (R, n, k)
+    y = batch.y
+    if batch.head == "multiclass":
+        lp = torch.log_softmax(a, dim=-1)  # (R, n, C)
+        idx = y.long().expand(a.shape[:-1]).unsqueeze(-1)
+        losses = -torch.gather(lp, -1, idx).squeeze(-1)
+        p = lp.exp()
+        p_true = torch.gather(p, -1, idx)
+        q = p.scatter(-1, idx, torch.zeros_like(p_true))
+        q = q.scatter(-1, idx, -q.sum(-1, keepdim=True))  # p − e_y with p_y − 1 = −Σ_{c≠y} p_c
+        e = q @ batch.V.transpose(-1, -2)  # (R, n, d)
+    else:
+        if batch.head == "linear":
+            f = a[..., 0]
+            df = batch.V[..., 0].unsqueeze(-2)  # (B, 1, d)
+        else:  # relu
+            f = torch.relu(a).sum(-1)
+            df = (a > 0).to(a.dtype) @ batch.V.transpose(-1, -2)  # (R, n, d)
+        u = y * f
+        if batch.loss == "logistic":
+            losses = torch.nn.functional.softplus(-u)
+            dl = -torch.sigmoid(-u)
+        elif batch.loss == "exponential":
+            losses = torch.exp(torch.clamp(-u, max=EXP_CLIP))
+            dl = -losses
+        else:
+            losses = -u
+            dl = -torch.ones_like(u)
+        e = (y * dl).unsqueeze(-1) * df  # (R, n, d)
+    c = (D @ e.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
+    cbar = (s * c).sum(-1, keepdim=True)
+    delta = s * (c - cbar) / batch.n  # (R, n, T): ∂L/∂g_it
+    B = (delta.unsqueeze(-2) @ D).squeeze(-2)  # (R, n, d): Σ_t δ_it D_it
+    grad = B.transpose(-1, -2) @ batch.Z  # (R, d, d)
+    return losses.mean(-1), grad, s
+
+
+def factor_grads(grad_W: Tensor, K: Tensor, Q: Tensor) -> tuple[Tensor, Tensor]:
+    """Chain rule for ``W = K Qᵀ``: ``∇_K = ∇_W Q`` and ``∇_Q = ∇_Wᵀ K``, each (R, d, m)."""
+    return grad_W @ Q, grad_W.transpose(-1, -2) @ K
+
+
+# ---------------------------------------------------------------------------------------------
+
+class AttentionModel(nn.Module):
+    """R one-layer attention models in one module: W (R, d, d) or K, Q (R, d, m) with W = K Qᵀ.
+
+    Parameters
+    ----------
+    d : int
+        Token dimension.
+    param : {"W", "KQ"}
+        Parameterisation (SPEC §1).
+    m : int, optional
+        Inner dimension of K and Q (default d); ignored for ``param="W"``.
+    runs : int
+        R, the number of independent models on the leading axis.
+
+    The parameters start at zero; assign them (``model.W.data = ...``) or use :func:`attsvm.train`.
+    ``forward(batch)`` returns ``(outputs, probs)`` — outputs (R, n) (or (R, n, C) logits for the
+    multiclass head) and attention probabilities (R, n, T) — and keeps no state.
+    """
+
+    def __init__(self, d: int, *, param: Param = "W", m: int | None = None, runs: int = 1,
+                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        d = check_positive_int(d, "d")
+        runs = check_positive_int(runs, "runs")
+        self.param: str = check_choice(param, "param", PARAMS)
+        self.d = d
+        self.runs = runs
+        if self.param == "W":
+            self.m = d
+            self.weight = nn.Parameter(torch.zeros(runs, d, d, dtype=dtype, device=device))
+        else:
+            self.m = d if m is None else check_positive_int(m, "m")
+            self.K = nn.Parameter(torch.zeros(runs, d, self.m, dtype=dtype, device=device))
+            self.Q = nn.Parameter(torch.zeros(runs, d, self.m, dtype=dtype, device=device))
+
+    @property
+    def W(self) -> Tensor:
+        """The attention matrix (R, d, d): the W parameter, or K Qᵀ."""
+        return self.weight if self.param == "W" else self.K @ self.Q.transpose(-1, -2)
+
+    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        if batch.d != self.d:
+            raise ValueError(f"batch has d={batch.d} features but the model was built with d={self.d}")
+        if batch.size not in (1, self.runs):
+            raise ValueError(f"batch holds {batch.size} runs but the model has runs={self.runs} "
+                             "(the batch must hold 1 shared instance or one per run)")
+        s = attention_probs(batch, self.W)
+        return head_outputs(batch, _mixture(batch, s)), s
+
+    def risk(self, batch: Batch) -> Tensor:
+        """Empirical risk per run, shape (R,)."""
+        out, _ = self(batch)
+        return sequence_losses(batch, out).mean(-1)
+
+    def extra_repr(self) -> str:
+        return f"d={self.d}, param={self.param!r}, m={self.m}, runs={self.runs}"

@@ -1,0 +1,187 @@
+"""cvxpy reference backend for the attention SVMs (SPEC §3, §5).
+
+Two formulations of the same problem ``min ‖W‖ s.t. a_kᵀ W z_k (≥ | =) b_k``:
+
+* ``"aux"`` (default, vectorised): an auxiliary variable ``U`` of shape (n, d) with ``U = Z Wᵀ``
+  (row i is ``u_i = W z_i``) and every margin ``a_kᵀ u_{i(k)}`` as one sparse linear map applied
+  to ``vec(U)`` — two vectorised constraints (inequalities, equalities) whatever K is.
+* ``"loop"``: one cvxpy constraint per pair ``k``, as the published code writes it. Kept only so
+  that ``benchmarks/bench_svm.py`` can time it; never use it for real work.
+
+Frobenius: ``min ½‖W‖_F²`` (a QP; Clarabel by default), whose multipliers are exactly the λ of
+SPEC §3 (``W = Σ λ_k a_k z_kᵀ``). Nuclear: ``min ‖W‖_*`` (an SDP; Clarabel by default, SCS on
+request), whose multipliers satisfy ``‖Σ λ_k a_k z_kᵀ‖₂ ≤ 1``. Duals come back in the (n, T) layout,
+``λ ≥ 0`` on inequalities and free on equalities, with the sign fixed so that stationarity reads
+``∂‖W‖ ∋ 𝒜*(λ)``. The solver status is mapped, never swallowed (see :data:`STATUS_MAP`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+
+from .._validation import check_choice, check_finite_scalar
+from ._base import ConstraintSet, RawSolution
+
+__all__ = ["solve_cvxpy", "NORMS", "FORMULATIONS", "STATUS_MAP"]
+
+log = logging.getLogger(__name__)
+
+NORMS: tuple[str, ...] = ("fro", "nuc")
+FORMULATIONS: tuple[str, ...] = ("aux", "loop")
+SOLVERS: tuple[str, ...] = ("CLARABEL", "SCS")
+DEFAULT_SOLVER: dict[str, str] = {"fro": "CLARABEL", "nuc": "CLARABEL"}
+
+# cvxpy status -> ours ("optimal" | "optimal_inaccurate" | "infeasible" | "max_iter" | "error")
+STATUS_MAP: dict[str, str] = {
+    "optimal": "optimal",
+    "optimal_inaccurate": "optimal_inaccurate",
+    "infeasible": "infeasible",
+    "infeasible_inaccurate": "infeasible",
+    "unbounded": "error",
+    "unbounded_inaccurate": "error",
+    "infeasible_or_unbounded": "error",
+    "user_limit": "max_iter",
+}
+
+
+def _margin_operator(cs: ConstraintSet, rows: NDArray[np.bool_]) -> sp.csr_matrix:
+    """Sparse (k, n·d) map from ``vec_F(U)`` (column-major, as ``cp.vec``) to the margins ``a_kᵀ u_i``
+    of the pairs selected by ``rows`` (n, T) in row-major (i, t) order."""
+    n, T, d = cs.A.shape
+    ii, _ = np.nonzero(rows)
+    k = ii.size
+    vals = cs.A[rows]  # (k, d)
+    row_idx = np.repeat(np.arange(k), d)
+    col_idx = (ii[:, None] + n * np.arange(d)[None, :]).ravel()  # column-major index of U[i, j]
+    return sp.csr_matrix((vals.ravel(), (row_idx, col_idx)), shape=(k, n * d))
+
+
+def _solver_options(solver: str, time_limit: float | None, verbose: bool) -> dict:
+    opts: dict = {"verbose": verbose}
+    if time_limit is not None:
+        if solver == "CLARABEL":
+            opts["time_limit"] = float(time_limit)
+        elif solver == "SCS":
+            opts["time_limit_secs"] = float(time_limit)
+    if solver == "SCS":
+        opts.update(eps_abs=1e-9, eps_rel=1e-9, max_iters=100_000)
+    return opts
+
+
+def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solver: str | None = None,
+                formulation: Literal["aux", "loop"] = "aux", time_limit: float | None = None,
+                reduce: bool = False, verbose: bool = False) -> RawSolution:
+    """Solve ``min ‖W‖ s.t. 𝒜(W) (≥ | =) b`` with cvxpy (SPEC §3; the reference backend).
+
+    Parameters
+    ----------
+    cs : ConstraintSet
+        The constraints (inequalities and equality rows, any right-hand sides).
+    norm : {"fro", "nuc"}
+        Frobenius (as the QP ``min ½‖W‖_F²``) or nuclear norm.
+    solver : {"CLARABEL", "SCS"}, optional
+        Default Clarabel (interior point, accurate). SCS is first order (fast, ~1e-5 accurate).
+    formulation : {"aux", "loop"}
+        Vectorised auxiliary-variable formulation, or the published one-constraint-per-pair loop.
+    time_limit : float, optional
+        Seconds given to the solver; a run cut short gets status ``"max_iter"`` (or ``"error"``).
+    reduce : bool
+        Solve for ``M`` in ``W = U M Vᵀ`` (``cs.subspaces()``) instead of the full d × d W.
+
+    Returns
+    -------
+    RawSolution
+        ``W`` (d, d) or None, ``dual`` (n, T), mapped status; ``info`` holds the cvxpy status,
+        solver name, setup/solve times and the formulation.
+    """
+    import cvxpy as cp
+
+    check_choice(norm, "norm", NORMS)
+    check_choice(formulation, "formulation", FORMULATIONS)
+    solver = DEFAULT_SOLVER[norm] if solver is None else str(solver).upper()
+    check_choice(solver, "solver", SOLVERS)
+    if time_limit is not None:
+        time_limit = check_finite_scalar(time_limit, "time_limit", positive=True)
+    if not isinstance(cs, ConstraintSet):
+        raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
+
+    t0 = time.perf_counter()
+    sub = cs.subspaces() if reduce else None
+    work = cs.restrict(sub) if sub is not None else cs
+    n, T, d = work.A.shape
+    rd = work.Z.shape[1]
+    W = cp.Variable((d, rd), name="W")
+    ineq, eq = work.inequality, work.equality
+    cons_ineq: list = []
+    cons_eq: list = []
+    if formulation == "aux":
+        U = cp.Variable((n, d), name="U")  # row i is u_i = W z_i
+        link = [U == work.Z @ W.T]
+        u = cp.vec(U, order="F")
+        if ineq.any():
+            cons_ineq = [_margin_operator(work, ineq) @ u >= work.rhs[ineq]]
+        if eq.any():
+            cons_eq = [_margin_operator(work, eq) @ u == work.rhs[eq]]
+        constraints = link + cons_ineq + cons_eq
+    else:
+        for i, t in zip(*np.nonzero(work.mask)):
+            expr = work.A[i, t] @ W @ work.Z[i]
+            if work.equality[i, t]:
+                cons_eq.append(expr == work.rhs[i, t])
+            else:
+                cons_ineq.append(expr >= work.rhs[i, t])
+        constraints = cons_ineq + cons_eq
+    objective = 0.5 * cp.sum_squares(W) if norm == "fro" else cp.normNuc(W)
+    prob = cp.Problem(cp.Minimize(objective), constraints)
+    info: dict = {"backend": "cvxpy", "solver": solver, "formulation": formulation, "reduce": reduce}
+    try:
+        prob.solve(solver=solver, **_solver_options(solver, time_limit, verbose))
+    except cp.error.SolverError as exc:
+        info.update(cvxpy_status="solver_error", message=str(exc), time=time.perf_counter() - t0)
+        log.warning("cvxpy %s failed: %s", solver, exc)
+        return RawSolution(None, np.zeros((cs.n, cs.T)), "error", 0, info)
+    elapsed = time.perf_counter() - t0
+    stats = prob.solver_stats
+    info.update(cvxpy_status=prob.status, time=elapsed,
+                solve_time=getattr(stats, "solve_time", None),
+                setup_time=getattr(stats, "setup_time", None))
+    status = STATUS_MAP.get(prob.status, "error")
+    n_iter = int(getattr(stats, "num_iters", 0) or 0)
+
+    def _collect(cons: list, rows: NDArray[np.bool_]) -> NDArray[np.float64]:
+        out = np.zeros((cs.n, cs.T))
+        if not cons:
+            return out
+        if formulation == "aux":
+            vals = cons[0].dual_value
+        else:
+            vals = np.array([c.dual_value if c.dual_value is not None else np.nan for c in cons], dtype=float)
+        if vals is None:
+            return out * np.nan
+        out[rows] = np.asarray(vals, dtype=float).ravel()
+        return out
+
+    dual = _collect(cons_ineq, ineq) + _collect(cons_eq, eq)
+    # cvxpy's Lagrangian is f + νᵀ(h(x) − b) for equalities: flip to our 𝒜*(λ) ∈ ∂‖W‖ convention
+    dual = np.where(eq, -dual, dual)
+    if not np.all(np.isfinite(dual)):
+        dual = np.nan_to_num(dual)
+        info["dual_missing"] = True
+    if status in ("optimal", "optimal_inaccurate", "max_iter") and W.value is not None:
+        Wv = np.asarray(W.value, dtype=float)
+        W_full = sub.lift(Wv) if sub is not None else Wv
+        return RawSolution(W_full, dual, status, n_iter, info)
+    if status == "infeasible":
+        # cvxpy stores a Farkas ray in the duals when the solver gives one; normalise to 1ᵀλ = 1
+        lam = np.where(ineq, np.abs(dual), 0.0)
+        s = lam.sum()
+        return RawSolution(None, lam / s if s > 0 else lam, status, n_iter, info)
+    if status == "max_iter":
+        info["message"] = f"{solver} stopped at the time limit ({time_limit} s) without a solution"
+    return RawSolution(None, dual, "error" if status != "max_iter" else status, n_iter, info)

@@ -1,0 +1,567 @@
+"""Nuclear-norm attention SVM (Att-SVM*, SPEC §3) and its rank-constrained variant.
+
+Method (and why)
+----------------
+``min ‖W‖_*  s.t.  a_itᵀ W z_i ≥ b_it (inequalities),  = b_it (equalities)`` is solved by our own
+**augmented Lagrangian on the Burer–Monteiro factorisation** of the *reduced* variable:
+
+1. Reduction (SPEC §3, "Structure"): some optimum has the form ``W = U M Vᵀ`` with ``U`` spanning
+   the features {a_k} and ``V`` the queries {z_i}; ``M`` is ``r_a × r_z`` with ``r_z ≤ n``.
+2. Variational identity ``‖M‖_* = min_{M = KQᵀ} ½(‖K‖_F² + ‖Q‖_F²)``, with ``K`` (r_a, p),
+   ``Q`` (r_z, p), ``p = min(r_a, r_z)`` — the nuclear norm becomes a smooth quadratic.
+3. Constraints enter through the augmented Lagrangian ``(‖μ‖² − ‖λ‖²)/(2ρ)``,
+   ``μ = λ − ρ(𝒜(M) − b)`` (clipped at 0 on inequality rows); each subproblem is smooth and is
+   minimised by L-BFGS (scipy) warm-started from the previous one; ``λ ← μ`` between them.
+   Every evaluation is a handful of dense products, O(n·T·r_a + n·r_a·r_z + (r_a + r_z)·p·r_z).
+4. Certification: the primal is made *exactly* feasible (a least-norm correction on equality rows,
+   then a rescaling ``M / min_k(m_k / b_k)``), and the multipliers give the dual bound
+   ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` (the dual of SPEC §3 is ``max bᵀλ s.t. ‖𝒜*(λ)‖₂ ≤ 1``, λ ≥ 0 on
+   inequalities); the loop stops when the relative gap between the two is below ``tol``.
+
+Why not cvxpy: the nuclear norm is an SDP cone there; SCS needs 0.9 s / 7 s / 176 s at the
+benchmark sizes (50,20,50) / (100,20,100) / (200,32,128) and stalls at violations ≈ 1e-5, while
+this method reaches violations < 1e-10 (exact up to round-off after rescaling) and a certified
+relative duality gap below ``tol`` in a fraction of that time (``benchmarks/bench_nuclear.py``).
+The non-convexity of the factorisation is harmless in practice and never trusted blindly: the
+returned duality gap certifies the answer independently of how it was found.
+
+Infeasible constraint sets (SPEC §3, theorem of alternatives) are detected by a zero-feature test
+and, when the augmented Lagrangian stalls, by a linear program (HiGHS) that finds the certificate
+``λ`` (≥ 0 on inequalities, ``bᵀλ = 1``, ``𝒜*(λ) = 0``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.optimize import linprog, minimize
+
+from .._validation import check_finite_scalar, check_positive_int
+from ._base import ConstraintSet, RawSolution
+
+__all__ = ["solve_nuclear", "solve_nuclear_rank", "infeasibility_certificate", "balanced_factors",
+           "NUCLEAR_GAP_TOL", "CONVEX_OPT_RTOL"]
+
+logger = logging.getLogger(__name__)
+
+# Default relative duality gap at which the nuclear solver stops.
+NUCLEAR_GAP_TOL = 1e-9
+# A rank-constrained solution "reaches the convex optimum" when its objective is within this
+# relative tolerance of the convex nuclear optimum.
+CONVEX_OPT_RTOL = 1e-6
+# Largest penalty the augmented Lagrangian tries before declaring a stall.
+_RHO_MAX = 1e10
+# Relative residual below which an infeasibility certificate counts as valid.
+_CERT_TOL = 1e-8
+
+
+# ----------------------------------------------------------------------------- reduced operator
+@dataclass
+class _Reduced:
+    """Row-normalised constraints on the reduced variable M (r_a, r_z), flattened over k."""
+
+    A: NDArray[np.float64]      # (n, T, r_a) features / scale (0 where not a constraint)
+    Z: NDArray[np.float64]      # (n, r_z)
+    b: NDArray[np.float64]      # (n, T) rhs / scale
+    ineq: NDArray[np.bool_]     # (n, T)
+    eq: NDArray[np.bool_]       # (n, T)
+    mask: NDArray[np.bool_]     # (n, T) active constraints (non-zero features)
+    scale: NDArray[np.float64]  # (n, T) ‖a_it‖ ‖z_i‖ (1 where masked out)
+
+    def apply(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
+        Mz = self.Z @ M.T  # (n, r_a): M z_i
+        return np.einsum("ntr,nr->nt", self.A, Mz)
+
+    def apply_factored(self, K: NDArray[np.float64], Q: NDArray[np.float64]) -> NDArray[np.float64]:
+        Mz = (self.Z @ Q) @ K.T  # (n, r_a): K Qᵀ z_i
+        return np.einsum("ntr,nr->nt", self.A, Mz)
+
+    def adjoint(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        B = np.einsum("nt,ntr->nr", lam, self.A)  # (n, r_a)
+        return B.T @ self.Z  # (r_a, r_z)
+
+    def violation(self, m: NDArray[np.float64]) -> float:
+        """Max violation in the *original* (unscaled) units."""
+        r = (self.b - m) * self.scale
+        v_in = np.where(self.ineq, np.maximum(r, 0.0), 0.0).max(initial=0.0)
+        v_eq = np.where(self.eq, np.abs(r), 0.0).max(initial=0.0)
+        return float(max(v_in, v_eq))
+
+
+def _reduce(cs: ConstraintSet) -> tuple[_Reduced, "object", NDArray[np.bool_]]:
+    """Reduce to span{a}, span{z}, normalise each row; also return the rows with zero features."""
+    sub = cs.subspaces()
+    A = sub.A
+    Z = sub.Z
+    scale = np.sqrt((A ** 2).sum(-1)) * np.sqrt((Z ** 2).sum(-1))[:, None]  # (n, T)
+    # rows whose feature a_it z_iᵀ vanishes (duplicate tokens, zero query): 0 (≥ or =) b
+    zero = cs.mask & (scale <= 1e-14 * max(1.0, float(scale.max(initial=0.0))))
+    mask = cs.mask & ~zero
+    s = np.where(mask, scale, 1.0)
+    red = _Reduced(A=np.where(mask[..., None], A / s[..., None], 0.0), Z=Z,
+                   b=np.where(mask, cs.rhs / s, 0.0), ineq=mask & ~cs.equality, eq=mask & cs.equality,
+                   mask=mask, scale=s)
+    return red, sub, zero
+
+
+# ----------------------------------------------------------------------------- helpers
+def balanced_factors(W: NDArray[np.float64], rank: int | None = None
+                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``K = U √Σ``, ``Q = V √Σ`` from the SVD of W (optionally truncated to ``rank`` columns).
+
+    They attain the variational identity ``½(‖K‖_F² + ‖Q‖_F²) = ‖W‖_*`` (SPEC §3).
+    """
+    U, s, Vt = np.linalg.svd(np.asarray(W, dtype=np.float64), full_matrices=False)
+    if rank is not None:
+        U, s, Vt = U[:, :rank], s[:rank], Vt[:rank]
+    r = np.sqrt(s)
+    return U * r, Vt.T * r
+
+
+def _nuclear(M: NDArray[np.float64]) -> float:
+    return float(np.linalg.svd(M, compute_uv=False).sum()) if M.size else 0.0
+
+
+def _spectral(M: NDArray[np.float64]) -> float:
+    return float(np.linalg.svd(M, compute_uv=False)[0]) if M.size else 0.0
+
+
+def infeasibility_certificate(cs: ConstraintSet) -> NDArray[np.float64] | None:
+    """Find ``λ`` with ``λ ≥ 0`` on inequalities, ``bᵀλ = 1`` and ``𝒜*(λ) = 0`` (SPEC §3), or None.
+
+    Theorem of alternatives: such a λ exists iff the constraints cannot be met. For the Att-SVM
+    (``b = 1``) the normalisation ``bᵀλ = 1`` is the ``1ᵀλ = 1`` of SPEC §3. Solved as a linear
+    program (HiGHS) on the reduced coordinates; the returned λ has shape (n, T).
+    """
+    red, _, zero = _reduce(cs)
+    n, T = cs.mask.shape
+    # a zero feature row with an unattainable rhs is a certificate on its own
+    bad = zero & ((cs.inequality & (cs.rhs > 0)) | (cs.equality & (cs.rhs != 0)))
+    if bad.any():
+        k = np.flatnonzero(bad.ravel())[0]
+        lam = np.zeros(n * T)
+        lam[k] = 1.0 / cs.rhs.ravel()[k]
+        return lam.reshape(n, T)
+    idx = np.flatnonzero(red.mask.ravel())
+    if idx.size == 0:
+        return None
+    r_a, r_z = red.A.shape[2], red.Z.shape[1]
+    seq = idx // T
+    F = red.A.reshape(-1, r_a)[idx]  # (K, r_a)
+    # columns of the equality matrix: vec(a_k z_kᵀ) for each constraint k
+    cols = (F[:, :, None] * red.Z[seq][:, None, :]).reshape(idx.size, r_a * r_z).T  # (r_a r_z, K)
+    b = red.b.ravel()[idx]
+    A_eq = np.vstack([cols, b[None, :]])
+    b_eq = np.zeros(A_eq.shape[0])
+    b_eq[-1] = 1.0
+    ineq = red.ineq.ravel()[idx]
+    bounds = [(0, None) if f else (None, None) for f in ineq]
+    c = np.where(ineq, 1.0, 0.0)  # prefer a small certificate
+    res = linprog(c, A_eq=A_eq, b_eq=b_eq, bounds=bounds, method="highs")
+    if res.status != 0 or res.x is None:
+        return None
+    lam_s = np.zeros(n * T)
+    lam_s[idx] = res.x
+    lam = (lam_s.reshape(n, T) / red.scale) * red.mask  # back to the unscaled rows
+    lam = np.where(cs.inequality, np.maximum(lam, 0.0), lam)
+    tot = float((lam * cs.rhs).sum())
+    if tot <= 0:
+        return None
+    lam /= tot
+    resid = np.linalg.norm(cs.adjoint(lam))
+    size = float(np.sqrt((np.abs(lam) * cs.gram_diag()).sum())) + 1e-300
+    return lam if resid <= _CERT_TOL * max(1.0, size) else None
+
+
+def _make_feasible(red: _Reduced, M: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Exactly feasible primal near M: least-norm correction on equality rows, then rescaling."""
+    if red.eq.any():
+        idx = np.flatnonzero(red.eq.ravel())
+        T = red.eq.shape[1]
+        seq = idx // T
+        F = red.A.reshape(-1, red.A.shape[2])[idx]
+        Zs = red.Z[seq]
+        G = (F @ F.T) * (Zs @ Zs.T)
+        resid = red.b.ravel()[idx] - red.apply(M).ravel()[idx]
+        mu = np.linalg.lstsq(G, resid, rcond=1e-13)[0]
+        lam = np.zeros(red.eq.size)
+        lam[idx] = mu
+        M = M + red.adjoint(lam.reshape(red.eq.shape))
+    m = red.apply(M)
+    pos = red.ineq & (red.b > 0)
+    homogeneous_eq = not np.any(red.eq & (red.b != 0))
+    if pos.any() and homogeneous_eq and np.all(m[pos] > 0):
+        t = float(np.max(red.b[pos] / m[pos]))
+        M_t = M * t
+        # rescaling can only break inequality rows with b <= 0 whose margin is negative
+        if red.violation(red.apply(M_t)) <= red.violation(m) or t >= 1.0:
+            cand = red.apply(M_t)
+            if red.violation(cand) <= 1e-12 * max(1.0, float(np.abs(red.b * red.scale).max())):
+                return M_t
+    return M
+
+
+def _refine_dual(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, rank_rtol: float = 1e-6,
+                 tight_rtol: float = 1e-6) -> NDArray[np.float64]:
+    """Polish the multipliers on the optimality conditions of the (feasible, accurate) primal M.
+
+    At an optimum ``M = U_r Σ V_rᵀ`` the subgradient condition is ``𝒜*(λ) = U_r V_rᵀ + W_⊥`` with
+    ``U_rᵀW_⊥ = 0``, ``W_⊥V_r = 0``, ``‖W_⊥‖₂ ≤ 1``, and λ vanishes off the tight rows. We solve the
+    linear part ``U_rᵀ𝒜*(λ) = V_rᵀ``, ``𝒜*(λ)V_r = U_r`` for λ on the tight rows by LSQR started at
+    the augmented-Lagrangian multipliers (matrix-free, each product one apply/adjoint); the caller
+    keeps whichever of the two multipliers gives the better dual bound.
+    """
+    from scipy.sparse.linalg import LinearOperator, lsqr
+
+    U, s, Vt = np.linalg.svd(M, full_matrices=False)
+    if s.size == 0 or s[0] == 0:
+        return lam0
+    r = int((s > rank_rtol * s[0]).sum())
+    Ur, Vr = U[:, :r], Vt[:r].T  # (r_a, r), (r_z, r)
+    m = red.apply(M)
+    tight = red.mask & (red.eq | (np.abs(m - red.b) <= tight_rtol * np.maximum(1.0, np.abs(red.b))))
+    idx = np.flatnonzero(tight.ravel())
+    if idx.size == 0:
+        return lam0
+    n, T = red.mask.shape
+    r_a, r_z = red.A.shape[2], red.Z.shape[1]
+    ZV = red.Z @ Vr  # (n, r)
+
+    def mv(x: NDArray[np.float64]) -> NDArray[np.float64]:
+        lam = np.zeros(n * T)
+        lam[idx] = x
+        B = np.einsum("nt,ntr->nr", lam.reshape(n, T), red.A)  # (n, r_a)
+        G1 = (B @ Ur).T @ red.Z  # U_rᵀ Y, (r, r_z)
+        G2 = B.T @ ZV  # Y V_r, (r_a, r)
+        return np.concatenate([G1.ravel(), G2.ravel()])
+
+    def rmv(y: NDArray[np.float64]) -> NDArray[np.float64]:
+        G1 = y[: r * r_z].reshape(r, r_z)
+        G2 = y[r * r_z:].reshape(r_a, r)
+        return red.apply(Ur @ G1 + G2 @ Vr.T).ravel()[idx]
+
+    op = LinearOperator((r * (r_z + r_a), idx.size), matvec=mv, rmatvec=rmv, dtype=np.float64)
+    target = np.concatenate([Vr.T.ravel(), Ur.ravel()])
+    x0 = lam0.ravel()[idx]
+    sol = lsqr(op, target - mv(x0), atol=1e-15, btol=1e-15, iter_lim=20 * idx.size + 100)
+    lam = np.zeros(n * T)
+    lam[idx] = x0 + sol[0]
+    lam = lam.reshape(n, T)
+    return np.where(red.ineq, np.maximum(lam, 0.0), lam) * red.mask
+
+
+def _dual_bound(red: _Reduced, lam: NDArray[np.float64]) -> tuple[float, float]:
+    """``bᵀλ / max(1, ‖𝒜*λ‖₂)`` and ``‖𝒜*λ‖₂`` for multipliers of the scaled rows."""
+    lam = np.where(red.ineq, np.maximum(lam, 0.0), lam) * red.mask
+    spec = _spectral(red.adjoint(lam))
+    return float((red.b * lam).sum()) / max(1.0, spec), spec
+
+
+# ----------------------------------------------------------------------------- the ALM engine
+@dataclass
+class _ALMResult:
+    K: NDArray[np.float64]
+    Q: NDArray[np.float64]
+    lam: NDArray[np.float64]
+    primal: float
+    dual: float
+    gap: float
+    violation: float
+    n_outer: int
+    n_inner: int
+    stalled: bool
+    converged: bool
+
+
+def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
+         rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True
+         ) -> _ALMResult:
+    """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc)."""
+    r_a, p = K.shape
+    r_z = Q.shape[0]
+    nK = r_a * p
+    lam = np.zeros_like(red.b) if lam is None else lam.copy()
+    mask, ineq = red.mask, red.ineq
+    if rho is None:
+        rho = max(1.0, float(np.sqrt(mask.sum())))
+
+    def fg(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        Kx = x[:nK].reshape(r_a, p)
+        Qx = x[nK:].reshape(r_z, p)
+        c = red.apply_factored(Kx, Qx) - red.b
+        mu = lam - rho * c
+        mu = np.where(ineq, np.maximum(mu, 0.0), mu) * mask
+        f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam * mask, lam)) / (2 * rho)
+        B = np.einsum("nt,ntr->nr", mu, red.A)  # (n, r_a)
+        # Y = 𝒜*(μ) = Bᵀ Z; grad_K = K − Y Q, grad_Q = Q − Yᵀ K, without forming Y when cheaper
+        gK = Kx - B.T @ (red.Z @ Qx)
+        gQ = Qx - red.Z.T @ (B @ Kx)
+        return float(f), np.concatenate([gK.ravel(), gQ.ravel()])
+
+    x = np.concatenate([K.ravel(), Q.ravel()])
+    n_inner = 0
+    best: _ALMResult | None = None
+    prev_viol = np.inf
+    stall = 0
+    scale_b = max(1.0, float(np.abs(red.b).max(initial=0.0)))
+    gtol = 1e-6
+    for outer in range(1, max_iter + 1):
+        res = minimize(fg, x, jac=True, method="L-BFGS-B",
+                       options={"maxiter": 5000, "maxcor": 20, "gtol": gtol, "ftol": 1e-16})
+        x = res.x
+        n_inner += int(res.nit)
+        Kx = x[:nK].reshape(r_a, p)
+        Qx = x[nK:].reshape(r_z, p)
+        m = red.apply_factored(Kx, Qx)
+        c = m - red.b
+        lam = lam - rho * c
+        lam = np.where(ineq, np.maximum(lam, 0.0), lam) * mask
+        raw_viol = float(np.max(np.where(ineq, np.maximum(-c, 0.0), np.where(red.eq, np.abs(c), 0.0)),
+                                initial=0.0))
+        lam_cert = lam
+        if certify:
+            M = Kx @ Qx.T
+            Mf = _make_feasible(red, M)
+            viol = red.violation(red.apply(Mf))
+            primal = _nuclear(Mf)
+            dual, spec = _dual_bound(red, lam)
+            gap = (primal - dual) / max(primal, 1e-300)
+            if gap > tol and viol <= 1e-9 * scale_b:
+                lam_r = _refine_dual(red, Mf, lam)
+                dual_r, _ = _dual_bound(red, lam_r)
+                logger.debug("  refined dual %.12g (was %.12g)", dual_r, dual)
+                if dual_r > dual:
+                    dual, gap, lam_cert = dual_r, (primal - dual_r) / max(primal, 1e-300), lam_r
+        else:
+            viol, primal, dual, gap = raw_viol, 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)), -np.inf, np.inf
+        cur = _ALMResult(Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False)
+        logger.debug("ALM outer %d: rho=%.2e inner=%d viol=%.2e primal=%.12g dual=%.12g gap=%.2e",
+                      outer, rho, res.nit, raw_viol, primal, dual, gap)
+        if certify and (best is None or (viol <= 1e-9 * scale_b and gap < best.gap) or best.violation > viol):
+            best = cur
+        elif not certify:
+            best = cur
+        feas_tol = 1e-9 * scale_b
+        if certify and viol <= feas_tol and gap <= tol:
+            best = cur
+            best.converged = True
+            return best
+        if not certify and raw_viol <= max(tol, 1e-12) * scale_b and outer > 1:
+            best.converged = True
+            return best
+        # penalty update: raise rho when the violation does not drop fast enough
+        if raw_viol > 0.25 * prev_viol:
+            rho = min(rho * 5.0, _RHO_MAX)
+            stall = stall + 1 if rho >= _RHO_MAX else stall
+        prev_viol = raw_viol
+        gtol = max(1e-13, min(gtol, 0.1 * raw_viol + 1e-13, 1e-2 * abs(gap) if np.isfinite(gap) else gtol))
+        if stall >= 3:
+            assert best is not None
+            best.stalled = True
+            return best
+    assert best is not None
+    return best
+
+
+def _initial_factors(red: _Reduced, p: int, rng: np.random.Generator, *, noise: float = 1e-3
+                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Balanced factors of a rescaled ``𝒜*(b)`` (a cheap point aligned with the constraints) plus noise."""
+    r_a, r_z = red.A.shape[2], red.Z.shape[1]
+    M0 = red.adjoint(np.where(red.mask, np.maximum(red.b, 0.0) + (red.b == 0), 0.0))
+    m0 = red.apply(M0)
+    pos = red.ineq & (red.b > 0)
+    if pos.any() and np.all(m0[pos] > 0):
+        M0 = M0 * float(np.max(red.b[pos] / m0[pos]))
+    K, Q = balanced_factors(M0, rank=p)
+    pad_k = np.zeros((r_a, p))
+    pad_q = np.zeros((r_z, p))
+    pad_k[:, : K.shape[1]] = K
+    pad_q[:, : Q.shape[1]] = Q
+    s = noise * max(1.0, float(np.sqrt(np.abs(pad_k).max(initial=0.0) * np.abs(pad_q).max(initial=0.0))))
+    return pad_k + s * rng.standard_normal((r_a, p)), pad_q + s * rng.standard_normal((r_z, p))
+
+
+def _lift_dual(red: _Reduced, lam_scaled: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Multipliers of the scaled rows → multipliers of the original rows, shape (n, T)."""
+    lam = lam_scaled / red.scale * red.mask
+    return np.where(red.ineq, np.maximum(lam, 0.0), lam)
+
+
+def _trivial(cs: ConstraintSet, red: _Reduced, zero: NDArray[np.bool_], t0: float, solver: str
+             ) -> RawSolution | None:
+    """Handle the infeasible-by-inspection and constraint-free cases; None otherwise."""
+    bad = zero & ((cs.inequality & (cs.rhs > 0)) | (cs.equality & (cs.rhs != 0)))
+    if bad.any():
+        cert = infeasibility_certificate(cs)
+        assert cert is not None
+        return RawSolution(None, cert, "infeasible", 0,
+                           {"solver": solver, "reason": "zero constraint feature with positive right-hand side",
+                            "time": time.perf_counter() - t0})
+    if not red.mask.any() or red.A.shape[2] == 0 or red.Z.shape[1] == 0:
+        d = cs.d
+        return RawSolution(np.zeros((d, d)), np.zeros(cs.mask.shape), "optimal", 0,
+                           {"solver": solver, "objective": 0.0, "dual_objective": 0.0, "relative_gap": 0.0,
+                            "time": time.perf_counter() - t0})
+    return None
+
+
+def _check_cs(cs: ConstraintSet) -> None:
+    if not isinstance(cs, ConstraintSet):
+        raise TypeError(f"cs must be a ConstraintSet (see attsvm.svm.att_svm_constraints), got {type(cs).__name__}")
+
+
+# ----------------------------------------------------------------------------- public solvers
+def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: int = 60, seed: int = 0
+                  ) -> RawSolution:
+    """Att-SVM* (SPEC §3): ``min ‖W‖_*`` subject to the constraint set ``cs``.
+
+    Parameters
+    ----------
+    cs : ConstraintSet
+        Inequality rows ``a_itᵀ W z_i ≥ b_it`` and equality rows ``= b_it`` (``svm/_base.py``).
+    tol : float
+        Relative duality gap ``(‖W‖_* − D)/‖W‖_*`` at which to stop, where ``D`` is the dual bound
+        ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)``.
+    max_iter : int
+        Outer augmented-Lagrangian iterations (each a warm-started L-BFGS solve).
+    seed : int
+        Seed of the small perturbation that breaks the symmetry of the factorisation.
+
+    Returns
+    -------
+    RawSolution
+        ``W`` (d, d) exactly feasible up to round-off, ``dual`` (n, T) the multipliers λ, status
+        ``"optimal"`` (gap ≤ tol), ``"optimal_inaccurate"`` (iteration limit, gap reported), or
+        ``"infeasible"`` with the certificate of SPEC §3 in ``dual``. ``info`` holds ``objective``,
+        ``dual_objective``, ``relative_gap``, ``violation``, ``rank_reduced`` (r_a, r_z) and timings.
+
+    See the module docstring for the method (augmented Lagrangian + Burer–Monteiro + L-BFGS on the
+    reduced problem) and why it is used instead of cvxpy.
+    """
+    _check_cs(cs)
+    tol = check_finite_scalar(tol, "tol", positive=True)
+    max_iter = check_positive_int(max_iter, "max_iter")
+    t0 = time.perf_counter()
+    red, sub, zero = _reduce(cs)
+    triv = _trivial(cs, red, zero, t0, "alm-burer-monteiro")
+    if triv is not None:
+        return triv
+    r_a, r_z = red.A.shape[2], red.Z.shape[1]
+    p = min(r_a, r_z)
+    rng = np.random.default_rng(seed)
+    K, Q = _initial_factors(red, p, rng)
+    res = _alm(red, K, Q, tol=tol, max_iter=max_iter)
+    info = {"solver": "alm-burer-monteiro", "rank_reduced": (r_a, r_z), "outer_iterations": res.n_outer,
+            "inner_iterations": res.n_inner, "time": None}
+    if res.stalled or res.violation > 1e-6 * max(1.0, float(np.abs(cs.rhs).max())):
+        cert = infeasibility_certificate(cs)
+        if cert is not None:
+            info.update(reason="augmented Lagrangian stalled; LP certificate found",
+                        time=time.perf_counter() - t0)
+            return RawSolution(None, cert, "infeasible", res.n_outer, info)
+    M = _make_feasible(red, res.K @ res.Q.T)
+    W = sub.lift(M)
+    status = "optimal" if (res.converged or res.gap <= tol) else "optimal_inaccurate"
+    if status != "optimal":
+        warnings.warn(f"solve_nuclear stopped after {res.n_outer} outer iterations with relative gap "
+                      f"{res.gap:.2e} > tol={tol:.1e} (violation {res.violation:.1e})", RuntimeWarning,
+                      stacklevel=2)
+    info.update(objective=_nuclear(M), dual_objective=res.dual, relative_gap=res.gap,
+                violation=cs.violation(W), time=time.perf_counter() - t0)
+    return RawSolution(W, _lift_dual(red, res.lam), status, res.n_outer, info)
+
+
+def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_iter: int = 60, seed: int = 0,
+                       restarts: int = 3, convex: RawSolution | None = None) -> RawSolution:
+    """Rank-constrained Att-SVM* (SPEC §3): ``min ½(‖K‖_F² + ‖Q‖_F²)`` s.t. the constraints on ``W = KQᵀ``.
+
+    ``K, Q`` have ``rank`` columns (so ``rank(W) ≤ rank``). The problem is non-convex: we run the
+    augmented Lagrangian of :func:`solve_nuclear` from ``restarts`` seeded random starts (the first
+    one the truncated SVD of the convex solution) and keep the best feasible result. When ``rank``
+    is at least the rank of the convex nuclear solution, that solution is feasible for this problem
+    and the result equals the convex optimum; for smaller ranks the returned point is the best
+    found, with **no guarantee of global optimality**.
+
+    Returns a :class:`RawSolution` whose ``info`` reports ``objective`` (½(‖K‖²+‖Q‖²) at the returned
+    balanced factors, = ‖W‖_*), ``convex_objective``, ``reached_convex_optimum`` (relative difference
+    ≤ :data:`CONVEX_OPT_RTOL`), ``violation``, ``rank`` and ``K``, ``Q`` (d, rank). ``dual`` holds the
+    augmented-Lagrangian multipliers (KKT multipliers of the factored problem, not a convex
+    certificate unless the convex optimum was reached).
+    """
+    _check_cs(cs)
+    rank = check_positive_int(rank, "rank")
+    tol = check_finite_scalar(tol, "tol", positive=True)
+    max_iter = check_positive_int(max_iter, "max_iter")
+    restarts = check_positive_int(restarts, "restarts")
+    t0 = time.perf_counter()
+    if convex is None:
+        convex = solve_nuclear(cs, tol=min(tol, NUCLEAR_GAP_TOL), seed=seed)
+    if convex.status == "infeasible":
+        info = dict(convex.info, rank=rank, reached_convex_optimum=False, convex_objective=None,
+                    objective=None, solver="alm-burer-monteiro-rank")
+        return RawSolution(None, convex.dual, "infeasible", 0, info)
+    assert convex.W is not None
+    f_convex = float(convex.info["objective"])
+    red, sub, zero = _reduce(cs)
+    r_a, r_z = red.A.shape[2], red.Z.shape[1]
+    d = cs.d
+    p = min(rank, r_a, r_z)
+    rng = np.random.default_rng(seed)
+    M_cvx = sub.U.T @ convex.W @ sub.V
+    starts: list[tuple[NDArray[np.float64], NDArray[np.float64]]] = []
+    Kc, Qc = balanced_factors(M_cvx, rank=p)
+    starts.append((Kc, Qc))
+    for _ in range(restarts - 1):
+        K0, Q0 = _initial_factors(red, p, rng, noise=0.3)
+        starts.append((K0, Q0))
+    best: tuple[float, float, _ALMResult] | None = None
+    total_outer = 0
+    scale_b = max(1.0, float(np.abs(cs.rhs).max()))
+    for K0, Q0 in starts:
+        if p < min(r_a, r_z) and p < Kc.shape[1] + 1 and K0 is Kc:
+            # truncated convex start: perturb slightly so the ALM can move off a saddle
+            K0 = K0 + 1e-3 * rng.standard_normal(K0.shape)
+            Q0 = Q0 + 1e-3 * rng.standard_normal(Q0.shape)
+        res = _alm(red, K0, Q0, tol=tol, max_iter=max_iter, certify=False)
+        total_outer += res.n_outer
+        M = res.K @ res.Q.T
+        Mf = _rescale_only(red, M)
+        obj = _nuclear(Mf)
+        viol = red.violation(red.apply(Mf))
+        key = (viol > 1e-8 * scale_b, obj)
+        if best is None or key < (best[1] > 1e-8 * scale_b, best[0]):
+            best = (obj, viol, res)
+    assert best is not None
+    obj, viol, res = best
+    M = _rescale_only(red, res.K @ res.Q.T)
+    W = sub.lift(M)
+    K, Q = balanced_factors(W, rank=rank)
+    if K.shape[1] < rank:  # d < rank: pad with zero columns
+        K = np.hstack([K, np.zeros((d, rank - K.shape[1]))])
+        Q = np.hstack([Q, np.zeros((d, rank - Q.shape[1]))])
+    rel = (obj - f_convex) / max(f_convex, 1e-300)
+    reached = bool(abs(rel) <= CONVEX_OPT_RTOL)
+    violation = cs.violation(W)
+    status = "optimal" if reached else ("optimal_inaccurate" if violation <= 1e-8 * scale_b else "max_iter")
+    info = {"solver": "alm-burer-monteiro-rank", "rank": rank, "objective": obj, "convex_objective": f_convex,
+            "relative_excess": rel, "reached_convex_optimum": reached, "violation": violation,
+            "convex_rank_reduced": (r_a, r_z), "restarts": restarts, "K": K, "Q": Q,
+            "global_guarantee": reached,
+            "time": time.perf_counter() - t0}
+    return RawSolution(W, _lift_dual(red, res.lam), status, total_outer, info)
+
+
+def _rescale_only(red: _Reduced, M: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Feasibility repair that keeps the rank of M: for homogeneous equalities, rescaling only."""
+    if red.eq.any() and np.any(red.eq & (red.b != 0)):
+        return M  # a correction would change the rank; report the violation as is
+    m = red.apply(M)
+    pos = red.ineq & (red.b > 0)
+    if pos.any() and np.all(m[pos] > 0):
+        return M * float(np.max(red.b[pos] / m[pos]))
+    return M
