@@ -20,7 +20,7 @@ trained), as in the paper. Everything is float64 unless asked otherwise.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -32,7 +32,7 @@ from .problem import AttentionProblem
 
 __all__ = ["Batch", "AttentionModel", "Param", "TrainLoss", "PARAMS", "TRAIN_LOSSES",
            "attention_logits", "attention_probs", "head_outputs", "sequence_losses", "risk",
-           "risk_and_grad", "factor_grads", "resolve_loss", "EXP_CLIP"]
+           "risk_and_grad", "risk_and_scaled_grad", "factor_grads", "resolve_loss", "EXP_CLIP"]
 
 Param = Literal["W", "KQ"]
 TrainLoss = Literal["logistic", "exponential", "correlation", "cross_entropy"]
@@ -86,6 +86,12 @@ class Batch:
     V: Tensor
     head: str
     loss: str
+    XV: Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # (B, n, T, k) head pre-activations of single tokens, x_itᵀ V: the whole head computation of
+        # the trainer runs on this table, never on the (R, n, d) attention outputs
+        object.__setattr__(self, "XV", self.X @ self.V.unsqueeze(1))
 
     @property
     def n(self) -> int:
@@ -213,6 +219,20 @@ def risk(batch: Batch, W: Tensor) -> Tensor:
 def risk_and_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Risk (R,), its gradient ∇_W L (R, d, d) and the attention probabilities (R, n, T).
 
+    See :func:`risk_and_scaled_grad` for the computation; this returns ``∇_W L`` itself (which
+    underflows to 0 once every non-selected logit trails by more than ~745).
+    """
+    L, G, s, logscale = risk_and_scaled_grad(batch, W)
+    return L, G * torch.exp(-logscale)[:, None, None], s
+
+
+def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Risk (R,), the scaled gradient ``e^{c} ∇_W L`` (R, d, d), the probabilities (R, n, T) and c (R,).
+
+    ``c_r ≥ 0`` is the smallest gap ``g_{ir_i} − g_it`` (t ≠ r_i) of run r, so the scaled gradient is
+    O(1)-representable however saturated the attention: its direction stays computable long after
+    ``∇_W L`` itself underflows (exact normalized GD uses it).
+
     The gradient is written relative to the top-logit token ``r_i`` of each sequence:
     with ``D_it = x_it − x_{ir}``, ``e_i = ∂ℓ_i/∂o_i`` and ``c_it = D_itᵀ e_i``,
 
@@ -222,51 +242,52 @@ def risk_and_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     t. Every term carries its own factor ``s_it`` (t ≠ r_i), so once attention saturates the gradient
     is computed to full relative precision instead of as a difference of O(1) numbers — which
     normalized GD would otherwise amplify into a random step direction (issue #3). Likewise the loss
-    derivatives use ``σ(−u)`` (logistic) and, for cross-entropy, ``p_y − 1 = −Σ_{c≠y} p_c``.
+    derivatives use ``σ(−u)`` (logistic) and, for cross-entropy, ``p_y − 1 = −Σ_{c≠y} p_c``. The sum
+    ``Σ_t δ_it D_it`` is evaluated as ``Σ_t δ'_it x_it`` with ``δ'_{ir} = −Σ_{t≠r} δ_it``, and the head
+    only ever sees the token table ``x_itᵀ V`` (:attr:`Batch.XV`).
     """
-    g = attention_logits(batch, W)  # (R, n, T)
-    R = g.shape[0]
-    ref = g.argmax(-1)  # (R, n)
-    s = torch.softmax(g, dim=-1)  # (R, n, T)
-    X = batch.X.expand(R, -1, -1, -1)
-    x_ref = torch.gather(X, 2, ref[..., None, None].expand(-1, -1, 1, X.shape[-1]))  # (R, n, 1, d)
-    D = X - x_ref  # (R, n, T, d); exactly 0 at t = r_i
-    o = x_ref.squeeze(-2) + (s.unsqueeze(-2) @ D).squeeze(-2)  # (R, n, d)
-    a = o @ batch.V  # (R, n, k)
+    X = batch.X  # (B, n, T, d)
+    u = batch.Z @ W.transpose(-1, -2)  # (R, n, d): W z_i
+    g = (X * u.unsqueeze(-2)).sum(-1)  # (R, n, T) logits (broadcast products beat tiny bmm's on CPU)
+    gmax, ref = g.max(-1, keepdim=True)  # (R, n, 1): top logit and its token r_i
+    gap = gmax - g  # (R, n, T) ≥ 0, exactly 0 at r_i
+    ez = torch.exp(-gap)
+    Zs = ez.sum(-1, keepdim=True)
+    s = ez / Zs  # (R, n, T) softmax
+    logscale = gap.scatter(-1, ref, float("inf")).amin(dim=(-2, -1))  # (R,) smallest gap c_r
+    s_scaled = torch.exp(torch.clamp(logscale[:, None, None] - gap, max=0.0)) / Zs  # e^{c} s_it for t ≠ r_i
+    a = (s.unsqueeze(-2) @ batch.XV).squeeze(-2)  # (R, n, k) = Vᵀ o_i, with o_i = X_iᵀ s_i
     y = batch.y
     if batch.head == "multiclass":
         lp = torch.log_softmax(a, dim=-1)  # (R, n, C)
         idx = y.long().expand(a.shape[:-1]).unsqueeze(-1)
         losses = -torch.gather(lp, -1, idx).squeeze(-1)
-        p = lp.exp()
-        p_true = torch.gather(p, -1, idx)
-        q = p.scatter(-1, idx, torch.zeros_like(p_true))
-        q = q.scatter(-1, idx, -q.sum(-1, keepdim=True))  # p − e_y with p_y − 1 = −Σ_{c≠y} p_c
-        e = q @ batch.V.transpose(-1, -2)  # (R, n, d)
+        q = lp.exp().scatter(-1, idx, 0.0)
+        q = q.scatter(-1, idx, -q.sum(-1, keepdim=True))  # ∂ℓ/∂a = p − e_y, with p_y − 1 = −Σ_{c≠y} p_c
     else:
-        if batch.head == "linear":
-            f = a[..., 0]
-            df = batch.V[..., 0].unsqueeze(-2)  # (B, 1, d)
-        else:  # relu
-            f = torch.relu(a).sum(-1)
-            df = (a > 0).to(a.dtype) @ batch.V.transpose(-1, -2)  # (R, n, d)
-        u = y * f
+        f = a[..., 0] if batch.head == "linear" else torch.relu(a).sum(-1)
+        uy = y * f
         if batch.loss == "logistic":
-            losses = torch.nn.functional.softplus(-u)
-            dl = -torch.sigmoid(-u)
+            losses = torch.nn.functional.softplus(-uy)
+            dl = -torch.sigmoid(-uy)
         elif batch.loss == "exponential":
-            losses = torch.exp(torch.clamp(-u, max=EXP_CLIP))
+            losses = torch.exp(torch.clamp(-uy, max=EXP_CLIP))
             dl = -losses
         else:
-            losses = -u
-            dl = -torch.ones_like(u)
-        e = (y * dl).unsqueeze(-1) * df  # (R, n, d)
-    c = (D @ e.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
+            losses = -uy
+            dl = -torch.ones_like(uy)
+        q = (y * dl).unsqueeze(-1)  # (R, n, 1): ∂ℓ/∂f, times ∂f/∂a below
+        if batch.head == "relu":
+            q = q * (a > 0).to(a.dtype)  # (R, n, k)
+    # e_i = ∂ℓ_i/∂o_i = V q_i, so x_itᵀ e_i = (x_itᵀ V) q_i: one small matvec on the token table
+    Xe = (batch.XV @ q.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
+    c = Xe - torch.gather(Xe, -1, ref)  # c_it = D_itᵀ e_i, exactly 0 at r_i
     cbar = (s * c).sum(-1, keepdim=True)
-    delta = s * (c - cbar) / batch.n  # (R, n, T): ∂L/∂g_it
-    B = (delta.unsqueeze(-2) @ D).squeeze(-2)  # (R, n, d): Σ_t δ_it D_it
-    grad = B.transpose(-1, -2) @ batch.Z  # (R, d, d)
-    return losses.mean(-1), grad, s
+    delta = (s_scaled * (c - cbar)).scatter(-1, ref, 0.0) / batch.n  # (R, n, T): e^{c} ∂L/∂g_it, t ≠ r_i
+    delta = delta.scatter(-1, ref, -delta.sum(-1, keepdim=True))  # Σ_t δ'_it x_it = Σ_{t≠r} δ_it D_it
+    Bv = (delta.unsqueeze(-1) * X).sum(-2)  # (R, n, d)
+    grad = Bv.transpose(-1, -2) @ batch.Z  # (R, d, d), scaled by e^{c}
+    return losses.mean(-1), grad, s, logscale
 
 
 def factor_grads(grad_W: Tensor, K: Tensor, Q: Tensor) -> tuple[Tensor, Tensor]:

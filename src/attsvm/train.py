@@ -29,7 +29,8 @@ from torch import Tensor
 
 from ._linalg import correlation
 from ._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
-from .model import PARAMS, Batch, Param, _as_problem_list, factor_grads, resolve_loss, risk_and_grad
+from .model import (PARAMS, Batch, Param, _as_problem_list, factor_grads, resolve_loss, risk_and_grad,
+                    risk_and_scaled_grad)
 from .problem import AttentionProblem
 
 __all__ = ["train", "TrainResult", "smoothness_bound", "gradient_bound", "cone_init",
@@ -143,8 +144,9 @@ def cone_init(center: ArrayLike, *, runs: int = 1, mu: float = 0.1, scale: float
     rng = np.random.default_rng(seed)
     Chat = C / cn
     G = rng.standard_normal((runs,) + C.shape)
-    G -= np.einsum("rij,ij->r", G, Chat)[:, None, None] * Chat
-    G /= np.linalg.norm(G, axis=(1, 2), keepdims=True)
+    for _ in range(2):  # Gram–Schmidt twice: orthogonal to round-off even for a draw close to ±center
+        G -= np.einsum("rij,ij->r", G, Chat)[:, None, None] * Chat
+        G /= np.linalg.norm(G, axis=(1, 2), keepdims=True)
     c = 1.0 - mu * rng.uniform(size=runs)
     return scale * (c[:, None, None] * Chat + np.sqrt(np.maximum(1.0 - c ** 2, 0.0))[:, None, None] * G)
 
@@ -205,13 +207,16 @@ def _initial_params(init: Any, *, param: str, R: int, d: int, m: int, seeds: NDA
             g = torch.Generator().manual_seed(int(seeds[r]))
             if init == "pytorch":
                 # nn.Linear(d, ·) default init: kaiming_uniform(a=√5) = U(−1/√fan_in, 1/√fan_in), fan_in = d
-                b = 1.0 / math.sqrt(d)
+                def linear_weight(rows: int) -> Tensor:
+                    # drawn in float32 and then cast, as `SelfAttn(d).double()` does in the published code
+                    w = torch.empty(rows, d, dtype=torch.float32)
+                    return torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=g).double()
+
                 if param == "W":
-                    Wlin = torch.empty(d, d, dtype=torch.float64).uniform_(-b, b, generator=g)
-                    W_list.append(scale * Wlin.T.numpy())
+                    W_list.append(scale * linear_weight(d).T.numpy())
                 else:  # the published module builds `query` before `key`
-                    Wq = torch.empty(m, d, dtype=torch.float64).uniform_(-b, b, generator=g)
-                    Wk = torch.empty(m, d, dtype=torch.float64).uniform_(-b, b, generator=g)
+                    Wq = linear_weight(m)
+                    Wk = linear_weight(m)
                     K_list.append(scale * Wk.T.numpy())
                     Q_list.append(scale * Wq.T.numpy())
             else:  # gaussian
@@ -362,13 +367,24 @@ def _fro(A: Tensor) -> Tensor:
     return torch.linalg.vector_norm(A, dim=(-2, -1))
 
 
+def _normalize(G: Tensor, eps: float, tiny: float) -> Tensor:
+    """``G / (‖G‖_F + eps)`` per run. With eps = 0 the norm is taken after scaling by max|G| so that a
+    gradient whose squares underflow (‖G‖ ~ 1e-160 and below, late in long runs) is still normalised
+    exactly, and a zero gradient gives a zero step."""
+    if eps > 0:
+        return G / (_fro(G)[:, None, None] + eps)
+    G = G / G.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(tiny)
+    return G / _fro(G)[:, None, None].clamp_min(tiny)
+
+
 def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Param = "W", steps: int,
           lr: Literal["auto"] | float | ArrayLike | Callable[[int], Any] = "auto", normalized: bool = True,
           loss: str | None = None, init: Any = "pytorch", init_scale: float | None = None,
           m: int | None = None, n_init: int = 1, seed: int | Sequence[int] = 0, record_every: int = 1,
           record_W: bool = False, device: torch.device | str | None = None, penalty: float | None = None,
-          cone_center: ArrayLike | None = None, cone_mu: float = 0.1, threads: int | None = None,
-          progress: bool | None = None, dtype: torch.dtype = torch.float64) -> TrainResult:
+          cone_center: ArrayLike | None = None, cone_mu: float = 0.1, normalize_eps: float = NORMALIZE_EPS,
+          threads: int | None = None, progress: bool | None = None, dtype: torch.dtype = torch.float64
+          ) -> TrainResult:
     """Train R one-layer attention models by (normalized) gradient descent, as one batched program (SPEC §4).
 
     Parameters
@@ -417,6 +433,12 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
         λ of the penalty ``λ(‖K‖_F² + ‖Q‖_F²)`` (KQ) or ``λ‖W‖_F²`` (W). Default: float64 machine
         epsilon for (K, Q), as the published code; 0 for W.
     cone_center, cone_mu : see ``init="cone"``.
+    normalize_eps : float
+        The ε of ``∇/(‖∇‖_F + ε)`` (default float64 machine epsilon, the published code's). Once
+        ``‖∇‖_F`` falls below ε the steps shrink like ``η‖∇‖/ε`` and the run effectively stops. 0 gives
+        exact normalisation; without a penalty the step direction then comes from the rescaled
+        gradient ``e^{c}∇`` (:func:`attsvm.model.risk_and_scaled_grad`), so the run keeps moving at
+        speed η in the exact normalized-GD direction even after ``∇`` underflows float64.
     threads : int, optional
         torch intra-op threads during training (restored afterwards). Default: 1 for small problems
         on CPU (R·n·T·d below 2·10⁶), where more threads only add synchronisation; otherwise unchanged.
@@ -489,7 +511,7 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
         v = np.asarray(schedule(k), dtype=np.float64)
         if v.shape not in ((), (R,)) or not np.all(np.isfinite(v)):
             raise ValueError(f"lr schedule must return a finite float or {R} floats, got {v!r} at step {k}")
-        return torch.as_tensor(np.broadcast_to(v, (R,)), dtype=dtype, device=dev)[:, None, None]
+        return torch.as_tensor(np.broadcast_to(v, (R,)).copy(), dtype=dtype, device=dev)[:, None, None]
 
     lr_t = (torch.as_tensor(lr_value, dtype=dtype, device=dev)[:, None, None]
             if not isinstance(lr_value, str) else torch.empty(0))
@@ -522,7 +544,11 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
     else:
         threads_used = check_positive_int(threads, "threads")
     show = progress if progress is not None else (None if steps * R >= PROGRESS_MIN_WORK else False)
-    eps = NORMALIZE_EPS
+    eps = check_finite_scalar(normalize_eps, "normalize_eps")
+    if eps < 0:
+        raise ValueError(f"normalize_eps must be >= 0, got {eps}")
+    tiny = torch.finfo(dtype).tiny  # guards 0/0 when normalize_eps = 0 and the gradient vanishes
+    exact_direction = bool(normalized) and eps == 0.0 and lam == 0.0
     t0 = time.perf_counter()
     with _threads(threads_used), torch.no_grad():
         from tqdm.auto import tqdm
@@ -533,7 +559,8 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
         next_k = int(ks[0])
         for k in range(steps + 1):
             W = Wt if Kt is None else Kt @ Qt.transpose(-1, -2)  # type: ignore[union-attr]
-            L, gW, s = risk_and_grad(batch, W)
+            L, gS, s, logc = risk_and_scaled_grad(batch, W)  # gS = e^{c} ∇_W L
+            gW = gS * torch.exp(-logc)[:, None, None]
             if Kt is not None:
                 gK, gQ = factor_grads(gW, Kt, Qt)  # type: ignore[arg-type]
             if k == next_k:
@@ -555,19 +582,24 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
             if k == steps:
                 break
             eta = lr_tensor(k)
-            if Kt is None:
+            if exact_direction:  # normalisation is scale-free: use e^{c}∇, which never underflows
+                if Kt is None:
+                    Wt = Wt - eta * _normalize(gS, 0.0, tiny)
+                else:
+                    gKs, gQs = factor_grads(gS, Kt, Qt)  # type: ignore[arg-type]
+                    Kt, Qt = Kt - eta * _normalize(gKs, 0.0, tiny), Qt - eta * _normalize(gQs, 0.0, tiny)
+            elif Kt is None:
                 if lam:
                     gW = gW + 2.0 * lam * Wt
                 if normalized:
-                    gW = gW / (_fro(gW)[:, None, None] + eps)
+                    gW = _normalize(gW, eps, tiny)
                 Wt = Wt - eta * gW
             else:
                 if lam:
                     gK = gK + 2.0 * lam * Kt
                     gQ = gQ + 2.0 * lam * Qt
                 if normalized:
-                    gK = gK / (_fro(gK)[:, None, None] + eps)
-                    gQ = gQ / (_fro(gQ)[:, None, None] + eps)
+                    gK, gQ = _normalize(gK, eps, tiny), _normalize(gQ, eps, tiny)
                 Kt, Qt = Kt - eta * gK, Qt - eta * gQ  # type: ignore[operator]
             bar.update(1)
         bar.close()
@@ -585,7 +617,8 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
         probs=s.cpu().numpy(), history=history, problems=plist, problem_index=problem_index, seeds=seeds,
         lr=lr_value, param=param, steps=steps, normalized=bool(normalized), loss=batch.loss, init=init_name,
         penalty=lam, m=m_, record_every=record_every, device=str(dev), wall_time=wall,
-        info={"threads": threads_used if threads_used is not None else torch.get_num_threads()})
+        info={"threads": threads_used if threads_used is not None else torch.get_num_threads(),
+              "normalize_eps": eps})
 
 
 # ---------------------------------------------------------------------------------------------

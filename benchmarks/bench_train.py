@@ -1,0 +1,127 @@
+"""Benchmark: batched training (attsvm.train) against the published per-run training loop.
+
+Workload (SPEC §6 local-convergence): n=6, T=8, d=10, RUNS runs (seed = run) × 2000 normalized GD
+steps, for W and again for (K, Q), with the trajectory (W and the top softmax probability)
+recorded at every step. The reference trains one run at a time the way the published notebook
+does: an ``nn.Linear`` attention module, autograd, per-parameter gradient normalisation and
+``torch.optim.SGD``. Both run in this process with one intra-op thread, so the ratio is measured
+on the same machine at the same time (timings on a shared machine are noisy; the ratio less so).
+
+Then it prints how the batched trainer's time per step grows with the number of runs R and with
+n, T and d.
+
+    .venv/bin/python benchmarks/bench_train.py            # full: 100 reference runs per param
+    .venv/bin/python benchmarks/bench_train.py --quick    # 10 reference runs, extrapolated
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from attsvm.datasets import paper_instance
+from attsvm.metrics import correlation
+from attsvm.train import NORMALIZE_EPS, train
+
+
+class PublishedAttention(torch.nn.Module):
+    """The published module's computation (nn.Linear logits zᵀ W_lin x or (W_q z)ᵀ (W_k x))."""
+
+    def __init__(self, d: int, univariate: bool) -> None:
+        super().__init__()
+        self.univariate = univariate
+        if univariate:
+            self.W = torch.nn.Linear(d, d, bias=False)
+        else:
+            self.query = torch.nn.Linear(d, d, bias=False)
+            self.key = torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, X: torch.Tensor, Z: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, _, d = X.shape
+        z = Z.reshape(n, 1, d)
+        if self.univariate:
+            s = torch.softmax(z @ self.W(X).transpose(-2, -1), dim=-1)
+        else:
+            s = torch.softmax(self.query(z) @ self.key(X).transpose(-2, -1), dim=-1)
+        return (s @ X) @ v, s
+
+
+def reference_run(seed: int, univariate: bool, steps: int, n: int, T: int, d: int):
+    p = paper_instance(n, T, d, seed=seed)
+    X, Z, v, Y = (torch.tensor(a) for a in (p.X, p.Z, p.v, p.y))
+    torch.manual_seed(seed)
+    model = PublishedAttention(d, univariate).double()
+    params = [model.W.weight] if univariate else [model.query.weight, model.key.weight]
+    opt = torch.optim.SGD(params, lr=0.1)
+    Ws = np.zeros((steps, d, d))
+    probs = np.zeros(steps)
+    for it in range(steps):
+        opt.zero_grad()
+        out, s = model(X, Z, v)
+        loss = torch.log(1 + torch.exp(-Y * out.view(-1))).mean()
+        if not univariate:
+            loss = loss + NORMALIZE_EPS * (model.key.weight.norm() ** 2 + model.query.weight.norm() ** 2)
+        loss.backward()
+        for w in params:
+            w.grad /= w.grad.norm() + NORMALIZE_EPS
+        opt.step()
+        W = model.W.weight.detach().T if univariate else model.query.weight.T.mm(model.key.weight).T.detach()
+        Ws[it] = W.numpy()
+        probs[it] = s.detach().max(dim=-1)[0].mean()
+    return Ws, probs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--ref-runs", type=int, default=None, help="reference runs timed (default: all)")
+    ap.add_argument("--quick", action="store_true", help="10 reference runs, smaller scaling sweep")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    n, T, d = 6, 8, 10
+    R, steps = args.runs, args.steps
+    ref_runs = args.ref_runs or (10 if args.quick else R)
+    probs = [paper_instance(n, T, d, seed=s) for s in range(R)]
+    print(f"workload: n={n} T={T} d={d}, {R} runs x {steps} normalized steps, recorded every step "
+          f"(torch {torch.__version__}, 1 thread, device {args.device}); timings are wall-clock on a "
+          "shared machine, so noisy")
+    for param in ("W", "KQ"):
+        t0 = time.perf_counter()
+        res = train(probs, param=param, steps=steps, seed=list(range(R)), record_W=True, device=args.device)
+        t_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ref_W = []
+        for s in range(ref_runs):
+            Ws, _ = reference_run(s, param == "W", steps, n, T, d)
+            ref_W.append(Ws[-1])
+        t_ref = (time.perf_counter() - t0) * R / ref_runs
+        agree = correlation(res.W[:ref_runs], np.array(ref_W))
+        early = np.abs(res.history["W"][0, 1:51] - reference_run(0, param == "W", 50, n, T, d)[0]).max()
+        print(f"[{param:2s}] batched {t_ours:7.2f} s | published loop {t_ref:7.2f} s"
+              f"{'' if ref_runs == R else f' (extrapolated from {ref_runs} runs)'} | speed-up "
+              f"{t_ref / t_ours:6.1f}x | first 50 steps max|ΔW| {early:.1e} | corr(final W, reference) "
+              f"min {agree.min():.4f}")
+    print("\nscaling of the batched trainer (normalized GD on W, 200 steps, record every step):")
+    print(f"{'R':>6} {'n':>4} {'T':>4} {'d':>4} {'ms/step':>9} {'us/step/run':>12}")
+    base = dict(R=100, n=6, T=8, d=10)
+    sweeps = [("R", [1, 10, 100, 1000] if not args.quick else [1, 100, 1000]),
+              ("n", [6, 24, 96]), ("T", [8, 32, 128]), ("d", [10, 40, 160])]
+    for key, values in sweeps:
+        for val in values:
+            cfg = dict(base, **{key: val})
+            ps = [paper_instance(cfg["n"], cfg["T"], cfg["d"], seed=s) for s in range(min(cfg["R"], 100))]
+            n_init = max(1, cfg["R"] // len(ps))
+            t0 = time.perf_counter()
+            train(ps, steps=200, n_init=n_init, device=args.device)
+            dt = (time.perf_counter() - t0) / 200
+            print(f"{cfg['R']:>6} {cfg['n']:>4} {cfg['T']:>4} {cfg['d']:>4} {1e3 * dt:9.3f} "
+                  f"{1e6 * dt / cfg['R']:12.2f}")
+
+
+if __name__ == "__main__":
+    main()

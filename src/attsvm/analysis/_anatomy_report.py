@@ -1,0 +1,162 @@
+"""Figures and ``report.md`` for ``attsvm analyze``, read from the saved results (STYLE habit 11)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["plot_anatomy", "write_anatomy_report"]
+
+
+def plot_anatomy(out: str | Path) -> list[Path]:
+    """Read ``heads.json``/``summary.json``/``anatomy.npz`` in ``out`` and write the figures there."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    heads = json.loads((out / "heads.json").read_text())
+    summ = json.loads((out / "summary.json").read_text())
+    arr = np.load(out / "anatomy.npz")
+    L, H, dh = summ["n_layers"], summ["n_heads"], summ["d_head"]
+
+    def grid(key: str) -> np.ndarray:
+        g = np.zeros((L, H))
+        for r in heads:
+            g[r["layer"], r["head"]] = r[key]
+        return g
+
+    paths = []
+    keys = [("top1_95", "top-1 ≥ 95 % share"), ("top3_95", "top-3 ≥ 95 % share"),
+            ("special_mass", "mass on special tokens"), ("mean_support_keys", f"keys within δ={summ['delta']}"),
+            ("effective_rank", f"effective rank (d_head={dh})"), ("nuc_fro_ratio", f"‖W‖*/‖W‖F (ceiling {math.sqrt(dh):.2f})")]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    for ax, (k, title) in zip(axes.ravel(), keys):
+        im = ax.imshow(grid(k), aspect="auto", cmap="viridis")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(f"{summ['model']}: head anatomy over {summ['n_windows']} windows ({summ['n_queries']} queries)")
+    fig.tight_layout()
+    paths.append(out / "heatmaps.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    sv = arr["singular_values"][..., : 2 * dh]
+    fig, axes = plt.subplots(1, L, figsize=(3 * L, 3), sharey=True)
+    for layer, ax in enumerate(np.atleast_1d(axes)):
+        for h in range(H):
+            s = sv[layer, h]
+            ax.semilogy(np.arange(1, s.size + 1), np.maximum(s / s[0], 1e-18), lw=0.8)
+        ax.axvline(dh, color="k", ls=":", lw=0.8)
+        ax.set_title(f"layer {layer}")
+        ax.set_xlabel("index")
+    np.atleast_1d(axes)[0].set_ylabel("σ_i / σ_1 of W_h")
+    fig.tight_layout()
+    paths.append(out / "spectra.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    edges, hist = arr["margin_edges"], arr["margin_hist"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+    centers = 0.5 * (edges[:-2] + edges[1:-1])
+    for layer in range(L):
+        hl = hist[layer].sum(0)
+        axes[0].plot(centers, hl[:-1] / max(hl.sum(), 1), label=f"layer {layer}")
+    axes[0].set_xlabel("margin logit_top − logit_t")
+    axes[0].set_ylabel("share of (query, key) pairs")
+    axes[0].legend(fontsize=7)
+    ranks, agree, kl = arr["ranks"], arr["top1_agreement"], arr["kl"]
+    for layer in range(L):
+        axes[1].plot(ranks, agree[layer].mean(0), marker="o", label=f"layer {layer}")
+    axes[1].set_xlabel("rank r of truncated W_h")
+    axes[1].set_ylabel("top-1 agreement (mean over heads)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "margins_compression.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write_anatomy_report(out: str | Path) -> Path:
+    """Write ``report.md`` in ``out`` from the saved results, stating what the numbers show."""
+    out = Path(out)
+    heads = json.loads((out / "heads.json").read_text())
+    s = json.loads((out / "summary.json").read_text())
+    arr = np.load(out / "anatomy.npz")
+    dh = s["d_head"]
+    er = np.array([r["effective_rank"] for r in heads])
+    nf = np.array([r["nuc_fro_ratio"] for r in heads])
+    t1 = np.array([r["top1_95"] for r in heads])
+    t3 = np.array([r["top3_95"] for r in heads])
+    t1c = np.array([r["top1_95_content"] for r in heads])
+    sm = np.array([r["special_mass"] for r in heads])
+    ranks = arr["ranks"]
+    agree = arr["top1_agreement"].reshape(-1, len(ranks))
+    kl = arr["kl"].reshape(-1, len(ranks))
+    hist = arr["margin_hist"].sum((0, 1))
+    edges = arr["margin_edges"]
+    cdf = np.cumsum(hist) / max(hist.sum(), 1)
+    lines = [
+        f"# Head anatomy of `{s['model']}`", "",
+        f"{s['n_layers']} layers × {s['n_heads']} heads, d = {s['d']}, d_head = {dh}; corpus: "
+        f"{s['n_windows']} windows of ≤ {s['max_length']} tokens from `pydoc_data.topics` "
+        f"({s['n_queries']} query positions per head); {s['seconds']:.0f} s.", "",
+        f"`W_h = s·W_kᵀW_q` in the paper's convention (logit = xᵀ W_h z, key x, query z), with the model's "
+        f"scale s = 1/√d_head = {s['scaling']:.4f} included (biases excluded from the spectrum, included in "
+        "every attention computation).", "",
+        "## Low rank", "",
+        f"* numerical rank (relative tol 1e-7): max {s['max_rank']} over all heads (ceiling d_head = {dh}).",
+        f"* effective rank: median {np.median(er):.1f}, range {er.min():.1f}–{er.max():.1f} (of at most {dh}).",
+        f"* ‖W_h‖_*/‖W_h‖_F: median {np.median(nf):.2f}, range {nf.min():.2f}–{nf.max():.2f} "
+        f"against the √d_head = {math.sqrt(dh):.2f} ceiling (1 would be rank one).", "",
+        "## Sparsity (share of query positions)", "",
+        f"* top-1 key holds ≥ 95 %: overall {s['overall_top1_95']:.3f}; per head median {np.median(t1):.3f}, "
+        f"max {t1.max():.3f}; heads with a share ≥ 0.5: {int((t1 >= 0.5).sum())} of {t1.size}.",
+        f"* top-3 keys hold ≥ 95 %: overall {s['overall_top3_95']:.3f}; per head median {np.median(t3):.3f}, "
+        f"max {t3.max():.3f}; heads ≥ 0.5: {int((t3 >= 0.5).sum())}.",
+        f"* mass on special tokens ([CLS]/[SEP]): overall {s['overall_special_mass']:.3f}; per head max {sm.max():.3f}.",
+        f"* top-1 ≥ 95 % after removing special keys (renormalised): per head median {np.median(t1c):.3f}, "
+        f"max {t1c.max():.3f}.", "",
+        "## Margins (logit_top − logit_t over all non-top keys)", "",
+        "* share of margins ≤ 1 / ≤ 2 / ≤ 5 logit units: "
+        f"{cdf[int(1 / (edges[1] - edges[0])) - 1]:.3f} / {cdf[int(2 / (edges[1] - edges[0])) - 1]:.3f} / "
+        f"{cdf[int(5 / (edges[1] - edges[0])) - 1]:.3f}.",
+        f"* support keys (within δ = {s['delta']} of the top, top included): per head mean "
+        f"{np.mean([r['mean_support_keys'] for r in heads]):.1f}.", "",
+        f"## Low-rank compression ({s['compression_queries']} queries)", "",
+        "| rank r | " + " | ".join(str(int(r)) for r in ranks) + " |",
+        "|---|" + "---|" * len(ranks),
+        "| top-1 agreement (mean over heads) | " + " | ".join(f"{a:.3f}" for a in agree.mean(0)) + " |",
+        "| KL(p ‖ p_r) nats (mean) | " + " | ".join(f"{k:.3f}" for k in kl.mean(0)) + " |", "",
+        "## What the numbers show", "",
+    ]
+    verdict = []
+    verdict.append(
+        f"Every head is exactly low rank by construction (rank ≤ d_head = {dh} in a {s['d']}-dim space); within "
+        f"that budget the spectra are {'spread' if np.median(er) > dh / 2 else 'concentrated'} "
+        f"(median effective rank {np.median(er):.1f} of {dh}), so the heads show "
+        f"{'little' if np.median(er) > dh / 2 else 'a clear'} further low-rank bias beyond the architectural one.")
+    verdict.append(
+        f"Attention is {'rarely' if s['overall_top1_95'] < 0.2 else 'often'} one-hot in the SVM sense: "
+        f"{100 * s['overall_top1_95']:.1f} % of (head, query) pairs put ≥ 95 % on one key and "
+        f"{100 * s['overall_top3_95']:.1f} % on three; much of the concentrated mass sits on special tokens "
+        f"({100 * s['overall_special_mass']:.1f} % on average). The softmax is far from the saturated regime the "
+        "theory describes for most heads; a few heads are nearly hard selectors.")
+    if len(ranks) > 1:
+        half = agree.mean(0)
+        r_ok = [int(r) for r, a in zip(ranks, half) if a >= 0.9]
+        verdict.append(
+            "Truncating W_h below its full rank changes the argmax key quickly: "
+            + (f"≥ 90 % top-1 agreement needs rank {r_ok[0]}." if r_ok else "no rank below full keeps 90 % top-1 agreement."))
+    lines += [f"* {v}" for v in verdict]
+    lines += ["", "Figures: `heatmaps.png`, `spectra.png`, `margins_compression.png`; data: `heads.json`, "
+              "`summary.json`, `anatomy.npz`.", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,426 @@
+"""KV-cache eviction by attention margins, and the usual rules, as a transformers ``Cache`` (SPEC §7).
+
+A policy decides which cached keys (with their values) to keep once the cache holds more than its
+``budget`` of tokens; eviction is per layer and per head, so every head keeps exactly ``budget`` keys.
+
+Policies (each a small class; :func:`make_policy` builds one by name):
+
+* ``"svm"`` — **support-vector margin**: a key's score is the smallest margin
+  ``logit_top − logit_t = log p_top − log p_t`` it had over the queries seen since it arrived (SPEC §2:
+  keys near the top are the support vectors of the selection); keep the smallest, evict the farthest.
+  A recent window (default a quarter of the budget) is protected, since a new key has been scored by
+  few queries.
+* ``"h2o"`` — heavy hitters (accumulated attention) + a recent window (default half the budget).
+* ``"tova"`` — the current query's attention (token omission via attention).
+* ``"streaming"`` — attention sinks (default 4 first tokens) + the most recent tokens (StreamingLLM).
+* ``"recent"`` — the most recent tokens only.
+* ``"random"`` — uniformly at random (seeded ``torch.Generator``).
+
+How the policies see attention: :class:`EvictionCache` registers a forward hook on each attention
+module of the model; with ``attn_implementation="eager"`` those modules return their probabilities
+``(B, H, q, S+q)``, the hook hands them to the layer's cache, which updates the policy's statistics
+and then evicts down to the budget. So at every step the new queries attend to ``budget`` old keys
+plus the new ones, and between steps every layer and head holds exactly ``budget`` keys. Margins
+need no raw logits: softmax is shift-invariant, so ``logit_top − logit_t = log p_top − log p_t``.
+
+Positions: ``get_seq_length`` reports the number of tokens *seen* (so position ids stay right), and
+``get_mask_sizes`` places the stored keys just before the new queries, so the causal mask lets every
+new query see every stored key (all are in its past) and the new keys causally. Padding masks are
+not supported after an eviction (the stored keys no longer line up with mask columns): use batches
+without padding, as :mod:`attsvm.analysis.kv_bench` does.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from .._validation import check_choice, check_positive_int
+
+try:  # transformers is an optional dependency (the [models] extra)
+    from transformers.cache_utils import Cache, CacheLayerMixin
+except ImportError as exc:  # pragma: no cover
+    raise ImportError("attsvm.analysis.kv_cache needs transformers (pip install 'attsvm[models]')") from exc
+
+__all__ = ["EvictionPolicy", "SVMarginPolicy", "H2OPolicy", "TOVAPolicy", "StreamingPolicy", "RecentPolicy",
+           "RandomPolicy", "POLICIES", "PolicyName", "make_policy", "EvictionLayer", "EvictionCache",
+           "attention_modules"]
+
+PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
+POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
+
+_TINY = 1e-30  # floor on probabilities before the log (an underflowed key has a huge margin)
+
+
+class EvictionPolicy:
+    """The interface: statistics per cached key, and a priority (higher = keep).
+
+    ``sinks`` (number of first tokens) and ``recent`` (number of last tokens, or a fraction of the
+    budget if a float in (0, 1]) are protected: never evicted. Subclasses set ``name``,
+    ``needs_scores`` and implement :meth:`accumulate` / :meth:`priority`.
+    """
+
+    name: ClassVar[str] = "base"
+    needs_scores: ClassVar[bool] = True
+
+    def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
+        self.sinks = check_positive_int(sinks, "sinks", minimum=0)
+        if isinstance(recent, bool) or not isinstance(recent, (int, float)):
+            raise TypeError(f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), got {recent!r}")
+        if isinstance(recent, float) and not 0.0 <= recent <= 1.0:
+            raise ValueError(f"recent as a share of the budget must be in [0, 1], got {recent}")
+        if isinstance(recent, int) and recent < 0:
+            raise ValueError(f"recent must be >= 0, got {recent}")
+        self.recent = recent
+
+    def protected(self, budget: int) -> tuple[int, int]:
+        """``(n_sinks, n_recent)`` protected at this budget; together at most ``budget``."""
+        n_sinks = min(self.sinks, budget)
+        n_recent = int(math.floor(self.recent * budget)) if isinstance(self.recent, float) else self.recent
+        return n_sinks, max(0, min(n_recent, budget - n_sinks))
+
+    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor | None:
+        """New statistics (B, H, S+q) from the old ones (B, H, S) and this step's probabilities (B, H, q, S+q)."""
+        return None
+
+    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        """Keep-priority (B, H, S) of the stored keys (higher = keep); ``positions`` (B, H, S) absolute."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sinks={self.sinks}, recent={self.recent})"
+
+
+def _pad(stats: torch.Tensor | None, like: torch.Tensor, fill: float) -> torch.Tensor:
+    """Old statistics (B, H, S) extended with ``fill`` for the q new keys to shape (B, H, S+q)."""
+    B, H, _, n = like.shape
+    if stats is None:
+        return torch.full((B, H, n), fill, dtype=like.dtype, device=like.device)
+    extra = n - stats.shape[-1]
+    return torch.cat([stats.to(like.dtype), stats.new_full((B, H, extra), fill, dtype=like.dtype)], dim=-1)
+
+
+class SVMarginPolicy(EvictionPolicy):
+    """Support-vector margin: keep keys whose margin ``log p_top − log p_t`` stayed small (SPEC §2, §7)."""
+
+    name = "svm"
+
+    def __init__(self, *, sinks: int = 0, recent: int | float = 0.25) -> None:
+        super().__init__(sinks=sinks, recent=recent)
+
+    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
+        logp = probs.clamp_min(_TINY).log()                          # (B, H, q, S+q)
+        margin = logp.max(-1, keepdim=True).values - logp
+        if probs.shape[-2] == 1:                                      # one query sees every key
+            return torch.minimum(_pad(stats, probs, math.inf), margin[..., 0, :])
+        margin = margin.masked_fill(probs <= 0, math.inf)             # a masked key: no margin from it
+        return torch.minimum(_pad(stats, probs, math.inf), margin.min(dim=-2).values)
+
+    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        assert stats is not None
+        return -stats
+
+
+class H2OPolicy(EvictionPolicy):
+    """Heavy hitters: accumulated attention over the queries seen, plus a recent window (H2O)."""
+
+    name = "h2o"
+
+    def __init__(self, *, sinks: int = 0, recent: int | float = 0.5) -> None:
+        super().__init__(sinks=sinks, recent=recent)
+
+    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
+        return _pad(stats, probs, 0.0) + probs.sum(dim=-2)
+
+    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        assert stats is not None
+        return stats
+
+
+class TOVAPolicy(EvictionPolicy):
+    """Token omission via attention: the current (last) query's attention decides."""
+
+    name = "tova"
+
+    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
+        return probs[..., -1, :]
+
+    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        assert stats is not None
+        return stats
+
+
+class RecentPolicy(EvictionPolicy):
+    """The most recent tokens only (a sliding window)."""
+
+    name = "recent"
+    needs_scores = False
+
+    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        return positions.to(torch.float64)
+
+
+class StreamingPolicy(RecentPolicy):
+    """Attention sinks (the first tokens) + the most recent tokens (StreamingLLM)."""
+
+    name = "streaming"
+
+    def __init__(self, *, sinks: int = 4, recent: int | float = 0) -> None:
+        super().__init__(sinks=sinks, recent=recent)
+
+
+class RandomPolicy(EvictionPolicy):
+    """Evict uniformly at random; seeded (``seed``) so runs repeat."""
+
+    name = "random"
+    needs_scores = False
+
+    def __init__(self, *, seed: int = 0, sinks: int = 0, recent: int | float = 0) -> None:
+        super().__init__(sinks=sinks, recent=recent)
+        self.seed = check_positive_int(seed, "seed", minimum=0)
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        return torch.rand(positions.shape, generator=self._gen, dtype=torch.float64).to(positions.device)
+
+
+_CLASSES: dict[str, type[EvictionPolicy]] = {c.name: c for c in (SVMarginPolicy, H2OPolicy, TOVAPolicy,
+                                                                   StreamingPolicy, RecentPolicy, RandomPolicy)}
+
+
+def make_policy(name: PolicyName, **kwargs: Any) -> EvictionPolicy:
+    """Build a policy by name (one of :data:`POLICIES`); keyword arguments go to its constructor."""
+    check_choice(name, "policy", POLICIES)
+    return _CLASSES[name](**kwargs)
+
+
+def select_keep(policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, budget: int,
+                n_seen: int) -> torch.Tensor:
+    """Indices (B, H, budget), ascending, of the stored keys to keep (protected ones first, then priority)."""
+    pri = policy.priority(stats, positions).to(torch.float64)
+    n_sinks, n_recent = policy.protected(budget)
+    protect = (positions < n_sinks) | (positions >= n_seen - n_recent)
+    pri = pri.masked_fill(protect, math.inf)
+    return torch.topk(pri, budget, dim=-1, sorted=False).indices.sort(dim=-1).values
+
+
+class EvictionLayer(CacheLayerMixin):
+    """One layer's cache: keys/values (B, H, S, d_head), their absolute positions and policy statistics."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, policy: EvictionPolicy, budget: int) -> None:
+        super().__init__()
+        self.policy = policy
+        self.budget = check_positive_int(budget, "budget")
+        self.positions: torch.Tensor | None = None
+        self.stats: torch.Tensor | None = None
+        self.cumulative_length = 0
+        self.pending = 0
+        self.n_evicted = 0
+        self._kbuf: torch.Tensor | None = None  # (B, H, budget + 1, d_head) once the cache is full
+        self._vbuf: torch.Tensor | None = None
+        self._pbuf: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H, _, D = key_states.shape
+        self.device = key_states.device
+        self.keys = key_states.new_zeros((B, H, 0, D))
+        self.values = value_states.new_zeros((B, H, 0, value_states.shape[-1]))
+        self.positions = torch.zeros((B, H, 0), dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.pending:  # the previous step was never observed (no hook, or no probabilities)
+            if self.policy.needs_scores:
+                raise RuntimeError(
+                    f"the {self.policy.name!r} policy never saw the attention probabilities of the last step: "
+                    "build the cache with EvictionCache(model, ...) on a model loaded with "
+                    "attn_implementation='eager'")
+            self.observe(None)
+        B, H, q, _ = key_states.shape
+        S = self.keys.shape[-2]
+        if q == 1 and self._kbuf is not None and S == self.budget:
+            # steady state: write the new token into the spare slot of the (budget + 1) buffers, no copy
+            self._kbuf[:, :, S:].copy_(key_states)
+            self._vbuf[:, :, S:].copy_(value_states)
+            self._pbuf[:, :, S:].fill_(self.cumulative_length)
+            self.keys, self.values, self.positions = self._kbuf, self._vbuf, self._pbuf
+        else:
+            new_pos = torch.arange(self.cumulative_length, self.cumulative_length + q, device=self.device)
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+            self.positions = torch.cat([self.positions, new_pos.expand(B, H, q)], dim=-1)
+            self._kbuf = self._vbuf = self._pbuf = None
+        self.cumulative_length += q
+        self.pending = q
+        return self.keys, self.values
+
+    def observe(self, probs: torch.Tensor | None) -> None:
+        """Update the policy statistics with this step's probabilities (B, H, q, S+q), then evict to the budget."""
+        if self.policy.needs_scores:
+            if probs is None:
+                raise RuntimeError(f"the {self.policy.name!r} policy needs attention probabilities: load the model "
+                                   "with attn_implementation='eager'")
+            self.stats = self.policy.accumulate(self.stats, probs.detach())
+        self.pending = 0
+        assert self.keys is not None and self.values is not None and self.positions is not None
+        S = self.keys.shape[-2]
+        excess = S - self.budget
+        if excess <= 0:
+            return
+        self.n_evicted += excess
+        if excess == 1:
+            # one key too many: overwrite the victim slot with the newest (last) slot and drop the last;
+            # the tensors of size budget + 1 become the buffers the next step writes into
+            pri = self.policy.priority(self.stats, self.positions).to(torch.float64)
+            n_sinks, n_recent = self.policy.protected(self.budget)
+            protect = (self.positions < n_sinks) | (self.positions >= self.cumulative_length - n_recent)
+            victim = pri.masked_fill(protect, math.inf).argmin(dim=-1, keepdim=True)       # (B, H, 1)
+            for name in ("keys", "values"):
+                t = getattr(self, name)
+                t.scatter_(2, victim[..., None].expand(-1, -1, -1, t.shape[-1]), t[:, :, -1:])
+            self.positions.scatter_(2, victim, self.positions[:, :, -1:])
+            self._kbuf, self._vbuf, self._pbuf = self.keys, self.values, self.positions
+            self.keys, self.values = self.keys[:, :, :-1], self.values[:, :, :-1]
+            self.positions = self.positions[:, :, :-1]
+            if self.stats is not None:
+                self.stats = self.stats.scatter(2, victim, self.stats[:, :, -1:])[:, :, :-1]
+            return
+        keep = select_keep(self.policy, self.stats, self.positions, self.budget, self.cumulative_length)
+        idx = keep[..., None]
+        self.keys = self.keys.gather(2, idx.expand(-1, -1, -1, self.keys.shape[-1]))
+        self.values = self.values.gather(2, idx.expand(-1, -1, -1, self.values.shape[-1]))
+        self.positions = self.positions.gather(2, keep)
+        if self.stats is not None:
+            self.stats = self.stats.gather(2, keep)
+        self._kbuf = self._vbuf = self._pbuf = None
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        stored = 0 if self.keys is None else self.keys.shape[-2]
+        return stored + query_length, self.cumulative_length - stored
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = self.positions = self.stats = None
+        self._kbuf = self._vbuf = self._pbuf = None
+        self.is_initialized = False
+        self.cumulative_length = self.pending = self.n_evicted = 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._kbuf = self._vbuf = self._pbuf = None
+        if self.is_initialized:
+            for name in ("keys", "values", "positions", "stats"):
+                t = getattr(self, name)
+                if t is not None:
+                    setattr(self, name, t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._kbuf = self._vbuf = self._pbuf = None
+        if self.is_initialized:
+            for name in ("keys", "values", "positions", "stats"):
+                t = getattr(self, name)
+                if t is not None:
+                    setattr(self, name, t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._kbuf = self._vbuf = self._pbuf = None
+        if self.is_initialized:
+            for name in ("keys", "values", "positions", "stats"):
+                t = getattr(self, name)
+                if t is not None:
+                    setattr(self, name, t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - assisted decoding only
+        raise NotImplementedError("an evicting cache cannot be cropped (the evicted keys are gone)")
+
+
+def attention_modules(model: Any) -> dict[int, Any]:
+    """The self-attention modules of a model by ``layer_idx`` (those that call ``Cache.update``)."""
+    found: dict[int, Any] = {}
+    for mod in model.modules():
+        idx = getattr(mod, "layer_idx", None)
+        if (isinstance(idx, int) and type(mod).__name__.endswith("Attention")
+                and not getattr(mod, "is_cross_attention", False)):
+            if idx in found:
+                raise ValueError(f"model has two attention modules with layer_idx={idx}; cannot attach the cache")
+            found[idx] = mod
+    if not found:
+        raise ValueError(f"found no attention modules with a layer_idx in {type(model).__name__}")
+    return found
+
+
+class EvictionCache(Cache):
+    """A transformers ``Cache`` that evicts keys by ``policy`` to keep ``budget`` tokens per layer and head.
+
+    Use as ``model.generate(ids, past_key_values=EvictionCache(model, "h2o", budget=64))`` or in a
+    manual decoding loop. Score-based policies need the model loaded with ``attn_implementation="eager"``.
+    The hooks stay on the model until :meth:`close` (or the ``with`` block ends); a hook whose cache was
+    garbage-collected, or that fires for another cache, does nothing.
+    """
+
+    def __init__(self, model: Any, policy: EvictionPolicy | PolicyName, budget: int, **policy_kwargs: Any) -> None:
+        if isinstance(policy, str):
+            policy = make_policy(policy, **policy_kwargs)  # type: ignore[arg-type]
+        elif not isinstance(policy, EvictionPolicy):
+            raise TypeError(f"policy must be an EvictionPolicy or one of {POLICIES}, got {type(policy).__name__}")
+        elif policy_kwargs:
+            raise TypeError("policy keyword arguments are only accepted with a policy name")
+        budget = check_positive_int(budget, "budget")
+        impl = getattr(model.config, "_attn_implementation", None)
+        if policy.needs_scores and impl != "eager":
+            raise ValueError(f"policy {policy.name!r} needs attention probabilities: load the model with "
+                             f"attn_implementation='eager' (it uses {impl!r})")
+        mods = attention_modules(model)
+        n_layers = max(mods) + 1
+        super().__init__(layers=[EvictionLayer(policy, budget) for _ in range(n_layers)])
+        self.policy = policy
+        self.budget = budget
+        ref = weakref.ref(self)
+
+        def hook(mod: Any, args: Any, output: Any) -> None:
+            cache = ref()
+            if cache is None:
+                return
+            layer = cache.layers[mod.layer_idx]
+            if not layer.pending:
+                return
+            probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            layer.observe(probs)
+
+        self._handles = [m.register_forward_hook(hook) for m in mods.values()]
+
+    @property
+    def n_evicted(self) -> int:
+        """Keys evicted so far, summed over layers (per batch row and head)."""
+        return sum(layer.n_evicted for layer in self.layers)
+
+    def stored_length(self, layer_idx: int = 0) -> int:
+        """Keys currently stored by a layer (≤ budget between steps)."""
+        keys = self.layers[layer_idx].keys
+        return 0 if keys is None else int(keys.shape[-2])
+
+    def close(self) -> None:
+        """Remove the hooks from the model."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __enter__(self) -> EvictionCache:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

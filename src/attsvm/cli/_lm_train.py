@@ -1,0 +1,41 @@
+"""``attsvm lm-train``: train (or reuse) the small GPT-2-style LM on the pydoc corpus (issue #5 part 4a)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+HELP = "train the small GPT-2-style causal LM on the pydoc corpus (seeded, cached)"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help="checkpoint folder (default: ~/.cache/attsvm/lm-<hash>)")
+    parser.add_argument("--quick", action="store_true", help="a 2-layer model trained for 150 steps")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: 600; quick: 150)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="retrain even if a matching checkpoint exists")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from attsvm.analysis.lm import QUICK_LM, LMConfig, train_lm
+
+    torch.set_num_threads(max(1, int(args.threads)))
+    config = QUICK_LM if args.quick else LMConfig()
+    changes = {"seed": args.seed}
+    if args.steps is not None:
+        changes["steps"] = args.steps
+    config = dataclasses.replace(config, **changes)
+    folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
+    meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
+    print(f"LM in {folder}: {meta['n_params']} parameters, held-out perplexity {meta['heldout_ppl']:.2f} "
+          f"(trained in {meta['seconds']:.0f} s)")
+    return 0

@@ -1,0 +1,458 @@
+"""Diagnostics of trained attention against the SVM theory (SPEC §4, §5).
+
+From a :class:`~attsvm.train.TrainResult`:
+
+* :func:`correlation_trajectories` — ``corr(W(k), W_mm)`` and ``corr(W(k), W*_mm)`` over the recorded
+  iterations, for the Frobenius and nuclear Att-SVMs of the tokens each run finally selects;
+* :func:`convergence_type` / :func:`convergence_types` — the classification of SPEC §4 (global /
+  local / not locally optimal, threshold τ = 0.99);
+* :func:`svm_equivalence` — SPEC §5 for nonlinear and multiclass heads: the selected sets
+  ``O_i = {t : s_it ≥ ε}``, ``W^eq``, ``W_fin``, the fitted scale R in ``W ≈ R·W^eq + W_fin`` and the
+  correlations, along the trajectory;
+* :func:`mixture_prediction` — for convex heads, the sets ``O_i`` predicted before training by the
+  convex program over the simplex, and how often training selects exactly them.
+
+This module sits above :mod:`attsvm.svm` and :mod:`attsvm.train` and imports both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._linalg import correlation
+from ._validation import as_float_array, check_choice, check_finite_scalar
+from .problem import AttentionProblem, TieError
+from .svm import AttentionSVM, ConstraintSet, locally_optimal
+from .train import TrainResult
+
+__all__ = ["TAU", "SELECT_EPS", "ConvergenceReport", "convergence_type", "convergence_types",
+           "correlation_trajectories", "EquivalenceReport", "svm_equivalence", "MixturePrediction",
+           "mixture_prediction", "svm_direction", "SVMUnavailable"]
+
+logger = logging.getLogger(__name__)
+
+# SPEC §4: a run has converged in direction when corr ≥ τ.
+TAU = 0.99
+# SPEC §5: token t is in the selected set O_i when s_it ≥ ε.
+SELECT_EPS = 1e-3
+ConvergenceKind = Literal["global", "local", "not locally optimal"]
+NORMS: tuple[str, ...] = ("fro", "nuc")
+
+
+class SVMUnavailable(RuntimeError):
+    """An SVM needed for a diagnostic is infeasible or did not solve (its status is in the message)."""
+
+
+def _norm_for(param: str) -> str:
+    return "fro" if param == "W" else "nuc"
+
+
+def svm_direction(problem: AttentionProblem, tokens: ArrayLike, norm: str = "fro") -> AttentionSVM:
+    """Fit Att-SVM(α) (``norm="fro"``) or Att-SVM*(α) (``"nuc"``) for the selection ``tokens``.
+
+    Returns the fitted estimator (``W_``, ``status_`` and the certificate); ``status_`` may be
+    "infeasible" — callers decide what that means for their diagnostic.
+    """
+    check_choice(norm, "norm", NORMS)
+    return AttentionSVM(norm).fit(problem, problem.check_tokens(tokens))  # type: ignore[arg-type]
+
+
+def _solved(est: AttentionSVM) -> bool:
+    return est.status_ in ("optimal", "optimal_inaccurate") and est.W_ is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# convergence type (SPEC §4)
+
+@dataclass(frozen=True)
+class ConvergenceReport:
+    """The convergence type of one trained W (SPEC §4).
+
+    Attributes
+    ----------
+    kind : "global" | "local" | "not locally optimal"
+    tokens : (n,) the selected tokens ``α̂_i = argmax_t s_it``.
+    optimal : (n,) the optimal tokens ``opt`` (first maximiser on ties; see ``tie``).
+    is_optimal : whether ``α̂ = opt``.
+    locally_optimal : whether α̂ is locally optimal (SPEC §2); None when not tested (α̂ = opt).
+    feasible : whether Att-SVM(α̂) is feasible.
+    corr : ``corr(W, W^α̂)`` with the SVM of ``norm`` (NaN when infeasible).
+    corr_fro, corr_nuc : correlations with the Frobenius / nuclear SVMs of α̂ (NaN if not computed).
+    norm : "fro" (W-parameterisation) or "nuc" ((K, Q)).
+    tau : the threshold used.
+    tie : whether some sequence has tied optimal tokens (the theory's assumption fails there).
+    svm_status : status of the SVM of ``norm``.
+    """
+
+    kind: ConvergenceKind
+    tokens: NDArray[np.int64]
+    optimal: NDArray[np.int64]
+    is_optimal: bool
+    locally_optimal: bool | None
+    feasible: bool
+    corr: float
+    corr_fro: float
+    corr_nuc: float
+    norm: str
+    tau: float
+    tie: bool
+    svm_status: str
+
+    def to_dict(self) -> dict[str, Any]:
+        def f(x: float) -> float | None:
+            return None if not np.isfinite(x) else float(x)
+
+        return {"kind": self.kind, "tokens": self.tokens.tolist(), "optimal": self.optimal.tolist(),
+                "is_optimal": self.is_optimal, "locally_optimal": self.locally_optimal,
+                "feasible": self.feasible, "corr": f(self.corr), "corr_fro": f(self.corr_fro),
+                "corr_nuc": f(self.corr_nuc), "norm": self.norm, "tau": self.tau, "tie": self.tie,
+                "svm_status": self.svm_status}
+
+
+def convergence_type(problem: AttentionProblem, W: ArrayLike, *, norm: str = "fro", tau: float = TAU,
+                     both_norms: bool = True) -> ConvergenceReport:
+    """Classify a trained W as SPEC §4 does.
+
+    With ``α̂_i = argmax_t s_it``: *global* if ``α̂ = opt`` and ``corr(W, W_mm) ≥ τ``; *local* if
+    ``α̂ ≠ opt`` is locally optimal and ``corr(W, W^α̂_mm) ≥ τ``; otherwise *not locally optimal*.
+    ``norm="nuc"`` judges the direction against Att-SVM* instead (the limit of (K, Q) training);
+    ``both_norms`` also reports the other norm's correlation.
+    """
+    if not isinstance(problem, AttentionProblem):
+        raise TypeError(f"problem must be an AttentionProblem, got {type(problem).__name__}")
+    check_choice(norm, "norm", NORMS)
+    tau = check_finite_scalar(tau, "tau")
+    if not -1.0 <= tau <= 1.0:
+        raise ValueError(f"tau must be a correlation threshold in [-1, 1], got {tau}")
+    W = as_float_array(W, "W", shape=(problem.d, problem.d))
+    alpha = np.argmax(problem.logits(W), axis=-1).astype(np.int64)
+    try:
+        opt, tie = problem.optimal_tokens(), False
+    except TieError:
+        opt, tie = problem.optimal_tokens(ties="first"), True
+    is_opt = bool(np.array_equal(alpha, opt))
+    corrs = {"fro": np.nan, "nuc": np.nan}
+    status = "not solved"
+    feasible = False
+    for nm in ((norm, _other(norm)) if both_norms else (norm,)):
+        est = svm_direction(problem, alpha, nm)
+        if nm == norm:
+            status = est.status_
+            feasible = est.status_ != "infeasible"
+        if _solved(est):
+            corrs[nm] = float(correlation(W, est.W_))
+    corr = corrs[norm]
+    loc: bool | None = None
+    if is_opt:
+        kind: ConvergenceKind = "global" if corr >= tau else "not locally optimal"
+    else:
+        loc = bool(locally_optimal(problem, alpha).locally_optimal) if feasible else False
+        kind = "local" if (loc and corr >= tau) else "not locally optimal"
+    return ConvergenceReport(kind=kind, tokens=alpha, optimal=opt, is_optimal=is_opt, locally_optimal=loc,
+                             feasible=feasible, corr=corr, corr_fro=corrs["fro"], corr_nuc=corrs["nuc"],
+                             norm=norm, tau=tau, tie=tie, svm_status=status)
+
+
+def _other(norm: str) -> str:
+    return "nuc" if norm == "fro" else "fro"
+
+
+def convergence_types(result: TrainResult, *, tau: float = TAU, norm: str | None = None,
+                      runs: Sequence[int] | None = None) -> list[ConvergenceReport]:
+    """:func:`convergence_type` of the final W of every run (or of ``runs``).
+
+    ``norm`` defaults to the parameterisation's limit: "fro" for W, "nuc" for (K, Q).
+    """
+    nm = _norm_for(result.param) if norm is None else check_choice(norm, "norm", NORMS)
+    idx = range(result.n_runs) if runs is None else [int(r) for r in runs]
+    return [convergence_type(result.problem(r), result.W[r], norm=nm, tau=tau) for r in idx]
+
+
+# ---------------------------------------------------------------------------------------------
+# correlation trajectories (SPEC §4, §6 local-convergence)
+
+def correlation_trajectories(result: TrainResult, *, runs: Sequence[int] | None = None,
+                             tokens: ArrayLike | None = None) -> dict[str, NDArray]:
+    """``corr(W(k), W_mm)`` and ``corr(W(k), W*_mm)`` along the recorded trajectory of each run.
+
+    The SVMs are those of the tokens each run selects at the end (as the published notebook does),
+    or of ``tokens`` ((n,) shared or (R, n)). Needs ``train(..., record_W=True)``.
+
+    Returns a dict: ``step`` (S,), ``corr_fro``, ``corr_nuc`` (R', S) (NaN rows where the SVM is
+    infeasible or unsolved), ``W_mm``, ``W_star`` (R', d, d), ``tokens`` (R', n), ``runs`` (R',),
+    ``status_fro``, ``status_nuc`` (R',) strings.
+    """
+    if "W" not in result.history:
+        raise ValueError("correlation_trajectories needs the recorded iterates: train with record_W=True")
+    idx = np.arange(result.n_runs) if runs is None else np.asarray(runs, dtype=np.int64)
+    Wh = result.history["W"][idx]  # (R', S, d, d)
+    d, n = result.W.shape[-1], result.probs.shape[1]
+    if tokens is None:
+        toks = result.selected[idx]
+    else:
+        t = np.asarray(tokens)
+        toks = np.broadcast_to(t, (len(idx), n)) if t.ndim == 1 else t[idx] if t.shape[0] == result.n_runs else t
+    out: dict[str, NDArray] = {"step": result.history["step"], "runs": idx, "tokens": np.asarray(toks)}
+    for nm, key in (("fro", "W_mm"), ("nuc", "W_star")):
+        refs = np.full((len(idx), d, d), np.nan)
+        status = []
+        for j, r in enumerate(idx):
+            est = svm_direction(result.problem(int(r)), toks[j], nm)
+            status.append(est.status_)
+            if _solved(est):
+                refs[j] = est.W_
+        corr = np.full(Wh.shape[:2], np.nan)
+        ok = np.isfinite(refs).all(axis=(1, 2))
+        if ok.any():
+            corr[ok] = correlation(Wh[ok], refs[ok][:, None])
+        out[key] = refs
+        out[f"corr_{nm}"] = corr
+        out[f"status_{nm}"] = np.array(status)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# SVM-equivalence for nonlinear / multiclass heads (SPEC §5)
+
+def _selected_sets(probs: NDArray[np.float64], eps: float) -> NDArray[np.bool_]:
+    return probs >= eps
+
+
+def _equivalence_module() -> Any:
+    try:
+        from .svm import equivalence  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return equivalence
+
+
+def _eq_constraints(problem: AttentionProblem, O: NDArray[np.bool_], probs: NDArray[np.float64] | None
+                    ) -> tuple[ConstraintSet, ConstraintSet | None]:
+    """SVM-eq and W_fin constraints with reference token r_i = argmax s_i ∈ O_i (SPEC §5).
+
+    With every logit in O_i equal to the reference's, "(x_it − x_iτ)ᵀWz_i = 0 for t, τ ∈ O_i" is
+    "(x_ir − x_it)ᵀWz_i = 0 for t ∈ O_i \\ {r}", and "≥ 1 for t ∈ O_i, τ ∉ O_i" is "(x_ir − x_iτ)ᵀWz_i ≥ 1".
+    """
+    n, T = O.shape
+    ref = np.argmax(np.where(O, probs if probs is not None else 1.0, -np.inf), axis=1)
+    X = problem.X
+    A = X[np.arange(n), ref][:, None, :] - X  # (n, T, d)
+    mask = np.ones((n, T), dtype=bool)
+    mask[np.arange(n), ref] = False
+    eq = O & mask
+    rhs = np.where(eq, 0.0, 1.0)
+    cs_eq = ConstraintSet(A, problem.queries.copy(), mask, rhs, eq)
+    if probs is None:
+        return cs_eq, None
+    with np.errstate(divide="ignore"):
+        logratio = np.log(probs[np.arange(n), ref])[:, None] - np.log(np.where(eq, probs, 1.0))
+    cs_fin = ConstraintSet(A, problem.queries.copy(), eq, np.where(eq, logratio, 0.0), eq)
+    return cs_eq, cs_fin
+
+
+@dataclass
+class EquivalenceReport:
+    """SPEC §5 for one run: ``W(k) ≈ R·W^eq + W_fin``.
+
+    Attributes
+    ----------
+    O : (n, T) bool, the selected sets ``O_i = {t : s_it ≥ ε}`` of the final attention.
+    eps : ε.
+    W_eq, W_fin : (d, d) or None (None when that SVM is infeasible / unsolved; see the statuses).
+    status_eq, status_fin : solver statuses.
+    scale : the least-squares R in ``min_R ‖W − R·W^eq − W_fin‖_F``.
+    residual : ``‖W − R·W^eq − W_fin‖_F / ‖W‖_F`` at the final W.
+    corr_eq : corr(W, W^eq) at the final W.
+    top_tokens : (n,) ``argmax_t s_it`` and ``W_mm_top`` (d, d) its Frobenius SVM (None if infeasible).
+    corr_mm_top : corr(W, W_mm of the top tokens).
+    step : (S,) recorded steps and ``corr_eq_traj``, ``corr_mm_top_traj`` (S,) when W was recorded;
+    ``max_masked_prob`` (S,): the largest softmax probability outside O_i (the paper's scatter axis).
+    """
+
+    O: NDArray[np.bool_]
+    eps: float
+    W_eq: NDArray[np.float64] | None
+    W_fin: NDArray[np.float64] | None
+    status_eq: str
+    status_fin: str
+    scale: float
+    residual: float
+    corr_eq: float
+    top_tokens: NDArray[np.int64]
+    W_mm_top: NDArray[np.float64] | None
+    corr_mm_top: float
+    step: NDArray[np.int64] | None = None
+    corr_eq_traj: NDArray[np.float64] | None = None
+    corr_mm_top_traj: NDArray[np.float64] | None = None
+    max_masked_prob: NDArray[np.float64] | None = None
+    info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"O": [np.flatnonzero(r).tolist() for r in self.O], "eps": self.eps,
+                "status_eq": self.status_eq, "status_fin": self.status_fin, "scale": self.scale,
+                "residual": self.residual, "corr_eq": self.corr_eq, "top_tokens": self.top_tokens.tolist(),
+                "corr_mm_top": self.corr_mm_top}
+
+
+def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EPS) -> EquivalenceReport:
+    """The SVM-equivalence diagnostics of SPEC §5 for run ``run`` of a training result.
+
+    ``O_i`` comes from the final attention probabilities; ``W^eq`` (zero logit gaps inside O_i, margin
+    ≥ 1 to the tokens outside) and ``W_fin`` (logit gaps inside O_i equal to the final log-probability
+    ratios) are minimum-Frobenius-norm solutions computed by :class:`~attsvm.svm.AttentionSVM` on
+    their constraint sets (certified like every solve). The scale R is the least-squares fit of
+    ``W − W_fin`` on ``W^eq``. With ``record_W=True`` the correlations are also given along the path.
+    """
+    eps = check_finite_scalar(eps, "eps", positive=True)
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
+    if not 0 <= run < result.n_runs:
+        raise ValueError(f"run must be in [0, {result.n_runs}), got {run}")
+    p = result.problem(run)
+    W = result.W[run]
+    s = result.probs[run]
+    O = _selected_sets(s, eps)
+    cs_eq, cs_fin = _eq_constraints(p, O, s)
+    est_eq = AttentionSVM("fro").fit_constraints(cs_eq)
+    W_eq = est_eq.W_ if _solved(est_eq) else None
+    if cs_fin is not None and cs_fin.n_constraints > 0:
+        est_fin = AttentionSVM("fro").fit_constraints(cs_fin)
+        W_fin, status_fin = (est_fin.W_ if _solved(est_fin) else None), est_fin.status_
+    else:  # every O_i is a single token: no finite component
+        W_fin, status_fin = np.zeros_like(W), "optimal"
+    top = np.argmax(s, axis=-1).astype(np.int64)
+    est_top = svm_direction(p, top, "fro")
+    W_top = est_top.W_ if _solved(est_top) else None
+    scale = residual = corr_eq = np.nan
+    if W_eq is not None and W_fin is not None:
+        scale = float(np.sum((W - W_fin) * W_eq) / np.sum(W_eq * W_eq))
+        residual = float(np.linalg.norm(W - scale * W_eq - W_fin) / max(np.linalg.norm(W), 1e-300))
+        corr_eq = float(correlation(W, W_eq))
+    rep = EquivalenceReport(O=O, eps=eps, W_eq=W_eq, W_fin=W_fin, status_eq=est_eq.status_, status_fin=status_fin,
+                            scale=scale, residual=residual, corr_eq=corr_eq, top_tokens=top, W_mm_top=W_top,
+                            corr_mm_top=float(correlation(W, W_top)) if W_top is not None else np.nan)
+    if "W" in result.history:
+        Wh = result.history["W"][run]
+        rep.step = result.history["step"]
+        rep.corr_eq_traj = correlation(Wh, W_eq) if W_eq is not None else None
+        rep.corr_mm_top_traj = correlation(Wh, W_top) if W_top is not None else None
+        sh = p.softmax(Wh)  # (S, n, T)
+        rep.max_masked_prob = np.where(O[None], 0.0, sh).max(axis=(1, 2))
+    return rep
+
+
+# ---------------------------------------------------------------------------------------------
+# convex heads: predict O_i before training (SPEC §5)
+
+@dataclass
+class MixturePrediction:
+    """Predicted selected sets from the optimal attention mixture vs what training selected.
+
+    Attributes
+    ----------
+    predicted : (n, T) bool, the support of the optimal mixture of each sequence.
+    mixture : (n, T) the optimal mixture weights.
+    selected : (R, n, T) bool, ``O_i`` of each run (``s_it ≥ ε``).
+    match : (R, n) bool, per run and sequence, ``O_i`` equals the prediction.
+    match_rate : float, the share of (run, sequence) pairs that match.
+    exact_runs : float, the share of runs where every sequence matches.
+    """
+
+    predicted: NDArray[np.bool_]
+    mixture: NDArray[np.float64]
+    selected: NDArray[np.bool_]
+    match: NDArray[np.bool_]
+    match_rate: float
+    exact_runs: float
+
+
+def _simplex_projection(V: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Euclidean projection of each row of V onto the probability simplex (sort-based, vectorised)."""
+    U = -np.sort(-V, axis=-1)
+    css = np.cumsum(U, axis=-1) - 1.0
+    k = np.arange(1, V.shape[-1] + 1)
+    cond = U - css / k > 0
+    rho = cond.shape[-1] - 1 - np.argmax(cond[..., ::-1], axis=-1)
+    theta = np.take_along_axis(css, rho[..., None], axis=-1) / (rho[..., None] + 1.0)
+    return np.maximum(V - theta, 0.0)
+
+
+def _optimal_mixture_private(problem: AttentionProblem, *, tol: float = 1e-11, max_iter: int = 100_000
+                             ) -> NDArray[np.float64]:
+    """min over s_i ∈ Δ_T of the cross-entropy of logits Vᵀ X_iᵀ s_i, by accelerated projected gradient.
+
+    FISTA with gradient-based restarts, stopped on the simplex KKT residual
+    ``max_{t ∈ supp} ∇_t − min_t ∇_t ≤ tol`` (all sequences at once). A private stand-in used only
+    when :mod:`attsvm.svm.equivalence` does not provide ``optimal_mixture``.
+    """
+    V = problem.head.weights
+    X = problem.X
+    n, T, _ = X.shape
+    y = problem.y.astype(int)
+    B = X @ V  # (n, T, C): the logits of each single token
+    Lc = 0.5 * float((np.linalg.norm(B, axis=2) ** 2).sum(axis=1).max()) + 1e-12  # bounds every Hessian
+
+    def grad(S: NDArray[np.float64]) -> NDArray[np.float64]:
+        c = np.einsum("nt,ntc->nc", S, B)
+        c = c - c.max(axis=1, keepdims=True)
+        p = np.exp(c)
+        p /= p.sum(axis=1, keepdims=True)
+        p[np.arange(n), y] -= 1.0
+        return np.einsum("ntc,nc->nt", B, p)
+
+    S = np.full((n, T), 1.0 / T)
+    Yk, t = S.copy(), 1.0
+    for _ in range(max_iter):
+        G = grad(Yk)
+        S_new = _simplex_projection(Yk - G / Lc)
+        if np.sum((Yk - S_new) * (S_new - S)) > 0:  # momentum points uphill: restart
+            t, Yk = 1.0, S.copy()
+            continue
+        t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
+        Yk = S_new + ((t - 1) / t_new) * (S_new - S)
+        S, t = S_new, t_new
+        Gs = grad(S)
+        kkt = np.where(S > 0, Gs, -np.inf).max(axis=1) - Gs.min(axis=1)
+        if kkt.max() <= tol:
+            break
+    else:
+        logger.warning("optimal mixture: max_iter=%d reached (KKT residual %.1e)", max_iter, kkt.max())
+    return S
+
+
+def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_tol: float = 1e-6
+                       ) -> MixturePrediction:
+    """Predict ``O_i`` before training from the optimal attention mixture and compare with training.
+
+    For the linear multiclass head with cross-entropy the per-sequence loss is convex in the
+    attention weights, so ``min_{s_i ∈ Δ} ℓ(Vᵀ X_iᵀ s_i)`` is a convex program whose support
+    (weights ≥ ``support_tol``) predicts ``O_i`` (SPEC §5). Every run of ``result`` must share one
+    instance (train several initialisations of it).
+    """
+    if len(result.problems) != 1:
+        raise ValueError(f"mixture_prediction compares runs of one instance; result has {len(result.problems)}")
+    p = result.problems[0]
+    if p.head.kind != "multiclass":
+        raise ValueError(f"mixture_prediction needs a convex head (linear multiclass with cross-entropy); "
+                         f"this head is {p.head.kind!r}")
+    eq = _equivalence_module()
+    if eq is not None and hasattr(eq, "optimal_mixture"):
+        mix = np.asarray(_call_optimal_mixture(eq, p), dtype=np.float64)
+    else:
+        mix = _optimal_mixture_private(p)
+    predicted = mix >= support_tol
+    selected = _selected_sets(result.probs, eps)
+    match = (selected == predicted[None]).all(axis=-1)
+    return MixturePrediction(predicted=predicted, mixture=mix, selected=selected, match=match,
+                             match_rate=float(match.mean()), exact_runs=float(match.all(axis=1).mean()))
+
+
+def _call_optimal_mixture(eq: Any, problem: AttentionProblem) -> NDArray[np.float64]:
+    out = eq.optimal_mixture(problem)
+    return getattr(out, "weights", getattr(out, "mixture", out))

@@ -1,0 +1,138 @@
+"""KV-cache eviction policies (issue #5): budget kept, protected keys kept, exact at 100 %, plugs into generate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from attsvm.analysis.kv_cache import (POLICIES, EvictionCache, EvictionPolicy, H2OPolicy, SVMarginPolicy,
+                                      make_policy, select_keep)
+from attsvm.analysis.lm import TINY_LM, encode_heldout, load_lm, train_lm
+
+pytestmark = pytest.mark.models
+
+N_STEPS = 40      # decoded tokens per check
+BUDGET = 12
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    torch.set_num_threads(1)
+    folder = train_lm(tmp_path_factory.mktemp("lm") / "tiny", TINY_LM)
+    model, tok = load_lm(folder)
+    ids = encode_heldout(tok, TINY_LM, n_seq=2, seq_len=N_STEPS)
+    return model, tok, ids
+
+
+def _decode(model, ids, cache):
+    """Feed ids (B, N) one token at a time; returns logits (B, N, V) and per-step snapshots of positions."""
+    logits, snaps = [], []
+    past = cache
+    with torch.no_grad():
+        for t in range(ids.shape[1]):
+            out = model(input_ids=ids[:, t:t + 1], cache=past, use_cache=True)
+            past = out.past_key_values if cache is None else cache
+            logits.append(out.logits[:, -1])
+            if cache is not None:
+                snaps.append([layer.positions.clone() for layer in cache.layers])
+    return torch.stack(logits, 1), snaps
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_policy_keeps_exactly_the_budget_and_its_protected_keys(tiny_lm, name):
+    model, _, ids = tiny_lm
+    policy = make_policy(name)
+    n_sinks, n_recent = policy.protected(BUDGET)
+    with EvictionCache(model, policy, BUDGET) as cache:
+        _, snaps = _decode(model, ids, cache)
+    assert cache.n_evicted > 0
+    for t, layers in enumerate(snaps):
+        seen = t + 1
+        for pos in layers:  # (B, H, S)
+            assert pos.shape[-1] == min(seen, BUDGET)
+            # no duplicates, all in the past
+            assert torch.all(pos.sort(-1).values.diff(dim=-1) > 0) and int(pos.max()) < seen
+            must = set(range(min(n_sinks, seen))) | set(range(max(0, seen - n_recent), seen))
+            for row in pos.reshape(-1, pos.shape[-1]).tolist():
+                assert must <= set(row), (name, t, sorted(must - set(row)))
+    # the position rules: StreamingLLM = 4 sinks + the most recent; recent = the most recent only
+    final = [set(row) for p in snaps[-1] for row in p.reshape(-1, p.shape[-1]).tolist()]
+    if name == "streaming":
+        assert all(r == set(range(4)) | set(range(N_STEPS - BUDGET + 4, N_STEPS)) for r in final)
+    if name == "recent":
+        assert all(r == set(range(N_STEPS - BUDGET, N_STEPS)) for r in final)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_full_budget_reproduces_the_unpruned_logits_exactly(tiny_lm, name):
+    model, _, ids = tiny_lm
+    ref, _ = _decode(model, ids, None)
+    with EvictionCache(model, name, budget=N_STEPS) as cache:
+        got, _ = _decode(model, ids, cache)
+    assert cache.n_evicted == 0
+    assert torch.equal(got, ref)
+    # and a small budget really changes them (the test would catch a cache that never evicts)
+    with EvictionCache(model, name, budget=4) as cache:
+        small, _ = _decode(model, ids, cache)
+    assert not torch.allclose(small, ref)
+
+
+def test_generate_with_the_cache_gives_the_same_tokens_at_full_budget(tiny_lm):
+    model, _, ids = tiny_lm
+    prompt = ids[:1, :10]
+    with torch.no_grad():
+        ref = model.generate(prompt, max_new_tokens=20, do_sample=False)
+        for name in POLICIES:
+            with EvictionCache(model, name, budget=64) as cache:
+                out = model.generate(prompt, max_new_tokens=20, do_sample=False, cache=cache)
+            assert torch.equal(out, ref), name
+            with EvictionCache(model, name, budget=6) as cache:
+                model.generate(prompt, max_new_tokens=20, do_sample=False, cache=cache)
+            assert cache.stored_length() == 6 and cache.get_seq_length() == 29
+
+
+def test_svm_margin_statistic_is_the_running_minimum_margin():
+    pol = SVMarginPolicy()
+    p1 = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64).view(1, 1, 1, 3)
+    s1 = pol.accumulate(None, p1)
+    torch.testing.assert_close(s1.view(-1), torch.tensor([0.0, math.log(3.5), math.log(7.0)], dtype=torch.float64))
+    p2 = torch.tensor([0.1, 0.6, 0.1, 0.2], dtype=torch.float64).view(1, 1, 1, 4)  # key 1 becomes the top
+    s2 = pol.accumulate(s1, p2)
+    torch.testing.assert_close(s2.view(-1), torch.tensor([0.0, 0.0, math.log(6.0), math.log(3.0)], dtype=torch.float64))
+    # a masked (zero-probability) key gets no margin from that query
+    p3 = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float64).view(1, 1, 2, 3)
+    s3 = pol.accumulate(None, p3)
+    torch.testing.assert_close(s3.view(-1)[2], torch.tensor(0.0, dtype=torch.float64))
+    # the farthest key is evicted first
+    keep = select_keep(SVMarginPolicy(recent=0), s2.view(1, 1, 4), torch.arange(4).view(1, 1, 4), 3, 4)
+    assert keep.view(-1).tolist() == [0, 1, 3]
+
+
+def test_h2o_accumulates_attention_and_protects_its_recent_half():
+    pol = H2OPolicy()
+    assert pol.protected(10) == (0, 5)
+    probs = torch.tensor([[0.6, 0.4, 0.0], [0.5, 0.1, 0.4]], dtype=torch.float64).view(1, 1, 2, 3)
+    torch.testing.assert_close(pol.accumulate(None, probs).view(-1), torch.tensor([1.1, 0.5, 0.4], dtype=torch.float64))
+
+
+def test_bad_arguments_are_named(tiny_lm):
+    model, _, _ = tiny_lm
+    with pytest.raises(ValueError, match="policy must be one of"):
+        make_policy("lru")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        EvictionCache(model, "h2o", budget=0)
+    with pytest.raises(TypeError, match="recent must be an int"):
+        EvictionPolicy(recent="half")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="recent as a share of the budget must be in"):
+        H2OPolicy(recent=1.5)
+    model.config._attn_implementation = "sdpa"
+    try:
+        with pytest.raises(ValueError, match="needs attention probabilities"):
+            EvictionCache(model, "tova", budget=8)
+        EvictionCache(model, "recent", budget=8).close()  # position-only policies do not need them
+    finally:
+        model.config._attn_implementation = "eager"

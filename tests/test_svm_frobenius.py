@@ -1,0 +1,160 @@
+"""Our Frobenius solver against two independent implementations (cvxpy, scikit-learn SVC), SPEC §3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attsvm.datasets import paper_instance, random_instance
+from attsvm.svm import AttentionSVM, ConstraintSet, att_svm_constraints, solve_cvxpy, solve_frobenius
+
+OBJ_RTOL = 1e-6  # objective agreement between implementations (issue #2)
+W_ATOL = 1e-4  # W agreement between implementations (issue #2)
+CERT_TOL = 1e-10  # our solver's own violation / gap target
+PATH_TOL = 1e-8  # dense vs matrix-free path
+
+SHAPES = [(6, 8, 10), (15, 15, 20), (5, 5, 3), (20, 4, 12)]
+
+
+def _sklearn_W(cs: ConstraintSet) -> np.ndarray:
+    """Hard-margin SVM on the features vec(a_k z_kᵀ), each also added negated with label −1.
+
+    The symmetric data forces the intercept to 0, so this is exactly min ‖W‖_F s.t. 𝒜(W) ≥ 1.
+    """
+    from sklearn.svm import SVC
+
+    feats = np.einsum("kd,ke->kde", cs.A[cs.mask], cs.Z[np.nonzero(cs.mask)[0]]).reshape(-1, cs.d * cs.d)
+    Xs = np.vstack([feats, -feats])
+    ys = np.r_[np.ones(len(feats)), -np.ones(len(feats))]
+    clf = SVC(kernel="linear", C=1e10, tol=1e-10, max_iter=10_000_000).fit(Xs, ys)
+    assert abs(clf.intercept_[0]) < 1e-5
+    return clf.coef_.reshape(cs.d, cs.d)
+
+
+@pytest.mark.parametrize("n,T,d", SHAPES)
+def test_three_implementations_agree(n, T, d):
+    p = paper_instance(n, T, d, seed=3)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    ours = solve_frobenius(cs)
+    if ours.status == "infeasible":
+        pytest.skip("this draw is infeasible (covered by test_feasibility)")
+    assert ours.status == "optimal"
+    ref = solve_cvxpy(cs, "fro")
+    assert ref.status in ("optimal", "optimal_inaccurate")
+    W_skl = _sklearn_W(cs)
+    f = lambda W: float(np.linalg.norm(W))  # noqa: E731
+    assert f(ours.W) == pytest.approx(f(ref.W), rel=OBJ_RTOL)
+    assert f(ours.W) == pytest.approx(f(W_skl), rel=OBJ_RTOL)
+    np.testing.assert_allclose(ours.W, ref.W, atol=W_ATOL)
+    np.testing.assert_allclose(ours.W, W_skl, atol=W_ATOL)
+    # the duals are the SVM's support coefficients: W = 𝒜*(λ), ‖W‖² = 1ᵀλ (SPEC §3)
+    np.testing.assert_allclose(cs.adjoint(ours.dual), ours.W, atol=1e-12)
+    assert f(ours.W) ** 2 == pytest.approx(ours.dual.sum(), rel=1e-10)
+
+
+@pytest.mark.parametrize("n,T,d", [(15, 15, 20), (40, 10, 30)])
+def test_dense_and_matrix_free_paths_agree(n, T, d):
+    p = paper_instance(n, T, d, seed=0)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    a = solve_frobenius(cs, method="dense")
+    b = solve_frobenius(cs, method="matrix_free")
+    assert a.info["path"] == "dense" and b.info["path"] == "matrix_free"
+    assert a.status == b.status == "optimal"
+    np.testing.assert_allclose(a.W, b.W, atol=PATH_TOL)
+    for r in (a, b):
+        assert r.info["violation"] <= CERT_TOL and abs(r.info["gap"]) <= CERT_TOL * max(1, np.sum(r.W ** 2))
+
+
+def test_solution_lives_in_the_data_subspaces():
+    """Row space ⊂ span{z_i}, column space ⊂ span{a_k}; hence rank(W_mm) ≤ n (SPEC §3)."""
+    p = random_instance(4, 6, 12, seed=5)
+    svm = AttentionSVM().fit(p, p.optimal_tokens())
+    Z = p.queries
+    P_z = Z.T @ np.linalg.pinv(Z.T)
+    np.testing.assert_allclose(svm.W_ @ P_z, svm.W_, atol=1e-10)
+    assert svm.rank_ <= p.n
+
+
+def _eq_constraints(seed: int, n=5, T=6, d=8) -> ConstraintSet:
+    """A SPEC §5 shaped set: equalities inside O_i (free-sign rhs), inequalities ≥ 1 outside."""
+    rng = np.random.default_rng(seed)
+    p = random_instance(n, T, d, seed=seed)
+    A, mask = att_svm_constraints(p, np.zeros(n, dtype=np.int64)).A, None
+    cs0 = att_svm_constraints(p, np.zeros(n, dtype=np.int64))
+    equality = np.zeros((n, T), dtype=bool)
+    equality[:, 1] = True  # O_i = {0, 1}
+    rhs = np.where(equality, rng.normal(size=(n, T)), 1.0)
+    del A, mask
+    return ConstraintSet(cs0.A, cs0.Z, cs0.mask, rhs, equality)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_equality_constraints_against_cvxpy(seed):
+    cs = _eq_constraints(seed)
+    ours = solve_frobenius(cs)
+    ref = solve_cvxpy(cs, "fro")
+    assert ours.status == "optimal" and ref.status == "optimal"
+    np.testing.assert_allclose(ours.W, ref.W, atol=W_ATOL)
+    assert np.linalg.norm(ours.W) == pytest.approx(np.linalg.norm(ref.W), rel=OBJ_RTOL)
+    eq = cs.equality
+    np.testing.assert_allclose(cs.apply(ours.W)[eq], cs.rhs[eq], atol=1e-10)
+    # equality multipliers are free: both signs occur, and they match cvxpy's (sign convention)
+    np.testing.assert_allclose(ours.dual[eq], ref.dual[eq], atol=1e-4)
+    assert np.all(ours.dual[cs.inequality] >= 0)
+
+
+def test_pure_equality_set_is_the_least_norm_solution():
+    cs0 = _eq_constraints(4)
+    cs = ConstraintSet(cs0.A, cs0.Z, cs0.equality, cs0.rhs, cs0.equality)
+    ours = solve_frobenius(cs)
+    F = np.einsum("kd,ke->kde", cs.A[cs.mask], cs.Z[np.nonzero(cs.mask)[0]]).reshape(cs.n_constraints, -1)
+    w = np.linalg.lstsq(F, cs.rhs[cs.mask], rcond=None)[0]
+    np.testing.assert_allclose(ours.W.ravel(), w, atol=1e-10)
+
+
+def test_cvxpy_formulations_agree():
+    """The published loop formulation and the vectorised aux one solve the same problem."""
+    p = paper_instance(6, 8, 10, seed=0)
+    cs = att_svm_constraints(p)
+    for norm in ("fro", "nuc"):
+        a = solve_cvxpy(cs, norm, formulation="aux")
+        b = solve_cvxpy(cs, norm, formulation="loop")
+        c = solve_cvxpy(cs, norm, reduce=True)
+        atol = 1e-6 if norm == "fro" else W_ATOL  # Clarabel's SDP path is less accurate
+        for other in (b, c):
+            assert other.status == "optimal"
+            np.testing.assert_allclose(a.W, other.W, atol=atol)
+        np.testing.assert_allclose(a.dual, b.dual, atol=atol)
+
+
+def test_no_constraints_gives_zero():
+    p = paper_instance(3, 4, 5, seed=0)
+    cs = att_svm_constraints(p)
+    empty = ConstraintSet(cs.A, cs.Z, np.zeros_like(cs.mask))
+    r = solve_frobenius(empty)
+    assert r.status == "optimal" and np.all(r.W == 0)
+
+
+def test_huge_scale_stays_finite():
+    """Tokens of norm 1e-6 need ‖W‖ ~ 1e6 × the unit-norm solution: the solver must stay exact (no overflow, no NaN)."""
+    p = random_instance(5, 6, 10, seed=2, token_norm=1e-6)
+    cs = att_svm_constraints(p)
+    r = solve_frobenius(cs)
+    assert r.status == "optimal" and np.all(np.isfinite(r.W))
+    assert cs.violation(r.W) <= 1e-8
+    q = random_instance(5, 6, 10, seed=2)
+    r1 = solve_frobenius(att_svm_constraints(q))
+    np.testing.assert_allclose(r.W * 1e-6, r1.W, rtol=1e-6, atol=1e-8)
+
+
+def test_working_set_matches_direct_solve():
+    """Constraint generation (used for large K) returns the same exact solution and multipliers."""
+    p = paper_instance(12, 60, 16, seed=4)  # T ≫ d: few support constraints among K = 708
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    ws = solve_frobenius(cs, working_set=True)
+    direct = solve_frobenius(cs, working_set=False, method="dense")
+    assert ws.status == direct.status == "optimal"
+    assert ws.info["rounds"] >= 2 and ws.info["working_set_size"] < cs.n_constraints
+    np.testing.assert_allclose(ws.W, direct.W, atol=PATH_TOL)
+    np.testing.assert_allclose(ws.dual, direct.dual, atol=1e-6)
+    assert cs.violation(ws.W) <= CERT_TOL
