@@ -103,3 +103,23 @@ def test_bad_model_argument_is_named(tmp_path):
         resolve_model(tmp_path / "nowhere")
     with pytest.raises(TypeError, match="model must be 'minilm'"):
         resolve_model(3)  # type: ignore[arg-type]
+
+
+def test_gpt2_extraction_matches_output_attentions(tmp_path):
+    """Any local HF folder of a supported family: a GPT-2 (pre-LN, Conv1D, causal) trained by attsvm."""
+    from attsvm.analysis.lm import TINY_LM, train_lm
+
+    folder = train_lm(tmp_path / "lm", TINY_LM)
+    model, tok = load_model(folder)
+    w = qk_weights(model)
+    assert w.causal and (w.n_layers, w.n_heads, w.d_head) == (2, 2, 16)
+    _, ids = next(corpus_windows(tok, max_length=32))
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = model(input_ids=x, output_attentions=True, output_hidden_states=True)
+    ins = attention_inputs(model, out.hidden_states)
+    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).triu(1)
+    for layer in range(w.n_layers):
+        lg = attention_logits(w, layer, ins[layer][0]).masked_fill(causal, float("-inf"))
+        assert torch.max(torch.abs(torch.softmax(lg, -1) - out.attentions[layer][0].double())) < PROB_TOL
+    assert np.all(spectrum_stats(w).rank <= w.d_head)

@@ -214,15 +214,21 @@ def test_private_solver_reports_infeasible() -> None:
 
 
 def test_svm_eq_constraints_define_w_eq_and_w_fin() -> None:
-    from attsvm.experiments._backends import solve_constraints
+    from attsvm.experiments._backends import _solve_fro, solve_constraints
     from attsvm.experiments.svm_eq import relu_instance, svm_eq_constraints
 
     p = relu_instance(3, 4, 8, seed=5)
     sel = np.array([[1, 1, 0, 0], [0, 1, 0, 0], [1, 0, 1, 1]], dtype=bool)
-    s = np.where(sel, 0.3, 1e-9)
+    s = np.where(sel, np.array([0.5, 0.2, 0.25, 0.05]), 1e-9)
     s /= s.sum(1, keepdims=True)
     weq = solve_constraints(svm_eq_constraints(p, sel), "fro")
     wfin = solve_constraints(svm_eq_constraints(p, sel, s), "fro")
+    # two independent implementations: the project's AttentionSVM and the private exact LDP
+    for res, cs in ((weq, svm_eq_constraints(p, sel)), (wfin, svm_eq_constraints(p, sel, s))):
+        ref = _solve_fro(cs)
+        assert res.status == ref.status == "optimal"
+        np.testing.assert_allclose(res.W, ref.W, atol=SOLVER_ATOL_W)
+    assert np.linalg.norm(wfin.W) > 0
     lg_eq, lg_fin = p.logits(weq.W), p.logits(wfin.W)
     for i in range(3):
         inside, outside = np.flatnonzero(sel[i]), np.flatnonzero(~sel[i])
@@ -250,3 +256,31 @@ def test_optimal_mixture_matches_cvxpy() -> None:
         val = lambda w: float(np.logaddexp.reduce(M[i].T @ w) - (M[i].T @ w)[int(p.y[i])])  # noqa: E731
         assert val(mix[i]) <= val(np.asarray(q.value)) + 1e-7
     assert np.allclose(mix.sum(1), 1) and (mix >= 0).all()
+
+
+def test_reproduce_all_writes_an_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attsvm.experiments import reproduce_all
+
+    seen: list[str] = []
+    runs = reproduce_all(out=tmp_path, names=["nuclear-identity", "gd-paths"], quick=True, runs=2,
+                         progress=False, on_done=lambda r: seen.append(r.name))
+    assert seen == ["nuclear-identity", "gd-paths"]
+    assert runs[0].results["n_trials"] >= 1 and (tmp_path / "gd-paths" / "report.md").exists()
+    index = (tmp_path / "index.md").read_text()
+    assert "[nuclear-identity/report.md](nuclear-identity/report.md)" in index
+    entries = json.loads((tmp_path / "index.json").read_text())
+    assert [e["experiment"] for e in entries] == ["nuclear-identity", "gd-paths"]
+    cfg = json.loads((tmp_path / "nuclear-identity" / "config.json").read_text())
+    assert cfg["settings"]["runs"] == 2  # --runs reaches experiments that have a run count
+
+
+def test_private_nuclear_fallback_agrees_with_attsvm() -> None:
+    from attsvm.datasets import paper_instance
+    from attsvm.experiments._backends import _solve_nuc
+    from attsvm.svm import AttentionSVM, att_svm_constraints
+
+    p = paper_instance(5, 5, 8, seed=1)
+    ours = _solve_nuc(att_svm_constraints(p))
+    ref = AttentionSVM("nuc").fit(p)
+    assert ours.max_violation <= CONSTRAINT_TOL
+    assert ours.objective == pytest.approx(ref.objective_, rel=1e-5)  # interior-point accuracy

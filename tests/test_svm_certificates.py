@@ -36,6 +36,7 @@ def _check_certificate(svm: AttentionSVM, problem, tokens, cs_tol: float = CS_TO
         dual = lam.sum() - 0.5 * np.sum(cs.adjoint(lam) ** 2)
         assert 0.5 * np.sum(W ** 2) - dual <= GAP_TOL * max(1.0, 0.5 * np.sum(W ** 2))
         assert svm.objective_ == pytest.approx(np.linalg.norm(W), rel=1e-12)
+        assert svm.rank_ <= problem.n  # row space ⊂ span{z_i} (SPEC §3)
     else:
         dual = lam.sum() / max(1.0, np.linalg.norm(cs.adjoint(lam), 2))
         nuc = np.linalg.svd(W, compute_uv=False).sum()

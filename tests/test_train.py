@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import cvxpy as cp
 import numpy as np
@@ -262,6 +261,16 @@ def test_smoothness_bound_dominates_hessian(head, loss):
         assert g.norm() <= GW
 
 
+@pytest.mark.parametrize("head", ["linear", "relu", "multiclass"])
+def test_auto_step_decreases_the_risk(head):
+    """lr='auto' for plain GD: 1/L_W (W) and the local bound 1/(L_W·B + G_W) ((K, Q)) are descent steps."""
+    p = random_instance(4, 5, 6, seed=3, head=head)
+    for param in ("W", "KQ"):
+        res = train(p, param=param, steps=300, normalized=False, init="gaussian", init_scale=0.5, n_init=2)
+        assert np.all(np.diff(res.history["loss"], axis=1) <= 1e-15), (head, param)
+        assert np.all(res.history["loss"][:, -1] < res.history["loss"][:, 0])
+
+
 def test_cone_init_and_kq_factorisation():
     C = np.random.default_rng(1).standard_normal((5, 5))
     W = cone_init(C, runs=50, mu=0.2, scale=3.0, seed=0)
@@ -352,20 +361,27 @@ def test_cuda_matches_cpu():
 # ----------------------------------------------------------------------------- regularization path
 
 def test_regularization_path_aligns_with_svms():
+    """SPEC §4: W̄_R/R → W_mm/‖W_mm‖ and K̄Q̄ᵀ aligns with W*_mm as R grows (solvers' references
+    checked against an independent cvxpy solve)."""
     p = paper_instance(6, 8, 10, seed=0)
-    radii = [1.0, 3.0, 10.0, 30.0]
-    rp = regularization_path(p, radii, param="W", W_mm=np.eye(10), W_star=np.eye(10))
-    assert rp.converged[:2].all() and np.all(rp.stationarity[rp.converged] <= 1e-7)
+    radii = [1.0, 3.0, 10.0, 30.0, 300.0]
+    rp = regularization_path(p, radii, param="W")
+    assert rp.converged.all() and np.all(rp.stationarity <= 1e-6)
     np.testing.assert_allclose(np.linalg.norm(rp.W, axis=(1, 2)), radii, rtol=1e-9)  # on the boundary
-    assert np.all(np.diff(rp.loss) < 0)
+    assert np.all(np.diff(rp.loss) <= 0)
     W_mm = svm_cvxpy(p, rp.tokens, "fro")
     W_star = svm_cvxpy(p, rp.tokens, "nuc")
-    c = correlation(rp.W, W_mm)
-    assert np.all(np.diff(c) > 0) and c[-1] >= 0.97 and c[-1] > correlation(rp.W[-1], W_star) + CLEAR_GAP
+    np.testing.assert_allclose(rp.W_mm, W_mm, atol=1e-5)
+    assert correlation(rp.W_star, W_star) >= 1 - 1e-6
+    c = rp.corr_fro
+    np.testing.assert_allclose(c, correlation(rp.W, W_mm), atol=1e-6)
+    assert np.all(np.diff(c) > 0) and c[-1] >= TAU and c[-1] > rp.corr_nuc[-1] + CLEAR_GAP
     rq = regularization_path(p, radii, param="KQ", W_mm=W_mm, W_star=W_star)
+    assert rq.converged.all()
     sq = np.linalg.norm(rq.K, axis=(1, 2)) ** 2 + np.linalg.norm(rq.Q, axis=(1, 2)) ** 2
     np.testing.assert_allclose(sq, 2 * np.array(radii), rtol=1e-9)
-    assert np.all(np.diff(rq.corr_nuc) > 0) and rq.corr_nuc[-1] >= 0.9 and rq.corr_nuc[-1] > rq.corr_fro[-1]
+    assert np.all(np.diff(rq.corr_nuc) > 0) and rq.corr_nuc[-1] >= TAU
+    assert rq.corr_nuc[-1] > rq.corr_fro[-1] + CLEAR_GAP
 
 
 def test_regularization_path_errors():
@@ -376,3 +392,14 @@ def test_regularization_path_errors():
         regularization_path(p, [1.0], W_mm=np.eye(4), W_star=np.eye(5), max_iter=2)
     with pytest.raises(TypeError, match="problem must be an AttentionProblem"):
         regularization_path([p], [1.0])  # type: ignore[arg-type]
+
+
+def test_package_level_train_is_callable():
+    """``attsvm.train(...)`` works although the submodule attsvm.train shares the function's name."""
+    import attsvm
+    import attsvm.train as mod
+
+    p = random_instance(3, 4, 5, seed=0)
+    res = attsvm.train(p, steps=3, seed=4)
+    np.testing.assert_array_equal(res.W, mod.train(p, steps=3, seed=4).W)
+    assert isinstance(res, attsvm.TrainResult) and attsvm.regularization_path is regularization_path

@@ -8,9 +8,10 @@ From a :class:`~attsvm.train.TrainResult`:
   local / not locally optimal, threshold τ = 0.99);
 * :func:`svm_equivalence` — SPEC §5 for nonlinear and multiclass heads: the selected sets
   ``O_i = {t : s_it ≥ ε}``, ``W^eq``, ``W_fin``, the fitted scale R in ``W ≈ R·W^eq + W_fin`` and the
-  correlations, along the trajectory;
+  correlations, along the trajectory (solved by :mod:`attsvm.svm.equivalence`);
 * :func:`mixture_prediction` — for convex heads, the sets ``O_i`` predicted before training by the
-  convex program over the simplex, and how often training selects exactly them.
+  convex program over the simplex (:func:`attsvm.svm.equivalence.optimal_mixture`), and how often
+  training selects exactly them.
 
 This module sits above :mod:`attsvm.svm` and :mod:`attsvm.train` and imports both.
 """
@@ -28,7 +29,8 @@ from numpy.typing import ArrayLike, NDArray
 from ._linalg import correlation
 from ._validation import as_float_array, check_choice, check_finite_scalar
 from .problem import AttentionProblem, TieError
-from .svm import AttentionSVM, ConstraintSet, locally_optimal
+from .svm import AttentionSVM, locally_optimal
+from .svm.equivalence import SELECT_EPS, decomposition, optimal_mixture, selected_sets, svm_eq, w_fin
 from .train import TrainResult
 
 __all__ = ["TAU", "SELECT_EPS", "ConvergenceReport", "convergence_type", "convergence_types",
@@ -39,8 +41,6 @@ logger = logging.getLogger(__name__)
 
 # SPEC §4: a run has converged in direction when corr ≥ τ.
 TAU = 0.99
-# SPEC §5: token t is in the selected set O_i when s_it ≥ ε.
-SELECT_EPS = 1e-3
 ConvergenceKind = Literal["global", "local", "not locally optimal"]
 NORMS: tuple[str, ...] = ("fro", "nuc")
 
@@ -220,42 +220,6 @@ def correlation_trajectories(result: TrainResult, *, runs: Sequence[int] | None 
 # ---------------------------------------------------------------------------------------------
 # SVM-equivalence for nonlinear / multiclass heads (SPEC §5)
 
-def _selected_sets(probs: NDArray[np.float64], eps: float) -> NDArray[np.bool_]:
-    return probs >= eps
-
-
-def _equivalence_module() -> Any:
-    try:
-        from .svm import equivalence  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return equivalence
-
-
-def _eq_constraints(problem: AttentionProblem, O: NDArray[np.bool_], probs: NDArray[np.float64] | None
-                    ) -> tuple[ConstraintSet, ConstraintSet | None]:
-    """SVM-eq and W_fin constraints with reference token r_i = argmax s_i ∈ O_i (SPEC §5).
-
-    With every logit in O_i equal to the reference's, "(x_it − x_iτ)ᵀWz_i = 0 for t, τ ∈ O_i" is
-    "(x_ir − x_it)ᵀWz_i = 0 for t ∈ O_i \\ {r}", and "≥ 1 for t ∈ O_i, τ ∉ O_i" is "(x_ir − x_iτ)ᵀWz_i ≥ 1".
-    """
-    n, T = O.shape
-    ref = np.argmax(np.where(O, probs if probs is not None else 1.0, -np.inf), axis=1)
-    X = problem.X
-    A = X[np.arange(n), ref][:, None, :] - X  # (n, T, d)
-    mask = np.ones((n, T), dtype=bool)
-    mask[np.arange(n), ref] = False
-    eq = O & mask
-    rhs = np.where(eq, 0.0, 1.0)
-    cs_eq = ConstraintSet(A, problem.queries.copy(), mask, rhs, eq)
-    if probs is None:
-        return cs_eq, None
-    with np.errstate(divide="ignore"):
-        logratio = np.log(probs[np.arange(n), ref])[:, None] - np.log(np.where(eq, probs, 1.0))
-    cs_fin = ConstraintSet(A, problem.queries.copy(), eq, np.where(eq, logratio, 0.0), eq)
-    return cs_eq, cs_fin
-
-
 @dataclass
 class EquivalenceReport:
     """SPEC §5 for one run: ``W(k) ≈ R·W^eq + W_fin``.
@@ -268,7 +232,7 @@ class EquivalenceReport:
     status_eq, status_fin : solver statuses.
     scale : the least-squares R in ``min_R ‖W − R·W^eq − W_fin‖_F``.
     residual : ``‖W − R·W^eq − W_fin‖_F / ‖W‖_F`` at the final W.
-    corr_eq : corr(W, W^eq) at the final W.
+    corr_eq : corr(W, W^eq) at the final W; ``corr_eq_fin``: corr(W − W_fin, W^eq).
     top_tokens : (n,) ``argmax_t s_it`` and ``W_mm_top`` (d, d) its Frobenius SVM (None if infeasible).
     corr_mm_top : corr(W, W_mm of the top tokens).
     step : (S,) recorded steps and ``corr_eq_traj``, ``corr_mm_top_traj`` (S,) when W was recorded;
@@ -284,6 +248,7 @@ class EquivalenceReport:
     scale: float
     residual: float
     corr_eq: float
+    corr_eq_fin: float
     top_tokens: NDArray[np.int64]
     W_mm_top: NDArray[np.float64] | None
     corr_mm_top: float
@@ -296,7 +261,7 @@ class EquivalenceReport:
     def to_dict(self) -> dict[str, Any]:
         return {"O": [np.flatnonzero(r).tolist() for r in self.O], "eps": self.eps,
                 "status_eq": self.status_eq, "status_fin": self.status_fin, "scale": self.scale,
-                "residual": self.residual, "corr_eq": self.corr_eq, "top_tokens": self.top_tokens.tolist(),
+                "residual": self.residual, "corr_eq": self.corr_eq, "corr_eq_fin": self.corr_eq_fin, "top_tokens": self.top_tokens.tolist(),
                 "corr_mm_top": self.corr_mm_top}
 
 
@@ -305,9 +270,9 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
 
     ``O_i`` comes from the final attention probabilities; ``W^eq`` (zero logit gaps inside O_i, margin
     ≥ 1 to the tokens outside) and ``W_fin`` (logit gaps inside O_i equal to the final log-probability
-    ratios) are minimum-Frobenius-norm solutions computed by :class:`~attsvm.svm.AttentionSVM` on
-    their constraint sets (certified like every solve). The scale R is the least-squares fit of
-    ``W − W_fin`` on ``W^eq``. With ``record_W=True`` the correlations are also given along the path.
+    ratios) are the minimum-Frobenius-norm solutions of :func:`attsvm.svm.equivalence.svm_eq` /
+    :func:`~attsvm.svm.equivalence.w_fin` (certified like every solve); the scale R is the
+    least-squares fit of ``W − W_fin`` on ``W^eq`` (:func:`~attsvm.svm.equivalence.decomposition`). With ``record_W=True`` the correlations are also given along the path.
     """
     eps = check_finite_scalar(eps, "eps", positive=True)
     if not 0 < eps < 1:
@@ -317,25 +282,24 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     p = result.problem(run)
     W = result.W[run]
     s = result.probs[run]
-    O = _selected_sets(s, eps)
-    cs_eq, cs_fin = _eq_constraints(p, O, s)
-    est_eq = AttentionSVM("fro").fit_constraints(cs_eq)
+    O = selected_sets(s, eps)
+    est_eq = svm_eq(p, O, probs=s)
     W_eq = est_eq.W_ if _solved(est_eq) else None
-    if cs_fin is not None and cs_fin.n_constraints > 0:
-        est_fin = AttentionSVM("fro").fit_constraints(cs_fin)
+    if (O.sum(axis=1) > 1).any():
+        est_fin = w_fin(p, O, s)
         W_fin, status_fin = (est_fin.W_ if _solved(est_fin) else None), est_fin.status_
     else:  # every O_i is a single token: no finite component
         W_fin, status_fin = np.zeros_like(W), "optimal"
     top = np.argmax(s, axis=-1).astype(np.int64)
     est_top = svm_direction(p, top, "fro")
     W_top = est_top.W_ if _solved(est_top) else None
-    scale = residual = corr_eq = np.nan
+    scale = residual = corr_eq = corr_eq_fin = np.nan
     if W_eq is not None and W_fin is not None:
-        scale = float(np.sum((W - W_fin) * W_eq) / np.sum(W_eq * W_eq))
-        residual = float(np.linalg.norm(W - scale * W_eq - W_fin) / max(np.linalg.norm(W), 1e-300))
-        corr_eq = float(correlation(W, W_eq))
+        dec = decomposition(W, W_eq, W_fin)
+        scale, residual, corr_eq, corr_eq_fin = dec.scale, dec.residual, dec.corr_eq, dec.corr_eq_fin
     rep = EquivalenceReport(O=O, eps=eps, W_eq=W_eq, W_fin=W_fin, status_eq=est_eq.status_, status_fin=status_fin,
-                            scale=scale, residual=residual, corr_eq=corr_eq, top_tokens=top, W_mm_top=W_top,
+                            scale=scale, residual=residual, corr_eq=corr_eq, corr_eq_fin=corr_eq_fin,
+                            top_tokens=top, W_mm_top=W_top,
                             corr_mm_top=float(correlation(W, W_top)) if W_top is not None else np.nan)
     if "W" in result.history:
         Wh = result.history["W"][run]
@@ -372,60 +336,6 @@ class MixturePrediction:
     exact_runs: float
 
 
-def _simplex_projection(V: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Euclidean projection of each row of V onto the probability simplex (sort-based, vectorised)."""
-    U = -np.sort(-V, axis=-1)
-    css = np.cumsum(U, axis=-1) - 1.0
-    k = np.arange(1, V.shape[-1] + 1)
-    cond = U - css / k > 0
-    rho = cond.shape[-1] - 1 - np.argmax(cond[..., ::-1], axis=-1)
-    theta = np.take_along_axis(css, rho[..., None], axis=-1) / (rho[..., None] + 1.0)
-    return np.maximum(V - theta, 0.0)
-
-
-def _optimal_mixture_private(problem: AttentionProblem, *, tol: float = 1e-11, max_iter: int = 100_000
-                             ) -> NDArray[np.float64]:
-    """min over s_i ∈ Δ_T of the cross-entropy of logits Vᵀ X_iᵀ s_i, by accelerated projected gradient.
-
-    FISTA with gradient-based restarts, stopped on the simplex KKT residual
-    ``max_{t ∈ supp} ∇_t − min_t ∇_t ≤ tol`` (all sequences at once). A private stand-in used only
-    when :mod:`attsvm.svm.equivalence` does not provide ``optimal_mixture``.
-    """
-    V = problem.head.weights
-    X = problem.X
-    n, T, _ = X.shape
-    y = problem.y.astype(int)
-    B = X @ V  # (n, T, C): the logits of each single token
-    Lc = 0.5 * float((np.linalg.norm(B, axis=2) ** 2).sum(axis=1).max()) + 1e-12  # bounds every Hessian
-
-    def grad(S: NDArray[np.float64]) -> NDArray[np.float64]:
-        c = np.einsum("nt,ntc->nc", S, B)
-        c = c - c.max(axis=1, keepdims=True)
-        p = np.exp(c)
-        p /= p.sum(axis=1, keepdims=True)
-        p[np.arange(n), y] -= 1.0
-        return np.einsum("ntc,nc->nt", B, p)
-
-    S = np.full((n, T), 1.0 / T)
-    Yk, t = S.copy(), 1.0
-    for _ in range(max_iter):
-        G = grad(Yk)
-        S_new = _simplex_projection(Yk - G / Lc)
-        if np.sum((Yk - S_new) * (S_new - S)) > 0:  # momentum points uphill: restart
-            t, Yk = 1.0, S.copy()
-            continue
-        t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
-        Yk = S_new + ((t - 1) / t_new) * (S_new - S)
-        S, t = S_new, t_new
-        Gs = grad(S)
-        kkt = np.where(S > 0, Gs, -np.inf).max(axis=1) - Gs.min(axis=1)
-        if kkt.max() <= tol:
-            break
-    else:
-        logger.warning("optimal mixture: max_iter=%d reached (KKT residual %.1e)", max_iter, kkt.max())
-    return S
-
-
 def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_tol: float = 1e-6
                        ) -> MixturePrediction:
     """Predict ``O_i`` before training from the optimal attention mixture and compare with training.
@@ -441,18 +351,9 @@ def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_
     if p.head.kind != "multiclass":
         raise ValueError(f"mixture_prediction needs a convex head (linear multiclass with cross-entropy); "
                          f"this head is {p.head.kind!r}")
-    eq = _equivalence_module()
-    if eq is not None and hasattr(eq, "optimal_mixture"):
-        mix = np.asarray(_call_optimal_mixture(eq, p), dtype=np.float64)
-    else:
-        mix = _optimal_mixture_private(p)
-    predicted = mix >= support_tol
-    selected = _selected_sets(result.probs, eps)
+    mix = optimal_mixture(p, support_tol=support_tol)
+    predicted = mix.support
+    selected = selected_sets(result.probs, eps)
     match = (selected == predicted[None]).all(axis=-1)
-    return MixturePrediction(predicted=predicted, mixture=mix, selected=selected, match=match,
+    return MixturePrediction(predicted=predicted, mixture=mix.weights, selected=selected, match=match,
                              match_rate=float(match.mean()), exact_runs=float(match.all(axis=1).mean()))
-
-
-def _call_optimal_mixture(eq: Any, problem: AttentionProblem) -> NDArray[np.float64]:
-    out = eq.optimal_mixture(problem)
-    return getattr(out, "weights", getattr(out, "mixture", out))

@@ -133,7 +133,7 @@ def write_anatomy_report(out: str | Path) -> Path:
         "| rank r | " + " | ".join(str(int(r)) for r in ranks) + " |",
         "|---|" + "---|" * len(ranks),
         "| top-1 agreement (mean over heads) | " + " | ".join(f"{a:.3f}" for a in agree.mean(0)) + " |",
-        "| KL(p ‖ p_r) nats (mean) | " + " | ".join(f"{k:.3f}" for k in kl.mean(0)) + " |", "",
+        "| KL(p ‖ p_r) nats (mean) | " + " | ".join(f"{max(k, 0.0):.3f}" for k in kl.mean(0)) + " |", "",
         "## What the numbers show", "",
     ]
     verdict = []
@@ -147,7 +147,16 @@ def write_anatomy_report(out: str | Path) -> Path:
         f"{100 * s['overall_top1_95']:.1f} % of (head, query) pairs put ≥ 95 % on one key and "
         f"{100 * s['overall_top3_95']:.1f} % on three; much of the concentrated mass sits on special tokens "
         f"({100 * s['overall_special_mass']:.1f} % on average). The softmax is far from the saturated regime the "
-        "theory describes for most heads; a few heads are nearly hard selectors.")
+        f"theory describes for most heads; {int((t1 >= 0.5).sum())} head(s) put ≥ 95 % on one key for at least "
+        "half of their queries (near-hard selectors).")
+    from scipy.stats import spearmanr
+
+    rho = float(spearmanr(er, t3).statistic) if np.ptp(er) > 0 and np.ptp(t3) > 0 else float("nan")
+    hard = int(np.argmax(t3))
+    verdict.append(
+        f"Across heads, effective rank and the top-3 share have Spearman ρ = {rho:.2f}; the sparsest head "
+        f"(layer {heads[hard]['layer']}, head {heads[hard]['head']}: top-3 share {t3[hard]:.2f}) has effective rank "
+        f"{er[hard]:.1f} (rank {int(np.argsort(np.argsort(er))[hard]) + 1} of {er.size} from the lowest).")
     if len(ranks) > 1:
         half = agree.mean(0)
         r_ok = [int(r) for r, a in zip(ranks, half) if a >= 0.9]

@@ -52,9 +52,6 @@ __all__ = ["EvictionPolicy", "SVMarginPolicy", "H2OPolicy", "TOVAPolicy", "Strea
 PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
 POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
 
-_TINY = 1e-30  # floor on probabilities before the log (an underflowed key has a huge margin)
-
-
 class EvictionPolicy:
     """The interface: statistics per cached key, and a priority (higher = keep).
 
@@ -99,8 +96,7 @@ def _pad(stats: torch.Tensor | None, like: torch.Tensor, fill: float) -> torch.T
     B, H, _, n = like.shape
     if stats is None:
         return torch.full((B, H, n), fill, dtype=like.dtype, device=like.device)
-    extra = n - stats.shape[-1]
-    return torch.cat([stats.to(like.dtype), stats.new_full((B, H, extra), fill, dtype=like.dtype)], dim=-1)
+    return torch.nn.functional.pad(stats.to(like.dtype), (0, n - stats.shape[-1]), value=fill)
 
 
 class SVMarginPolicy(EvictionPolicy):
@@ -112,8 +108,8 @@ class SVMarginPolicy(EvictionPolicy):
         super().__init__(sinks=sinks, recent=recent)
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        logp = probs.clamp_min(_TINY).log()                          # (B, H, q, S+q)
-        margin = logp.max(-1, keepdim=True).values - logp
+        logp = probs.log()                                            # (B, H, q, S+q); p = 0 → −inf
+        margin = logp.max(-1, keepdim=True).values - logp             # an underflowed key: margin +inf
         if probs.shape[-2] == 1:                                      # one query sees every key
             return torch.minimum(_pad(stats, probs, math.inf), margin[..., 0, :])
         margin = margin.masked_fill(probs <= 0, math.inf)             # a masked key: no margin from it
@@ -281,10 +277,13 @@ class EvictionLayer(CacheLayerMixin):
         if excess == 1:
             # one key too many: overwrite the victim slot with the newest (last) slot and drop the last;
             # the tensors of size budget + 1 become the buffers the next step writes into
-            pri = self.policy.priority(self.stats, self.positions).to(torch.float64)
+            pri = self.policy.priority(self.stats, self.positions)
             n_sinks, n_recent = self.policy.protected(self.budget)
-            protect = (self.positions < n_sinks) | (self.positions >= self.cumulative_length - n_recent)
-            victim = pri.masked_fill(protect, math.inf).argmin(dim=-1, keepdim=True)       # (B, H, 1)
+            if n_sinks:
+                pri = pri.masked_fill(self.positions < n_sinks, math.inf)
+            if n_recent:
+                pri = pri.masked_fill(self.positions >= self.cumulative_length - n_recent, math.inf)
+            victim = pri.argmin(dim=-1, keepdim=True)                                       # (B, H, 1)
             for name in ("keys", "values"):
                 t = getattr(self, name)
                 t.scatter_(2, victim[..., None].expand(-1, -1, -1, t.shape[-1]), t[:, :, -1:])

@@ -286,6 +286,11 @@ def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pa
     verdict += (f"but far from equal to it (margin efficiency {mine['margin_efficiency']:.3f}, where 1 would be the "
                 "SVM direction): the real head separates its own selections with a much smaller normalized margin "
                 "than the SVM solution, consistent with finite training far from the norm → ∞ regime.")
+    best_ov = max(lo["ov_plus_passed"], lo["ov_minus_passed"])
+    verdict += (f" Local optimality (SPEC §2) needs token scores a real head does not define: with γ = ±vᵀx along the "
+                f"head's value–output direction, {best_ov:.2f} of the sequences pass (random v: "
+                f"{lo['random_passed_mean']:.2f}), so " + ("these scores do not single out the head's selections."
+                if best_ov <= lo["random_passed_mean"] + 0.05 else "these scores favour the head's selections."))
     return SVMView(layer=int(layer), head=int(head), n_pairs=n, T=T, d=w.d, d_head=w.d_head,
                    fro_status=str(fro.status_), nuc_status=str(nuc.status_), nuc_rank=nuc_rank, nuc_note=nuc_note,
                    fro_certificate=cert(fro), nuc_certificate=cert(nuc), corr_fro=mine["corr_fro"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 HELP = "reproduce a paper experiment (or 'all'): results.json, figures, report.md; resumable"
 
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attsvm.experiments import apply_overrides, experiment_names, get_experiment, parse_overrides, reproduce
+    from attsvm.experiments import apply_overrides, get_experiment, parse_overrides, reproduce, reproduce_all
 
     raw = parse_overrides(args.overrides)
     common = dict(quick=args.quick, runs=args.runs, workers=args.workers, scheduler=args.scheduler,
@@ -30,28 +31,9 @@ def run(args: argparse.Namespace) -> int:
     if args.name == "all":
         if raw:
             raise ValueError("--set cannot be combined with 'all' (settings differ per experiment)")
-        runs_arg = common.pop("runs")
-        names = experiment_names()
-        outs = []
-        from pathlib import Path
-
         root = Path(args.out or "results")
-        from attsvm.experiments import make_executor
-        from attsvm.experiments._runner import write_index
-
-        ex = make_executor(args.workers, args.scheduler, temp_dir=root / ".dask-tmp")
-        try:
-            for name in names:
-                exp = get_experiment(name)
-                r = reproduce(name, out=root / name, executor=ex,
-                              runs=runs_arg if exp.runs_key else None,
-                              **{k: v for k, v in common.items() if k not in ("workers", "scheduler")})
-                outs.append(r)
-                write_index(root, outs)
-                _say(r)
-        finally:
-            ex.close()
-        print(f"index: {root / 'index.md'}")
+        outs = reproduce_all(out=root, **common, on_done=_say)
+        print(f"index:   {root / 'index.md'}")
         return 0 if all(r.passed for r in outs) else 1
     exp = get_experiment(args.name)
     overrides = apply_overrides(exp.settings(quick=args.quick), raw)

@@ -299,25 +299,28 @@ def plot_run(directory: str | Path) -> RunOutput:
     return RunOutput(exp.name, out, results, figures, report, results.get("n_trials", 0), 0, 0.0)
 
 
-def reproduce_all(*, out: str | Path | None = None, names: list[str] | None = None, **kwargs: Any) -> list[RunOutput]:
-    """Run every experiment (each into ``out/NAME``) and write ``out/index.md`` / ``index.json``."""
+def reproduce_all(*, out: str | Path | None = None, names: list[str] | None = None, runs: int | None = None,
+                  workers: int = 1, scheduler: str | None = None, executor: Executor | None = None,
+                  on_done: Any = None, **kwargs: Any) -> list[RunOutput]:
+    """Run every experiment (each into ``out/NAME``, one shared executor) and write ``out/index.md``
+    and ``out/index.json``. ``runs`` applies to the experiments that have a run count; ``on_done(run)``
+    is called after each experiment (the CLI prints where its outputs are)."""
     root = Path(out) if out is not None else Path("results")
     root.mkdir(parents=True, exist_ok=True)
-    runs: list[RunOutput] = []
-    ex = kwargs.pop("executor", None)
-    own = ex is None
-    if own:
-        ex = make_executor(kwargs.pop("workers", 1), kwargs.pop("scheduler", None), temp_dir=root / ".dask-tmp")
-    else:
-        kwargs.pop("workers", None), kwargs.pop("scheduler", None)
+    runs_out: list[RunOutput] = []
+    ex = executor or make_executor(workers, scheduler, temp_dir=root / ".dask-tmp")
     try:
         for name in names or experiment_names():
-            runs.append(reproduce(name, out=root / name, executor=ex, **kwargs))
-            write_index(root, runs)
+            exp = get_experiment(name)
+            r = reproduce(name, out=root / name, executor=ex, runs=runs if exp.runs_key else None, **kwargs)
+            runs_out.append(r)
+            write_index(root, runs_out)
+            if on_done is not None:
+                on_done(r)
     finally:
-        if own:
+        if executor is None:
             ex.close()
-    return runs
+    return runs_out
 
 
 def write_index(root: Path, runs: list[RunOutput]) -> Path:

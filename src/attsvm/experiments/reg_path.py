@@ -32,7 +32,7 @@ class RegPath(Experiment):
         "G3": "each path is closer to its own norm's SVM at large R",
     }
     defaults = {"n": 6, "T": 8, "d": 10, "runs": 10, "r_min": 0.5, "r_max": 100.0, "n_radii": 10, "threshold": 0.99}
-    quick = {"runs": 2, "r_max": 50.0, "n_radii": 5, "threshold": 0.95}
+    quick = {"runs": 1, "r_max": 50.0, "n_radii": 5, "threshold": 0.95}
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"{p}-s{r:04d}", "param": p, "seed": r} for p in ("W", "KQ") for r in range(s["runs"])]

@@ -389,7 +389,7 @@ def _working_set(cs: ConstraintSet, *, tol: float, max_iter: int, method: str, d
         flat = np.flatnonzero(bad.ravel())
         if flat.size > chunk:
             flat = flat[np.argpartition(-viol.ravel()[flat], chunk)[:chunk]]
-        S.ravel()[flat] = True
+        S.flat[flat] = True
         log.debug("frobenius working set: round %d, %d constraints, %d added", rounds, int(S.sum()), flat.size)
     info = dict(raw.info)
     info.update(path=f"working_set+{raw.info.get('path')}", rounds=rounds, working_set_size=int(S.sum()),

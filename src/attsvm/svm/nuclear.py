@@ -13,7 +13,15 @@ Method (and why)
    ``μ = λ − ρ(𝒜(M) − b)`` (clipped at 0 on inequality rows); each subproblem is smooth and is
    minimised by L-BFGS (scipy) warm-started from the previous one; ``λ ← μ`` between them.
    Every evaluation is a handful of dense products, O(n·T·r_a + n·r_a·r_z + (r_a + r_z)·p·r_z).
-4. Certification: the primal is made *exactly* feasible (a least-norm correction on equality rows,
+   The number of columns p starts small and doubles while all are in use; a dead column is
+   re-seeded along the top singular pair of ``𝒜*(λ)`` when that exceeds 1 (saddle escape).
+4. Polish: first-order methods stall near 1e-7 relative accuracy, so once the gap is below 1e-2
+   the rank r and the tight rows S are read off and the smooth KKT system of
+   ``min ½(‖K‖² + ‖Q‖²) s.t. 𝒜_S(KQᵀ) = b_S`` (K, Q with r columns) is solved by Newton's method,
+   with the (K, Q) block eliminated in the singular basis of ``𝒜*(λ)``; wrong guesses are
+   corrected (rows with λ < 0 released, violated rows added, a rank added while ‖𝒜*(λ)‖₂ > 1).
+   This gives primal and dual to round-off (relative gaps ≈ 1e-15 in practice).
+5. Certification: the primal is made *exactly* feasible (a least-norm correction on equality rows,
    then a rescaling ``M / min_k(m_k / b_k)``), and the multipliers give the dual bound
    ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` (the dual of SPEC §3 is ``max bᵀλ s.t. ‖𝒜*(λ)‖₂ ≤ 1``, λ ≥ 0 on
    inequalities); the loop stops when the relative gap between the two is below ``tol``.
@@ -208,55 +216,6 @@ def _make_feasible(red: _Reduced, M: NDArray[np.float64]) -> NDArray[np.float64]
     return M
 
 
-def _refine_dual(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, rank_rtol: float = 1e-6,
-                 tight_rtol: float = 1e-6) -> NDArray[np.float64]:
-    """Polish the multipliers on the optimality conditions of the (feasible, accurate) primal M.
-
-    At an optimum ``M = U_r Σ V_rᵀ`` the subgradient condition is ``𝒜*(λ) = U_r V_rᵀ + W_⊥`` with
-    ``U_rᵀW_⊥ = 0``, ``W_⊥V_r = 0``, ``‖W_⊥‖₂ ≤ 1``, and λ vanishes off the tight rows. We solve the
-    linear part ``U_rᵀ𝒜*(λ) = V_rᵀ``, ``𝒜*(λ)V_r = U_r`` for λ on the tight rows by LSQR started at
-    the augmented-Lagrangian multipliers (matrix-free, each product one apply/adjoint); the caller
-    keeps whichever of the two multipliers gives the better dual bound.
-    """
-    from scipy.sparse.linalg import LinearOperator, lsqr
-
-    U, s, Vt = np.linalg.svd(M, full_matrices=False)
-    if s.size == 0 or s[0] == 0:
-        return lam0
-    r = int((s > rank_rtol * s[0]).sum())
-    Ur, Vr = U[:, :r], Vt[:r].T  # (r_a, r), (r_z, r)
-    m = red.apply(M)
-    tight = red.mask & (red.eq | (np.abs(m - red.b) <= tight_rtol * np.maximum(1.0, np.abs(red.b))))
-    idx = np.flatnonzero(tight.ravel())
-    if idx.size == 0:
-        return lam0
-    n, T = red.mask.shape
-    r_a, r_z = red.A.shape[2], red.Z.shape[1]
-    ZV = red.Z @ Vr  # (n, r)
-
-    def mv(x: NDArray[np.float64]) -> NDArray[np.float64]:
-        lam = np.zeros(n * T)
-        lam[idx] = x
-        B = np.einsum("nt,ntr->nr", lam.reshape(n, T), red.A)  # (n, r_a)
-        G1 = (B @ Ur).T @ red.Z  # U_rᵀ Y, (r, r_z)
-        G2 = B.T @ ZV  # Y V_r, (r_a, r)
-        return np.concatenate([G1.ravel(), G2.ravel()])
-
-    def rmv(y: NDArray[np.float64]) -> NDArray[np.float64]:
-        G1 = y[: r * r_z].reshape(r, r_z)
-        G2 = y[r * r_z:].reshape(r_a, r)
-        return red.apply(Ur @ G1 + G2 @ Vr.T).ravel()[idx]
-
-    op = LinearOperator((r * (r_z + r_a), idx.size), matvec=mv, rmatvec=rmv, dtype=np.float64)
-    target = np.concatenate([Vr.T.ravel(), Ur.ravel()])
-    x0 = lam0.ravel()[idx]
-    sol = lsqr(op, target - mv(x0), atol=1e-15, btol=1e-15, iter_lim=20 * idx.size + 100)
-    lam = np.zeros(n * T)
-    lam[idx] = x0 + sol[0]
-    lam = lam.reshape(n, T)
-    return np.where(red.ineq, np.maximum(lam, 0.0), lam) * red.mask
-
-
 @dataclass
 class _Polished:
     K: NDArray[np.float64]
@@ -377,7 +336,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
 
 
 def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, max_rounds: int = 6,
-            rank_rtol: float = 1e-3, tight_rtol: float = 1e-3) -> _Polished | None:
+            rank_rtol: float = 1e-6, tight_rtol: float = 1e-3) -> _Polished | None:
     """Active-set Newton polish: guess the rank r and the tight rows S from an approximate solution,
     solve the KKT system by :func:`_kkt_newton`, then fix the guess (drop rows with λ < 0, add
     violated rows, add a rank when ``‖𝒜*λ‖₂ > 1``) until the KKT conditions hold."""
@@ -456,7 +415,7 @@ class _ALMResult:
 
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
          rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True,
-         grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 300) -> _ALMResult:
+         grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 5000) -> _ALMResult:
     """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
     With ``grow_rank`` the number of columns p starts small and doubles (up to min(r_a, r_z))
@@ -532,10 +491,12 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
                                  pol.rounds, pol.residual, pp, dp, gp, vp)
                     if vp <= 1e-9 * scale_b and gp < gap:
                         Kx, Qx, viol, primal, dual, gap, lam_cert = pol.K, pol.Q, vp, pp, dp, gp, pol.lam
+        else:
+            viol, primal, dual, gap = raw_viol, 0.5 * float(np.vdot(Kx, Kx) + np.vdot(Qx, Qx)), -np.inf, np.inf
         cur = _ALMResult(Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False)
         logger.debug("ALM outer %d: rho=%.2e inner=%d viol=%.2e primal=%.12g dual=%.12g gap=%.2e",
                       outer, rho, res.nit, raw_viol, primal, dual, gap)
-        if certify and (best is None or (viol <= 1e-9 * scale_b and gap < best.gap) or best.violation > viol):
+        if certify and (best is None or _better(cur, best, 1e-9 * scale_b)):
             best = cur
         elif not certify:
             best = cur
@@ -552,6 +513,21 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             rho = min(rho * 5.0, _RHO_MAX)
             stall = stall + 1 if rho >= _RHO_MAX else stall
         prev_viol = raw_viol
+        if grow_rank and certify:
+            # saddle escape: a singular value of 𝒜*(λ) above 1 is a descent direction (u₁, v₁) of the
+            # Lagrangian ½(‖K‖² + ‖Q‖²) − ⟨𝒜*(λ), KQᵀ⟩; put it into a dead column if there is one
+            Uy, sy, Vyt = np.linalg.svd(red.adjoint(lam), full_matrices=False)
+            if sy[0] > 1.0 + 1e-6:
+                Um, sm, Vmt = np.linalg.svd(Kx @ Qx.T, full_matrices=False)
+                if sm[p - 1] < 1e-6 * sm[0]:  # the factorisation does not use all p directions
+                    root = np.sqrt(sm[:p])
+                    Kx = Um[:, :p] * root
+                    Qx = Vmt[:p].T * root
+                    eps = 1e-2 * float(np.sqrt(sm[0]))
+                    Kx[:, p - 1] = eps * Uy[:, 0]
+                    Qx[:, p - 1] = eps * Vyt[0]
+                    x = np.concatenate([Kx.ravel(), Qx.ravel()])
+                    logger.debug("  saddle escape: sigma_1(A*lam) = %.6f, re-seeded a dead direction", sy[0])
         if grow_rank and p < p_max:
             col = np.linalg.norm(Kx, axis=0) * np.linalg.norm(Qx, axis=0)
             if col.min() > 1e-3 * col.max():
@@ -569,6 +545,14 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             return best
     assert best is not None
     return best
+
+
+def _better(a: _ALMResult, b: _ALMResult, feas_tol: float) -> bool:
+    """Is ``a`` a better certified point than ``b``: feasible first, then the smaller gap."""
+    fa, fb = a.violation <= feas_tol, b.violation <= feas_tol
+    if fa != fb:
+        return fa
+    return a.gap < b.gap if fa else a.violation < b.violation
 
 
 def _initial_factors(red: _Reduced, p: int, rng: np.random.Generator, *, noise: float = 1e-3
@@ -724,18 +708,17 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_i
         starts.append((K0, Q0))
     best: tuple[float, float, _ALMResult] | None = None
     total_outer = 0
+    start_objectives: list[float] = []
+    lam_cvx = convex.dual * red.scale * red.mask  # multipliers of the scaled rows: a good first guess
     scale_b = max(1.0, float(np.abs(cs.rhs).max()))
     for K0, Q0 in starts:
-        if p < min(r_a, r_z) and p < Kc.shape[1] + 1 and K0 is Kc:
-            # truncated convex start: perturb slightly so the ALM can move off a saddle
-            K0 = K0 + 1e-3 * rng.standard_normal(K0.shape)
-            Q0 = Q0 + 1e-3 * rng.standard_normal(Q0.shape)
-        res = _alm(red, K0, Q0, tol=tol, max_iter=max_iter, certify=False)
+        res = _alm(red, K0, Q0, tol=tol, max_iter=max_iter, certify=False, lam=lam_cvx)
         total_outer += res.n_outer
         M = res.K @ res.Q.T
         Mf = _rescale_only(red, M)
         obj = _nuclear(Mf)
         viol = red.violation(red.apply(Mf))
+        start_objectives.append(obj)
         key = (viol > 1e-8 * scale_b, obj)
         if best is None or key < (best[1] > 1e-8 * scale_b, best[0]):
             best = (obj, viol, res)
@@ -754,6 +737,7 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_i
     info = {"solver": "alm-burer-monteiro-rank", "rank": rank, "objective": obj, "convex_objective": f_convex,
             "relative_excess": rel, "reached_convex_optimum": reached, "violation": violation,
             "convex_rank_reduced": (r_a, r_z), "restarts": restarts, "K": K, "Q": Q,
+            "start_objectives": start_objectives,
             "global_guarantee": reached,
             "time": time.perf_counter() - t0}
     return RawSolution(W, _lift_dual(red, res.lam), status, total_outer, info)

@@ -1,0 +1,77 @@
+"""Benchmark: our nuclear-norm Att-SVM* solver against the best cvxpy formulation, in the same run.
+
+For each size (n, T, d) of the published data recipe (SPEC §6, seed 0) it solves Att-SVM* for the
+optimal tokens with
+
+* ours: :func:`attsvm.svm.nuclear.solve_nuclear` (augmented Lagrangian on the reduced
+  Burer–Monteiro factors + active-set Newton polish, certified duality gap);
+* cvxpy with the auxiliary-variable formulation (``solve_cvxpy(..., formulation="aux")``) and SCS,
+  then Clarabel, each under a time cap;
+
+and prints the times, the time ratios (cvxpy / ours), the objectives' relative difference and the
+constraint violations. Timings on a shared machine are noisy: compare ratios within one run.
+
+    .venv/bin/python benchmarks/bench_nuclear.py                 # the issue's sizes
+    .venv/bin/python benchmarks/bench_nuclear.py --sizes 50,20,50 --cap 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+from attsvm.datasets import paper_instance  # noqa: E402
+from attsvm.svm import att_svm_constraints, solve_cvxpy  # noqa: E402
+from attsvm.svm.nuclear import solve_nuclear  # noqa: E402
+
+DEFAULT_SIZES = ["50,20,50", "100,20,100", "200,32,128"]
+
+
+def _nuc(W: np.ndarray) -> float:
+    return float(np.linalg.svd(W, compute_uv=False).sum())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="*", default=DEFAULT_SIZES, help="n,T,d triples")
+    ap.add_argument("--cap", type=float, default=300.0, help="time cap per cvxpy solve, seconds")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--solvers", default="SCS,CLARABEL", help="cvxpy solvers to time")
+    args = ap.parse_args()
+    header = f"{'n,T,d':>12} {'solver':>10} {'time[s]':>9} {'ratio':>8} {'objective':>16} {'rel.diff':>9} " \
+             f"{'violation':>9} {'rel.gap':>9}"
+    print(header)
+    print("-" * len(header))
+    for size in args.sizes:
+        n, T, d = (int(v) for v in size.split(","))
+        p = paper_instance(n, T, d, seed=args.seed)
+        cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+        t0 = time.perf_counter()
+        raw = solve_nuclear(cs)
+        t_ours = time.perf_counter() - t0
+        f_ours = _nuc(raw.W) if raw.W is not None else float("nan")
+        print(f"{size:>12} {'ours':>10} {t_ours:9.2f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
+              f"{cs.violation(raw.W):9.1e} {raw.info.get('relative_gap', float('nan')):9.1e}  [{raw.status}]")
+        for solver in args.solvers.split(","):
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ref = solve_cvxpy(cs, "nuc", solver=solver, time_limit=args.cap)
+            t_ref = time.perf_counter() - t0
+            if ref.W is None:
+                print(f"{size:>12} {solver:>10} {t_ref:9.2f} {t_ref / t_ours:8.1f} {'—':>16} {'—':>9} {'—':>9} "
+                      f"{'—':>9}  [{ref.status}, cap {args.cap:.0f}s]")
+                continue
+            f_ref = _nuc(ref.W)
+            print(f"{size:>12} {solver:>10} {t_ref:9.2f} {t_ref / t_ours:8.1f} {f_ref:16.10f} "
+                  f"{(f_ref - f_ours) / f_ours:9.1e} {cs.violation(ref.W):9.1e} {'':>9}  [{ref.status}]")
+
+
+if __name__ == "__main__":
+    main()

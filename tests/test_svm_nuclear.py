@@ -1,0 +1,308 @@
+"""The nuclear-norm attention SVM (Att-SVM*, SPEC §3) and its rank-constrained variant.
+
+Checks: agreement with cvxpy (Clarabel, an interior-point SDP solve of the same problem), exact
+feasibility, a tight duality gap recomputed here from the returned multipliers, the low-rank claim of
+the svm-rank experiment, the variational identity, the rank-constrained solver, and infeasibility
+certificates.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from attsvm import AttentionProblem
+from attsvm.datasets import paper_instance, random_instance
+from attsvm.metrics import matrix_rank
+from attsvm.svm import AttentionSVM, ConstraintSet, att_svm_constraints, feasible, solve_cvxpy
+from attsvm.svm.nuclear import (CONVEX_OPT_RTOL, balanced_factors, infeasibility_certificate, solve_nuclear,
+                                solve_nuclear_rank)
+
+OBJ_RTOL = 1e-5        # objective agreement with cvxpy (issue #2)
+VIOL_TOL = 1e-8        # max constraint violation
+GAP_RTOL = 1e-8        # relative duality gap of our certificate
+DUAL_FEAS_TOL = 1e-8   # ‖𝒜*(λ)‖₂ ≤ 1 + this
+IDENTITY_RTOL = 1e-12  # variational identity at balanced factors
+CERT_TOL = 1e-8        # ‖𝒜*(λ)‖_F of an infeasibility certificate (relative)
+
+
+def _nuc(W: np.ndarray) -> float:
+    return float(np.linalg.svd(W, compute_uv=False).sum())
+
+
+def _certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray) -> tuple[float, float, float]:
+    """Independent certificate: (violation, relative gap, ‖𝒜*λ‖₂) computed from scratch with numpy."""
+    n, T, d = cs.A.shape
+    margins = np.einsum("ntd,nd->nt", cs.A, cs.Z @ W.T)
+    viol = np.where(cs.inequality, np.maximum(cs.rhs - margins, 0), np.abs(margins - cs.rhs) * cs.equality).max()
+    lam = np.where(cs.inequality, np.maximum(lam, 0), lam) * cs.mask
+    Y = np.einsum("nt,ntd,ne->de", lam, cs.A, cs.Z)
+    spec = float(np.linalg.norm(Y, 2))
+    dual = float((cs.rhs * lam).sum()) / max(1.0, spec)
+    primal = _nuc(W)
+    return float(viol), (primal - dual) / primal, spec
+
+
+CASES = [  # (n, T, d, self_attention, seed)
+    (4, 5, 6, False, 0),
+    (6, 8, 10, False, 1),
+    (5, 4, 7, True, 2),
+    (3, 6, 2, False, 3),
+    (8, 3, 5, True, 4),
+    (10, 5, 12, False, 5),
+]
+
+
+@pytest.mark.parametrize("n,T,d,self_att,seed", CASES)
+def test_matches_cvxpy_and_certifies(n: int, T: int, d: int, self_att: bool, seed: int) -> None:
+    p = random_instance(n, T, d, seed=seed, self_attention=self_att)
+    alpha = p.optimal_tokens(ties="first")
+    if not feasible(p, alpha):
+        pytest.skip("infeasible draw (covered by the infeasibility tests)")
+    cs = att_svm_constraints(p, alpha)
+    raw = solve_nuclear(cs)
+    assert raw.status == "optimal"
+    ref = solve_cvxpy(cs, "nuc", solver="CLARABEL")
+    assert ref.status in ("optimal", "optimal_inaccurate")
+    f_ours, f_ref = _nuc(raw.W), _nuc(ref.W)
+    assert abs(f_ours - f_ref) <= OBJ_RTOL * f_ref
+    viol, gap, spec = _certify(cs, raw.W, raw.dual)
+    assert viol <= VIOL_TOL
+    assert abs(gap) <= GAP_RTOL
+    assert spec <= 1 + DUAL_FEAS_TOL
+    # our optimum is never worse than the interior-point one (up to its own accuracy)
+    assert f_ours <= f_ref * (1 + 1e-7)
+    # some optimum lies in span{a} × span{z}: rank ≤ n (SPEC §3)
+    assert matrix_rank(raw.W) <= min(n, d)
+
+
+def test_estimator_nuclear_certificate_on_paper_instance() -> None:
+    p = paper_instance(6, 8, 10, seed=0)
+    est = AttentionSVM("nuc").fit(p)
+    assert est.status_ == "optimal"
+    assert est.max_violation_ <= VIOL_TOL
+    assert est.relative_gap_ <= GAP_RTOL
+    assert est.complementary_slackness_ <= 1e-7
+    # the support (tight constraints) is exactly where the multipliers live
+    assert np.all(est.dual_coef_[~est.support_] <= 1e-7 * est.dual_coef_.max())
+
+
+def test_equality_rows_match_cvxpy() -> None:
+    """General ConstraintSets (SPEC §5's SVM-eq shape): equalities b = 0 plus inequalities b = 1."""
+    p = random_instance(5, 6, 8, seed=11)
+    n, T = p.n, p.T
+    rng = np.random.default_rng(3)
+    ref = np.zeros(n, dtype=np.int64)
+    A = p.X[np.arange(n), ref][:, None, :] - p.X
+    mask = np.ones((n, T), bool)
+    mask[np.arange(n), ref] = False
+    eq = mask & (rng.random((n, T)) < 0.3)
+    cs = ConstraintSet(A, p.queries.copy(), mask, np.where(eq, 0.0, 1.0), eq)
+    raw = solve_nuclear(cs)
+    assert raw.status == "optimal"
+    cv = solve_cvxpy(cs, "nuc")
+    assert abs(_nuc(raw.W) - _nuc(cv.W)) <= OBJ_RTOL * _nuc(cv.W)
+    viol, gap, _ = _certify(cs, raw.W, raw.dual)
+    assert viol <= VIOL_TOL and abs(gap) <= GAP_RTOL
+
+
+def test_nonhomogeneous_equalities_wfin_shape() -> None:
+    """Pure equality rows with arbitrary right-hand sides (the W_fin shape of SPEC §5)."""
+    p = random_instance(4, 5, 9, seed=5)
+    n, T = p.n, p.T
+    A = p.X[:, :1, :] - p.X
+    mask = np.zeros((n, T), bool)
+    mask[:, 1:3] = True
+    rhs = np.random.default_rng(0).normal(size=(n, T)) * mask
+    cs = ConstraintSet(A, p.queries.copy(), mask, rhs, mask.copy())
+    raw = solve_nuclear(cs)
+    assert raw.status == "optimal"
+    cv = solve_cvxpy(cs, "nuc")
+    assert abs(_nuc(raw.W) - _nuc(cv.W)) <= OBJ_RTOL * _nuc(cv.W)
+    viol, gap, _ = _certify(cs, raw.W, raw.dual)
+    assert viol <= VIOL_TOL and abs(gap) <= GAP_RTOL
+
+
+def test_badly_scaled_instance_escapes_saddle() -> None:
+    """A nearly infeasible draw (objective ≈ 30, d = 3) where a plain factorisation stalls at a saddle."""
+    p = paper_instance(5, 15, 3, seed=2)
+    cs = att_svm_constraints(p)
+    raw = solve_nuclear(cs)
+    assert raw.status == "optimal"
+    cv = solve_cvxpy(cs, "nuc")
+    assert abs(_nuc(raw.W) - _nuc(cv.W)) <= OBJ_RTOL * _nuc(cv.W)
+
+
+# --------------------------------------------------------------------------- svm-rank (SPEC §6)
+def _rank_check(n: int, T: int, d: int, seeds: range, *, enough: int | None = None) -> int:
+    checked = 0
+    for seed in seeds:
+        if enough is not None and checked >= enough:
+            break
+        p = paper_instance(n, T, d, seed=seed)
+        alpha = p.optimal_tokens(ties="first")
+        if not feasible(p, alpha):
+            continue
+        fro = AttentionSVM("fro").fit(p, alpha)
+        if fro.status_ != "optimal":  # not this module's solver; its own tests cover it
+            continue
+        nuc = AttentionSVM("nuc").fit(p, alpha)
+        assert nuc.status_ == "optimal", (n, T, d, seed, nuc.relative_gap_)
+        r_fro, r_nuc = matrix_rank(fro.W_), matrix_rank(nuc.W_)
+        assert r_nuc <= r_fro <= n, (n, T, d, seed, r_nuc, r_fro)
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("n,T", [(5, 5), (10, 5), (5, 10)])
+@pytest.mark.parametrize("d", [3, 10])
+def test_svm_rank_nuclear_not_above_frobenius(n: int, T: int, d: int) -> None:
+    assert _rank_check(n, T, d, range(30), enough=2) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,T", [(5, 5), (10, 5), (15, 5), (5, 10), (5, 15)])
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 10, 15, 20])
+def test_svm_rank_all_settings(n: int, T: int, d: int) -> None:
+    _rank_check(n, T, d, range(20))
+
+
+# --------------------------------------------------------------------------- variational identity
+def test_variational_identity_balanced_factors_attain_nuclear_norm(rng: np.random.Generator) -> None:
+    for shape, rank in [((6, 6), 6), ((8, 5), 3), ((4, 9), 2)]:
+        W = rng.normal(size=(shape[0], rank)) @ rng.normal(size=(rank, shape[1]))
+        K, Q = balanced_factors(W)
+        assert np.allclose(K @ Q.T, W, atol=1e-12)
+        assert abs(0.5 * (np.sum(K ** 2) + np.sum(Q ** 2)) - _nuc(W)) <= IDENTITY_RTOL * _nuc(W) * 10
+        # any other factorisation (K G, Q G^{-T}) is never below ‖W‖_*
+        for _ in range(20):
+            G = rng.normal(size=(K.shape[1], K.shape[1])) + 3 * np.eye(K.shape[1])
+            K2, Q2 = K @ G, Q @ np.linalg.inv(G).T
+            assert np.allclose(K2 @ Q2.T, W, atol=1e-9)
+            assert 0.5 * (np.sum(K2 ** 2) + np.sum(Q2 ** 2)) >= _nuc(W) * (1 - 1e-12)
+
+
+def test_variational_identity_on_the_svm_solution() -> None:
+    p = paper_instance(6, 8, 10, seed=3)
+    est = AttentionSVM("nuc").fit(p)
+    K, Q = balanced_factors(est.W_, rank=est.rank_)
+    assert np.allclose(K @ Q.T, est.W_, atol=1e-9)
+    assert abs(0.5 * (np.sum(K ** 2) + np.sum(Q ** 2)) - est.objective_) <= 1e-9 * est.objective_
+
+
+# --------------------------------------------------------------------------- rank-constrained
+def test_rank_constrained_reaches_convex_optimum_when_rank_suffices() -> None:
+    p = paper_instance(6, 8, 10, seed=0)
+    cs = att_svm_constraints(p)
+    convex = solve_nuclear(cs)
+    r = int(matrix_rank(convex.W))
+    for m in (r, r + 2, 10):
+        raw = solve_nuclear_rank(cs, rank=m, seed=0, convex=convex)
+        assert raw.info["reached_convex_optimum"], (m, raw.info["relative_excess"])
+        # the random (non-convex-seeded) starts reach it too
+        starts = np.array(raw.info["start_objectives"])
+        assert np.all(np.abs(starts - raw.info["convex_objective"]) <= 1e-5 * raw.info["convex_objective"])
+        assert abs(raw.info["objective"] - raw.info["convex_objective"]) <= CONVEX_OPT_RTOL * raw.info["objective"]
+        assert raw.info["violation"] <= VIOL_TOL
+        K, Q = raw.info["K"], raw.info["Q"]
+        assert K.shape == (10, m) and Q.shape == (10, m)
+        assert np.allclose(K @ Q.T, raw.W, atol=1e-9)
+
+
+def test_rank_constrained_below_convex_rank_is_feasible_and_not_better() -> None:
+    p = paper_instance(6, 8, 10, seed=0)
+    cs = att_svm_constraints(p)
+    convex = solve_nuclear(cs)
+    r = int(matrix_rank(convex.W))
+    assert r >= 2
+    raw = solve_nuclear_rank(cs, rank=1, seed=0, convex=convex, restarts=3)
+    assert raw.info["violation"] <= VIOL_TOL
+    assert matrix_rank(raw.W) <= 1
+    # a rank-1 point is feasible for the convex problem, so it cannot beat the convex optimum
+    assert raw.info["objective"] >= raw.info["convex_objective"] * (1 - 1e-9)
+    assert not raw.info["reached_convex_optimum"]
+
+
+def test_estimator_rank_option() -> None:
+    p = paper_instance(6, 8, 10, seed=1)
+    est = AttentionSVM("nuc", rank=10).fit(p)
+    assert est.reached_convex_optimum_ is True
+    assert est.status_ == "optimal"
+
+
+# --------------------------------------------------------------------------- infeasible instances
+def _check_certificate(cs: ConstraintSet, lam: np.ndarray) -> None:
+    assert np.all(lam[cs.inequality] >= 0)
+    assert np.all(lam[~cs.mask] == 0)
+    assert abs(float((cs.rhs * lam).sum()) - 1.0) <= 1e-9
+    scale = float(np.sqrt(cs.gram_diag().max())) * float(np.abs(lam).sum())
+    assert np.linalg.norm(cs.adjoint(lam)) <= CERT_TOL * max(1.0, scale)
+
+
+def test_infeasible_duplicate_tokens() -> None:
+    p = random_instance(3, 4, 5, seed=0)
+    X = p.X.copy()
+    X[1, 2] = X[1, 0]
+    q = AttentionProblem(X, p.y, p.v, Z=p.Z)
+    cs = att_svm_constraints(q, np.zeros(3, dtype=np.int64))
+    raw = solve_nuclear(cs)
+    assert raw.status == "infeasible" and raw.W is None
+    _check_certificate(cs, raw.dual)
+
+
+def test_infeasible_zero_query() -> None:
+    p = random_instance(3, 4, 5, seed=1)
+    Z = p.Z.copy()
+    Z[2] = 0.0
+    q = AttentionProblem(p.X, p.y, p.v, Z=Z)
+    cs = att_svm_constraints(q, np.zeros(3, dtype=np.int64))
+    raw = solve_nuclear(cs)
+    assert raw.status == "infeasible"
+    _check_certificate(cs, raw.dual)
+
+
+def test_infeasible_dimension_too_small() -> None:
+    # d = 1 with many tokens: one sequence cannot separate a middle token from both sides
+    X = np.array([[[1.0], [2.0], [0.0]]])
+    p = AttentionProblem(X, np.array([1.0]), np.array([1.0]), Z=np.array([[1.0]]))
+    cs = att_svm_constraints(p, np.array([0]))  # token 0 sits between tokens 1 and 2
+    raw = solve_nuclear(cs)
+    assert raw.status == "infeasible"
+    _check_certificate(cs, raw.dual)
+    est = AttentionSVM("nuc").fit(p, np.array([0]))
+    assert est.status_ == "infeasible"
+
+
+def test_infeasibility_certificate_none_when_feasible() -> None:
+    p = paper_instance(4, 4, 6, seed=0)
+    assert infeasibility_certificate(att_svm_constraints(p)) is None
+
+
+# --------------------------------------------------------------------------- errors
+def test_bad_arguments() -> None:
+    p = paper_instance(3, 4, 5, seed=0)
+    cs = att_svm_constraints(p)
+    with pytest.raises(TypeError, match="cs must be a ConstraintSet"):
+        solve_nuclear(p)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tol must be > 0"):
+        solve_nuclear(cs, tol=0.0)
+    with pytest.raises(ValueError, match="max_iter must be >= 1"):
+        solve_nuclear(cs, max_iter=0)
+    with pytest.raises(TypeError, match="rank must be an integer"):
+        solve_nuclear_rank(cs, rank=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rank must be >= 1"):
+        solve_nuclear_rank(cs, rank=0)
+
+
+def test_iteration_limit_is_reported_not_hidden() -> None:
+    p = paper_instance(10, 6, 8, seed=0)
+    cs = att_svm_constraints(p)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        raw = solve_nuclear(cs, max_iter=1, tol=1e-14)
+    if raw.status != "optimal":
+        assert raw.status == "optimal_inaccurate"
+        assert any("relative gap" in str(x.message) for x in w)
+        assert raw.info["violation"] <= VIOL_TOL  # still exactly feasible
