@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/attsvm demo --out results/demo
+	$(VENV)/bin/attsvm reproduce local-convergence --out results/local-convergence
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile

@@ -30,21 +30,7 @@ def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
             for name in EXPERIMENTS}
 
 
-# Claims that fail today because of a dependency, not of the experiment (reported to the lead):
-# reg-path's (K,Q) path is attsvm.train.regularization_path, which stops at max_iter short of the
-# nuclear direction; low-rank needs AttentionSVM(norm="nuc", rank=m), which currently raises.
-KNOWN_DEPENDENCY_FAILURES = {
-    "reg-path": "attsvm.train.regularization_path(param='KQ') stops at max_iter (corr with W*_mm ≈ 0.88)",
-    "low-rank": "AttentionSVM(norm='nuc', rank=m).fit raises UnboundLocalError in svm/nuclear.py",
-}
-
-
-def _quick_params() -> list:
-    return [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_DEPENDENCY_FAILURES[n], strict=False))
-            if n in KNOWN_DEPENDENCY_FAILURES else n for n in EXPERIMENTS]
-
-
-@pytest.mark.parametrize("name", _quick_params())
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_quick_run_writes_everything_and_claims_pass(quick_runs: dict, name: str) -> None:
     run = quick_runs[name]
     out = run.out

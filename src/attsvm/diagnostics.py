@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -197,7 +197,12 @@ def correlation_trajectories(result: TrainResult, *, runs: Sequence[int] | None 
         toks = result.selected[idx]
     else:
         t = np.asarray(tokens)
-        toks = np.broadcast_to(t, (len(idx), n)) if t.ndim == 1 else t[idx] if t.shape[0] == result.n_runs else t
+        if t.shape == (n,):
+            toks = np.broadcast_to(t, (len(idx), n))
+        elif t.shape == (result.n_runs, n):
+            toks = t[idx]
+        else:
+            raise ValueError(f"tokens must have shape ({n},) or ({result.n_runs}, {n}), got {t.shape}")
     out: dict[str, NDArray] = {"step": result.history["step"], "runs": idx, "tokens": np.asarray(toks)}
     for nm, key in (("fro", "W_mm"), ("nuc", "W_star")):
         refs = np.full((len(idx), d, d), np.nan)
@@ -256,13 +261,12 @@ class EquivalenceReport:
     corr_eq_traj: NDArray[np.float64] | None = None
     corr_mm_top_traj: NDArray[np.float64] | None = None
     max_masked_prob: NDArray[np.float64] | None = None
-    info: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"O": [np.flatnonzero(r).tolist() for r in self.O], "eps": self.eps,
                 "status_eq": self.status_eq, "status_fin": self.status_fin, "scale": self.scale,
-                "residual": self.residual, "corr_eq": self.corr_eq, "corr_eq_fin": self.corr_eq_fin, "top_tokens": self.top_tokens.tolist(),
-                "corr_mm_top": self.corr_mm_top}
+                "residual": self.residual, "corr_eq": self.corr_eq, "corr_eq_fin": self.corr_eq_fin,
+                "top_tokens": self.top_tokens.tolist(), "corr_mm_top": self.corr_mm_top}
 
 
 def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EPS) -> EquivalenceReport:
@@ -272,7 +276,8 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     ≥ 1 to the tokens outside) and ``W_fin`` (logit gaps inside O_i equal to the final log-probability
     ratios) are the minimum-Frobenius-norm solutions of :func:`attsvm.svm.equivalence.svm_eq` /
     :func:`~attsvm.svm.equivalence.w_fin` (certified like every solve); the scale R is the
-    least-squares fit of ``W − W_fin`` on ``W^eq`` (:func:`~attsvm.svm.equivalence.decomposition`). With ``record_W=True`` the correlations are also given along the path.
+    least-squares fit of ``W − W_fin`` on ``W^eq`` (:func:`~attsvm.svm.equivalence.decomposition`).
+    With ``record_W=True`` the correlations are also given along the path.
     """
     eps = check_finite_scalar(eps, "eps", positive=True)
     if not 0 < eps < 1:

@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from .._linalg import RANK_TOL
 from .._validation import check_finite_scalar, check_positive_int
-from ._models import QKWeights, attention_inputs, attention_logits, corpus_windows, head_matrices, load_model, qk_weights
+from ._models import QKWeights, attention_inputs, attention_logits, corpus_windows, load_model, qk_weights
 
 __all__ = ["SpectrumStats", "spectrum_stats", "factored_svd", "AttentionStats", "attention_stats", "CompressionStats",
            "compression_stats", "HeadAnatomy", "analyze", "MASS", "MARGIN_EDGES", "DEFAULT_RANKS"]

@@ -16,8 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm", default=None, help="LM checkpoint folder (default: train/reuse the cached one)")
     parser.add_argument("--budgets", default="0.05,0.1,0.25,0.5", help="fractions of the context (default: %(default)s)")
     parser.add_argument("--policies", default=None, help="comma-separated subset of the policies (default: all)")
-    parser.add_argument("--n-seq", type=int, default=8, help="held-out LM sequences (default: %(default)s)")
-    parser.add_argument("--seq-len", type=int, default=256, help="tokens per LM sequence (default: %(default)s)")
+    parser.add_argument("--n-seq", type=int, default=16, help="held-out LM sequences (default: %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per LM sequence (default: the LM's training context, 128)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
 

@@ -65,14 +65,20 @@ def execute_trial(name: str, settings: dict[str, Any], trial: dict[str, Any]) ->
         torch.set_num_threads(1)
     except ImportError:  # pragma: no cover
         torch, prev = None, 0
+    # Solver notices (iteration limits, fallbacks) are per-solve: their outcomes are recorded in the
+    # trial data (status columns), so during a trial they are silenced below ERROR (warnings → DEBUG).
+    svm_log = logging.getLogger("attsvm.svm")
+    old_level = svm_log.level
+    svm_log.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             frame = get_experiment(name).run_trial(settings, trial)
-        for w in caught:  # solver iteration-limit notices etc.: their statuses are in the data
+        for w in caught:
             log.debug("%s %s: %s", name, trial.get("key"), w.message)
         return frame
     finally:
+        svm_log.setLevel(old_level)
         if torch is not None and prev:
             torch.set_num_threads(prev)
 

@@ -123,19 +123,17 @@ class SVMRank(Experiment):
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         tab = self._table(df)
-        groups = [(n, T) for n, T in s["nT"]]
+        tab = tab[tab.feasible > 0]
+        n0, T0 = min(n for n, _ in s["nT"]), min(T for _, T in s["nT"])
+        panels = (("(a) varying n", tab[tab["T"] == T0], "n"), ("(b) varying T", tab[tab.n == n0], "T"))
         fig, ax = subplots(2)
-        for k, (n, T) in enumerate(groups):
-            t = tab[(tab.n == n) & (tab["T"] == T) & (tab.feasible > 0)].sort_values("d")
-            if not len(t):
-                continue
-            a = ax[0, 0] if T == groups[0][1] and (n, T) != groups[0] or (n, T) == groups[0] else ax[0, 1]
-            c = f"C{k}"
-            a.plot(t.d, t.rank_fro, "-o", color=c, label=f"n={n}, T={T}: $W_{{mm}}$ (Fro)")
-            a.plot(t.d, t.rank_nuc, "--s", color=c, label=f"n={n}, T={T}: $W^*_{{mm}}$ (nuc)")
-        ax[0, 0].set(title="(a) mean rank, varying n", xlabel="d", ylabel="mean rank (tol 1e-7)")
-        ax[0, 1].set(title="(b) mean rank, varying T", xlabel="d")
-        for a in ax[0]:
+        for a, (title, sub, key) in zip(ax[0], panels):
+            for k, (val, g) in enumerate(sub.groupby(key)):
+                g = g.sort_values("d")
+                lab = f"n={int(g.n.iloc[0])}, T={int(g['T'].iloc[0])}"
+                a.plot(g.d, g.rank_fro, "-o", color=f"C{k}", label=f"{lab}: $W_{{mm}}$ (Frobenius)")
+                a.plot(g.d, g.rank_nuc, "--s", color=f"C{k}", label=f"{lab}: $W^*_{{mm}}$ (nuclear)")
+            a.set(title=f"{title}: mean rank at tol {s['rank_tol']:g}", xlabel="d", ylabel="mean rank")
             if a.lines:
                 a.legend(fontsize=6)
         return save(fig, outdir, "svm_rank")

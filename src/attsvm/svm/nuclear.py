@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.linalg import lu_factor, lu_solve
 from scipy.optimize import linprog, minimize
 
 from .._validation import check_finite_scalar, check_positive_int
@@ -225,10 +226,11 @@ class _Polished:
     rounds: int
 
 
-def _newton_step(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[np.float64],
-                 Q: NDArray[np.float64], lam_s: NDArray[np.float64], F: NDArray[np.float64], *,
-                 delta: float = 1e-7, tau: float = 1e-3) -> NDArray[np.float64]:
-    """Solve ``J Δ = −F`` for the KKT system of :func:`_kkt_newton` by structured elimination.
+def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[np.float64],
+                   Q: NDArray[np.float64], lam_s: NDArray[np.float64], *, delta: float = 1e-7, tau: float = 1e-3):
+    """Factor the Jacobian J of the KKT system of :func:`_kkt_newton` at (K, Q, λ_S); return ``F ↦ −J⁻¹F``.
+
+    The returned function is reused for several (chord) steps while it keeps converging fast.
 
     ``J = [[H, −C], [Cᵀ, 0]]`` with ``H(ΔK, ΔQ) = (ΔK − YΔQ, ΔQ − YᵀΔK) + δ·(ΔK, ΔQ)``. In the
     singular bases of ``Y = U diag(σ) Vᵀ`` the pairs ``(Uᵀ ΔK ± Vᵀ ΔQ)/√2`` diagonalise H with
@@ -245,48 +247,65 @@ def _newton_step(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[np
     V = Vt.T
     q = sig.size
     c = np.sqrt(0.5)
-    h = np.concatenate([1.0 - sig + delta, 1.0 + sig + delta, np.full(r_a + r_z - 2 * q, 1.0 + delta)])
 
-    def to_xi(XK: NDArray[np.float64], XQ: NDArray[np.float64]) -> NDArray[np.float64]:
-        # XK (r_a, r, m), XQ (r_z, r, m) -> (r_a + r_z, r, m) in the eigenbasis of H
-        a = np.tensordot(U.T, XK, axes=1)
-        b = np.tensordot(V.T, XQ, axes=1)
-        return np.concatenate([c * (a[:q] + b[:q]), c * (a[:q] - b[:q]), a[q:], b[q:]], axis=0)
+    def to_xi(XK: NDArray[np.float64], XQ: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        # (ΔK, ΔQ) -> coordinates (u, w, rest) in the eigenbasis of H
+        a = U.T @ XK
+        b = V.T @ XQ
+        return c * (a[:q] + b[:q]), c * (a[:q] - b[:q]), a[q:], b[q:]
 
-    def from_xi(xi: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        u, w, rest = xi[:q], xi[q:2 * q], xi[2 * q:]
-        a = np.concatenate([c * (u + w), rest[: r_a - q]], axis=0)
-        b = np.concatenate([c * (u - w), rest[r_a - q:]], axis=0)
-        return np.tensordot(U, a, axes=1), np.tensordot(V, b, axes=1)
+    def from_xi(u: NDArray[np.float64], w: NDArray[np.float64], ra: NDArray[np.float64], rb: NDArray[np.float64]
+                ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return U @ np.vstack([c * (u + w), ra]), V @ np.vstack([c * (u - w), rb])
 
-    FK, ZQ = Fs @ K, Zs @ Q  # (s, r)
-    CK = np.einsum("ka,kr->ark", Fs, ZQ)  # (r_a, r, s): ∂(𝒜_S(KQᵀ))/∂K, column k
-    CQ = np.einsum("kz,kr->zrk", Zs, FK)  # (r_z, r, s)
-    Ch = to_xi(CK, CQ).reshape(-1, s)  # (N_x, s)
-    fh = to_xi(-F[:nK].reshape(r_a, r, 1), -F[nK:nK + nQ].reshape(r_z, r, 1)).reshape(-1)
-    g = -F[nK + nQ:]
-    hh = np.repeat(h, r)  # eigenvalue of each ξ coordinate
-    R = np.abs(hh) < tau
-    E = ~R
-    CE = Ch[E] / hh[E][:, None]
-    Sm = Ch[E].T @ CE  # (s, s)
-    nR = int(R.sum())
+    h_m = 1.0 - sig + delta  # eigenvalues on the u coordinates (≈ δ where σ_i ≈ 1)
+    h_p = 1.0 + sig + delta  # on the w coordinates
+    h_r = 1.0 + delta  # on the remaining ones
+    Ri = np.abs(h_m) < tau  # u rows kept in the reduced system (all r columns each)
+    eu = np.where(Ri, 0.0, 1.0 / np.where(Ri, 1.0, h_m))
+    FK, ZQ = Fs @ K, Zs @ Q  # (s, r): Kᵀa_k and Qᵀz_k
+    At = (Fs @ U).T  # (r_a, s): Uᵀ a_k
+    Zt = (Zs @ V).T  # (r_z, s): Vᵀ z_k
+    # The constraint gradient C_k = (a_k (Qᵀz_k)ᵀ, z_k (Kᵀa_k)ᵀ) has u/w coordinates
+    # c(ã_ki q̃_kj ± z̃_ki k̃_kj); the Schur complement S = Σ_E C_k C_lᵀ / h needs only s × s products.
+    Gqq, Gkk, Gqk = ZQ @ ZQ.T, FK @ FK.T, ZQ @ FK.T
+    Au, Zu = At[:q], Zt[:q]
+    ap = eu + 1.0 / h_p
+    am = eu - 1.0 / h_p
+    Sm = 0.5 * ((Au.T * ap) @ Au * Gqq + (Zu.T * ap) @ Zu * Gkk
+                + (Au.T * am) @ Zu * Gqk + (Zu.T * am) @ Au * Gqk.T)
+    Sm += (At[q:].T @ At[q:]) * Gqq / h_r + (Zt[q:].T @ Zt[q:]) * Gkk / h_r
+    # u coordinates kept (σ_i ≈ 1): ChR (nRi·r, s)
+    ChR = (c * (At[:q][Ri][:, None, :] * ZQ.T[None] + Zt[:q][Ri][:, None, :] * FK.T[None])).reshape(-1, s)
+    hR = np.repeat(h_m[Ri], r)
+    nR = hR.size
     Jr = np.zeros((nR + s, nR + s))
-    Jr[np.arange(nR), np.arange(nR)] = hh[R]
-    Jr[:nR, nR:] = -Ch[R]
-    Jr[nR:, :nR] = Ch[R].T
+    Jr[np.arange(nR), np.arange(nR)] = hR
+    Jr[:nR, nR:] = -ChR
+    Jr[nR:, :nR] = ChR.T
     Jr[nR:, nR:] = Sm
-    rhs = np.concatenate([fh[R], g - CE.T @ fh[E]])
     try:
-        sol = np.linalg.solve(Jr, rhs)
-    except np.linalg.LinAlgError:
-        sol = np.linalg.lstsq(Jr, rhs, rcond=None)[0]
-    dlam = sol[nR:]
-    xi = np.empty(hh.size)
-    xi[R] = sol[:nR]
-    xi[E] = (fh[E] + Ch[E] @ dlam) / hh[E]
-    dK, dQ = from_xi(xi.reshape(r_a + r_z, r, 1))
-    return np.concatenate([dK.ravel(), dQ.ravel(), dlam])
+        lu = lu_factor(Jr, check_finite=False)
+        solve = lambda b: lu_solve(lu, b, check_finite=False)  # noqa: E731
+    except (np.linalg.LinAlgError, ValueError):  # pragma: no cover - singular reduced system
+        pinv = np.linalg.pinv(Jr)
+        solve = lambda b: pinv @ b  # noqa: E731
+
+    def step(F: NDArray[np.float64]) -> NDArray[np.float64]:
+        fu, fw, fa, fb = to_xi(-F[:nK].reshape(r_a, r), -F[nK:nK + nQ].reshape(r_z, r))
+        g = -F[nK + nQ:]
+        # Cᵀ D⁻¹ f over the eliminated coordinates, through the orthogonal inverse transform
+        GK, GQ = from_xi(fu * eu[:, None], fw / h_p[:, None], fa / h_r, fb / h_r)
+        ctf = np.einsum("ka,ar,kr->k", Fs, GK, ZQ) + np.einsum("kz,zr,kr->k", Zs, GQ, FK)
+        sol = solve(np.concatenate([fu[Ri].ravel(), g - ctf]))
+        dlam = sol[nR:]
+        du, dw, da, db = to_xi(Fs.T @ (dlam[:, None] * ZQ), Zs.T @ (dlam[:, None] * FK))  # C·Δλ
+        xu = (fu + du) * eu[:, None]
+        xu[Ri] = sol[:nR].reshape(-1, r)
+        dK, dQ = from_xi(xu, (fw + dw) / h_p[:, None], (fa + da) / h_r, (fb + db) / h_r)
+        return np.concatenate([dK.ravel(), dQ.ravel(), dlam])
+
+    return step
 
 
 def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q: NDArray[np.float64],
@@ -315,10 +334,14 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
 
     F = resid(K, Q, lam_s)
     nrm = float(np.linalg.norm(F))
+    solver = None
+    fresh = False
     for _ in range(max_newton):
         if nrm <= ftol:
             break
-        step = _newton_step(Fs, Zs, K, Q, lam_s, F)
+        if solver is None:
+            solver, fresh = _newton_solver(Fs, Zs, K, Q, lam_s), True
+        step = solver(F)
         t = 1.0
         for _ls in range(30):
             Kn = K + t * step[:nK].reshape(r_a, r)
@@ -330,7 +353,13 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
                 break
             t *= 0.5
         else:
-            break
+            if fresh:
+                break
+            solver = None  # the stale (chord) Jacobian failed: refactor at the current point
+            continue
+        if t < 1.0 or nn > 0.5 * nrm:
+            solver = None  # slow progress: refresh the Jacobian next time (Newton, not chord)
+        fresh = False
         K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
     return K, Q, lam_s, nrm
 
@@ -381,10 +410,14 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *,
             Q = np.hstack([Q, eps * Vyt[:1].T])
             r += 1
             changed = True
-        # drop vanished columns (rank guessed too high)
-        keep = (np.linalg.norm(K, axis=0) * np.linalg.norm(Q, axis=0)) > 1e-14 * max(1.0, float(sv[0]))
-        if not keep.all() and keep.any():
-            K, Q, r = K[:, keep], Q[:, keep], int(keep.sum())
+        # rank guessed too high: a direction of K Qᵀ vanished. Refactor with fewer columns, so that the
+        # spare singular values of 𝒜*(λ) are free to stay ≤ 1 (else the dual is ill-determined)
+        Um, sm, Vmt = np.linalg.svd(K @ Q.T, full_matrices=False)
+        r_new = int((sm > 1e-9 * sm[0]).sum())
+        if 1 <= r_new < r and not changed:
+            root = np.sqrt(sm[:r_new])
+            K, Q, r = Um[:, :r_new] * root, Vmt[:r_new].T * root, r_new
+            changed = True
         if not changed and res <= 1e-10:
             return _Polished(K, Q, lam_full, res, rounds)
     return None
@@ -415,7 +448,8 @@ class _ALMResult:
 
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
          rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True,
-         grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 5000) -> _ALMResult:
+         grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 5000,
+         gtol0: float = 1e-4) -> _ALMResult:
     """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
     With ``grow_rank`` the number of columns p starts small and doubles (up to min(r_a, r_z))
@@ -452,7 +486,7 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
     prev_viol = np.inf
     stall = 0
     scale_b = max(1.0, float(np.abs(red.b).max(initial=0.0)))
-    gtol = 1e-4
+    gtol = gtol0
     next_polish = 1e-2
     for outer in range(1, max_iter + 1):
         res = minimize(fg, x, jac=True, method="L-BFGS-B",
@@ -639,7 +673,8 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
     if triv is not None:
         return triv
     r_a, r_z = red.A.shape[2], red.Z.shape[1]
-    p = min(r_a, r_z, _P0)
+    # start near the rank that typical optima have (~√K/2 here), never below _P0; grown as needed
+    p = min(r_a, r_z, max(_P0, int(round(0.5 * np.sqrt(red.mask.sum())))))
     rng = np.random.default_rng(seed)
     K, Q = _initial_factors(red, p, rng)
     res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng)
