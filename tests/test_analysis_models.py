@@ -56,7 +56,7 @@ def test_homogeneous_matrix_gives_exact_logits(minilm, window):
     X = attention_inputs(model, out.hidden_states)[3][0].double().numpy()
     Xt = np.c_[X, np.ones(len(X))]
     Wt = head_matrices(w, bias=True)[3]  # (H, d+1, d+1)
-    logits = np.einsum("nd,hde,me->hmn", Xt, Wt, Xt)  # [h, query m, key n] = x̃_nᵀ W̃ z̃_m
+    logits = np.swapaxes(Xt @ Wt @ Xt.T, -1, -2)  # [h, query m, key n] = x̃_nᵀ W̃ z̃_m
     np.testing.assert_allclose(logits, attention_logits(w, 3, X).numpy(), atol=1e-9)
 
 

@@ -37,6 +37,17 @@ def test_convergence_types_of_trained_runs(local_runs):
     assert g.to_dict()["kind"] == "global"
 
 
+def test_kq_local_optimality_uses_the_nuclear_support():
+    """(K, Q) runs are judged against Att-SVM* — its support tokens decide local optimality too."""
+    p = paper_instance(6, 8, 10, seed=2)
+    res = train(p, param="KQ", steps=2000, seed=2)
+    (rep,) = convergence_types(res)
+    assert rep.norm == "nuc" and not rep.is_optimal and rep.corr >= TAU
+    assert rep.kind == "local" and rep.locally_optimal
+    # with the Frobenius SVM's support the same selection is not locally optimal
+    assert not locally_optimal(p, rep.tokens).locally_optimal
+
+
 def test_convergence_type_classifies_svm_directions():
     """W = c·W^α_mm selects α with corr 1: the type is decided by α alone (opt / locally optimal / not)."""
     p = paper_instance(6, 8, 10, seed=2)

@@ -45,6 +45,19 @@ _EXPORTS: dict[str, str] = {
     "train": "attsvm.train",
     "TrainResult": "attsvm.train",
     "regularization_path": "attsvm.train",
+    "RegularizationPath": "attsvm.train",
+    "cone_init": "attsvm.train",
+    "smoothness_bound": "attsvm.train",
+    "Batch": "attsvm.model",
+    # diagnostics (SPEC §4–5)
+    "convergence_type": "attsvm.diagnostics",
+    "convergence_types": "attsvm.diagnostics",
+    "correlation_trajectories": "attsvm.diagnostics",
+    "svm_equivalence": "attsvm.diagnostics",
+    "mixture_prediction": "attsvm.diagnostics",
+    "ConvergenceReport": "attsvm.diagnostics",
+    "EquivalenceReport": "attsvm.diagnostics",
+    "MixturePrediction": "attsvm.diagnostics",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

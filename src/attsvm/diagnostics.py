@@ -29,8 +29,9 @@ from numpy.typing import ArrayLike, NDArray
 from ._linalg import correlation
 from ._validation import as_float_array, check_choice, check_finite_scalar
 from .problem import AttentionProblem, TieError
-from .svm import AttentionSVM, locally_optimal
+from .svm import AttentionSVM
 from .svm.equivalence import SELECT_EPS, decomposition, optimal_mixture, selected_sets, svm_eq, w_fin
+from .tokens import local_optimality_report
 from .train import TrainResult
 
 __all__ = ["TAU", "SELECT_EPS", "ConvergenceReport", "convergence_type", "convergence_types",
@@ -80,7 +81,8 @@ class ConvergenceReport:
     tokens : (n,) the selected tokens ``α̂_i = argmax_t s_it``.
     optimal : (n,) the optimal tokens ``opt`` (first maximiser on ties; see ``tie``).
     is_optimal : whether ``α̂ = opt``.
-    locally_optimal : whether α̂ is locally optimal (SPEC §2); None when not tested (α̂ = opt).
+    locally_optimal : whether α̂ is locally optimal (SPEC §2, with the support tokens of the SVM of
+        ``norm``); None when not tested (α̂ = opt).
     feasible : whether Att-SVM(α̂) is feasible.
     corr : ``corr(W, W^α̂)`` with the SVM of ``norm`` (NaN when infeasible).
     corr_fro, corr_nuc : correlations with the Frobenius / nuclear SVMs of α̂ (NaN if not computed).
@@ -121,8 +123,9 @@ def convergence_type(problem: AttentionProblem, W: ArrayLike, *, norm: str = "fr
 
     With ``α̂_i = argmax_t s_it``: *global* if ``α̂ = opt`` and ``corr(W, W_mm) ≥ τ``; *local* if
     ``α̂ ≠ opt`` is locally optimal and ``corr(W, W^α̂_mm) ≥ τ``; otherwise *not locally optimal*.
-    ``norm="nuc"`` judges the direction against Att-SVM* instead (the limit of (K, Q) training);
-    ``both_norms`` also reports the other norm's correlation.
+    ``norm="nuc"`` judges the direction against Att-SVM* instead (the limit of (K, Q) training), and
+    local optimality with Att-SVM*'s support tokens; ``both_norms`` also reports the other norm's
+    correlation.
     """
     if not isinstance(problem, AttentionProblem):
         raise TypeError(f"problem must be an AttentionProblem, got {type(problem).__name__}")
@@ -138,21 +141,20 @@ def convergence_type(problem: AttentionProblem, W: ArrayLike, *, norm: str = "fr
         opt, tie = problem.optimal_tokens(ties="first"), True
     is_opt = bool(np.array_equal(alpha, opt))
     corrs = {"fro": np.nan, "nuc": np.nan}
-    status = "not solved"
-    feasible = False
-    for nm in ((norm, _other(norm)) if both_norms else (norm,)):
-        est = svm_direction(problem, alpha, nm)
-        if nm == norm:
-            status = est.status_
-            feasible = est.status_ != "infeasible"
+    ests = {nm: svm_direction(problem, alpha, nm) for nm in ((norm, _other(norm)) if both_norms else (norm,))}
+    for nm, est in ests.items():
         if _solved(est):
             corrs[nm] = float(correlation(W, est.W_))
+    main = ests[norm]
+    status = main.status_
+    feasible = status != "infeasible"
     corr = corrs[norm]
     loc: bool | None = None
     if is_opt:
         kind: ConvergenceKind = "global" if corr >= tau else "not locally optimal"
     else:
-        loc = bool(locally_optimal(problem, alpha).locally_optimal) if feasible else False
+        # SPEC §2 with the support tokens of the SVM of this norm (Att-SVM for W, Att-SVM* for (K, Q))
+        loc = bool(_solved(main) and local_optimality_report(problem, alpha, main.support_, True).locally_optimal)
         kind = "local" if (loc and corr >= tau) else "not locally optimal"
     return ConvergenceReport(kind=kind, tokens=alpha, optimal=opt, is_optimal=is_opt, locally_optimal=loc,
                              feasible=feasible, corr=corr, corr_fro=corrs["fro"], corr_nuc=corrs["nuc"],

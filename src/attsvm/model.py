@@ -256,7 +256,11 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
     s = ez / Zs  # (R, n, T) softmax
     logscale = gap.scatter(-1, ref, float("inf")).amin(dim=(-2, -1))  # (R,) smallest gap c_r
     s_scaled = torch.exp(torch.clamp(logscale[:, None, None] - gap, max=0.0)) / Zs  # e^{c} s_it for t ≠ r_i
-    a = (s.unsqueeze(-2) @ batch.XV).squeeze(-2)  # (R, n, k) = Vᵀ o_i, with o_i = X_iᵀ s_i
+    XV = batch.XV
+    if XV.shape[-1] == 1:  # linear head: products and sums beat (R·n) tiny matmuls
+        a = (s * XV[..., 0]).sum(-1, keepdim=True)  # (R, n, 1) = vᵀ o_i, with o_i = X_iᵀ s_i
+    else:
+        a = (s.unsqueeze(-2) @ XV).squeeze(-2)  # (R, n, k) = Vᵀ o_i
     y = batch.y
     if batch.head == "multiclass":
         lp = torch.log_softmax(a, dim=-1)  # (R, n, C)
@@ -280,7 +284,7 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
         if batch.head == "relu":
             q = q * (a > 0).to(a.dtype)  # (R, n, k)
     # e_i = ∂ℓ_i/∂o_i = V q_i, so x_itᵀ e_i = (x_itᵀ V) q_i: one small matvec on the token table
-    Xe = (batch.XV @ q.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
+    Xe = XV[..., 0] * q if XV.shape[-1] == 1 else (XV @ q.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
     c = Xe - torch.gather(Xe, -1, ref)  # c_it = D_itᵀ e_i, exactly 0 at r_i
     cbar = (s * c).sum(-1, keepdim=True)
     delta = (s_scaled * (c - cbar)).scatter(-1, ref, 0.0) / batch.n  # (R, n, T): e^{c} ∂L/∂g_it, t ≠ r_i

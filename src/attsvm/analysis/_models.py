@@ -228,10 +228,10 @@ def head_matrices(w: QKWeights, *, bias: bool = False) -> NDArray[np.float64]:
     """
     s = w.scaling[:, None, None, None]
     if not bias:
-        return s * np.einsum("lhad,lhae->lhde", w.W_k, w.W_q)
+        return s * (np.swapaxes(w.W_k, -1, -2) @ w.W_q)
     Kt = np.concatenate([w.W_k, w.b_k[..., None]], axis=-1)  # (L, H, dh, d+1) = [W_k, b_k]
     Qt = np.concatenate([w.W_q, w.b_q[..., None]], axis=-1)
-    return s * np.einsum("lhad,lhae->lhde", Kt, Qt)
+    return s * (np.swapaxes(Kt, -1, -2) @ Qt)
 
 
 def attention_inputs(model: Any, hidden_states: tuple[Any, ...]) -> list[Any]:
