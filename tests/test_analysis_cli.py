@@ -81,3 +81,13 @@ def test_encoder_forward_matches_the_model_and_prunes_per_head():
             assert torch.equal(full, encoder_forward(model, x))       # 100 % budget: unpruned, exactly
             pruned = encoder_forward(model, x, make_policy(name), budget=4)
             assert not torch.allclose(pruned, ref, atol=1e-3)
+
+
+def test_bad_cli_arguments_fail_fast_with_named_errors(tmp_path, capsys):
+    assert main(["analyze", "minilm", "--svm-head", "9:1", "--out", str(tmp_path / "a")]) == 2
+    assert "--svm-head must be within 0..5:0..11, got 9:1" in capsys.readouterr().err
+    assert main(["analyze", "minilm", "--svm-head", "2-1", "--out", str(tmp_path / "a")]) == 2
+    assert "head must be given as LAYER:HEAD" in capsys.readouterr().err
+    assert main(["kv-bench", "--quick", "--budgets", "0,0.5", "--out", str(tmp_path / "k")]) == 2
+    assert "budgets must be fractions in (0, 1], got 0.0" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "k").exists()

@@ -270,3 +270,16 @@ def test_private_nuclear_fallback_agrees_with_attsvm() -> None:
     ref = AttentionSVM("nuc").fit(p)
     assert ours.max_violation <= CONSTRAINT_TOL
     assert ours.objective == pytest.approx(ref.objective_, rel=1e-5)  # interior-point accuracy
+
+
+def test_reduced_training_is_the_full_gd_path() -> None:
+    """overparam trains in the span of the data; it must be the same W as full d × d training."""
+    from attsvm.experiments._backends import train_runs
+    from attsvm.experiments._common import paper_problems, train_W_reduced
+
+    d, seeds = 30, [0, 1, 2]
+    probs = paper_problems(3, 3, d, seeds)
+    W_red = train_W_reduced(probs, seeds, steps=200, lr=0.1)
+    W0 = np.stack([np.random.default_rng(s).uniform(-1, 1, (d, d)) / np.sqrt(d) for s in seeds])
+    full = train_runs(probs, param="W", steps=200, lr=0.1, init=W0, record_every=200)
+    np.testing.assert_allclose(W_red, full.W, atol=1e-10 * np.abs(full.W).max())

@@ -195,6 +195,8 @@ def kv_bench(*, quick: bool = False, lm_dir: str | Path | None = None, budgets: 
     from .lm import QUICK_LM, LMConfig, encode_heldout, load_lm, train_lm
 
     t0 = time.perf_counter()
+    for frac in budgets:
+        _budget(frac, 1)  # every budget a fraction in (0, 1], checked before any work
     for p in policies:
         if p not in POLICIES:
             raise ValueError(f"policies must be among {POLICIES}; got {p!r}")

@@ -35,6 +35,18 @@ def run(args: argparse.Namespace) -> int:
     from attsvm.analysis.anatomy import analyze
 
     torch.set_num_threads(max(1, int(args.threads)))
+    if args.svm_head is not None:  # check the head before the (long) anatomy run
+        import json
+
+        from attsvm.analysis._models import resolve_model
+        from attsvm.analysis.svm_view import parse_head
+
+        layer, head = parse_head(args.svm_head)
+        cfg = json.loads((resolve_model(args.model) / "config.json").read_text())
+        L = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+        H = cfg.get("num_attention_heads", cfg.get("n_head"))
+        if L is not None and H is not None and not (0 <= layer < L and 0 <= head < H):
+            raise ValueError(f"--svm-head must be within 0..{L - 1}:0..{H - 1}, got {args.svm_head}")
     res = analyze(args.model, quick=args.quick, max_windows=args.max_windows, max_length=args.max_length,
                   compression_windows=args.compression_windows, delta=args.delta,
                   progress=log.isEnabledFor(logging.INFO))
