@@ -32,6 +32,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_svm.py
 	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_kv.py
 
 clean:
 	rm -rf $(VENV) results .dask-tmp .pytest_cache

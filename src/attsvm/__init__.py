@@ -58,6 +58,10 @@ _EXPORTS: dict[str, str] = {
     "ConvergenceReport": "attsvm.diagnostics",
     "EquivalenceReport": "attsvm.diagnostics",
     "MixturePrediction": "attsvm.diagnostics",
+    # real transformers (SPEC §7)
+    "analysis": "attsvm.analysis",
+    "EvictionCache": "attsvm.analysis.kv_cache",
+    "make_policy": "attsvm.analysis.kv_cache",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

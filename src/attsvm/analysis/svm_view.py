@@ -184,7 +184,7 @@ class SVMView:
             self.summary, ""])
 
 
-def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pairs: int = 48, T: int = 8,
+def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pairs: int = 32, T: int = 8,
              seed: int = 0, quick: bool = False, tok: Any = None) -> SVMView:
     """Solve Att-SVM / Att-SVM* on a real head's selections and compare with the head (module doc)."""
     from ..problem import AttentionProblem

@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float, default=1.0, help="support-key margin δ in logits (default: %(default)s)")
     parser.add_argument("--svm-head", default=None, metavar="LAYER:HEAD",
                         help="also run the SVM view of this head (e.g. 2:5); see `attsvm.analysis.svm_view`")
-    parser.add_argument("--svm-pairs", type=int, default=48, help="(sequence, query) pairs for the SVM view")
+    parser.add_argument("--svm-pairs", type=int, default=32,
+                        help="(sequence, query) pairs for the SVM view (default %(default)s: n <= d_head keeps the "
+                             "rank <= d_head nuclear SVM convex, since some W*_mm has rank <= n)")
     parser.add_argument("--svm-window", type=int, default=8, help="keys per query (T) for the SVM view")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default: %(default)s; 2 threads ran ~8x slower on the shared 2-core box)")

@@ -42,34 +42,6 @@ def corr_or_nan(W: NDArray[np.float64], ref: SVMResult) -> Any:
     return correlation(W, ref.W)
 
 
-def convergence_type(problem: AttentionProblem, W: NDArray[np.float64], tau: float = 0.99) -> dict[str, Any]:
-    """Convergence type of a trained W (SPEC §4) with the quantities behind it.
-
-    α̂ = argmax_t s_it; *global* if α̂ = opt and corr(W, W_mm) ≥ τ; *local* if α̂ ≠ opt is locally
-    optimal (SPEC §2) and corr(W, W^α̂_mm) ≥ τ; otherwise *not locally optimal*.
-    """
-    from ..tokens import local_optimality_report, margins, support_tokens
-
-    sel = np.argmax(problem.logits(W), axis=-1).astype(np.int64)
-    opt = optimal_or_none(problem)
-    res = svm_solve(problem, sel, "fro")
-    corr = float(correlation(W, res.W)) if res.W is not None else float("nan")
-    if res.W is not None:
-        sup = support_tokens(margins(problem, sel, res.W))
-        rep = local_optimality_report(problem, sel, sup, feasible=True)
-    else:
-        rep = local_optimality_report(problem, sel, None, feasible=False)
-    is_opt = opt is not None and bool(np.array_equal(sel, opt))
-    if is_opt and corr >= tau:
-        kind = "global"
-    elif not is_opt and rep.locally_optimal and corr >= tau:
-        kind = "local"
-    else:
-        kind = "not locally optimal"
-    return {"type": kind, "corr": corr, "selected_is_opt": is_opt, "locally_optimal": rep.locally_optimal,
-            "svm_status": res.status}
-
-
 def train_W_reduced(problems: list[AttentionProblem], seeds: list[int], *, steps: int, lr: float
                     ) -> NDArray[np.float64]:
     """Final W (R, d, d) of normalized GD on W, trained exactly in the span of the data (linear head).

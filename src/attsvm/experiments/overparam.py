@@ -23,7 +23,8 @@ import pandas as pd
 from ..tokens import margins, support_tokens
 from ._backends import svm_solve
 from ._base import Experiment, Headline, Trial, chunks, headline
-from ._common import convergence_type, optimal_or_none, paper_problems, train_W_reduced
+from ..diagnostics import convergence_type
+from ._common import optimal_or_none, paper_problems, train_W_reduced
 from ._plotting import save, subplots
 
 __all__ = ["Overparam", "EXPERIMENT"]
@@ -69,10 +70,10 @@ class Overparam(Experiment):
                     mask = np.ones_like(sup)
                     mask[np.arange(p.n), opt] = False
                     all_sv = bool(sup[mask].all())
-            ct = convergence_type(p, W_final[r], s["tau"])
+            ct = convergence_type(p, W_final[r], tau=s["tau"], both_norms=False)
             rows.append({"seed": seed, "d": trial["d"], "feasible": feas, "all_support": all_sv,
-                         "type": ct["type"], "corr": ct["corr"], "selected_is_opt": ct["selected_is_opt"],
-                         "locally_optimal": ct["locally_optimal"], "tie": opt is None})
+                         "type": ct.kind, "corr": ct.corr, "selected_is_opt": ct.is_optimal,
+                         "locally_optimal": ct.locally_optimal, "svm_status": ct.svm_status, "tie": opt is None})
         return pd.DataFrame(rows)
 
     def _table(self, df: pd.DataFrame) -> pd.DataFrame:

@@ -8,7 +8,7 @@ Method (and why)
 1. Reduction (SPEC §3, "Structure"): some optimum has the form ``W = U M Vᵀ`` with ``U`` spanning
    the features {a_k} and ``V`` the queries {z_i}; ``M`` is ``r_a × r_z`` with ``r_z ≤ n``.
 2. Variational identity ``‖M‖_* = min_{M = KQᵀ} ½(‖K‖_F² + ‖Q‖_F²)``, with ``K`` (r_a, p),
-   ``Q`` (r_z, p), ``p = min(r_a, r_z)`` — the nuclear norm becomes a smooth quadratic.
+   ``Q`` (r_z, p), ``p ≤ min(r_a, r_z)`` — the nuclear norm becomes a smooth quadratic.
 3. Constraints enter through the augmented Lagrangian ``(‖μ‖² − ‖λ‖²)/(2ρ)``,
    ``μ = λ − ρ(𝒜(M) − b)`` (clipped at 0 on inequality rows); each subproblem is smooth and is
    minimised by L-BFGS (scipy) warm-started from the previous one; ``λ ← μ`` between them.
@@ -26,12 +26,14 @@ Method (and why)
    ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` (the dual of SPEC §3 is ``max bᵀλ s.t. ‖𝒜*(λ)‖₂ ≤ 1``, λ ≥ 0 on
    inequalities); the loop stops when the relative gap between the two is below ``tol``.
 
-Why not cvxpy: the nuclear norm is an SDP cone there; SCS needs 0.9 s / 7 s / 176 s at the
-benchmark sizes (50,20,50) / (100,20,100) / (200,32,128) and stalls at violations ≈ 1e-5, while
-this method reaches violations < 1e-10 (exact up to round-off after rescaling) and a certified
-relative duality gap below ``tol`` in a fraction of that time (``benchmarks/bench_nuclear.py``).
-The non-convexity of the factorisation is harmless in practice and never trusted blindly: the
-returned duality gap certifies the answer independently of how it was found.
+Why not cvxpy: the nuclear norm is an SDP cone there. Interior-point solvers (Clarabel) are
+accurate but slow (≈ 120 s at (n, T, d) = (50, 20, 50) on the development machine); SCS is faster
+(0.9 s / 7 s / 176 s at (50,20,50) / (100,20,100) / (200,32,128) measured by the issue, on an
+idle machine) but first order, with violations around 1e-5 unless pushed. This method returns
+exactly feasible primals and a certified relative duality gap of ≈ 1e-15 (``bench_nuclear.py``
+prints both side by side, with time ratios measured in the same run). The non-convexity of the
+factorisation is never trusted blindly: the returned duality gap certifies the answer
+independently of how it was found.
 
 Infeasible constraint sets (SPEC §3, theorem of alternatives) are detected by a zero-feature test
 and, when the augmented Lagrangian stalls, by a linear program (HiGHS) that finds the certificate
@@ -51,7 +53,7 @@ from scipy.linalg import lu_factor, lu_solve
 from scipy.optimize import linprog, minimize
 
 from .._validation import check_finite_scalar, check_positive_int
-from ._base import ConstraintSet, RawSolution
+from ._base import ConstraintSet, RawSolution, Subspaces
 
 __all__ = ["solve_nuclear", "solve_nuclear_rank", "infeasibility_certificate", "balanced_factors",
            "NUCLEAR_GAP_TOL", "CONVEX_OPT_RTOL"]
@@ -104,7 +106,7 @@ class _Reduced:
         return float(max(v_in, v_eq))
 
 
-def _reduce(cs: ConstraintSet) -> tuple[_Reduced, "object", NDArray[np.bool_]]:
+def _reduce(cs: ConstraintSet) -> tuple[_Reduced, Subspaces, NDArray[np.bool_]]:
     """Reduce to span{a}, span{z}, normalise each row; also return the rows with zero features."""
     sub = cs.subspaces()
     A = sub.A
