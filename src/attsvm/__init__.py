@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "FeasibilityReport": "attsvm.svm",
     "locally_optimal": "attsvm.svm",
     "ConstraintSet": "attsvm.svm",
+    "att_svm_constraints": "attsvm.svm",
+    "feasible_constraints": "attsvm.svm",
     # metrics (SPEC §4, §7)
     "correlation": "attsvm.metrics",
     "singular_values": "attsvm.metrics",
