@@ -36,6 +36,12 @@ _EXPORTS: dict[str, str] = {
     "ConstraintSet": "attsvm.svm",
     "att_svm_constraints": "attsvm.svm",
     "feasible_constraints": "attsvm.svm",
+    "selected_sets": "attsvm.svm",
+    "svm_eq": "attsvm.svm",
+    "w_fin": "attsvm.svm",
+    "decomposition": "attsvm.svm",
+    "optimal_mixture": "attsvm.svm",
+    "balanced_factors": "attsvm.svm",
     # metrics (SPEC §4, §7)
     "correlation": "attsvm.metrics",
     "singular_values": "attsvm.metrics",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -83,7 +83,6 @@ class Experiment:
     # name of the setting that ``--runs N`` overrides (None: the experiment has no notion of runs)
     runs_key: ClassVar[str | None] = "runs"
     figure_names: ClassVar[tuple[str, ...]] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- settings
     def settings(self, quick: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
