@@ -158,3 +158,33 @@ def test_working_set_matches_direct_solve():
     np.testing.assert_allclose(ws.W, direct.W, atol=PATH_TOL)
     np.testing.assert_allclose(ws.dual, direct.dual, atol=1e-6)
     assert cs.violation(ws.W) <= CERT_TOL
+
+
+def test_stalled_newton_instance_is_solved_exactly():
+    """paper_instance(10, 5, 3, seed=20): K = 40 constraints on 9 reduced features; the projected
+    Newton iteration stalls on it, and the LDP/NNLS route must return the cvxpy optimum."""
+    p = paper_instance(10, 5, 3, seed=20)
+    ours = AttentionSVM("fro").fit(p)
+    ref = AttentionSVM("fro", backend="cvxpy", tol=1e-6).fit(p)
+    assert ours.status_ == "optimal"
+    assert ours.max_violation_ <= CERT_TOL * 100
+    assert ours.objective_ == pytest.approx(ref.objective_, rel=OBJ_RTOL)
+    np.testing.assert_allclose(ours.W_, ref.W_, atol=W_ATOL * max(1.0, np.abs(ref.W_).max()))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ldp_route_matches_cvxpy(seed):
+    """The NNLS least-distance route on its own, with equality rows (SPEC §5 shape)."""
+    from attsvm.svm.frobenius import _ldp_nnls
+
+    p = random_instance(4, 5, 6, seed=seed)
+    cs = att_svm_constraints(p)
+    eq = np.zeros_like(cs.mask)
+    eq[0] = cs.mask[0]  # every constraint of sequence 0 becomes an equality
+    cs = ConstraintSet(cs.A, cs.Z, cs.mask, cs.rhs, eq)
+    raw = _ldp_nnls(cs, tol=1e-12)
+    ref = solve_cvxpy(cs, "fro")
+    assert raw is not None and raw.status == "optimal"
+    assert cs.violation(raw.W) <= 1e-9
+    np.testing.assert_allclose(raw.W, ref.W, atol=W_ATOL)
+    np.testing.assert_allclose(cs.adjoint(raw.dual), raw.W, atol=1e-9)  # W = 𝒜*(λ)

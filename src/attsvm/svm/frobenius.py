@@ -185,9 +185,70 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
     auto_ws = K > WORKING_SET_MIN or (K > dense_max and K > rank_bound)
     use_ws = auto_ws if working_set is None else bool(working_set)
     kw = dict(tol=tol, max_iter=max_iter, method=method, dense_max=dense_max, cg_max_iter=cg_max_iter)
-    if use_ws and K > 0:
-        return _working_set(cs, **kw)
-    return _projected_newton(cs, None, **kw)
+    raw = _working_set(cs, **kw) if (use_ws and K > 0) else _projected_newton(cs, None, **kw)
+    if raw.status == "max_iter" and K <= LDP_MAX_K:
+        # Ill-conditioned instances (a singular Gram matrix with near-degenerate faces) can stall
+        # the Newton iteration; the finite active-set LDP/NNLS route is exact there.
+        ldp = _ldp_nnls(cs, tol=tol)
+        if ldp is not None:
+            ldp.info["fallback_from"] = dict(raw.info, status=raw.status, n_iter=raw.n_iter)
+            return ldp
+    return raw
+
+
+# Largest K (and reduced feature count) for the LDP/NNLS fallback: its dense (p+1) × K matrix.
+LDP_MAX_K = 20_000
+LDP_MAX_FEATURES = 4_000
+
+
+def _ldp_nnls(cs: ConstraintSet, *, tol: float) -> RawSolution | None:
+    """Least-distance programming by NNLS (Lawson & Hanson, 1974, ch. 23) on the reduced problem.
+
+    ``min ½‖w‖² s.t. F w ≥ b`` (equalities as two opposite inequalities) is solved by
+    ``u* = argmin_{u ≥ 0} ‖E u − f‖`` with ``E = [Fᵀ; bᵀ]``, ``f = (0, …, 0, 1)``: if the residual
+    ``r = E u* − f`` vanishes, ``u*`` is a Farkas certificate (Fᵀu = 0, bᵀu = 1, u ≥ 0) and the
+    constraints are infeasible; otherwise ``w = Fᵀu*/(1 − bᵀu*)`` and ``λ = u*/(1 − bᵀu*)``.
+    Finite and exact (an active-set method); used when the projected Newton iteration stalls.
+    Returns None when the problem is too large for the dense route.
+    """
+    from scipy.optimize import nnls
+
+    t0 = time.perf_counter()
+    sub = cs.subspaces()
+    rc = cs.restrict(sub)
+    ra, rz = rc.A.shape[-1], rc.Z.shape[-1]
+    if ra * rz > LDP_MAX_FEATURES:
+        return None
+    idx = np.flatnonzero(rc.mask.ravel())
+    Af = rc.A.reshape(-1, ra)[idx]
+    Zf = rc.Z[idx // rc.T]
+    F = (Af[:, :, None] * Zf[:, None, :]).reshape(idx.size, ra * rz)  # (K, p): vec(a_k z_kᵀ)
+    b = rc.rhs.ravel()[idx]
+    eq = rc.equality.ravel()[idx]
+    Fs = np.vstack([F, -F[eq]])
+    bs = np.concatenate([b, -b[eq]])
+    scale = max(1.0, float(np.abs(Fs).max(initial=0.0)))
+    E = np.vstack([Fs.T / scale, bs[None, :]])
+    f = np.zeros(E.shape[0])
+    f[-1] = 1.0
+    u, _ = nnls(E, f, maxiter=50 * E.shape[1])
+    r = E @ u - f
+    n, T = cs.mask.shape
+    info = {"path": "ldp-nnls", "time": time.perf_counter() - t0, "residual_last": float(r[-1])}
+    denom = 1.0 - float(bs @ u)
+    if denom <= tol * max(1.0, float(np.abs(u).sum())):  # r ≈ 0: infeasible, u is the certificate
+        lam_k = u[: idx.size].copy()
+        lam_k[eq] -= u[idx.size:]
+        cert = np.zeros(n * T)
+        cert[idx] = lam_k / max(np.abs(lam_k).sum(), np.finfo(float).tiny)
+        return RawSolution(None, cert.reshape(n, T), "infeasible", 1, info)
+    lam_s = u / (denom * scale ** 2)  # multipliers of the unscaled constraints (w = w'/scale)
+    lam_k = lam_s[: idx.size].copy()
+    lam_k[eq] -= lam_s[idx.size:]
+    M = (F.T @ lam_k).reshape(ra, rz)
+    lam = np.zeros(n * T)
+    lam[idx] = lam_k
+    return RawSolution(sub.lift(M), lam.reshape(n, T), "optimal", 1, info)
 
 
 def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, tol: float, max_iter: int,
