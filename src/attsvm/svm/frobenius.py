@@ -186,7 +186,7 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
     use_ws = auto_ws if working_set is None else bool(working_set)
     kw = dict(tol=tol, max_iter=max_iter, method=method, dense_max=dense_max, cg_max_iter=cg_max_iter)
     raw = _working_set(cs, **kw) if (use_ws and K > 0) else _projected_newton(cs, None, **kw)
-    if raw.status == "max_iter" and K <= LDP_MAX_K:
+    if raw.status == "max_iter" and K <= LDP_MAX_K and max_iter >= LDP_MIN_ITER:
         # Ill-conditioned instances (a singular Gram matrix with near-degenerate faces) can stall
         # the Newton iteration; the finite active-set LDP/NNLS route is exact there.
         ldp = _ldp_nnls(cs, tol=tol)
@@ -198,6 +198,9 @@ def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 20
 
 # Largest K (and reduced feature count) for the LDP/NNLS fallback: its dense (p+1) × K matrix.
 LDP_MAX_K = 20_000
+# The fallback runs only when Newton had a real budget: a caller capping ``max_iter`` below this
+# asks for a cheap, possibly inexact answer and gets status "max_iter".
+LDP_MIN_ITER = 20
 LDP_MAX_FEATURES = 4_000
 
 

@@ -71,6 +71,8 @@ _RHO_MAX = 1e10
 _P0 = 8
 # Relative residual below which an infeasibility certificate counts as valid.
 _CERT_TOL = 1e-8
+# Newton iterations over which the KKT residual must at least halve (else the guess is corrected).
+_NEWTON_PATIENCE = 5
 
 
 # ----------------------------------------------------------------------------- reduced operator
@@ -338,8 +340,13 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
     nrm = float(np.linalg.norm(F))
     solver = None
     fresh = False
-    for _ in range(max_newton):
+    hist = [nrm]
+    for it in range(max_newton):
         if nrm <= ftol:
+            break
+        # stagnation: a wrong rank / active-set guess has no KKT point; Newton then crawls. Give up
+        # early (the caller corrects the guess) instead of spending max_newton factorisations.
+        if it >= _NEWTON_PATIENCE and nrm > 0.5 * hist[-_NEWTON_PATIENCE]:
             break
         if solver is None:
             solver, fresh = _newton_solver(Fs, Zs, K, Q, lam_s), True
@@ -363,6 +370,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
             solver = None  # slow progress: refresh the Jacobian next time (Newton, not chord)
         fresh = False
         K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
+        hist.append(nrm)
     return K, Q, lam_s, nrm
 
 
