@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_svm.py
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_kv.py
+	$(PY) benchmarks/bench_experiments.py --workers 2
 
 clean:
 	rm -rf $(VENV) results .dask-tmp .pytest_cache

@@ -66,6 +66,11 @@ _EXPORTS: dict[str, str] = {
     "ConvergenceReport": "attsvm.diagnostics",
     "EquivalenceReport": "attsvm.diagnostics",
     "MixturePrediction": "attsvm.diagnostics",
+    # reproductions (SPEC §6)
+    "experiments": "attsvm.experiments",
+    "reproduce": "attsvm.experiments",
+    "reproduce_all": "attsvm.experiments",
+    "plot_run": "attsvm.experiments",
     # real transformers (SPEC §7)
     "analysis": "attsvm.analysis",
     "EvictionCache": "attsvm.analysis.kv_cache",

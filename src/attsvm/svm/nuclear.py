@@ -73,6 +73,9 @@ _P0 = 8
 _CERT_TOL = 1e-8
 # Newton iterations over which the KKT residual must at least halve (else the guess is corrected).
 _NEWTON_PATIENCE = 5
+# ALM relative gap below which the active-set Newton polish is first tried (then at each tenfold
+# decrease of the gap while it fails).
+_POLISH_GAP = 1e-1
 
 
 # ----------------------------------------------------------------------------- reduced operator
@@ -375,7 +378,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
 
 
 def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, max_rounds: int = 6,
-            rank_rtol: float = 1e-6, tight_rtol: float = 1e-3) -> _Polished | None:
+            max_failed: int = 2, rank_rtol: float = 1e-6, tight_rtol: float = 1e-3) -> _Polished | None:
     """Active-set Newton polish: guess the rank r and the tight rows S from an approximate solution,
     solve the KKT system by :func:`_kkt_newton`, then fix the guess (drop rows with λ < 0, add
     violated rows, add a rank when ``‖𝒜*λ‖₂ > 1``) until the KKT conditions hold."""
@@ -392,11 +395,17 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *,
                     | (lam_n > 1e-3))
     lam_full = lam0.copy()
     res = np.inf
+    failed = 0
     for rounds in range(1, max_rounds + 1):
         idx = np.flatnonzero(S.ravel())
         if idx.size == 0:
             return None
         K, Q, lam_s, res = _kkt_newton(red, idx, K, Q, lam_full.ravel()[idx])
+        # a guess far from the optimum keeps Newton from converging round after round: hand back to
+        # the augmented Lagrangian (cheaper than more Newton rounds) and retry from a better point
+        failed = failed + 1 if res > 1e-10 else 0
+        if failed >= max_failed:
+            return None
         lam_full = np.zeros(n * T)
         lam_full[idx] = lam_s
         lam_full = lam_full.reshape(n, T)
@@ -459,7 +468,7 @@ class _ALMResult:
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
          rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True,
          grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 5000,
-         gtol0: float = 1e-4) -> _ALMResult:
+         gtol0: float = 1e-3) -> _ALMResult:
     """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
     With ``grow_rank`` the number of columns p starts small and doubles (up to min(r_a, r_z))
@@ -497,7 +506,7 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
     stall = 0
     scale_b = max(1.0, float(np.abs(red.b).max(initial=0.0)))
     gtol = gtol0
-    next_polish = 1e-2
+    next_polish = _POLISH_GAP
     for outer in range(1, max_iter + 1):
         res = minimize(fg, x, jac=True, method="L-BFGS-B",
                        options={"maxiter": inner_max, "maxcor": 20, "gtol": gtol, "ftol": 1e-16})
