@@ -9,9 +9,10 @@ optimal tokens with
   then Clarabel, each under a time cap;
 
 and prints the times, the time ratios (cvxpy / ours), the objectives' relative difference and the
-constraint violations. Timings on a shared machine are noisy: compare ratios within one run.
+constraint violations. Timings on a shared machine are noisy: compare ratios within one run. Both
+sides are warmed up on a tiny instance first, and solves under 2 s are timed best-of-``--repeat``.
 
-    .venv/bin/python benchmarks/bench_nuclear.py                 # the issue's sizes
+    .venv/bin/python benchmarks/bench_nuclear.py                 # the issue's five sizes
     .venv/bin/python benchmarks/bench_nuclear.py --sizes 50,20,50 --cap 120
 """
 
@@ -30,7 +31,10 @@ from attsvm.datasets import paper_instance  # noqa: E402
 from attsvm.svm import att_svm_constraints, solve_cvxpy  # noqa: E402
 from attsvm.svm.nuclear import solve_nuclear  # noqa: E402
 
-DEFAULT_SIZES = ["50,20,50", "100,20,100", "200,32,128"]
+DEFAULT_SIZES = ["6,8,10", "15,15,20", "50,20,50", "100,20,100", "200,32,128"]
+# Solves faster than this many seconds are repeated (--repeat times) and the best time is kept:
+# single millisecond timings on a shared machine are mostly noise.
+REPEAT_BELOW_S = 2.0
 # Clarabel's SDP at (100, 20, 100) took > 20 GB of memory on the development machine: only run it
 # where n·d is at most this (override with --clarabel-max-nd).
 CLARABEL_MAX_ND = 2500
@@ -38,6 +42,19 @@ CLARABEL_MAX_ND = 2500
 
 def _nuc(W: np.ndarray) -> float:
     return float(np.linalg.svd(W, compute_uv=False).sum())
+
+
+def _timed(fn, repeat: int):  # noqa: ANN001, ANN202
+    """(best wall time, result of the first run); repeated only while single runs are short."""
+    t0 = time.perf_counter()
+    out = fn()
+    best = time.perf_counter() - t0
+    if best < REPEAT_BELOW_S:
+        for _ in range(repeat - 1):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+    return best, out
 
 
 def main() -> None:
@@ -48,7 +65,18 @@ def main() -> None:
     ap.add_argument("--solvers", default="SCS,CLARABEL", help="cvxpy solvers to time")
     ap.add_argument("--clarabel-max-nd", type=int, default=CLARABEL_MAX_ND,
                     help="skip Clarabel when n*d exceeds this (its SDP needs tens of GB beyond)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help=f"best of this many runs for solves under {REPEAT_BELOW_S:g} s (both sides)")
     args = ap.parse_args()
+    # warm-up outside the timings: first-call costs (imports, cvxpy's canonicalisation caches, BLAS
+    # start-up) would otherwise be charged to whichever solver runs first
+    p0 = paper_instance(4, 4, 5, seed=args.seed)
+    cs0 = att_svm_constraints(p0, p0.optimal_tokens(ties="first"))
+    solve_nuclear(cs0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for solver in args.solvers.split(","):
+            solve_cvxpy(cs0, "nuc", solver=solver, time_limit=args.cap)
     header = f"{'n,T,d':>12} {'solver':>10} {'time[s]':>9} {'ratio':>8} {'objective':>16} {'rel.diff':>9} " \
              f"{'violation':>9} {'rel.gap':>9}"
     print(header)
@@ -57,9 +85,7 @@ def main() -> None:
         n, T, d = (int(v) for v in size.split(","))
         p = paper_instance(n, T, d, seed=args.seed)
         cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
-        t0 = time.perf_counter()
-        raw = solve_nuclear(cs)
-        t_ours = time.perf_counter() - t0
+        t_ours, raw = _timed(lambda: solve_nuclear(cs), args.repeat)
         f_ours = _nuc(raw.W) if raw.W is not None else float("nan")
         print(f"{size:>12} {'ours':>10} {t_ours:9.2f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
               f"{cs.violation(raw.W):9.1e} {raw.info.get('relative_gap', float('nan')):9.1e}  [{raw.status}]")
@@ -67,11 +93,10 @@ def main() -> None:
             if solver == "CLARABEL" and n * d > args.clarabel_max_nd:
                 print(f"{size:>12} {solver:>10}  skipped (n*d > {args.clarabel_max_nd}: memory)")
                 continue
-            t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                ref = solve_cvxpy(cs, "nuc", solver=solver, time_limit=args.cap)
-            t_ref = time.perf_counter() - t0
+                t_ref, ref = _timed(lambda: solve_cvxpy(cs, "nuc", solver=solver, time_limit=args.cap),
+                                    args.repeat)
             if ref.W is None:
                 print(f"{size:>12} {solver:>10} {t_ref:9.2f} {t_ref / t_ours:8.1f} {'—':>16} {'—':>9} {'—':>9} "
                       f"{'—':>9}  [{ref.status}, cap {args.cap:.0f}s]")

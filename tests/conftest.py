@@ -7,6 +7,10 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# never read or write the user's model cache (~/.cache/attsvm) from tests
+import tempfile  # noqa: E402
+
+os.environ["ATTSVM_CACHE"] = tempfile.mkdtemp(prefix="attsvm-test-cache-")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -15,9 +15,6 @@ import pytest
 from attsvm.experiments import (EXPERIMENTS, TrialStore, apply_overrides, get_experiment, parse_overrides,
                                 plot_run, reproduce)
 
-# agreement between the private exact LDP solver and the project's AttentionSVM (objective, W)
-SOLVER_RTOL = 1e-7
-SOLVER_ATOL_W = 1e-6
 # W^eq / W_fin constraints hold to this
 CONSTRAINT_TOL = 1e-8
 
@@ -168,52 +165,25 @@ def test_cli_list_and_reproduce(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 # ----------------------------------------------------------------------------- the pieces
-def test_private_frobenius_solver_agrees_with_attsvm() -> None:
-    from attsvm.datasets import paper_instance
-    from attsvm.experiments._backends import _solve_fro
-    from attsvm.svm import AttentionSVM, att_svm_constraints
-
-    for seed in range(5):
-        p = paper_instance(6, 8, 10, seed=seed)
-        ours = _solve_fro(att_svm_constraints(p))
-        ref = AttentionSVM("fro").fit(p)
-        assert ours.status == "optimal" and ours.max_violation <= CONSTRAINT_TOL
-        assert ours.objective == pytest.approx(ref.objective_, rel=SOLVER_RTOL)
-        np.testing.assert_allclose(ours.W, ref.W_, atol=SOLVER_ATOL_W)
-
-
-def test_private_solver_reports_infeasible() -> None:
-    from attsvm.datasets import paper_instance
-    from attsvm.experiments._backends import _solve_fro
-    from attsvm.problem import AttentionProblem
-    from attsvm.svm import att_svm_constraints, feasible
-
-    p = paper_instance(3, 4, 5, seed=0)
-    opt = p.optimal_tokens()
-    X = p.X.copy()
-    t = (opt[0] + 1) % p.T
-    X[0, t] = X[0, opt[0]]  # a duplicate of the selected token: a_it = 0, so a_itᵀ W z_i ≥ 1 is impossible
-    q = AttentionProblem(X, p.y, p.v, Z=p.Z)
-    assert not feasible(q, opt).feasible
-    res = _solve_fro(att_svm_constraints(q, opt))
-    assert res.status == "infeasible" and res.W is None
-
-
-def test_svm_eq_constraints_define_w_eq_and_w_fin() -> None:
-    from attsvm.experiments._backends import _solve_fro, solve_constraints
-    from attsvm.experiments.svm_eq import relu_instance, svm_eq_constraints
+def test_solve_constraints_keeps_the_certificate_of_w_eq_and_w_fin() -> None:
+    """The experiments' solver path is AttentionSVM.fit_constraints; its status and certificate are kept."""
+    from attsvm.experiments._backends import solve_constraints
+    from attsvm.experiments.svm_eq import relu_instance
+    from attsvm.svm import AttentionSVM
+    from attsvm.svm.equivalence import equivalence_constraints
 
     p = relu_instance(3, 4, 8, seed=5)
     sel = np.array([[1, 1, 0, 0], [0, 1, 0, 0], [1, 0, 1, 1]], dtype=bool)
     s = np.where(sel, np.array([0.5, 0.2, 0.25, 0.05]), 1e-9)
     s /= s.sum(1, keepdims=True)
-    weq = solve_constraints(svm_eq_constraints(p, sel), "fro")
-    wfin = solve_constraints(svm_eq_constraints(p, sel, s), "fro")
-    # two independent implementations: the project's AttentionSVM and the private exact LDP
-    for res, cs in ((weq, svm_eq_constraints(p, sel)), (wfin, svm_eq_constraints(p, sel, s))):
-        ref = _solve_fro(cs)
-        assert res.status == ref.status == "optimal"
-        np.testing.assert_allclose(res.W, ref.W, atol=SOLVER_ATOL_W)
+    cs_eq, cs_fin = equivalence_constraints(p, sel, s)
+    weq, wfin = solve_constraints(cs_eq, "fro"), solve_constraints(cs_fin, "fro")
+    for res, cs in ((weq, cs_eq), (wfin, cs_fin)):
+        est = AttentionSVM("fro").fit_constraints(cs)
+        assert res.status == est.status_ == "optimal"
+        assert res.max_violation == est.max_violation_ <= CONSTRAINT_TOL
+        assert res.duality_gap == pytest.approx(est.duality_gap_)
+        np.testing.assert_array_equal(res.W, est.W_)
     assert np.linalg.norm(wfin.W) > 0
     lg_eq, lg_fin = p.logits(weq.W), p.logits(wfin.W)
     for i in range(3):
@@ -225,23 +195,23 @@ def test_svm_eq_constraints_define_w_eq_and_w_fin() -> None:
                                    atol=CONSTRAINT_TOL)
 
 
-def test_optimal_mixture_matches_cvxpy() -> None:
-    import cvxpy as cp
+def test_solve_constraints_reports_infeasible() -> None:
+    from attsvm.datasets import paper_instance
+    from attsvm.experiments._backends import svm_solve
+    from attsvm.problem import AttentionProblem
+    from attsvm.svm import feasible
 
-    from attsvm.datasets import random_instance
-    from attsvm.experiments.multiclass import optimal_mixture
-
-    p = random_instance(3, 5, 4, seed=2, head="multiclass", n_classes=3)
-    mix = optimal_mixture(p)
-    M = p.X @ p.head.weights
-    for i in range(p.n):
-        q = cp.Variable(p.T)
-        lg = M[i].T @ q
-        obj = cp.log_sum_exp(lg) - lg[int(p.y[i])]
-        cp.Problem(cp.Minimize(obj), [q >= 0, cp.sum(q) == 1]).solve()
-        val = lambda w: float(np.logaddexp.reduce(M[i].T @ w) - (M[i].T @ w)[int(p.y[i])])  # noqa: E731
-        assert val(mix[i]) <= val(np.asarray(q.value)) + 1e-7
-    assert np.allclose(mix.sum(1), 1) and (mix >= 0).all()
+    p = paper_instance(3, 4, 5, seed=0)
+    opt = p.optimal_tokens()
+    X = p.X.copy()
+    t = (opt[0] + 1) % p.T
+    X[0, t] = X[0, opt[0]]  # a duplicate of the selected token: a_it = 0, so a_itᵀ W z_i ≥ 1 is impossible
+    q = AttentionProblem(X, p.y, p.v, Z=p.Z)
+    assert not feasible(q, opt).feasible
+    res = svm_solve(q, opt, "fro")
+    assert res.status == "infeasible" and res.W is None and not res.ok
+    with pytest.raises(ValueError, match="norm"):
+        svm_solve(q, opt, "l1")  # type: ignore[arg-type]
 
 
 def test_reproduce_all_writes_an_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -258,18 +228,6 @@ def test_reproduce_all_writes_an_index(tmp_path: Path, capsys: pytest.CaptureFix
     assert [e["experiment"] for e in entries] == ["nuclear-identity", "gd-paths"]
     cfg = json.loads((tmp_path / "nuclear-identity" / "config.json").read_text())
     assert cfg["settings"]["runs"] == 2  # --runs reaches experiments that have a run count
-
-
-def test_private_nuclear_fallback_agrees_with_attsvm() -> None:
-    from attsvm.datasets import paper_instance
-    from attsvm.experiments._backends import _solve_nuc
-    from attsvm.svm import AttentionSVM, att_svm_constraints
-
-    p = paper_instance(5, 5, 8, seed=1)
-    ours = _solve_nuc(att_svm_constraints(p))
-    ref = AttentionSVM("nuc").fit(p)
-    assert ours.max_violation <= CONSTRAINT_TOL
-    assert ours.objective == pytest.approx(ref.objective_, rel=1e-5)  # interior-point accuracy
 
 
 def test_reduced_training_is_the_full_gd_path() -> None:

@@ -306,3 +306,81 @@ def test_iteration_limit_is_reported_not_hidden() -> None:
         assert raw.status == "optimal_inaccurate"
         assert any("relative gap" in str(x.message) for x in w)
         assert raw.info["violation"] <= VIOL_TOL  # still exactly feasible
+
+
+# --------------------------------------------------------------------------- fast path and its fallback
+FAST_PATH_CASES = [(6, 8, 10, 0), (15, 15, 20, 0), (12, 6, 9, 7), (20, 10, 16, 3)]
+
+
+@pytest.mark.parametrize("n,T,d,seed", FAST_PATH_CASES)
+def test_early_polish_matches_late_polish(monkeypatch: pytest.MonkeyPatch, n: int, T: int, d: int,
+                                          seed: int) -> None:
+    """The speculative early Newton polish (after a loose first ALM solve) gives the same certified
+    optimum as the conservative schedule (polish only once the ALM gap is below 1e-2, patient Newton)."""
+    import attsvm.svm.nuclear as nuclear
+
+    p = paper_instance(n, T, d, seed=seed)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    fast = solve_nuclear(cs)
+    monkeypatch.setattr(nuclear, "_POLISH_GAP", 1e-2)
+    monkeypatch.setattr(nuclear, "_NEWTON_PATIENCE", 10 ** 6)
+    slow = solve_nuclear(cs, seed=1)
+    for raw in (fast, slow):
+        assert raw.status == "optimal"
+        viol, gap, spec = _certify(cs, raw.W, raw.dual)
+        assert viol <= VIOL_TOL and gap <= GAP_RTOL and spec <= 1 + DUAL_FEAS_TOL
+    assert abs(_nuc(fast.W) - _nuc(slow.W)) <= GAP_RTOL * _nuc(slow.W)
+
+
+def test_failed_polish_falls_back_to_more_alm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the Newton polish fails (here: forced on its first two tries), the augmented Lagrangian
+    continues and polishes again later; the answer is still certified optimal."""
+    import attsvm.svm.nuclear as nuclear
+
+    p = paper_instance(15, 15, 20, seed=0)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    ref = solve_nuclear(cs)
+    real = nuclear._polish
+    calls: list[int] = []
+
+    def flaky(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return None if len(calls) <= 2 else real(*args, **kwargs)
+
+    monkeypatch.setattr(nuclear, "_polish", flaky)
+    raw = solve_nuclear(cs)
+    assert len(calls) >= 3
+    assert raw.status == "optimal"
+    assert raw.info["outer_iterations"] > ref.info["outer_iterations"]
+    viol, gap, spec = _certify(cs, raw.W, raw.dual)
+    assert viol <= VIOL_TOL and gap <= GAP_RTOL and spec <= 1 + DUAL_FEAS_TOL
+    assert abs(_nuc(raw.W) - _nuc(ref.W)) <= GAP_RTOL * _nuc(ref.W)
+
+
+def test_newton_gives_up_on_a_wrong_active_set() -> None:
+    """A KKT system without a solution (rank 1 forced on a problem whose optimum has a higher rank)
+    makes Newton stagnate; it must stop after about _NEWTON_PATIENCE iterations, not max_newton."""
+    import attsvm.svm.nuclear as nuclear
+
+    p = paper_instance(15, 15, 20, seed=0)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    red, _, _ = nuclear._reduce(cs)
+    raw = solve_nuclear(cs)
+    assert matrix_rank(raw.W) > 1
+    idx = np.flatnonzero(red.mask.ravel())
+    rng = np.random.default_rng(0)
+    K = rng.normal(size=(red.A.shape[2], 1))
+    Q = rng.normal(size=(red.Z.shape[1], 1))
+    calls: list[int] = []
+    real = nuclear._newton_solver
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(nuclear, "_newton_solver", counting):
+        *_, res = nuclear._kkt_newton(red, idx, K, Q, np.ones(idx.size), max_newton=200)
+    assert res > 1e-6  # no KKT point at rank 1 with every row tight
+    assert len(calls) <= 2 * nuclear._NEWTON_PATIENCE + 2

@@ -64,7 +64,7 @@ class LocalConvergence(Experiment):
                 "corr_nuc": corr_or_nan(out.W_hist[r], svms["nuc"]),
                 "status_fro": svms["fro"].status, "status_nuc": svms["nuc"].status,
                 "viol_fro": svms["fro"].max_violation, "viol_nuc": svms["nuc"].max_violation,
-                "backend": svms["nuc"].backend,
+                "gap_fro": svms["fro"].duality_gap, "gap_nuc": svms["nuc"].duality_gap,
                 "global": bool(opt is not None and np.array_equal(opt, sel)),
             }))
         return pd.concat(rows, ignore_index=True)

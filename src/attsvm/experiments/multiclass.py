@@ -19,54 +19,12 @@ import pandas as pd
 
 from .._linalg import correlation
 from ..datasets import random_instance
-from ..problem import AttentionProblem
+from ..svm.equivalence import equivalence_constraints, optimal_mixture
 from ._backends import solve_constraints, svm_solve, train_runs
 from ._base import Experiment, Headline, Trial, chunks, headline
 from ._plotting import band, save, subplots
-from .svm_eq import svm_eq_constraints
 
-__all__ = ["Multiclass", "EXPERIMENT", "optimal_mixture"]
-
-
-def optimal_mixture(problem: AttentionProblem, iters: int = 5000) -> np.ndarray:
-    """argmin over the simplex of CE(Vᵀ X_iᵀ p, y_i) for every sequence, shape (n, T) (SPEC §5).
-
-    Convex (logsumexp of a linear map minus a linear term); solved by accelerated projected gradient
-    with step 1/L, L = ½‖X_i V‖₂², vectorised over sequences.
-    """
-    X, V = problem.X, problem.head.weights
-    y = problem.y.astype(int)
-    n, T, _ = X.shape
-    M = X @ V  # (n, T, C): logits = Mᵀ p
-    L = 0.5 * np.linalg.norm(M, ord=2, axis=(1, 2)) ** 2 + 1e-12
-    onehot = np.eye(V.shape[1])[y]  # (n, C)
-
-    def grad(p: np.ndarray) -> np.ndarray:
-        lg = np.einsum("ntc,nt->nc", M, p)
-        sm = np.exp(lg - lg.max(1, keepdims=True))
-        sm /= sm.sum(1, keepdims=True)
-        return np.einsum("ntc,nc->nt", M, sm - onehot)
-
-    p = np.full((n, T), 1.0 / T)
-    q, tk = p.copy(), 1.0
-    for _ in range(iters):
-        p_new = _proj_simplex(q - grad(q) / L[:, None])
-        tk1 = 0.5 * (1 + np.sqrt(1 + 4 * tk * tk))
-        q = p_new + (tk - 1) / tk1 * (p_new - p)
-        p, tk = p_new, tk1
-    return p
-
-
-def _proj_simplex(v: np.ndarray) -> np.ndarray:
-    """Euclidean projection of each row onto the probability simplex (sort-based, vectorised)."""
-    n, T = v.shape
-    u = -np.sort(-v, axis=1)
-    css = np.cumsum(u, axis=1) - 1.0
-    k = np.arange(1, T + 1)
-    cond = u - css / k > 0
-    rho = T - 1 - np.argmax(cond[:, ::-1], axis=1)
-    theta = css[np.arange(n), rho] / (rho + 1)
-    return np.maximum(v - theta[:, None], 0.0)
+__all__ = ["Multiclass", "EXPERIMENT"]
 
 
 @dataclass
@@ -95,13 +53,13 @@ class Multiclass(Experiment):
         for r, (seed, p) in enumerate(zip(seeds, probs)):
             S = out.softmax[r]
             sel = S > hi
-            mix = optimal_mixture(p)
+            mix = optimal_mixture(p).weights
             match = bool(np.array_equal(mix > s["mixture_tol"], sel))
             status = ("ambiguous" if ((S > lo) & (S <= hi)).any() else "finite" if not (S <= lo).any() else "clean")
             row = {"seed": seed, "status": status, "mixture_match": match, "multi": bool((sel.sum(1) > 1).any()),
                    "corr_eq": np.nan, "corr_single": np.nan}
             if status == "clean":
-                eq = solve_constraints(svm_eq_constraints(p, sel), "fro")
+                eq = solve_constraints(equivalence_constraints(p, sel, S)[0], "fro")
                 single = svm_solve(p, np.argmax(S, axis=1), "fro")
                 if eq.W is not None:
                     c = correlation(out.W_hist[r], eq.W)

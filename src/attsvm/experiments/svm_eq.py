@@ -14,7 +14,8 @@ applied to the final softmax s: a seed is dropped when
 * the SVM-eq or the single-token SVM has no solution ("svm infeasible");
 
 and seeds are consumed in order until 500 are accepted for each d. Selected set O_i = {t : s_it > 1e-3}.
-W^eq and W_fin are the Frobenius programs of SPEC §5; W ≈ W_fin + R·W^eq with R by least squares.
+W^eq and W_fin are the Frobenius programs of SPEC §5
+(:func:`attsvm.svm.equivalence.equivalence_constraints`); W ≈ W_fin + R·W^eq with R by least squares.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ import pandas as pd
 
 from .._linalg import correlation
 from ..problem import AttentionProblem, Head
-from ..svm._base import ConstraintSet
+from ..svm.equivalence import equivalence_constraints
 from ._backends import solve_constraints, svm_solve, train_runs
 from ._base import Experiment, Headline, Trial, headline
 from ._plotting import band, save, subplots
 
-__all__ = ["SVMEq", "EXPERIMENT", "relu_instance", "svm_eq_constraints"]
+__all__ = ["SVMEq", "EXPERIMENT", "relu_instance"]
 
 DROP_REASONS = ("no negative label", "ambiguous", "finite", "svm infeasible")
 
@@ -54,30 +55,6 @@ def relu_instance(n: int, T: int, d: int, seed: int) -> AttentionProblem:
     Z /= torch.norm(Z, dim=-1, keepdim=True)
     return AttentionProblem(X.double().numpy(), Y.double().numpy(), Head.relu(V.double().numpy()),
                             Z=Z.double().numpy())
-
-
-def svm_eq_constraints(problem: AttentionProblem, selected: np.ndarray, s: np.ndarray | None = None
-                       ) -> ConstraintSet:
-    """SPEC §5 constraints for the selected sets O_i (``selected`` (n, T) bool).
-
-    With the reference r_i = the most probable token of O_i and a_it = x_{ir} − x_it:
-    ``s=None`` → W^eq: equalities a_itᵀWz_i = 0 for t ∈ O_i∖{r_i}, inequalities ≥ 1 for t ∉ O_i;
-    ``s`` given → W_fin: equalities a_itᵀWz_i = log(s_ir / s_it) for t ∈ O_i∖{r_i} only.
-    """
-    n, T = selected.shape
-    score = np.where(selected, 1.0 if s is None else s, -np.inf)
-    ref = np.argmax(score, axis=1)
-    X = problem.X
-    A = X[np.arange(n), ref][:, None, :] - X
-    inside = selected.copy()
-    inside[np.arange(n), ref] = False
-    if s is None:
-        mask = inside | ~selected
-        rhs = np.where(inside, 0.0, 1.0)
-        return ConstraintSet(A, problem.queries.copy(), mask, rhs, inside)
-    with np.errstate(divide="ignore"):
-        rhs = np.where(inside, np.log(s[np.arange(n), ref][:, None] / np.where(inside, s, 1.0)), 0.0)
-    return ConstraintSet(A, problem.queries.copy(), inside, rhs, inside)
 
 
 @dataclass
@@ -153,8 +130,8 @@ class SVMEq(Experiment):
                     continue
                 p, sr = probs[i], S[r]
                 sel = sr > hi
-                eq = solve_constraints(svm_eq_constraints(p, sel), "fro")
-                wfin = solve_constraints(svm_eq_constraints(p, sel, sr), "fro")
+                cs_eq, cs_fin = equivalence_constraints(p, sel, sr)
+                eq, wfin = solve_constraints(cs_eq, "fro"), solve_constraints(cs_fin, "fro")
                 single = svm_solve(p, np.argmax(sr, axis=1), "fro")
                 if eq.W is None or wfin.W is None or single.W is None:
                     rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible"})

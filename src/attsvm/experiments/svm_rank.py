@@ -71,7 +71,7 @@ class SVMRank(Experiment):
                          "rank_nuc": int(matrix_rank(nuc.W, s["rank_tol"])),
                          "viol_fro": fro.max_violation, "viol_nuc": nuc.max_violation,
                          "status_fro": fro.status, "status_nuc": nuc.status,
-                         "backend_fro": fro.backend, "backend_nuc": nuc.backend})
+                         "gap_fro": fro.duality_gap, "gap_nuc": nuc.duality_gap})
             feasible += 1
             if feasible >= s["runs"]:
                 break
