@@ -6,6 +6,7 @@ Tolerances are named; each experiment's quick run must write every output and it
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -241,3 +242,27 @@ def test_reduced_training_is_the_full_gd_path() -> None:
     W0 = np.stack([np.random.default_rng(s).uniform(-1, 1, (d, d)) / np.sqrt(d) for s in seeds])
     full = train_runs(probs, param="W", steps=200, lr=0.1, init=W0, record_every=200)
     np.testing.assert_allclose(W_red, full.W, atol=1e-10 * np.abs(full.W).max())
+
+
+def test_svm_eq_follow_up_trials_continue_the_seed_order() -> None:
+    """Follow-up trials start right after the last seed tried, in blocks of at most `chunk` seeds, and
+    stop once `runs` seeds are accepted: the acceptance rule consumes seeds 1, 2, … in order."""
+    exp = get_experiment("svm-eq")
+    s = exp.settings(overrides=apply_overrides(exp.settings(),
+                                               parse_overrides(["ds=4,6", "runs=10", "first=100", "chunk=40"])))
+    first = exp.trials(s)
+    blocks = [(1, 34), (34, 68), (68, 101)]  # `first` = 100 seeds in balanced blocks of <= `chunk` = 40
+    assert [(t["d"], t["start"], t["stop"]) for t in first] == [(d, a, b) for d in (4, 6) for a, b in blocks]
+    seeds = np.arange(1, 101)
+    data = pd.concat([pd.DataFrame({"kind": "run", "d": 4, "seed": seeds, "accepted": seeds % 10 == 0}),
+                      pd.DataFrame({"kind": "run", "d": 6, "seed": seeds, "accepted": seeds % 20 == 0})])
+    more = exp.more_trials(s, data)
+    assert {t["d"] for t in more} == {6}  # d = 4 has its 10 accepted seeds
+    assert more[0]["start"] == 101 and all(a["stop"] == b["start"] for a, b in zip(more, more[1:]))
+    assert all(t["stop"] - t["start"] <= 40 for t in more)
+    # 5 missing at rate 5/100 (× overshoot), but never more than the 100 seeds tried so far in one round
+    assert more[-1]["stop"] - 101 == min(math.ceil(5 / (5 / 100) * s["overshoot"]), 100)
+    data6 = data[data.d == 6].assign(accepted=seeds % 50 == 0)  # 2 of 100: the rate is uncertain
+    assert exp.more_trials(s, data6)[-1]["stop"] == 201
+    with pytest.raises(ValueError, match="overshoot"):
+        exp.validate({**s, "overshoot": 0.5})

@@ -68,9 +68,9 @@ class SVMEq(Experiment):
         "E4": "the published acceptance rule keeps runs whose unselected tokens have vanishing probability",
     }
     defaults = {"n": 3, "T": 4, "ds": [4, 6, 8, 10], "runs": 500, "steps": 2001, "lr": 0.1,
-                "record_every": 100, "thred_low": 1e-6, "thred_high": 1e-3, "chunk": 1000,
-                "max_seeds": 100000}
-    quick = {"ds": [4, 6], "runs": 6, "chunk": 60, "max_seeds": 2000}
+                "record_every": 100, "thred_low": 1e-6, "thred_high": 1e-3, "first": 2000,
+                "chunk": 4000, "overshoot": 1.1, "max_seeds": 100000}
+    quick = {"ds": [4, 6], "runs": 6, "first": 60, "chunk": 60, "max_seeds": 2000}
 
     def describe(self) -> str:
         return ("ReLU head, normalized GD on W; correlations at every 100th step against W^eq (directional "
@@ -80,14 +80,26 @@ class SVMEq(Experiment):
         super().validate(s)
         if not 0 < s["thred_low"] < s["thred_high"] < 1:
             raise ValueError(f"settings need 0 < thred_low < thred_high < 1, got {s['thred_low']}, {s['thred_high']}")
+        for key in ("first", "chunk", "max_seeds"):
+            if not (isinstance(s[key], int) and s[key] >= 1):
+                raise ValueError(f"setting {key!r} must be an integer >= 1, got {s[key]!r}")
+        if not s["overshoot"] >= 1:
+            raise ValueError(f"setting 'overshoot' must be >= 1, got {s['overshoot']!r}")
 
-    # seeds 1, 2, ... in blocks of `chunk` per d; more blocks until `runs` accepted (or max_seeds)
-    def _trial(self, s: dict[str, Any], d: int, c: int) -> Trial:
-        a = 1 + c * s["chunk"]
-        return {"key": f"d{d}-c{c:05d}", "d": d, "start": a, "stop": min(a + s["chunk"], 1 + s["max_seeds"])}
+    # Seeds 1, 2, ... are consumed in order. The first trial of each d holds `first` seeds; later rounds
+    # ask for the seeds still needed at the acceptance rate seen so far (× `overshoot`; at most as many
+    # as tried so far, or `chunk`, while the rate is uncertain), split into
+    # trials of at most `chunk` seeds (big batches: training cost per seed falls with the batch size).
+    # Which seeds are accepted never depends on this: the rule is applied seed by seed, in order.
+    def _trials(self, d: int, start: int, count: int, s: dict[str, Any]) -> list[Trial]:
+        stop = min(start + count, 1 + s["max_seeds"])
+        k = max(1, math.ceil((stop - start) / s["chunk"]))
+        edges = np.linspace(start, stop, k + 1).round().astype(int)
+        return [{"key": f"d{d}-s{a:06d}-{b:06d}", "d": d, "start": int(a), "stop": int(b)}
+                for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
-        return [self._trial(s, d, 0) for d in s["ds"]]
+        return [t for d in s["ds"] for t in self._trials(d, 1, s["first"], s)]
 
     def more_trials(self, s: dict[str, Any], data: pd.DataFrame) -> list[Trial]:
         out = []
@@ -95,14 +107,13 @@ class SVMEq(Experiment):
         for d in s["ds"]:
             dd = runs_df[runs_df.d == d] if len(runs_df) else runs_df
             acc = int(dd.accepted.sum()) if len(dd) else 0
-            tried = int(dd.seed.nunique()) if len(dd) else 0
+            tried = int(dd.seed.max()) if len(dd) else 0  # every seed of a finished trial has a row
             if acc >= s["runs"] or tried >= s["max_seeds"]:
                 continue
-            c_next = math.ceil(tried / s["chunk"])
             rate = max(acc, 1) / max(tried, 1)
-            need = math.ceil((s["runs"] - acc) / rate * 1.2 / s["chunk"])  # a few blocks at a time
-            last = math.ceil(s["max_seeds"] / s["chunk"])
-            out += [self._trial(s, d, c) for c in range(c_next, min(c_next + max(1, need), last))]
+            need = max(1, math.ceil((s["runs"] - acc) / rate * s["overshoot"]))
+            # a rate seen on few seeds is noisy: grow by at most max(tried, chunk) seeds per round
+            out += self._trials(d, tried + 1, min(need, max(tried, s["chunk"])), s)
         return out
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:

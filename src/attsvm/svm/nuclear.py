@@ -15,12 +15,16 @@ Method (and why)
    Every evaluation is a handful of dense products, O(n·T·r_a + n·r_a·r_z + (r_a + r_z)·p·r_z).
    The number of columns p starts small and doubles while all are in use; a dead column is
    re-seeded along the top singular pair of ``𝒜*(λ)`` when that exceeds 1 (saddle escape).
-4. Polish: first-order methods stall near 1e-7 relative accuracy, so once the gap is below 1e-2
-   the rank r and the tight rows S are read off and the smooth KKT system of
+4. Polish: first-order methods stall near 1e-7 relative accuracy, so as early as possible — after
+   the first, loosely solved (gtol 1e-3) subproblem once the gap is below 0.1 — the rank r and the
+   tight rows S are read off and the smooth KKT system of
    ``min ½(‖K‖² + ‖Q‖²) s.t. 𝒜_S(KQᵀ) = b_S`` (K, Q with r columns) is solved by Newton's method,
    with the (K, Q) block eliminated in the singular basis of ``𝒜*(λ)``; wrong guesses are
-   corrected (rows with λ < 0 released, violated rows added, a rank added while ‖𝒜*(λ)‖₂ > 1).
-   This gives primal and dual to round-off (relative gaps ≈ 1e-15 in practice).
+   corrected (rows with λ < 0 released, violated rows added, then a rank added while
+   ‖𝒜*(λ)‖₂ > 1). Newton stops as soon as it stagnates (a wrong guess has no KKT point), and
+   after two failed rounds the polish hands back to the augmented Lagrangian, which tightens its
+   subproblems and polishes again at each tenfold drop of the gap: the slow, safe path stays the
+   fallback. This gives primal and dual to round-off (relative gaps ≈ 1e-15 in practice).
 5. Certification: the primal is made *exactly* feasible (a least-norm correction on equality rows,
    then a rescaling ``M / min_k(m_k / b_k)``), and the multipliers give the dual bound
    ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` (the dual of SPEC §3 is ``max bᵀλ s.t. ‖𝒜*(λ)‖₂ ≤ 1``, λ ≥ 0 on
@@ -29,7 +33,8 @@ Method (and why)
 Why not cvxpy: the nuclear norm is an SDP cone there. Interior-point solvers (Clarabel) are
 accurate but slow (≈ 120 s at (n, T, d) = (50, 20, 50) on the development machine); SCS is faster
 (0.9 s / 7 s / 176 s at (50,20,50) / (100,20,100) / (200,32,128) measured by the issue, on an
-idle machine) but first order, with violations around 1e-5 unless pushed. This method returns
+idle machine) but first order, with violations around 1e-5 unless pushed (≈ 2 s / > 60 s at
+eps 1e-9 for the two middle sizes, against ≈ 0.2 s / 1 s here; ``bench_nuclear.py``). This method returns
 exactly feasible primals and a certified relative duality gap of ≈ 1e-15 (``bench_nuclear.py``
 prints both side by side, with time ratios measured in the same run). The non-convexity of the
 factorisation is never trusted blindly: the returned duality gap certifies the answer
@@ -73,6 +78,11 @@ _P0 = 8
 _CERT_TOL = 1e-8
 # Newton iterations over which the KKT residual must at least halve (else the guess is corrected).
 _NEWTON_PATIENCE = 5
+# A reused (chord) Newton Jacobian is refreshed once a step reduces the KKT residual by less than this.
+_CHORD_RATE = 0.2
+# Relative singular-value thresholds for the polish's initial rank guess: tried in this order.
+_RANK_RTOL_FAST = 1e-3
+_RANK_RTOL_SAFE = 1e-6
 # ALM relative gap below which the active-set Newton polish is first tried (then at each tenfold
 # decrease of the gap while it fails).
 _POLISH_GAP = 1e-1
@@ -369,7 +379,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
                 break
             solver = None  # the stale (chord) Jacobian failed: refactor at the current point
             continue
-        if t < 1.0 or nn > 0.5 * nrm:
+        if t < 1.0 or nn > _CHORD_RATE * nrm:
             solver = None  # slow progress: refresh the Jacobian next time (Newton, not chord)
         fresh = False
         K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
@@ -377,7 +387,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
     return K, Q, lam_s, nrm
 
 
-def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, max_rounds: int = 6,
+def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, max_rounds: int = 8,
             max_failed: int = 2, rank_rtol: float = 1e-6, tight_rtol: float = 1e-3) -> _Polished | None:
     """Active-set Newton polish: guess the rank r and the tight rows S from an approximate solution,
     solve the KKT system by :func:`_kkt_newton`, then fix the guess (drop rows with λ < 0, add
@@ -423,7 +433,9 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *,
         Y = red.adjoint(lam_full)
         Uy, sy, Vyt = np.linalg.svd(Y, full_matrices=False)
         # dual feasibility ‖Y‖₂ ≤ 1: a singular value above 1 marks a direction the primal must use
-        if sy[0] > 1.0 + 1e-9 and r < min(Y.shape):
+        # (only once the active set has settled: λ from a wrong set overstates ‖𝒜*(λ)‖₂, and a
+        # spurious extra column makes the next Newton solve degenerate and slow)
+        if sy[0] > 1.0 + 1e-9 and r < min(Y.shape) and not changed:
             eps = 1e-3 * float(np.sqrt(np.abs(K).max() * np.abs(Q).max()))
             K = np.hstack([K, eps * Uy[:, :1]])
             Q = np.hstack([Q, eps * Vyt[:1].T])
@@ -532,7 +544,11 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             if gap > tol and viol <= 1e-9 * scale_b and gap <= next_polish:
                 next_polish = gap * 0.1
                 _tp = time.perf_counter()
-                pol = _polish(red, M, lam)
+                # first the rank read off with a loose threshold (fewer, better-conditioned Newton
+                # rounds), then, if that fails, the conservative guess of every non-negligible direction
+                pol = _polish(red, M, lam, rank_rtol=_RANK_RTOL_FAST)
+                if pol is None:
+                    pol = _polish(red, M, lam, rank_rtol=_RANK_RTOL_SAFE)
                 logger.debug("  polish took %.2fs", time.perf_counter() - _tp)
                 if pol is not None:
                     Mp = _make_feasible(red, pol.K @ pol.Q.T)
