@@ -80,6 +80,9 @@ _CERT_TOL = 1e-8
 _NEWTON_PATIENCE = 5
 # A reused (chord) Newton Jacobian is refreshed once a step reduces the KKT residual by less than this.
 _CHORD_RATE = 0.2
+# ... and on small systems (at most this many rows) at every step: factorising is cheaper than the
+# extra steps of the linearly converging chord iteration.
+_CHORD_MIN_ROWS = 200
 # Relative singular-value thresholds for the polish's initial rank guess: tried in this order.
 _RANK_RTOL_FAST = 1e-3
 _RANK_RTOL_SAFE = 1e-6
@@ -379,7 +382,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
                 break
             solver = None  # the stale (chord) Jacobian failed: refactor at the current point
             continue
-        if t < 1.0 or nn > _CHORD_RATE * nrm:
+        if t < 1.0 or nn > _CHORD_RATE * nrm or s <= _CHORD_MIN_ROWS:
             solver = None  # slow progress: refresh the Jacobian next time (Newton, not chord)
         fresh = False
         K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
