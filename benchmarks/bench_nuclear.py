@@ -87,7 +87,7 @@ def main() -> None:
         cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
         t_ours, raw = _timed(lambda: solve_nuclear(cs), args.repeat)
         f_ours = _nuc(raw.W) if raw.W is not None else float("nan")
-        print(f"{size:>12} {'ours':>10} {t_ours:9.2f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
+        print(f"{size:>12} {'ours':>10} {t_ours:9.4f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
               f"{cs.violation(raw.W):9.1e} {raw.info.get('relative_gap', float('nan')):9.1e}  [{raw.status}]")
         for solver in args.solvers.split(","):
             if solver == "CLARABEL" and n * d > args.clarabel_max_nd:
@@ -98,11 +98,11 @@ def main() -> None:
                 t_ref, ref = _timed(lambda: solve_cvxpy(cs, "nuc", solver=solver, time_limit=args.cap),
                                     args.repeat)
             if ref.W is None:
-                print(f"{size:>12} {solver:>10} {t_ref:9.2f} {t_ref / t_ours:8.1f} {'—':>16} {'—':>9} {'—':>9} "
+                print(f"{size:>12} {solver:>10} {t_ref:9.4f} {t_ref / t_ours:8.1f} {'—':>16} {'—':>9} {'—':>9} "
                       f"{'—':>9}  [{ref.status}, cap {args.cap:.0f}s]")
                 continue
             f_ref = _nuc(ref.W)
-            print(f"{size:>12} {solver:>10} {t_ref:9.2f} {t_ref / t_ours:8.1f} {f_ref:16.10f} "
+            print(f"{size:>12} {solver:>10} {t_ref:9.4f} {t_ref / t_ours:8.1f} {f_ref:16.10f} "
                   f"{(f_ref - f_ours) / f_ours:9.1e} {cs.violation(ref.W):9.1e} {'':>9}  [{ref.status}]")
 
 

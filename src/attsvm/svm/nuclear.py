@@ -33,8 +33,8 @@ Method (and why)
 Why not cvxpy: the nuclear norm is an SDP cone there. Interior-point solvers (Clarabel) are
 accurate but slow (≈ 120 s at (n, T, d) = (50, 20, 50) on the development machine); SCS is faster
 (0.9 s / 7 s / 176 s at (50,20,50) / (100,20,100) / (200,32,128) measured by the issue, on an
-idle machine) but first order, with violations around 1e-5 unless pushed (≈ 2 s / > 60 s at
-eps 1e-9 for the two middle sizes, against ≈ 0.2 s / 1 s here; ``bench_nuclear.py``). This method returns
+idle machine) but first order, with violations around 1e-5 unless pushed (≈ 2 s / ≈ 70 s at
+eps 1e-9 for the two middle sizes, against ≈ 0.25 s / 0.7 s here; ``bench_nuclear.py``). This method returns
 exactly feasible primals and a certified relative duality gap of ≈ 1e-15 (``bench_nuclear.py``
 prints both side by side, with time ratios measured in the same run). The non-convexity of the
 factorisation is never trusted blindly: the returned duality gap certifies the answer
