@@ -63,22 +63,28 @@ def main() -> None:
     budget = max(1, int(round(args.budget * args.tokens)))
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in ("none (eager)", "none (sdpa)", *POLICIES)}
     decode(eager, ids, None, budget)  # warm-up
-    for _ in range(args.repeats):
-        times["none (eager)"].append(decode(eager, ids, None, budget))
-        times["none (sdpa)"].append(decode(sdpa, ids, None, budget))
-        for p in POLICIES:
-            with EvictionCache(eager, p, budget) as cache:
-                times[p].append(decode(eager, ids, cache, budget))
+    g_order = torch.Generator().manual_seed(1)
+    for _ in range(args.repeats):  # each round: every cache once, in a fresh random order (drift hits all alike)
+        for i in torch.randperm(len(times), generator=g_order).tolist():
+            k = list(times)[i]
+            if k.startswith("none"):
+                times[k].append(decode(eager if k == "none (eager)" else sdpa, ids, None, budget))
+            else:
+                with EvictionCache(eager, k, budget) as cache:
+                    times[k].append(decode(eager, ids, cache, budget))
     steps = args.tokens - budget
     ref_w = statistics.median(t[0] for t in times["none (eager)"])
     ref_c = statistics.median(t[1] for t in times["none (eager)"])
     print(f"tiny LM (4 layers, d=128), batch {args.batch}, {args.tokens} tokens, budget {budget} "
           f"({100 * args.budget:g} %), {steps} timed steps, median of {args.repeats}, {args.threads} thread(s)")
-    print(f"{'cache':>14} {'wall ms/step':>13} {'ratio':>7} {'CPU ms/step':>12} {'ratio':>7}   (ratio: vs no eviction, eager)")
+    print(f"{'cache':>14} {'wall ms/step':>13} {'ratio':>7} {'CPU ms/step':>12} {'ratio':>7} {'paired':>7}"
+          "   (ratio: vs no eviction, eager; paired: median over rounds of the same-round CPU ratio)")
+    ref = times["none (eager)"]
     for k, v in times.items():
         w = statistics.median(t[0] for t in v)
         c = statistics.median(t[1] for t in v)
-        print(f"{k:>14} {1e3 * w / steps:13.3f} {w / ref_w:7.3f} {1e3 * c / steps:12.3f} {c / ref_c:7.3f}")
+        paired = statistics.median(t[1] / r[1] for t, r in zip(v, ref))
+        print(f"{k:>14} {1e3 * w / steps:13.3f} {w / ref_w:7.3f} {1e3 * c / steps:12.3f} {c / ref_c:7.3f} {paired:7.3f}")
 
 
 if __name__ == "__main__":

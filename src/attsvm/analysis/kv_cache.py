@@ -62,6 +62,7 @@ class EvictionPolicy:
 
     name: ClassVar[str] = "base"
     needs_scores: ClassVar[bool] = True
+    priority_is_negated_stats: ClassVar[bool] = False  # priority(stats, ·) == -stats (lets eviction skip a negation)
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
         self.sinks = check_positive_int(sinks, "sinks", minimum=0)
@@ -103,15 +104,21 @@ class SVMarginPolicy(EvictionPolicy):
     """Support-vector margin: keep keys whose margin ``log p_top − log p_t`` stayed small (SPEC §2, §7)."""
 
     name = "svm"
+    priority_is_negated_stats = True
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0.25) -> None:
         super().__init__(sinks=sinks, recent=recent)
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        logp = probs.log()                                            # (B, H, q, S+q); p = 0 → −inf
-        margin = logp.max(-1, keepdim=True).values - logp             # an underflowed key: margin +inf
         if probs.shape[-2] == 1:                                      # one query sees every key
-            return torch.minimum(_pad(stats, probs, math.inf), margin[..., 0, :])
+            logp = probs[..., 0, :].log()                             # (B, H, S+1); p = 0 → −inf
+            margin = logp.amax(-1, keepdim=True) - logp               # an underflowed key: margin +inf
+            if stats is not None:                                     # new key: its first margin
+                old = margin[..., :stats.shape[-1]]
+                torch.minimum(old, stats, out=old)
+            return margin
+        logp = probs.log()                                            # (B, H, q, S+q); p = 0 → −inf
+        margin = logp.amax(-1, keepdim=True) - logp                   # an underflowed key: margin +inf
         margin = margin.masked_fill(probs <= 0, math.inf)             # a masked key: no margin from it
         return torch.minimum(_pad(stats, probs, math.inf), margin.min(dim=-2).values)
 
@@ -129,7 +136,10 @@ class H2OPolicy(EvictionPolicy):
         super().__init__(sinks=sinks, recent=recent)
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        return _pad(stats, probs, 0.0) + probs.sum(dim=-2)
+        total = probs.sum(dim=-2)                                     # (B, H, S+q), a new tensor
+        if stats is not None:
+            total[..., :stats.shape[-1]].add_(stats)
+        return total
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -222,6 +232,8 @@ class EvictionLayer(CacheLayerMixin):
         self._kbuf: torch.Tensor | None = None  # (B, H, budget + 1, d_head) once the cache is full
         self._vbuf: torch.Tensor | None = None
         self._pbuf: torch.Tensor | None = None
+        self._views: tuple[torch.Tensor, ...] | None = None  # (buffer, its last slots, its first budget slots)
+        self._protected: tuple[int, int] | None = None  # the policy's (n_sinks, n_recent) at this budget
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
@@ -246,9 +258,10 @@ class EvictionLayer(CacheLayerMixin):
         S = self.keys.shape[-2]
         if q == 1 and self._kbuf is not None and S == self.budget:
             # steady state: write the new token into the spare slot of the (budget + 1) buffers, no copy
-            self._kbuf[:, :, S:].copy_(key_states)
-            self._vbuf[:, :, S:].copy_(value_states)
-            self._pbuf[:, :, S:].fill_(self.cumulative_length)
+            _, k_last, v_last, p_last, *_ = self._views
+            k_last.copy_(key_states)
+            v_last.copy_(value_states)
+            p_last.fill_(self.cumulative_length)
             self.keys, self.values, self.positions = self._kbuf, self._vbuf, self._pbuf
         else:
             new_pos = torch.arange(self.cumulative_length, self.cumulative_length + q, device=self.device)
@@ -266,7 +279,7 @@ class EvictionLayer(CacheLayerMixin):
             if probs is None:
                 raise RuntimeError(f"the {self.policy.name!r} policy needs attention probabilities: load the model "
                                    "with attn_implementation='eager'")
-            self.stats = self.policy.accumulate(self.stats, probs.detach())
+            self.stats = self.policy.accumulate(self.stats, probs.detach() if probs.requires_grad else probs)
         self.pending = 0
         assert self.keys is not None and self.values is not None and self.positions is not None
         S = self.keys.shape[-2]
@@ -277,20 +290,28 @@ class EvictionLayer(CacheLayerMixin):
         if excess == 1:
             # one key too many: overwrite the victim slot with the newest (last) slot and drop the last;
             # the tensors of size budget + 1 become the buffers the next step writes into
-            pri = self.policy.priority(self.stats, self.positions)
-            n_sinks, n_recent = self.policy.protected(self.budget)
+            # evict the lowest priority; when priority is −stats, the highest statistic (skips a negation)
+            neg = self.policy.priority_is_negated_stats
+            score = self.stats if neg else self.policy.priority(self.stats, self.positions)
+            fill = -math.inf if neg else math.inf
+            if self._protected is None:  # the policy and budget are fixed: compute once
+                self._protected = self.policy.protected(self.budget)
+            n_sinks, n_recent = self._protected
             if n_sinks:
-                pri = pri.masked_fill(self.positions < n_sinks, math.inf)
+                score = score.masked_fill(self.positions < n_sinks, fill)
             if n_recent:
-                pri = pri.masked_fill(self.positions >= self.cumulative_length - n_recent, math.inf)
-            victim = pri.argmin(dim=-1, keepdim=True)                                       # (B, H, 1)
-            for name in ("keys", "values"):
-                t = getattr(self, name)
-                t.scatter_(2, victim[..., None].expand(-1, -1, -1, t.shape[-1]), t[:, :, -1:])
-            self.positions.scatter_(2, victim, self.positions[:, :, -1:])
+                score = score.masked_fill(self.positions >= self.cumulative_length - n_recent, fill)
+            victim = (score.argmax if neg else score.argmin)(dim=-1, keepdim=True)          # (B, H, 1)
+            if self._views is None or self._views[0] is not self.keys:  # views of the buffers, made once
+                k, v, p = self.keys, self.values, self.positions
+                self._views = (k, k[:, :, -1:], v[:, :, -1:], p[:, :, -1:], k[:, :, :-1], v[:, :, :-1], p[:, :, :-1])
+            _, k_last, v_last, p_last, k_head, v_head, p_head = self._views
+            vidx = victim[..., None]
+            self.keys.scatter_(2, vidx.expand(-1, -1, -1, k_last.shape[-1]), k_last)
+            self.values.scatter_(2, vidx.expand(-1, -1, -1, v_last.shape[-1]), v_last)
+            self.positions.scatter_(2, victim, p_last)
             self._kbuf, self._vbuf, self._pbuf = self.keys, self.values, self.positions
-            self.keys, self.values = self.keys[:, :, :-1], self.values[:, :, :-1]
-            self.positions = self.positions[:, :, :-1]
+            self.keys, self.values, self.positions = k_head, v_head, p_head
             if self.stats is not None:
                 self.stats = self.stats.scatter(2, victim, self.stats[:, :, -1:])[:, :, :-1]
             return
@@ -315,7 +336,7 @@ class EvictionLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.keys = self.values = self.positions = self.stats = None
-        self._kbuf = self._vbuf = self._pbuf = None
+        self._kbuf = self._vbuf = self._pbuf = self._views = None
         self.is_initialized = False
         self.cumulative_length = self.pending = self.n_evicted = 0
 
