@@ -101,6 +101,11 @@ def test_equality_rows_match_cvxpy() -> None:
     mask[np.arange(n), ref] = False
     eq = mask & (rng.random((n, T)) < 0.3)
     cs = ConstraintSet(A, p.queries.copy(), mask, np.where(eq, 0.0, 1.0), eq)
+    _assert_certified_and_matches_cvxpy(cs)
+
+
+def _assert_certified_and_matches_cvxpy(cs: ConstraintSet) -> None:
+    """Our nuclear solution is optimal, matches cvxpy's objective and carries a tight certificate."""
     raw = solve_nuclear(cs)
     assert raw.status == "optimal"
     cv = solve_cvxpy(cs, "nuc")
@@ -118,12 +123,7 @@ def test_nonhomogeneous_equalities_wfin_shape() -> None:
     mask[:, 1:3] = True
     rhs = np.random.default_rng(0).normal(size=(n, T)) * mask
     cs = ConstraintSet(A, p.queries.copy(), mask, rhs, mask.copy())
-    raw = solve_nuclear(cs)
-    assert raw.status == "optimal"
-    cv = solve_cvxpy(cs, "nuc")
-    assert abs(_nuc(raw.W) - _nuc(cv.W)) <= OBJ_RTOL * _nuc(cv.W)
-    viol, gap, _ = _certify(cs, raw.W, raw.dual)
-    assert viol <= VIOL_TOL and abs(gap) <= GAP_RTOL
+    _assert_certified_and_matches_cvxpy(cs)
 
 
 def test_badly_scaled_instance_escapes_saddle() -> None:
