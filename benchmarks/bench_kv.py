@@ -4,8 +4,12 @@ The LM has the `attsvm lm-train` architecture (weights random: speed does not de
 policy we decode ``N`` tokens one at a time with a cache budget of ``25 %`` of N and time the steps
 after the budget is reached; the reference is the same loop with transformers' DynamicCache (no
 eviction, eager attention — the implementation the score-based policies need; the sdpa reference is
-printed too). Ratios are measured in the same run, interleaved, median of ``--repeats``; timings on a
-shared machine are noisy.
+printed too, and the per-layer eviction path, ``fuse_layers=False``, for the svm policy).
+
+All caches decode in lockstep: at every step each cache runs its forward pass once, in a fresh random
+order, so load changes on a shared machine hit every cache alike. Each step's time is the median over
+``--repeats`` passes, a cache's cost is the sum over the timed steps, and every ratio compares numbers
+measured in the same run. Timings on a shared machine are still noisy.
 
     .venv/bin/python benchmarks/bench_kv.py [--tokens 256] [--batch 1] [--repeats 5]
 """
@@ -13,7 +17,6 @@ shared machine are noisy.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -46,6 +49,31 @@ def decode(model, ids, cache, start: int) -> tuple[float, float]:
     return time.perf_counter() - w0, time.process_time() - c0
 
 
+def lockstep(models: dict, ids: torch.Tensor, make_cache: dict, start: int, gen: torch.Generator) -> dict:
+    """One decode of ids (B, N) per cache, all in lockstep; per-step wall seconds (N - start,) per cache."""
+    names = list(make_cache)
+    caches = {k: make_cache[k]() for k in names}
+    past = {k: caches[k] for k in names}
+    times = {k: torch.zeros(ids.shape[1] - start, dtype=torch.float64) for k in names}
+    try:
+        with torch.no_grad():
+            for t in range(ids.shape[1]):
+                for i in torch.randperm(len(names), generator=gen).tolist():
+                    k = names[i]
+                    t0 = time.perf_counter()
+                    out = models[k](input_ids=ids[:, t:t + 1], cache=past[k], use_cache=True)
+                    dt = time.perf_counter() - t0
+                    if caches[k] is None:
+                        past[k] = out.past_key_values
+                    if t >= start:
+                        times[k][t - start] = dt
+    finally:
+        for c in caches.values():
+            if c is not None:
+                c.close()
+    return times
+
+
 def main() -> None:
     from attsvm.analysis.kv_cache import POLICIES, EvictionCache
 
@@ -61,30 +89,25 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, eager.config.vocab_size, (args.batch, args.tokens), generator=g)
     budget = max(1, int(round(args.budget * args.tokens)))
-    times: dict[str, list[tuple[float, float]]] = {k: [] for k in ("none (eager)", "none (sdpa)", *POLICIES)}
+    make_cache = {"none (eager)": lambda: None, "none (sdpa)": lambda: None}
+    models = {"none (eager)": eager, "none (sdpa)": sdpa}
+    for k in POLICIES:
+        make_cache[k] = lambda k=k: EvictionCache(eager, k, budget)
+        models[k] = eager
+    make_cache["svm per-layer"] = lambda: EvictionCache(eager, "svm", budget, fuse_layers=False)
+    models["svm per-layer"] = eager
     decode(eager, ids, None, budget)  # warm-up
-    g_order = torch.Generator().manual_seed(1)
-    for _ in range(args.repeats):  # each round: every cache once, in a fresh random order (drift hits all alike)
-        for i in torch.randperm(len(times), generator=g_order).tolist():
-            k = list(times)[i]
-            if k.startswith("none"):
-                times[k].append(decode(eager if k == "none (eager)" else sdpa, ids, None, budget))
-            else:
-                with EvictionCache(eager, k, budget) as cache:
-                    times[k].append(decode(eager, ids, cache, budget))
+    gen = torch.Generator().manual_seed(1)
+    runs = [lockstep(models, ids, make_cache, budget, gen) for _ in range(args.repeats)]
     steps = args.tokens - budget
-    ref_w = statistics.median(t[0] for t in times["none (eager)"])
-    ref_c = statistics.median(t[1] for t in times["none (eager)"])
+    cost = {k: float(torch.stack([r[k] for r in runs]).median(dim=0).values.sum()) for k in make_cache}
+    ref = cost["none (eager)"]
     print(f"tiny LM (4 layers, d=128), batch {args.batch}, {args.tokens} tokens, budget {budget} "
-          f"({100 * args.budget:g} %), {steps} timed steps, median of {args.repeats}, {args.threads} thread(s)")
-    print(f"{'cache':>14} {'wall ms/step':>13} {'ratio':>7} {'CPU ms/step':>12} {'ratio':>7} {'paired':>7}"
-          "   (ratio: vs no eviction, eager; paired: median over rounds of the same-round CPU ratio)")
-    ref = times["none (eager)"]
-    for k, v in times.items():
-        w = statistics.median(t[0] for t in v)
-        c = statistics.median(t[1] for t in v)
-        paired = statistics.median(t[1] / r[1] for t, r in zip(v, ref))
-        print(f"{k:>14} {1e3 * w / steps:13.3f} {w / ref_w:7.3f} {1e3 * c / steps:12.3f} {c / ref_c:7.3f} {paired:7.3f}")
+          f"({100 * args.budget:g} %), {steps} timed steps in lockstep, per-step median of {args.repeats}, "
+          f"{args.threads} thread(s)")
+    print(f"{'cache':>14} {'ms/step':>9} {'ratio':>7}   (ratio: vs no eviction, eager attention; limit 1.20)")
+    for k, c in cost.items():
+        print(f"{k:>14} {1e3 * c / steps:9.3f} {c / ref:7.3f}")
 
 
 if __name__ == "__main__":

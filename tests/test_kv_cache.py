@@ -125,6 +125,8 @@ def test_bad_arguments_are_named(tiny_lm):
         make_policy("lru")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="budget must be >= 1"):
         EvictionCache(model, "h2o", budget=0)
+    with pytest.raises(TypeError, match="fuse_layers must be a bool"):
+        EvictionCache(model, "h2o", budget=8, fuse_layers="yes")
     with pytest.raises(TypeError, match="recent must be an int"):
         EvictionPolicy(recent="half")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="recent as a share of the budget must be in"):
@@ -136,3 +138,67 @@ def test_bad_arguments_are_named(tiny_lm):
         EvictionCache(model, "recent", budget=8).close()  # position-only policies do not need them
     finally:
         model.config._attn_implementation = "eager"
+
+
+def _decode_chunks(model, ids, cache, chunks):
+    """Feed ids (B, N) in the given chunk sizes; logits of every fed position (B, N, V) and final positions."""
+    logits, t = [], 0
+    with torch.no_grad():
+        for c in chunks:
+            out = model(input_ids=ids[:, t:t + c], cache=cache, use_cache=True)
+            logits.append(out.logits)
+            t += c
+    return torch.cat(logits, 1), [layer.positions.clone() for layer in cache.layers]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_fused_layers_evict_exactly_like_per_layer_eviction(tiny_lm, name):
+    """The fused steady state (one eviction step for all layers) is the per-layer rule, bit for bit — also
+    when a multi-token chunk mid-decode dissolves the group and it forms again."""
+    model, _, ids = tiny_lm
+    chunks = [3] + [1] * 20 + [2] + [1] * 15   # sums to N_STEPS
+    assert sum(chunks) == N_STEPS
+    runs = {}
+    for fuse in (False, True):
+        with EvictionCache(model, make_policy(name), BUDGET, fuse_layers=fuse) as cache:
+            logits, positions = _decode_chunks(model, ids, cache, chunks)
+            runs[fuse] = (logits, positions, [layer.stats for layer in cache.layers], cache.n_evicted)
+            fused = [layer._group is not None for layer in cache.layers]
+        assert all(fused) if fuse else not any(fused)   # the fast path really ran (and re-formed after the chunk)
+    (l0, p0, s0, n0), (l1, p1, s1, n1) = runs[False], runs[True]
+    assert n0 == n1 > 0
+    if name == "random":   # one draw for all layers instead of one per layer: same rule, other random numbers
+        assert all(p.shape[-1] == BUDGET for p in p1)
+        return
+    assert torch.equal(l0, l1)
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(s0, s1))
+
+
+def test_fused_layers_recover_like_per_layer_eviction_when_a_pass_stops_part_way(tiny_lm):
+    """A forward pass that raises before the last layer leaves the fused step half done; the next pass must
+    finish it exactly as per-layer eviction would have (no newest key overwritten before its eviction)."""
+    from attsvm.analysis.kv_cache import attention_modules
+
+    model, _, ids = tiny_lm
+    last = attention_modules(model)[max(attention_modules(model))]
+
+    def boom(mod, args):
+        raise KeyboardInterrupt
+
+    runs = {}
+    for fuse in (False, True):
+        logits = []
+        with EvictionCache(model, "svm", BUDGET, fuse_layers=fuse) as cache, torch.no_grad():
+            for t in range(N_STEPS):
+                if t == 25:  # layers before the last have run (and been observed), the last never runs
+                    handle = last.register_forward_pre_hook(boom)
+                    with pytest.raises(KeyboardInterrupt):
+                        model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+                    handle.remove()
+                    if fuse:
+                        assert cache.layers[0]._group is not None and cache.layers[0]._group.n_observed == len(cache.layers) - 1
+                logits.append(model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True).logits)
+            runs[fuse] = (torch.cat(logits, 1), [layer.positions.clone() for layer in cache.layers])
+    assert torch.equal(runs[False][0], runs[True][0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1]))

@@ -23,6 +23,13 @@ and then evicts down to the budget. So at every step the new queries attend to `
 plus the new ones, and between steps every layer and head holds exactly ``budget`` keys. Margins
 need no raw logits: softmax is shift-invariant, so ``logit_top − logit_t = log p_top − log p_t``.
 
+Speed: in the steady state of one-token decoding (every layer full, one key in, one key out) the layers
+are fused (``fuse_layers=True``, the default): their (budget + 1) buffers are stacked, each hook only hands
+over its probabilities, and after the last layer one eviction step runs for all layers together — the
+same rule, victims and slot layout as per-layer eviction (the tests compare them bit for bit), at a
+fraction of the per-operation overhead that dominates on small models. Any other step (several new
+tokens, beam reordering, a pass that stopped part-way) falls back to the per-layer code.
+
 Positions: ``get_seq_length`` reports the number of tokens *seen* (so position ids stay right), and
 ``get_mask_sizes`` places the stored keys just before the new queries, so the causal mask lets every
 new query see every stored key (all are in its past) and the new keys causally. Padding masks are
@@ -63,6 +70,7 @@ class EvictionPolicy:
     name: ClassVar[str] = "base"
     needs_scores: ClassVar[bool] = True
     priority_is_negated_stats: ClassVar[bool] = False  # priority(stats, ·) == -stats (lets eviction skip a negation)
+    fresh: ClassVar[float] = 0.0  # a new key's statistic before any query saw it (see update_)
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
         self.sinks = check_positive_int(sinks, "sinks", minimum=0)
@@ -84,8 +92,14 @@ class EvictionPolicy:
         """New statistics (B, H, S+q) from the old ones (B, H, S) and this step's probabilities (B, H, q, S+q)."""
         return None
 
+    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
+        """In place, for one query: ``stats`` (..., S+1) of the stored keys and, in the last slot, the new key
+        (holding :attr:`fresh`); ``p`` (..., S+1) the query's probabilities. Must equal :meth:`accumulate`
+        (the default calls it); subclasses override it with cheaper in-place arithmetic."""
+        stats.copy_(self.accumulate(stats[..., :-1], p.unsqueeze(-2)))
+
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        """Keep-priority (B, H, S) of the stored keys (higher = keep); ``positions`` (B, H, S) absolute."""
+        """Keep-priority (..., S) of the stored keys (higher = keep); ``positions`` (..., S) absolute."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -105,6 +119,7 @@ class SVMarginPolicy(EvictionPolicy):
 
     name = "svm"
     priority_is_negated_stats = True
+    fresh = math.inf
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0.25) -> None:
         super().__init__(sinks=sinks, recent=recent)
@@ -121,6 +136,11 @@ class SVMarginPolicy(EvictionPolicy):
         margin = logp.amax(-1, keepdim=True) - logp                   # an underflowed key: margin +inf
         margin = margin.masked_fill(probs <= 0, math.inf)             # a masked key: no margin from it
         return torch.minimum(_pad(stats, probs, math.inf), margin.min(dim=-2).values)
+
+    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
+        logp = p.log()
+        torch.sub(logp.amax(-1, keepdim=True), logp, out=logp)       # margins; p = 0 → +inf
+        torch.minimum(stats, logp, out=stats)                          # the new key: min(+inf, margin)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -141,6 +161,9 @@ class H2OPolicy(EvictionPolicy):
             total[..., :stats.shape[-1]].add_(stats)
         return total
 
+    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
+        stats.add_(p)                                                  # the new key: 0 + p
+
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
         return stats
@@ -153,6 +176,9 @@ class TOVAPolicy(EvictionPolicy):
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
         return probs[..., -1, :]
+
+    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
+        stats.copy_(p)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -234,6 +260,22 @@ class EvictionLayer(CacheLayerMixin):
         self._pbuf: torch.Tensor | None = None
         self._views: tuple[torch.Tensor, ...] | None = None  # (buffer, its last slots, its first budget slots)
         self._protected: tuple[int, int] | None = None  # the policy's (n_sinks, n_recent) at this budget
+        self._group: _FusedLayers | None = None  # set while every layer's steady state is fused (speed only)
+        self._gi = 0                              # this layer's index in the group
+
+    def _join(self, group: _FusedLayers, i: int) -> None:
+        """Use layer ``i`` of the group's stacked buffers as this layer's (budget + 1) buffers."""
+        K, V, P = group.K[i], group.V[i], group.P[i]
+        self._kbuf, self._vbuf, self._pbuf = K, V, P
+        self._views = (K, K[:, :, -1:], V[:, :, -1:], P[:, :, -1:], K[:, :, :-1], V[:, :, :-1], P[:, :, :-1])
+        self.keys, self.values, self.positions = self._views[4:]
+        if group.S is not None:
+            self.stats = group.S[i][..., :-1]
+        self._group, self._gi = group, i
+
+    def _leave_group(self) -> None:
+        if self._group is not None:
+            self._group.dissolve()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
@@ -247,6 +289,8 @@ class EvictionLayer(CacheLayerMixin):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self._group is not None and self._group.n_observed:  # a forward pass stopped part-way: finish it
+            self._group.dissolve()
         if self.pending:  # the previous step was never observed (no hook, or no probabilities)
             if self.policy.needs_scores:
                 raise RuntimeError(
@@ -261,9 +305,11 @@ class EvictionLayer(CacheLayerMixin):
             _, k_last, v_last, p_last, *_ = self._views
             k_last.copy_(key_states)
             v_last.copy_(value_states)
-            p_last.fill_(self.cumulative_length)
+            if self._group is None:  # fused layers write all positions at once in their eviction step
+                p_last.fill_(self.cumulative_length)
             self.keys, self.values, self.positions = self._kbuf, self._vbuf, self._pbuf
         else:
+            self._leave_group()
             new_pos = torch.arange(self.cumulative_length, self.cumulative_length + q, device=self.device)
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
@@ -335,12 +381,14 @@ class EvictionLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
+        self._leave_group()
         self.keys = self.values = self.positions = self.stats = None
         self._kbuf = self._vbuf = self._pbuf = self._views = None
         self.is_initialized = False
         self.cumulative_length = self.pending = self.n_evicted = 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._leave_group()
         self._kbuf = self._vbuf = self._pbuf = None
         if self.is_initialized:
             for name in ("keys", "values", "positions", "stats"):
@@ -349,6 +397,7 @@ class EvictionLayer(CacheLayerMixin):
                     setattr(self, name, t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        self._leave_group()
         self._kbuf = self._vbuf = self._pbuf = None
         if self.is_initialized:
             for name in ("keys", "values", "positions", "stats"):
@@ -357,6 +406,7 @@ class EvictionLayer(CacheLayerMixin):
                     setattr(self, name, t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._leave_group()
         self._kbuf = self._vbuf = self._pbuf = None
         if self.is_initialized:
             for name in ("keys", "values", "positions", "stats"):
@@ -366,6 +416,113 @@ class EvictionLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - assisted decoding only
         raise NotImplementedError("an evicting cache cannot be cropped (the evicted keys are gone)")
+
+
+class _FusedLayers:
+    """Every layer's steady-state (budget + 1) buffers stacked along a leading layer axis (speed only).
+
+    In the steady state of one-token decoding each layer holds ``budget`` keys plus the newest one and evicts
+    exactly one per step. With the layers fused, each layer's hook only copies its probabilities into a shared
+    buffer; after the last layer has run, one eviction step (statistics, protection, victim, the move of the
+    newest key into the victim's slot) serves all layers at once: a dozen tensor operations per decoding step
+    instead of a dozen per layer, which is what the policies cost on small models (per-operation overhead, not
+    arithmetic). The rule, the statistics, the victims and the slot layout are exactly the per-layer ones.
+    Any other step (several tokens, beam reordering, reset) dissolves the group back into per-layer state.
+    """
+
+    def __init__(self, layers: list[EvictionLayer]) -> None:
+        self.layers = layers
+        self.policy = policy = layers[0].policy
+        self.K = torch.stack([layer._kbuf for layer in layers])   # (L, B, H, budget + 1, d_head)
+        self.V = torch.stack([layer._vbuf for layer in layers])
+        self.P = torch.stack([layer._pbuf for layer in layers])   # (L, B, H, budget + 1)
+        self.S: torch.Tensor | None = None
+        self.probs: torch.Tensor | None = None
+        if policy.needs_scores:
+            stats = torch.stack([layer.stats for layer in layers])  # (L, B, H, budget)
+            self.S = torch.nn.functional.pad(stats, (0, 1), value=policy.fresh)
+            self.probs = self.S.new_empty((*self.S.shape[:-1], 1, self.S.shape[-1]))  # (L, B, H, 1, budget + 1)
+        self._probs_in: list[torch.Tensor | None] = [None] * len(layers)  # this step's, per layer
+        self.victim = torch.empty((*self.P.shape[:-1], 1), dtype=torch.long, device=self.P.device)
+        self.protected = policy.protected(layers[0].budget)
+        self._bufs = self._buffers(self.K, self.V, self.P, self.S, self.victim)
+        self.observed = [False] * len(layers)
+        self.n_observed = 0
+        for i, layer in enumerate(layers):
+            layer._join(self, i)
+
+    @staticmethod
+    def _buffers(K: torch.Tensor, V: torch.Tensor, P: torch.Tensor, S: torch.Tensor | None, victim: torch.Tensor
+                 ) -> tuple[Any, ...]:
+        """The views one eviction step needs, made once: victim indices expanded to K and V, the newest slots."""
+        return (K, V, P, S, victim, victim.unsqueeze(-1).expand(*victim.shape, K.shape[-1]),
+                victim.unsqueeze(-1).expand(*victim.shape, V.shape[-1]), K[..., -1:, :], V[..., -1:, :],
+                P[..., -1:], None if S is None else S[..., -1:])
+
+    def observe(self, i: int, probs: torch.Tensor | None) -> None:
+        """Layer ``i``'s hook: keep its probabilities; after the last layer, evict in every layer."""
+        layer = self.layers[i]
+        if self.observed[i] or (self.probs is not None and probs is None):
+            self.dissolve()   # not the steady one-token step: the per-layer code handles (or reports) it
+            layer.observe(probs)
+            return
+        if self.probs is not None:
+            assert probs is not None
+            self._probs_in[i] = probs.detach() if probs.requires_grad else probs
+        layer.pending = 0
+        layer.n_evicted += 1
+        v = layer._views
+        layer.keys, layer.values, layer.positions = v[4], v[5], v[6]   # budget keys once the step has run
+        self.observed[i] = True
+        self.n_observed += 1
+        if self.n_observed == len(self.layers):
+            if self.probs is not None:
+                torch.stack(self._probs_in, out=self.probs)  # type: ignore[arg-type]
+            self._evict(None if self.probs is None else self.probs[..., 0, :], self.layers[0].cumulative_length,
+                        self._bufs)
+            self.observed = [False] * len(self.layers)
+            self.n_observed = 0
+
+    def _evict(self, probs: torch.Tensor | None, n_seen: int, bufs: tuple[Any, ...]) -> None:
+        """Update the statistics, pick the victim per (layer,) batch row and head, move the newest key there."""
+        K, V, P, S, victim, vk, vv, k_last, v_last, p_last, s_last = bufs
+        pol = self.policy
+        p_last.fill_(n_seen - 1)                                        # the newest key's position
+        if S is not None:
+            pol.update_(S, probs)
+        neg = pol.priority_is_negated_stats
+        score = S if neg else pol.priority(S, P)
+        fill = -math.inf if neg else math.inf
+        n_sinks, n_recent = self.protected
+        if n_sinks:
+            score = score.masked_fill(P < n_sinks, fill)
+        if n_recent:
+            score = score.masked_fill(P >= n_seen - n_recent, fill)
+        (torch.argmax if neg else torch.argmin)(score, dim=-1, keepdim=True, out=victim)
+        K.scatter_(-2, vk, k_last)
+        V.scatter_(-2, vv, v_last)
+        P.scatter_(-1, victim, p_last)
+        if S is not None:
+            S.scatter_(-1, victim, s_last)
+            s_last.fill_(pol.fresh)
+
+    def dissolve(self) -> None:
+        """Back to per-layer state (finishing the step for layers already observed, if a pass stopped part-way)."""
+        for i, done in enumerate(self.observed):
+            if done:
+                S = None if self.S is None else self.S[i]
+                victim = torch.empty_like(self.victim[i])
+                bufs = self._buffers(self.K[i], self.V[i], self.P[i], S, victim)
+                probs = self._probs_in[i]
+                self._evict(None if probs is None else probs[..., 0, :], self.layers[i].cumulative_length, bufs)
+            elif self.layers[i].pending:  # stored but not yet seen by its attention: its position is still unset
+                layer = self.layers[i]
+                layer._views[3].fill_(layer.cumulative_length - 1)
+        self.observed = [False] * len(self.layers)
+        self.n_observed = 0
+        self._probs_in = [None] * len(self.layers)
+        for layer in self.layers:
+            layer._group = None
 
 
 def attention_modules(model: Any) -> dict[int, Any]:
@@ -389,10 +546,12 @@ class EvictionCache(Cache):
     Use as ``model.generate(ids, past_key_values=EvictionCache(model, "h2o", budget=64))`` or in a
     manual decoding loop. Score-based policies need the model loaded with ``attn_implementation="eager"``.
     The hooks stay on the model until :meth:`close` (or the ``with`` block ends); a hook whose cache was
-    garbage-collected, or that fires for another cache, does nothing.
+    garbage-collected, or that fires for another cache, does nothing. ``fuse_layers=False`` keeps every
+    eviction in its layer's hook (slower; the same results, see the module notes).
     """
 
-    def __init__(self, model: Any, policy: EvictionPolicy | PolicyName, budget: int, **policy_kwargs: Any) -> None:
+    def __init__(self, model: Any, policy: EvictionPolicy | PolicyName, budget: int, *, fuse_layers: bool = True,
+                 **policy_kwargs: Any) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy, **policy_kwargs)  # type: ignore[arg-type]
         elif not isinstance(policy, EvictionPolicy):
@@ -409,6 +568,9 @@ class EvictionCache(Cache):
         super().__init__(layers=[EvictionLayer(policy, budget) for _ in range(n_layers)])
         self.policy = policy
         self.budget = budget
+        if not isinstance(fuse_layers, bool):
+            raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
+        self._can_fuse = fuse_layers
         ref = weakref.ref(self)
 
         def hook(mod: Any, args: Any, output: Any) -> None:
@@ -419,9 +581,31 @@ class EvictionCache(Cache):
             if not layer.pending:
                 return
             probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if layer._group is not None:
+                layer._group.observe(layer._gi, probs)
+                return
             layer.observe(probs)
+            if cache._can_fuse and layer._kbuf is not None:
+                cache._try_fuse()
 
         self._handles = [m.register_forward_hook(hook) for m in mods.values()]
+
+    def _try_fuse(self) -> None:
+        """Fuse the layers once all are in the steady one-token state with alike buffers (see _FusedLayers)."""
+        layers = self.layers
+        if any(la._kbuf is None or la.pending or la._group is not None for la in layers):
+            return
+        a = layers[0]
+        alike = all(la._kbuf.shape == a._kbuf.shape and la._vbuf.shape == a._vbuf.shape
+                    and la._kbuf.dtype == a._kbuf.dtype and la._kbuf.device == a._kbuf.device
+                    and la.cumulative_length == a.cumulative_length
+                    and (la.stats is None) == (a.stats is None)
+                    and (la.stats is None or (la.stats.shape == a.stats.shape and la.stats.dtype == a.stats.dtype))
+                    for la in layers)
+        if alike:
+            _FusedLayers(list(layers))  # type: ignore[arg-type]
+        else:
+            self._can_fuse = False  # e.g. layers with different head counts: stay per layer
 
     @property
     def n_evicted(self) -> int:
