@@ -164,7 +164,11 @@ def test_fused_layers_evict_exactly_like_per_layer_eviction(tiny_lm, name):
             logits, positions = _decode_chunks(model, ids, cache, chunks)
             runs[fuse] = (logits, positions, [layer.stats for layer in cache.layers], cache.n_evicted)
             fused = [layer._group is not None for layer in cache.layers]
-        assert all(fused) if fuse else not any(fused)   # the fast path really ran (and re-formed after the chunk)
+            n_fused = cache.n_fused_steps
+        assert all(fused) if fuse else not any(fused)   # the fast path is on at the end (re-formed after the chunk)
+        # and ran every steady step: tokens 14..23 and 27..40 (token 13 and 26 are the per-layer steps that
+        # reach the steady state: the first eviction, the first one-token step after the 2-token chunk)
+        assert n_fused == (24 if fuse else 0)
     (l0, p0, s0, n0), (l1, p1, s1, n1) = runs[False], runs[True]
     assert n0 == n1 > 0
     if name == "random":   # one draw for all layers instead of one per layer: same rule, other random numbers

@@ -289,7 +289,7 @@ class EvictionLayer(CacheLayerMixin):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self._group is not None and self._group.n_observed:  # a forward pass stopped part-way: finish it
+        if self._group is not None and self._group.observed[self._gi]:  # the last pass stopped part-way: finish it
             self._group.dissolve()
         if self.pending:  # the previous step was never observed (no hook, or no probabilities)
             if self.policy.needs_scores:
@@ -422,8 +422,8 @@ class _FusedLayers:
     """Every layer's steady-state (budget + 1) buffers stacked along a leading layer axis (speed only).
 
     In the steady state of one-token decoding each layer holds ``budget`` keys plus the newest one and evicts
-    exactly one per step. With the layers fused, each layer's hook only copies its probabilities into a shared
-    buffer; after the last layer has run, one eviction step (statistics, protection, victim, the move of the
+    exactly one per step. With the layers fused, each layer's hook only hands over its probabilities (stacked
+    into one buffer); after the last layer has run, one eviction step (statistics, protection, victim, the move of the
     newest key into the victim's slot) serves all layers at once: a dozen tensor operations per decoding step
     instead of a dozen per layer, which is what the policies cost on small models (per-operation overhead, not
     arithmetic). The rule, the statistics, the victims and the slot layout are exactly the per-layer ones.
@@ -442,12 +442,14 @@ class _FusedLayers:
             stats = torch.stack([layer.stats for layer in layers])  # (L, B, H, budget)
             self.S = torch.nn.functional.pad(stats, (0, 1), value=policy.fresh)
             self.probs = self.S.new_empty((*self.S.shape[:-1], 1, self.S.shape[-1]))  # (L, B, H, 1, budget + 1)
+            self._p = self.probs[..., 0, :]
         self._probs_in: list[torch.Tensor | None] = [None] * len(layers)  # this step's, per layer
         self.victim = torch.empty((*self.P.shape[:-1], 1), dtype=torch.long, device=self.P.device)
         self.protected = policy.protected(layers[0].budget)
         self._bufs = self._buffers(self.K, self.V, self.P, self.S, self.victim)
         self.observed = [False] * len(layers)
         self.n_observed = 0
+        self.n_steps = 0  # fused eviction steps run
         for i, layer in enumerate(layers):
             layer._join(self, i)
 
@@ -476,10 +478,10 @@ class _FusedLayers:
         self.observed[i] = True
         self.n_observed += 1
         if self.n_observed == len(self.layers):
+            self.n_steps += 1
             if self.probs is not None:
                 torch.stack(self._probs_in, out=self.probs)  # type: ignore[arg-type]
-            self._evict(None if self.probs is None else self.probs[..., 0, :], self.layers[0].cumulative_length,
-                        self._bufs)
+            self._evict(None if self.probs is None else self._p, self.layers[0].cumulative_length, self._bufs)
             self.observed = [False] * len(self.layers)
             self.n_observed = 0
 
@@ -571,6 +573,7 @@ class EvictionCache(Cache):
         if not isinstance(fuse_layers, bool):
             raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
         self._can_fuse = fuse_layers
+        self._groups: list[_FusedLayers] = []
         ref = weakref.ref(self)
 
         def hook(mod: Any, args: Any, output: Any) -> None:
@@ -603,9 +606,14 @@ class EvictionCache(Cache):
                     and (la.stats is None or (la.stats.shape == a.stats.shape and la.stats.dtype == a.stats.dtype))
                     for la in layers)
         if alike:
-            _FusedLayers(list(layers))  # type: ignore[arg-type]
-        else:
-            self._can_fuse = False  # e.g. layers with different head counts: stay per layer
+            self._groups.append(_FusedLayers(list(layers)))  # type: ignore[arg-type]
+        elif any(la._kbuf.shape != a._kbuf.shape or la._vbuf.shape != a._vbuf.shape for la in layers):
+            self._can_fuse = False  # e.g. layers with different head counts: stay per layer for good
+
+    @property
+    def n_fused_steps(self) -> int:
+        """Decoding steps whose eviction ran fused over all layers (the fast path; see the module notes)."""
+        return sum(g.n_steps for g in self._groups)
 
     @property
     def n_evicted(self) -> int:
