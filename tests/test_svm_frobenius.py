@@ -188,3 +188,58 @@ def test_ldp_route_matches_cvxpy(seed):
     assert cs.violation(raw.W) <= 1e-9
     np.testing.assert_allclose(raw.W, ref.W, atol=W_ATOL)
     np.testing.assert_allclose(cs.adjoint(raw.dual), raw.W, atol=1e-9)  # W = 𝒜*(λ)
+
+
+# --------------------------------------------------------------------------- PDAS warm start (dense path)
+PDAS_CASES = [(6, 8, 10, 0), (6, 8, 10, 5), (15, 15, 20, 1), (12, 6, 9, 7), (20, 10, 16, 3)]
+
+
+@pytest.mark.parametrize("n,T,d,seed", PDAS_CASES)
+def test_pdas_warm_start_matches_cold_start_and_cvxpy(monkeypatch, n, T, d, seed):
+    """The primal-dual active-set warm start lands on the exact optimum (the Newton loop only
+    certifies it), and agrees with the cold-started projected Newton and with Clarabel."""
+    import attsvm.svm.frobenius as frobenius
+
+    p = paper_instance(n, T, d, seed=seed)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    warm = solve_frobenius(cs)
+    assert warm.status == "optimal"
+    assert 1 <= warm.info["pdas_iterations"] < frobenius.PDAS_MAX_ITER  # the face settled ...
+    assert warm.n_iter == warm.info["pdas_iterations"] + 1  # ... and was certified at once
+    monkeypatch.setattr(frobenius, "PDAS_MAX_K", 0)  # cold start from λ = 0
+    cold = solve_frobenius(cs)
+    assert "pdas_iterations" not in cold.info and cold.status == "optimal"
+    np.testing.assert_allclose(warm.W, cold.W, atol=PATH_TOL * max(1.0, np.abs(cold.W).max()))
+    ref = solve_cvxpy(cs, "fro")
+    assert float(np.linalg.norm(warm.W)) == pytest.approx(float(np.linalg.norm(ref.W)), rel=OBJ_RTOL)
+    assert cs.violation(warm.W) <= CERT_TOL
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4])
+def test_pdas_that_does_not_settle_falls_back_to_projected_newton(seed):
+    """d = 4 with K > r_a·r_z: the Gram matrix is singular and the active-set guess cycles; the
+    projected Newton iteration must then take over from λ = 0 and still return the optimum."""
+    import attsvm.svm.frobenius as frobenius
+
+    p = paper_instance(10, 6, 4, seed=seed)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    raw = solve_frobenius(cs)
+    assert raw.info["pdas_iterations"] == frobenius.PDAS_MAX_ITER  # the warm start gave up
+    assert raw.n_iter > frobenius.PDAS_MAX_ITER + 1
+    ref = solve_cvxpy(cs, "fro")
+    assert raw.status == "optimal" and cs.violation(raw.W) <= CERT_TOL
+    assert float(np.linalg.norm(raw.W)) == pytest.approx(float(np.linalg.norm(ref.W)), rel=OBJ_RTOL)
+
+
+def test_wrong_pdas_guess_only_moves_the_start(monkeypatch):
+    """A warm start on the wrong face (here: every constraint forced active with λ = 1) is not
+    accepted as it is: the certificate check rejects it and Newton converges to the true optimum."""
+    import attsvm.svm.frobenius as frobenius
+
+    p = paper_instance(15, 15, 20, seed=0)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    good = solve_frobenius(cs)
+    monkeypatch.setattr(frobenius, "_pdas", lambda G, b, ineq, ridge, max_iter: (np.ones(b.size), 1))
+    bad = solve_frobenius(cs)
+    assert bad.status == "optimal" and bad.n_iter > 2
+    np.testing.assert_allclose(bad.W, good.W, atol=PATH_TOL * max(1.0, np.abs(good.W).max()))

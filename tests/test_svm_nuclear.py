@@ -393,3 +393,144 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
     K, Q = balanced_factors(M, rank=r)
     *_, res = nuclear._kkt_newton(red, idx, 1.1 * K, Q, lam.ravel()[idx])
     assert res <= 1e-10
+
+
+# --------------------------------------------------------------------------- lean L-BFGS and the early Newton exit
+LBFGS_GTOL = 1e-6  # round-off in f stops L-BFGS (ours and scipy's alike) near 1e-7 on this quadratic
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lbfgs_reaches_the_minimiser_of_a_convex_quadratic_and_rosenbrock(seed: int) -> None:
+    """Our compact-form L-BFGS (the ALM's inner solver) against closed-form minimisers."""
+    from attsvm.svm.nuclear import _lbfgs
+
+    rng = np.random.default_rng(seed)
+    B = rng.standard_normal((30, 30))
+    H = B @ B.T + 0.1 * np.eye(30)  # condition number ~1e3-1e4
+    c = rng.standard_normal(30)
+    x, nit = _lbfgs(lambda x: (0.5 * x @ H @ x - c @ x, H @ x - c), np.zeros(30), gtol=LBFGS_GTOL, max_iter=5000)
+    assert np.abs(H @ x - c).max() <= LBFGS_GTOL
+    assert 0 < nit < 5000
+
+    def rosen(x: np.ndarray) -> tuple[float, np.ndarray]:
+        f = float(np.sum(100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2))
+        g = np.zeros_like(x)
+        g[:-1] = -400 * x[:-1] * (x[1:] - x[:-1] ** 2) - 2 * (1 - x[:-1])
+        g[1:] += 200 * (x[1:] - x[:-1] ** 2)
+        return f, g
+
+    x, _ = _lbfgs(rosen, rng.uniform(-1.5, 1.5, 6), gtol=1e-9, max_iter=5000)
+    np.testing.assert_allclose(x, np.ones(6), atol=1e-6)
+
+
+@pytest.mark.parametrize("n,T,d,seed", FAST_PATH_CASES)
+def test_early_newton_exit_matches_full_rounds(monkeypatch: pytest.MonkeyPatch, n: int, T: int, d: int,
+                                               seed: int) -> None:
+    """Stopping a Newton round early on a wrong-signed multiplier (then correcting the active set)
+    gives the same certified optimum as converging every round to round-off."""
+    import attsvm.svm.nuclear as nuclear
+
+    p = paper_instance(n, T, d, seed=seed)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    early_exits: list[int] = []
+    real = nuclear._wrong_sign
+
+    def spy(lam_s: np.ndarray, ineq_s: np.ndarray) -> bool:
+        out = real(lam_s, ineq_s)
+        early_exits.append(int(out))
+        return out
+
+    monkeypatch.setattr(nuclear, "_wrong_sign", spy)
+    fast = solve_nuclear(cs)
+    monkeypatch.setattr(nuclear, "_EARLY_EXIT_RES", 0.0)  # never exit early
+    full = solve_nuclear(cs)
+    for raw in (fast, full):
+        assert raw.status == "optimal"
+        viol, gap, spec = _certify(cs, raw.W, raw.dual)
+        assert viol <= VIOL_TOL and gap <= GAP_RTOL and spec <= 1 + DUAL_FEAS_TOL
+    assert abs(_nuc(fast.W) - _nuc(full.W)) <= GAP_RTOL * _nuc(full.W)
+    if (n, T, d, seed) in ((6, 8, 10, 0), (12, 6, 9, 7), (20, 10, 16, 3)):
+        assert sum(early_exits) >= 1  # the early exit is exercised on these instances
+
+
+NEWTON_STEP_RTOL = 1e-8  # the two factorisations of the same KKT Jacobian (condition ~1/δ = 1e7)
+
+
+@pytest.mark.parametrize("n,T,d,seed", [(6, 8, 10, 0), (15, 15, 20, 0), (12, 6, 9, 7)])
+def test_direct_and_eliminated_newton_steps_agree(n: int, T: int, d: int, seed: int) -> None:
+    """The whole-Jacobian LU (small systems) and the elimination in the singular basis of Y (large
+    ones) solve the same KKT system: their steps agree on a perturbed optimum, for any residual."""
+    import attsvm.svm.nuclear as nuclear
+
+    p = paper_instance(n, T, d, seed=seed)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    red, sub, _ = nuclear._reduce(cs)
+    raw = solve_nuclear(cs)
+    M = sub.U.T @ raw.W @ sub.V
+    lam = raw.dual * red.scale * red.mask
+    idx = np.flatnonzero((red.mask & (lam > 1e-9 * lam.max())).ravel())
+    K, Q = balanced_factors(M, rank=int(matrix_rank(M)))
+    Fs = red.A.reshape(-1, red.A.shape[2])[idx]
+    Zs = red.Z[idx // red.mask.shape[1]]
+    rng = np.random.default_rng(seed)
+    K = K + 1e-2 * rng.standard_normal(K.shape)
+    lam_s = lam.ravel()[idx] * (1 + 1e-2 * rng.standard_normal(idx.size))
+    for _ in range(3):
+        F = rng.standard_normal(K.size + Q.size + idx.size)
+        a = nuclear._newton_solver(Fs, Zs, K, Q, lam_s)(F)
+        b = nuclear._newton_solver_direct(Fs, Zs, K, Q, lam_s)(F)
+        assert np.abs(a - b).max() <= NEWTON_STEP_RTOL * np.abs(a).max()
+
+
+def test_collapse_onto_the_zero_saddle_is_escaped() -> None:
+    """paper_instance(15, 5, 10, seed=19): from the strictly feasible start the penalty is inactive,
+    and the first quasi-Newton steps land exactly on K = Q = 0, where the gradient vanishes for every
+    λ. The ALM must restart along 𝒜*(μ) (not report the infeasible zero matrix) and reach Clarabel's
+    optimum."""
+    import attsvm.svm.nuclear as nuclear
+
+    p = paper_instance(15, 5, 10, seed=19)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    red, _, _ = nuclear._reduce(cs)
+    K, Q = nuclear._escape_origin(red, np.zeros_like(red.b), 1.0, 3)
+    M = K @ Q.T
+    assert np.any(M) and matrix_rank(M) == 3
+    raw = solve_nuclear(cs)
+    assert raw.status == "optimal"
+    viol, gap, spec = _certify(cs, raw.W, raw.dual)
+    assert viol <= VIOL_TOL and gap <= GAP_RTOL and spec <= 1 + DUAL_FEAS_TOL
+    ref = solve_cvxpy(cs, "nuc")
+    assert abs(_nuc(raw.W) - _nuc(ref.W)) <= OBJ_RTOL * _nuc(ref.W)
+
+
+def test_infeasible_primal_is_never_reported_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weak duality makes the 'gap' of an infeasible primal negative: with the saddle escape
+    disabled, the instance above ends at W = 0, which must not pass as optimal on its gap alone."""
+    import attsvm.svm.nuclear as nuclear
+
+    monkeypatch.setattr(nuclear, "_escape_origin", lambda red, lam, rho, p: (np.zeros((red.A.shape[2], p)),
+                                                                           np.zeros((red.Z.shape[1], p))))
+    p = paper_instance(15, 5, 10, seed=19)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        raw = solve_nuclear(cs, max_iter=3)
+    assert raw.info["violation"] > VIOL_TOL
+    assert raw.status != "optimal"
+
+
+def test_infeasible_draw_without_lp_certificate_is_certified_by_the_frobenius_ray() -> None:
+    """random_instance(9, 13, 3, seed=2209) is infeasible (the feasibility LP agrees), but the
+    nuclear solver's own LP misses the certificate at its tolerances; the Frobenius dual ray, which
+    does not depend on the norm, supplies it, and it is checked here from scratch."""
+    p = random_instance(9, 13, 3, seed=2209)
+    alpha = p.optimal_tokens(ties="first")
+    cs = att_svm_constraints(p, alpha)
+    assert not feasible(p, alpha)
+    assert infeasibility_certificate(cs) is None  # the case this fallback is for
+    raw = solve_nuclear(cs)
+    assert raw.status == "infeasible" and raw.W is None
+    lam = raw.dual
+    assert np.all(lam[cs.inequality] >= 0) and float((cs.rhs * lam).sum()) > 0
+    scale = float(np.sqrt(cs.gram_diag().max()))
+    assert np.linalg.norm(cs.adjoint(lam)) <= CERT_TOL * scale * np.abs(lam).sum()

@@ -11,17 +11,22 @@ Method (and why)
    ``Q`` (r_z, p), ``p ≤ min(r_a, r_z)`` — the nuclear norm becomes a smooth quadratic.
 3. Constraints enter through the augmented Lagrangian ``(‖μ‖² − ‖λ‖²)/(2ρ)``,
    ``μ = λ − ρ(𝒜(M) − b)`` (clipped at 0 on inequality rows); each subproblem is smooth and is
-   minimised by L-BFGS (scipy) warm-started from the previous one; ``λ ← μ`` between them.
-   Every evaluation is a handful of dense products, O(n·T·r_a + n·r_a·r_z + (r_a + r_z)·p·r_z).
+   minimised by L-BFGS warm-started from the previous one; ``λ ← μ`` between them. With at most
+   400 constraint rows the L-BFGS is our own compact-form one (:func:`_lbfgs`), since scipy's
+   wrapper cost more per iteration than the evaluation itself there; above, scipy's L-BFGS-B.
+   Every evaluation is a handful of dense products, O(K·(r_a + r_z)·p + n·r_z·p).
    The number of columns p starts small and doubles while all are in use; a dead column is
    re-seeded along the top singular pair of ``𝒜*(λ)`` when that exceeds 1 (saddle escape).
 4. Polish: first-order methods stall near 1e-7 relative accuracy, so as early as possible — after
-   the first, loosely solved (gtol 1e-3) subproblem once the gap is below 0.1 — the rank r and the
-   tight rows S are read off and the smooth KKT system of
+   the first, loosely solved (gtol 1e-3; 1e-2 with at most 400 rows) subproblem once the gap is
+   below 0.1 — the rank r and the tight rows S are read off and the smooth KKT system of
    ``min ½(‖K‖² + ‖Q‖²) s.t. 𝒜_S(KQᵀ) = b_S`` (K, Q with r columns) is solved by Newton's method,
-   with the (K, Q) block eliminated in the singular basis of ``𝒜*(λ)``; wrong guesses are
+   with the (K, Q) block eliminated in the singular basis of ``𝒜*(λ)`` (systems of at most
+   160 unknowns: one LU of the whole Jacobian, cheaper there); wrong guesses are
    corrected (rows with λ < 0 released, violated rows added, then a rank added while
-   ‖𝒜*(λ)‖₂ > 1). Newton stops as soon as it stagnates (a wrong guess has no KKT point), and
+   ‖𝒜*(λ)‖₂ > 1). A round whose multipliers already show a wrong sign once its residual is below
+   1e-3 is cut short (its set is corrected without converging it to round-off). Newton stops
+   as soon as it stagnates (a wrong guess has no KKT point), and
    after two failed rounds the polish hands back to the augmented Lagrangian, which tightens its
    subproblems and polishes again at each tenfold drop of the gap: the slow, safe path stays the
    fallback. This gives primal and dual to round-off (relative gaps ≈ 1e-15 in practice).
@@ -54,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.linalg import lu_factor, lu_solve
+from scipy.linalg.lapack import dgetrf, dgetrs, dtrtrs
 from scipy.optimize import linprog, minimize
 
 from .._validation import check_finite_scalar, check_positive_int
@@ -83,12 +88,29 @@ _CHORD_RATE = 0.2
 # ... and on small systems (at most this many rows) at every step: factorising is cheaper than the
 # extra steps of the linearly converging chord iteration.
 _CHORD_MIN_ROWS = 200
+# KKT systems with at most this many unknowns ((r_a + r_z)·r + |S|) are factorised whole
+# (:func:`_newton_solver_direct`); larger ones through the elimination of :func:`_newton_solver`.
+_DIRECT_KKT_MAX = 160
 # Relative singular-value thresholds for the polish's initial rank guess: tried in this order.
 _RANK_RTOL_FAST = 1e-3
 _RANK_RTOL_SAFE = 1e-6
 # ALM relative gap below which the active-set Newton polish is first tried (then at each tenfold
 # decrease of the gap while it fails).
 _POLISH_GAP = 1e-1
+# Newton on a fixed active set stops early (the set is corrected first) once its KKT residual is
+# below _EARLY_EXIT_RES while an inequality row has a multiplier below −_EARLY_EXIT_LAM·max|λ|.
+_EARLY_EXIT_RES = 1e-3
+_EARLY_EXIT_LAM = 1e-6
+# ... and then adds the rows outside S violated by more than this multiple of its residual.
+_EARLY_VIOL_FACTOR = 100.0
+# L-BFGS: number of stored (s, y) pairs and of step halvings before the line search gives up.
+_LBFGS_MEMORY = 20
+_LBFGS_MAX_HALVINGS = 40
+# Gradient tolerance of the first augmented-Lagrangian subproblem (tightened afterwards), and the
+# looser one used when there are at most _SMALL_K constraint rows (which also get our lean L-BFGS).
+_GTOL0 = 1e-3
+_GTOL0_SMALL = 1e-2
+_SMALL_K = 400
 
 
 # ----------------------------------------------------------------------------- reduced operator
@@ -292,8 +314,8 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
     Au, Zu = At[:q], Zt[:q]
     ap = eu + 1.0 / h_p
     am = eu - 1.0 / h_p
-    Sm = 0.5 * ((Au.T * ap) @ Au * Gqq + (Zu.T * ap) @ Zu * Gkk
-                + (Au.T * am) @ Zu * Gqk + (Zu.T * am) @ Au * Gqk.T)
+    X = (Au.T * am) @ Zu * Gqk  # the two cross terms are X + Xᵀ
+    Sm = 0.5 * ((Au.T * ap) @ Au * Gqq + (Zu.T * ap) @ Zu * Gkk + X + X.T)
     Sm += (At[q:].T @ At[q:]) * Gqq / h_r + (Zt[q:].T @ Zt[q:]) * Gkk / h_r
     # u coordinates kept (σ_i ≈ 1): ChR (nRi·r, s)
     ChR = (c * (At[:q][Ri][:, None, :] * ZQ.T[None] + Zt[:q][Ri][:, None, :] * FK.T[None])).reshape(-1, s)
@@ -304,10 +326,11 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
     Jr[:nR, nR:] = -ChR
     Jr[nR:, :nR] = ChR.T
     Jr[nR:, nR:] = Sm
-    try:
-        lu = lu_factor(Jr, check_finite=False)
-        solve = lambda b: lu_solve(lu, b, check_finite=False)  # noqa: E731
-    except (np.linalg.LinAlgError, ValueError):  # pragma: no cover - singular reduced system
+    # LAPACK's LU directly: scipy's wrappers cost more than the factorisation at these sizes
+    lu, piv, info = dgetrf(Jr, overwrite_a=1)
+    if info == 0:
+        solve = lambda b: dgetrs(lu, piv, b)[0]  # noqa: E731
+    else:  # pragma: no cover - singular reduced system
         pinv = np.linalg.pinv(Jr)
         solve = lambda b: pinv @ b  # noqa: E731
 
@@ -316,7 +339,7 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
         g = -F[nK + nQ:]
         # Cᵀ D⁻¹ f over the eliminated coordinates, through the orthogonal inverse transform
         GK, GQ = from_xi(fu * eu[:, None], fw / h_p[:, None], fa / h_r, fb / h_r)
-        ctf = np.einsum("ka,ar,kr->k", Fs, GK, ZQ) + np.einsum("kz,zr,kr->k", Zs, GQ, FK)
+        ctf = ((Fs @ GK) * ZQ).sum(1) + ((Zs @ GQ) * FK).sum(1)
         sol = solve(np.concatenate([fu[Ri].ravel(), g - ctf]))
         dlam = sol[nR:]
         du, dw, da, db = to_xi(Fs.T @ (dlam[:, None] * ZQ), Zs.T @ (dlam[:, None] * FK))  # C·Δλ
@@ -328,8 +351,46 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
     return step
 
 
+def _newton_solver_direct(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[np.float64],
+                          Q: NDArray[np.float64], lam_s: NDArray[np.float64], *, delta: float = 1e-7):
+    """The same ``F ↦ −J⁻¹F`` as :func:`_newton_solver`, by one LU of the whole Jacobian.
+
+    ``J = [[(1 + δ)I, −Y ⊗ I_r, −C_K], [−Yᵀ ⊗ I_r, (1 + δ)I, −C_Q], [C_Kᵀ, C_Qᵀ, 0]]`` (row-major
+    vec of K and Q, then λ_S; ``C_K``'s column k is vec(a_k (Qᵀz_k)ᵀ), ``C_Q``'s vec(z_k (Kᵀa_k)ᵀ)).
+    For small systems (at most :data:`_DIRECT_KKT_MAX` unknowns) assembling and factorising it is
+    cheaper than the elimination in the singular basis of Y, whose many small products dominate there.
+    """
+    r_a, r = K.shape
+    r_z = Q.shape[0]
+    s = lam_s.size
+    nK, nQ = r_a * r, r_z * r
+    nX = nK + nQ
+    Y = (Fs * lam_s[:, None]).T @ Zs  # (r_a, r_z)
+    FK, ZQ = Fs @ K, Zs @ Q  # (s, r): Kᵀa_k and Qᵀz_k
+    CK = (Fs[:, :, None] * ZQ[:, None, :]).reshape(s, nK)
+    CQ = (Zs[:, :, None] * FK[:, None, :]).reshape(s, nQ)
+    B = np.zeros((r_a, r, r_z, r))
+    ar = np.arange(r)
+    B[:, ar, :, ar] = -Y  # ∂(K − YQ)/∂Q = −Y ⊗ I_r
+    B = B.reshape(nK, nQ)
+    J = np.zeros((nX + s, nX + s))
+    J.flat[: nX * (nX + s + 1): nX + s + 1] = 1.0 + delta
+    J[:nK, nK:nX] = B
+    J[nK:nX, :nK] = B.T
+    J[:nK, nX:] = -CK.T
+    J[nK:nX, nX:] = -CQ.T
+    J[nX:, :nK] = CK
+    J[nX:, nK:nX] = CQ
+    lu, piv, info = dgetrf(J, overwrite_a=1)
+    if info == 0:
+        return lambda F: -dgetrs(lu, piv, F)[0]
+    pinv = np.linalg.pinv(J)  # pragma: no cover - singular system
+    return lambda F: -(pinv @ F)
+
+
 def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q: NDArray[np.float64],
-                lam_s: NDArray[np.float64], *, max_newton: int = 30, ftol: float = 1e-13
+                lam_s: NDArray[np.float64], *, max_newton: int = 30, ftol: float = 1e-13,
+                ineq_s: NDArray[np.bool_] | None = None
                 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], float]:
     """Newton's method on the smooth KKT system of the fixed-rank, fixed-active-set problem.
 
@@ -337,6 +398,10 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
     ``K = Y Q``, ``Q = Yᵀ K``, ``𝒜_S(K Qᵀ) = b_S`` with ``Y = Σ_S λ_k a_k z_kᵀ`` — a square system in
     (K, Q, λ_S), singular only along the orthogonal gauge ``(K O, Q O)``, which a tiny Tikhonov
     term on the (K, Q) block removes. Converges quadratically from the augmented-Lagrangian point.
+
+    ``ineq_s`` (bool over S, the inequality rows) enables an early exit: once the residual is below
+    :data:`_EARLY_EXIT_RES` and some inequality row has a clearly negative multiplier, this active
+    set is wrong (the polish will release that row), so converging it to round-off is wasted work.
     """
     T = red.mask.shape[1]
     r_a, r = K.shape
@@ -360,12 +425,15 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
     for it in range(max_newton):
         if nrm <= ftol:
             break
+        if ineq_s is not None and nrm <= _EARLY_EXIT_RES and _wrong_sign(lam_s, ineq_s):
+            break
         # stagnation: a wrong rank / active-set guess has no KKT point; Newton then crawls. Give up
         # early (the caller corrects the guess) instead of spending max_newton factorisations.
         if it >= _NEWTON_PATIENCE and nrm > 0.5 * hist[-_NEWTON_PATIENCE]:
             break
         if solver is None:
-            solver, fresh = _newton_solver(Fs, Zs, K, Q, lam_s), True
+            small = (r_a + r_z) * K.shape[1] + s <= _DIRECT_KKT_MAX
+            solver, fresh = (_newton_solver_direct if small else _newton_solver)(Fs, Zs, K, Q, lam_s), True
         step = solver(F)
         t = 1.0
         for _ls in range(30):
@@ -388,6 +456,11 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
         K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
         hist.append(nrm)
     return K, Q, lam_s, nrm
+
+
+def _wrong_sign(lam_s: NDArray[np.float64], ineq_s: NDArray[np.bool_]) -> bool:
+    """Does an inequality row carry a multiplier clearly below 0 (the active set must change)?"""
+    return bool(np.any(lam_s[ineq_s] < -_EARLY_EXIT_LAM * np.abs(lam_s).max(initial=0.0)))
 
 
 def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, max_rounds: int = 8,
@@ -413,10 +486,13 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *,
         idx = np.flatnonzero(S.ravel())
         if idx.size == 0:
             return None
-        K, Q, lam_s, res = _kkt_newton(red, idx, K, Q, lam_full.ravel()[idx])
+        ineq_s = red.ineq.ravel()[idx]
+        K, Q, lam_s, res = _kkt_newton(red, idx, K, Q, lam_full.ravel()[idx], ineq_s=ineq_s)
         # a guess far from the optimum keeps Newton from converging round after round: hand back to
-        # the augmented Lagrangian (cheaper than more Newton rounds) and retry from a better point
-        failed = failed + 1 if res > 1e-10 else 0
+        # the augmented Lagrangian (cheaper than more Newton rounds) and retry from a better point.
+        # An early exit on a wrong-signed multiplier (see _kkt_newton) is progress, not a failure.
+        early = 1e-10 < res <= _EARLY_EXIT_RES and _wrong_sign(lam_s, ineq_s)
+        failed = failed + 1 if res > 1e-10 and not early else 0
         if failed >= max_failed:
             return None
         lam_full = np.zeros(n * T)
@@ -429,7 +505,10 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *,
             S = S & ~neg
             lam_full = np.where(neg, 0.0, lam_full)
             changed = True
-        viol = red.ineq & ~S & (m < red.b - 1e-12 * np.maximum(1.0, np.abs(red.b)))
+        # (after an early exit the point is only accurate to ~res: a row counts as violated only
+        # beyond _EARLY_VIOL_FACTOR·res, so that round-off of the unconverged point adds nothing)
+        vtol = max(1e-12, _EARLY_VIOL_FACTOR * res) if early else 1e-12
+        viol = red.ineq & ~S & (m < red.b - vtol * np.maximum(1.0, np.abs(red.b)))
         if viol.any():
             S = S | viol
             changed = True
@@ -464,6 +543,82 @@ def _dual_bound(red: _Reduced, lam: NDArray[np.float64]) -> tuple[float, float]:
     return float((red.b * lam).sum()) / max(1.0, spec), spec
 
 
+# ----------------------------------------------------------------------------- L-BFGS
+def _lbfgs(fg, x: NDArray[np.float64], *, gtol: float, max_iter: int, memory: int = _LBFGS_MEMORY
+           ) -> tuple[NDArray[np.float64], int]:
+    """Minimise a smooth function by L-BFGS until ``max|∇f| ≤ gtol``; returns (x, iterations).
+
+    ``fg(x) -> (f, ∇f)``. A lean replacement for scipy's L-BFGS-B on our small, unconstrained
+    subproblems, where the wrapper's per-iteration overhead cost more than the evaluation itself.
+    The inverse-Hessian product uses the compact representation of Byrd, Nocedal & Schnabel (1994)
+    (Nocedal & Wright, eq. 7.24): ``H g = γg + S u − γ Y w`` with ``R w = Sᵀg`` and
+    ``Rᵀ u = (D + γYᵀY) w − γYᵀg`` — two triangular solves of size ``memory`` and three products
+    with the (memory, len x) history, instead of a Python loop over the pairs. The step is an Armijo
+    backtracking search from 1 (from ``1/‖g‖`` on the first iteration); a pair is stored only when
+    ``sᵀy > 0`` (so H stays positive definite). Stops early when no decrease is possible any more.
+    """
+    f, g = fg(x)
+    nv = x.size
+    H = np.empty((2, memory, nv))  # the stored pairs: H[0] = S (s_i rows), H[1] = Y (y_i rows)
+    S, Y = H[0], H[1]
+    SY = np.empty((memory, memory))  # SY[i, j] = s_iᵀ y_j (upper triangle: R; diagonal: D)
+    YY = np.empty((memory, memory))
+    k = 0
+    gamma = 1.0
+    it = 0
+    for it in range(1, max_iter + 1):
+        if np.abs(g).max(initial=0.0) <= gtol:
+            return x, it - 1
+        if k == 0:
+            d = -g
+            t = min(1.0, 1.0 / max(float(np.sqrt(g @ g)), 1e-300))
+        else:
+            a, c = H[:, :k] @ g  # Sᵀg, Yᵀg
+            R = SY[:k, :k]
+            w, _ = dtrtrs(R, a, lower=0, trans=0)
+            u, _ = dtrtrs(R, R.diagonal() * w + gamma * (YY[:k, :k] @ w - c), lower=0, trans=1)
+            d = gamma * (w @ Y[:k] - g) - u @ S[:k]
+            t = 1.0
+        slope = float(g @ d)
+        if slope >= 0:  # not a descent direction (round-off): restart from the gradient
+            k, d, slope = 0, -g, -float(g @ g)
+            t = min(1.0, 1.0 / max(float(np.sqrt(-slope)), 1e-300))
+        for _ in range(_LBFGS_MAX_HALVINGS):
+            xn = x + t * d
+            fn, gn = fg(xn)
+            if fn <= f + 1e-4 * t * slope:
+                break
+            t *= 0.5
+        else:
+            return x, it  # no decrease along d: x is stationary to round-off
+        s_new = xn - x
+        y_new = gn - g
+        sy = float(s_new @ y_new)
+        yy_new = float(y_new @ y_new)
+        if sy > 1e-12 * float(np.sqrt((s_new @ s_new) * yy_new)):
+            if k == memory:  # drop the oldest pair (numpy copies overlapping slices safely)
+                H[:, :-1] = H[:, 1:]
+                SY[:-1, :-1] = SY[1:, 1:]
+                YY[:-1, :-1] = YY[1:, 1:]
+                k -= 1
+            S[k] = s_new
+            Y[k] = y_new
+            SY[:k, k] = S[:k] @ y_new
+            SY[k, :k] = Y[:k] @ s_new
+            SY[k, k] = sy
+            yy = Y[:k] @ y_new
+            YY[:k, k] = yy
+            YY[k, :k] = yy
+            YY[k, k] = yy_new
+            gamma = sy / yy_new
+            k += 1
+        stop = f - fn <= 1e-16 * max(abs(f), abs(fn), 1.0)
+        x, f, g = xn, fn, gn
+        if stop:
+            return x, it
+    return x, it
+
+
 # ----------------------------------------------------------------------------- the ALM engine
 @dataclass
 class _ALMResult:
@@ -478,12 +633,13 @@ class _ALMResult:
     n_inner: int
     stalled: bool
     converged: bool
+    M: NDArray[np.float64] | None = None  # the exactly feasible primal whose ‖·‖_* is ``primal`` (certify)
 
 
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
          rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True,
          grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 5000,
-         gtol0: float = 1e-3) -> _ALMResult:
+         gtol0: float = _GTOL0) -> _ALMResult:
     """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
     With ``grow_rank`` the number of columns p starts small and doubles (up to min(r_a, r_z))
@@ -499,7 +655,37 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
     if rho is None:
         rho = max(1.0, float(np.sqrt(mask.sum())))
 
+    # our lean L-BFGS where scipy's per-iteration overhead would dominate (module doc, step 3)
+    lean = mask.sum() <= _SMALL_K
+    # the constraint rows flattened once: every evaluation is then a few dense products on (K_c, ·)
+    idx = np.flatnonzero(mask.ravel())
+    Fs = red.A.reshape(-1, r_a)[idx]  # (K_c, r_a) features a_k
+    seq = idx // mask.shape[1]
+    Zs = red.Z[seq]  # (K_c, r_z) queries z_k
+    bs = red.b.ravel()[idx]
+    ineq_s = ineq.ravel()[idx]
+
     def fg(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        p = x.size // (r_a + r_z)
+        nK = r_a * p
+        Kx = x[:nK].reshape(r_a, p)
+        Qx = x[nK:].reshape(r_z, p)
+        FK = Fs @ Kx  # (K_c, p): Kᵀa_k
+        ZQ = (red.Z @ Qx)[seq]  # (K_c, p): Qᵀz_k
+        mu = shift - rho * np.einsum("kp,kp->k", FK, ZQ)  # λ − ρ(𝒜(KQᵀ) − b)
+        np.maximum(mu, 0.0, out=mu, where=ineq_s)
+        f = 0.5 * (x @ x) + (mu @ mu - lam_sq) / (2 * rho)
+        # Y = 𝒜*(μ) = Σ μ_k a_k z_kᵀ; grad_K = K − Y Q, grad_Q = Q − Yᵀ K, without forming Y
+        g = x.copy()
+        g[:nK] -= (Fs.T @ (mu[:, None] * ZQ)).ravel()
+        g[nK:] -= (Zs.T @ (mu[:, None] * FK)).ravel()
+        return float(f), g
+
+    def fg_nt(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        # the same function on the (n, T) layout, for scipy's L-BFGS-B on large problems. Kept as it
+        # was: the first polish is tried from a loosely solved subproblem, and whether it succeeds
+        # there can hinge on round-off-level differences of the L-BFGS path (a failure costs an
+        # extra outer iteration), so the large sizes keep the path their benchmarks were measured on.
         p = x.size // (r_a + r_z)
         nK = r_a * p
         Kx = x[:nK].reshape(r_a, p)
@@ -509,7 +695,6 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
         mu = np.where(ineq, np.maximum(mu, 0.0), mu) * mask
         f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam * mask, lam)) / (2 * rho)
         B = np.einsum("nt,ntr->nr", mu, red.A)  # (n, r_a)
-        # Y = 𝒜*(μ) = Bᵀ Z; grad_K = K − Y Q, grad_Q = Q − Yᵀ K, without forming Y when cheaper
         gK = Kx - B.T @ (red.Z @ Qx)
         gQ = Qx - red.Z.T @ (B @ Kx)
         return float(f), np.concatenate([gK.ravel(), gQ.ravel()])
@@ -523,10 +708,23 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
     gtol = gtol0
     next_polish = _POLISH_GAP
     for outer in range(1, max_iter + 1):
-        res = minimize(fg, x, jac=True, method="L-BFGS-B",
-                       options={"maxiter": inner_max, "maxcor": 20, "gtol": gtol, "ftol": 1e-16})
-        x = res.x
-        n_inner += int(res.nit)
+        lam_s = lam.ravel()[idx]
+        shift, lam_sq = lam_s + rho * bs, float(lam_s @ lam_s)  # constants of this subproblem
+        for _attempt in range(2):
+            if lean:
+                x, nit = _lbfgs(fg, x, gtol=gtol, max_iter=inner_max)
+            else:  # large subproblems: the evaluation dominates, and scipy's line search is the safer one
+                res = minimize(fg_nt, x, jac=True, method="L-BFGS-B",
+                               options={"maxiter": inner_max, "maxcor": _LBFGS_MEMORY, "gtol": gtol, "ftol": 1e-16})
+                x, nit = res.x, int(res.nit)
+            n_inner += nit
+            if np.any(x):
+                break
+            # K = Q = 0 is stationary for every λ (a saddle): from a strictly feasible start, where the
+            # penalty is inactive and f = ½‖x‖², a quasi-Newton step can land on it exactly. Restart
+            # along the descent directions there, the top singular pairs of 𝒜*(μ) at M = 0.
+            logger.debug("  factors collapsed onto K = Q = 0: restarting along 𝒜*(μ)")
+            x = np.concatenate([v.ravel() for v in _escape_origin(red, lam, rho, p)])
         nK = r_a * p
         Kx = x[:nK].reshape(r_a, p)
         Qx = x[nK:].reshape(r_z, p)
@@ -563,11 +761,14 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
                                  pol.rounds, pol.residual, pp, dp, gp, vp)
                     if vp <= 1e-9 * scale_b and gp < gap:
                         Kx, Qx, viol, primal, dual, gap, lam_cert = pol.K, pol.Q, vp, pp, dp, gp, pol.lam
+                        Mf = Mp
         else:
             viol, primal, dual, gap = raw_viol, 0.5 * float(np.vdot(Kx, Kx) + np.vdot(Qx, Qx)), -np.inf, np.inf
-        cur = _ALMResult(Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False)
+            Mf = None
+        cur = _ALMResult(Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False,
+                         Mf)
         logger.debug("ALM outer %d: rho=%.2e inner=%d viol=%.2e primal=%.12g dual=%.12g gap=%.2e",
-                      outer, rho, res.nit, raw_viol, primal, dual, gap)
+                      outer, rho, nit, raw_viol, primal, dual, gap)
         if certify and (best is None or _better(cur, best, 1e-9 * scale_b)):
             best = cur
         elif not certify:
@@ -617,6 +818,24 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             return best
     assert best is not None
     return best
+
+
+def _escape_origin(red: _Reduced, lam: NDArray[np.float64], rho: float, p: int, *, eps: float = 1e-2
+                   ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Factors (K, Q) with p columns near the saddle K = Q = 0 of the augmented Lagrangian, along its
+    descent directions: at M = 0 the multipliers are ``μ = λ + ρb`` (clipped on inequalities) and
+    ``f(εu, εv) ≈ f(0) + ε²(½‖u‖² + ½‖v‖² − uᵀ𝒜*(μ)v)``, which decreases along the top singular
+    pairs of ``𝒜*(μ)`` whose singular value exceeds 1. Returns ``ε·U_p √σ_p``, ``ε·V_p √σ_p``."""
+    r_a, r_z = red.A.shape[2], red.Z.shape[1]
+    mu = np.where(red.ineq, np.maximum(lam + rho * red.b, 0.0), lam + rho * red.b) * red.mask
+    U, sig, Vt = np.linalg.svd(red.adjoint(mu), full_matrices=False)
+    q = min(p, sig.size)
+    root = eps * np.sqrt(sig[:q])
+    K = np.zeros((r_a, p))
+    Q = np.zeros((r_z, p))
+    K[:, :q] = U[:, :q] * root
+    Q[:, :q] = Vt[:q].T * root
+    return K, Q
 
 
 def _better(a: _ALMResult, b: _ALMResult, feas_tol: float) -> bool:
@@ -715,7 +934,10 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
     p = min(r_a, r_z, max(_P0, int(round(0.5 * np.sqrt(red.mask.sum())))))
     rng = np.random.default_rng(seed)
     K, Q = _initial_factors(red, p, rng)
-    res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng)
+    # small problems: a looser first subproblem before the first polish (fewer L-BFGS iterations;
+    # the active-set corrections of the polish absorb the rougher guess at that size)
+    gtol0 = _GTOL0_SMALL if red.mask.sum() <= _SMALL_K else _GTOL0
+    res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng, gtol0=gtol0)
     info = {"solver": "alm-burer-monteiro", "rank_reduced": (r_a, r_z), "outer_iterations": res.n_outer,
             "inner_iterations": res.n_inner, "time": None}
     if res.violation > 1e-6 * max(1.0, float(np.abs(cs.rhs).max())):
@@ -724,14 +946,26 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
             info.update(reason="augmented Lagrangian stalled; LP certificate found",
                         time=time.perf_counter() - t0)
             return RawSolution(None, cert, "infeasible", res.n_outer, info)
-    M = _make_feasible(red, res.K @ res.Q.T)
+        # feasibility does not depend on the norm: the Frobenius solver's dual ray is a certificate
+        # too (SPEC §3), and it finds one where the LP's tolerances reject a nearly degenerate λ
+        from .frobenius import solve_frobenius
+
+        fro = solve_frobenius(cs)
+        if fro.status == "infeasible":
+            info.update(reason="augmented Lagrangian stalled; certificate from the Frobenius dual ray",
+                        time=time.perf_counter() - t0)
+            return RawSolution(None, fro.dual, "infeasible", res.n_outer, info)
+    M = _make_feasible(red, res.K @ res.Q.T) if res.M is None else res.M  # (already made feasible)
     W = sub.lift(M)
-    status = "optimal" if (res.converged or res.gap <= tol) else "optimal_inaccurate"
+    # (a gap ≤ tol counts only for a feasible primal: an infeasible one can have a negative gap)
+    feasible = res.violation <= 1e-9 * max(1.0, float(np.abs(red.b).max(initial=0.0)))
+    status = "optimal" if (res.converged or (res.gap <= tol and feasible)) else "optimal_inaccurate"
     if status != "optimal":
         warnings.warn(f"solve_nuclear stopped after {res.n_outer} outer iterations with relative gap "
                       f"{res.gap:.2e} > tol={tol:.1e} (violation {res.violation:.1e})", RuntimeWarning,
                       stacklevel=2)
-    info.update(objective=_nuclear(M), dual_objective=res.dual, relative_gap=res.gap,
+    objective = res.primal if res.M is not None else _nuclear(M)
+    info.update(objective=objective, dual_objective=res.dual, relative_gap=res.gap,
                 violation=cs.violation(W), time=time.perf_counter() - t0)
     return RawSolution(W, _lift_dual(red, res.lam), status, res.n_outer, info)
 
