@@ -295,7 +295,7 @@ class AttentionSVM:
             tight = np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(b))
             self.support_ = cs.mask & (tight | cs.equality)
         # = cs.violation(W), from the margins already at hand
-        viol = float(np.where(ineq, -r, 0.0).max(initial=0.0))
+        viol = float(np.where(ineq, -r, 0.0).max(initial=0.0)) + 0.0  # + 0.0: never print -0.0
         if has_eq:
             viol = max(viol, float(np.where(cs.equality, np.abs(r), 0.0).max(initial=0.0)))
         self.max_violation_ = viol
