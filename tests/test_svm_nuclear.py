@@ -504,12 +504,15 @@ def test_collapse_onto_the_zero_saddle_is_escaped() -> None:
 
 
 def test_infeasible_primal_is_never_reported_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Weak duality makes the 'gap' of an infeasible primal negative: with the saddle escape
-    disabled, the instance above ends at W = 0, which must not pass as optimal on its gap alone."""
+    """Weak duality makes the 'gap' of an infeasible primal negative: started on the saddle K = Q = 0
+    with the saddle escape disabled, the solver ends at W = 0, which must not pass as optimal on its
+    gap alone."""
     import attsvm.svm.nuclear as nuclear
 
-    monkeypatch.setattr(nuclear, "_escape_origin", lambda red, lam, rho, p: (np.zeros((red.A.shape[2], p)),
-                                                                           np.zeros((red.Z.shape[1], p))))
+    zeros = lambda red, p, *args, **kwargs: (np.zeros((red.A.shape[2], p)), np.zeros((red.Z.shape[1], p)))  # noqa: E731
+    monkeypatch.setattr(nuclear, "_escape_origin", lambda red, lam, rho, p: zeros(red, p))
+    # both paths (the lean one and scipy's, which solve_nuclear falls back to) start on the saddle
+    monkeypatch.setattr(nuclear, "_initial_factors", zeros)
     p = paper_instance(15, 5, 10, seed=19)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     with warnings.catch_warnings():

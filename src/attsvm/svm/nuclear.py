@@ -13,7 +13,10 @@ Method (and why)
    ``μ = λ − ρ(𝒜(M) − b)`` (clipped at 0 on inequality rows); each subproblem is smooth and is
    minimised by L-BFGS warm-started from the previous one; ``λ ← μ`` between them. With at most
    400 constraint rows the L-BFGS is our own compact-form one (:func:`_lbfgs`), since scipy's
-   wrapper cost more per iteration than the evaluation itself there; above, scipy's L-BFGS-B.
+   wrapper cost more per iteration than the evaluation itself there; above, scipy's L-BFGS-B. The
+   lean path is a fast path only: after two polishes (step 4) that did not certify, the solve restarts
+   with scipy's L-BFGS-B, whose Wolfe line search gives steadier points on badly scaled data (real
+   attention heads); ``info["path"]`` says which ran.
    Every evaluation is a handful of dense products, O(K·(r_a + r_z)·p + n·r_z·p).
    The number of columns p starts small and doubles while all are in use; a dead column is
    re-seeded along the top singular pair of ``𝒜*(λ)`` when that exceeds 1 (saddle escape).
@@ -111,6 +114,8 @@ _LBFGS_MAX_HALVINGS = 40
 _GTOL0 = 1e-3
 _GTOL0_SMALL = 1e-2
 _SMALL_K = 400
+# the lean path (our L-BFGS) hands over to scipy's L-BFGS-B after this many polishes that did not certify
+_LEAN_MAX_FAILED_POLISH = 2
 
 
 # ----------------------------------------------------------------------------- reduced operator
@@ -639,12 +644,14 @@ class _ALMResult:
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
          rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True,
          grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 5000,
-         gtol0: float = _GTOL0) -> _ALMResult:
+         gtol0: float = _GTOL0, lean: bool | None = None, max_failed_polish: int | None = None) -> _ALMResult:
     """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
     With ``grow_rank`` the number of columns p starts small and doubles (up to min(r_a, r_z))
     whenever every column of the current factors is in use, so that a low-rank optimum is found
-    with few variables.
+    with few variables. ``lean`` picks our L-BFGS (default: at most ``_SMALL_K`` rows) over scipy's;
+    ``max_failed_polish`` returns early (not converged) after that many polish attempts that did not
+    certify, so that the caller can switch paths (see :func:`solve_nuclear`).
     """
     r_a, p = K.shape
     r_z = Q.shape[0]
@@ -656,7 +663,9 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
         rho = max(1.0, float(np.sqrt(mask.sum())))
 
     # our lean L-BFGS where scipy's per-iteration overhead would dominate (module doc, step 3)
-    lean = mask.sum() <= _SMALL_K
+    if lean is None:
+        lean = bool(mask.sum() <= _SMALL_K)
+    failed_polish = 0
     # the constraint rows flattened once: every evaluation is then a few dense products on (K_c, ·)
     idx = np.flatnonzero(mask.ravel())
     Fs = red.A.reshape(-1, r_a)[idx]  # (K_c, r_a) features a_k
@@ -762,6 +771,8 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
                     if vp <= 1e-9 * scale_b and gp < gap:
                         Kx, Qx, viol, primal, dual, gap, lam_cert = pol.K, pol.Q, vp, pp, dp, gp, pol.lam
                         Mf = Mp
+                if pol is None or gap > tol:
+                    failed_polish += 1
         else:
             viol, primal, dual, gap = raw_viol, 0.5 * float(np.vdot(Kx, Kx) + np.vdot(Qx, Qx)), -np.inf, np.inf
             Mf = None
@@ -780,6 +791,9 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             return best
         if not certify and raw_viol <= max(tol, 1e-12) * scale_b and outer > 1:
             best.converged = True
+            return best
+        if max_failed_polish is not None and failed_polish >= max_failed_polish:
+            assert best is not None
             return best
         # penalty update: raise rho when the violation does not drop fast enough
         if raw_viol > 0.25 * prev_viol and raw_viol > 1e-10 * scale_b:
@@ -936,12 +950,34 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
     K, Q = _initial_factors(red, p, rng)
     # small problems: a looser first subproblem before the first polish (fewer L-BFGS iterations;
     # the active-set corrections of the polish absorb the rougher guess at that size)
-    gtol0 = _GTOL0_SMALL if red.mask.sum() <= _SMALL_K else _GTOL0
-    res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng, gtol0=gtol0)
-    info = {"solver": "alm-burer-monteiro", "rank_reduced": (r_a, r_z), "outer_iterations": res.n_outer,
-            "inner_iterations": res.n_inner, "time": None}
-    if res.violation > 1e-6 * max(1.0, float(np.abs(cs.rhs).max())):
+    small = bool(red.mask.sum() <= _SMALL_K)
+    if small:  # the fast path; it hands over after _LEAN_MAX_FAILED_POLISH polishes that did not certify
+        res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng, gtol0=_GTOL0_SMALL, lean=True,
+                   max_failed_polish=_LEAN_MAX_FAILED_POLISH)
+    path = "lean"
+    bmax = max(1.0, float(np.abs(cs.rhs).max()))
+    cert = None
+    if small and not res.converged and res.violation > 1e-6 * bmax:  # infeasible? then no second path
         cert = infeasibility_certificate(cs)
+    if not small or (not res.converged and cert is None):
+        # the reference path: scipy's L-BFGS-B (its Wolfe line search gives the polish steadier points on
+        # badly scaled data, e.g. real attention heads), from the same start
+        if small:
+            logger.debug("lean path did not certify after %d outer iterations: rerunning with scipy's L-BFGS-B",
+                         res.n_outer)
+            rng = np.random.default_rng(seed)
+            K, Q = _initial_factors(red, p, rng)
+        lean_res = res if small else None
+        res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng, gtol0=_GTOL0, lean=False)
+        path = "scipy" if not small else "lean, then scipy"
+        if lean_res is not None and not res.converged and _better(lean_res, res, 1e-9 * float(
+                max(1.0, np.abs(red.b).max(initial=0.0)))):
+            res = lean_res
+    info = {"solver": "alm-burer-monteiro", "rank_reduced": (r_a, r_z), "outer_iterations": res.n_outer,
+            "inner_iterations": res.n_inner, "path": path, "time": None}
+    if res.violation > 1e-6 * bmax:
+        if cert is None:
+            cert = infeasibility_certificate(cs)
         if cert is not None:
             info.update(reason="augmented Lagrangian stalled; LP certificate found",
                         time=time.perf_counter() - t0)
