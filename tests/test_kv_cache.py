@@ -206,3 +206,55 @@ def test_fused_layers_recover_like_per_layer_eviction_when_a_pass_stops_part_way
             runs[fuse] = (torch.cat(logits, 1), [layer.positions.clone() for layer in cache.layers])
     assert torch.equal(runs[False][0], runs[True][0])
     assert all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1]))
+
+
+class _DecayH2O(H2OPolicy):
+    """H2O with decayed accumulation: overrides accumulate only (it must not inherit H2O's in-place update_)."""
+
+    def accumulate(self, stats, probs):
+        total = probs.sum(dim=-2)
+        if stats is not None:
+            total[..., :stats.shape[-1]].add_(0.5 * stats)
+        return total
+
+
+class _LastQueryPerHead(EvictionPolicy):
+    """A policy written to the (B, H, q, S+q) contract with explicit dimensions (no leading-dim freedom)."""
+
+    name = "last-query"
+
+    def accumulate(self, stats, probs):
+        return probs[:, :, -1, :]
+
+    def priority(self, stats, positions):
+        return stats
+
+
+@pytest.mark.parametrize("cls", [_DecayH2O, _LastQueryPerHead])
+def test_fused_layers_keep_custom_policies_exact(tiny_lm, cls):
+    """Custom policies see their own (B, H, ...) shapes and their own accumulate on the fused path too."""
+    model, _, ids = tiny_lm
+    runs = {}
+    for fuse in (False, True):
+        with EvictionCache(model, cls(), BUDGET, fuse_layers=fuse) as cache:
+            logits, positions = _decode_chunks(model, ids, cache, [1] * N_STEPS)
+            runs[fuse] = (logits, positions, [layer.stats.clone() for layer in cache.layers], cache.n_fused_steps)
+    assert runs[True][3] > 0 and runs[False][3] == 0
+    assert torch.equal(runs[False][0], runs[True][0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1]))
+    assert all(torch.equal(a, b) for a, b in zip(runs[False][2], runs[True][2]))
+
+
+def test_beam_search_does_not_refuse_every_step_and_matches_per_layer(tiny_lm):
+    """Beam search reorders the cache every step: the layers stay per layer (no stacking per step) and the
+    beams equal those of per-layer eviction."""
+    model, _, ids = tiny_lm
+    prompt = ids[:, :10]
+    outs, fused = {}, {}
+    with torch.no_grad():
+        for fuse in (False, True):
+            with EvictionCache(model, "svm", 8, fuse_layers=fuse) as cache:
+                outs[fuse] = model.generate(prompt, max_new_tokens=15, do_sample=False, num_beams=3, cache=cache)
+                fused[fuse] = (cache.n_fused_steps, cache._group)
+    assert torch.equal(outs[False], outs[True])
+    assert fused[True] == (0, None)

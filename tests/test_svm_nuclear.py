@@ -537,3 +537,20 @@ def test_infeasible_draw_without_lp_certificate_is_certified_by_the_frobenius_ra
     assert np.all(lam[cs.inequality] >= 0) and float((cs.rhs * lam).sum()) > 0
     scale = float(np.sqrt(cs.gram_diag().max()))
     assert np.linalg.norm(cs.adjoint(lam)) <= CERT_TOL * scale * np.abs(lam).sum()
+
+
+@pytest.mark.parametrize("norm", ["nuc", "fro"])
+def test_homogeneous_rows_give_the_exact_zero_solution(norm: str) -> None:
+    """b ≤ 0 on the inequalities and b = 0 on the equalities: W = 0 is feasible and has the least norm.
+    The nuclear solver used to crawl towards it for 60 outer iterations and report optimal_inaccurate."""
+    p = paper_instance(6, 5, 8, seed=1)
+    c0 = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    odd = np.arange(5) % 2 == 1
+    cs = ConstraintSet(c0.A, c0.Z, c0.mask, np.where(odd, 0.0, -1.0) * np.ones((6, 1)), c0.mask & odd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        svm = AttentionSVM(norm).fit_constraints(cs)
+    assert svm.status_ == "optimal" and svm.max_violation_ <= VIOL_TOL
+    assert np.abs(svm.W_).max() <= VIOL_TOL and svm.objective_ <= VIOL_TOL
+    ref = AttentionSVM(norm, backend="cvxpy", tol=1e-6).fit_constraints(cs)
+    assert ref.objective_ <= 1e-6

@@ -26,8 +26,10 @@ need no raw logits: softmax is shift-invariant, so ``logit_top − logit_t = log
 Speed: in the steady state of one-token decoding (every layer full, one key in, one key out) the layers
 are fused (``fuse_layers=True``, the default): their (budget + 1) buffers are stacked, each hook only hands
 over its probabilities, and after the last layer one eviction step runs for all layers together — the
-same rule, victims and slot layout as per-layer eviction (the tests compare them bit for bit), at a
-fraction of the per-operation overhead that dominates on small models. Any other step (several new
+same rule, victims and slot layout as per-layer eviction (the tests compare them bit for bit; the
+random policy follows the same rule but draws for all layers at once, so its victims differ), at a
+fraction of the per-operation overhead that dominates on small models. Custom policies keep their
+``(B, H, ...)`` contract (the layer axis is folded into the batch axis for them). Any other step (several new
 tokens, beam reordering, a pass that stopped part-way) falls back to the per-layer code.
 
 Positions: ``get_seq_length`` reports the number of tokens *seen* (so position ids stay right), and
@@ -262,6 +264,7 @@ class EvictionLayer(CacheLayerMixin):
         self._protected: tuple[int, int] | None = None  # the policy's (n_sinks, n_recent) at this budget
         self._group: _FusedLayers | None = None  # set while every layer's steady state is fused (speed only)
         self._gi = 0                              # this layer's index in the group
+        self._hold = 0                            # > 0: do not fuse for that many more steps (see reorder_cache)
 
     def _join(self, group: _FusedLayers, i: int) -> None:
         """Use layer ``i`` of the group's stacked buffers as this layer's (budget + 1) buffers."""
@@ -289,8 +292,8 @@ class EvictionLayer(CacheLayerMixin):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self._group is not None and self._group.observed[self._gi]:  # the last pass stopped part-way: finish it
-            self._group.dissolve()
+        if self._group is not None and (self._group.observed[self._gi] or self.pending):
+            self._group.dissolve()  # the last pass stopped part-way: finish it per layer
         if self.pending:  # the previous step was never observed (no hook, or no probabilities)
             if self.policy.needs_scores:
                 raise RuntimeError(
@@ -317,6 +320,8 @@ class EvictionLayer(CacheLayerMixin):
             self._kbuf = self._vbuf = self._pbuf = None
         self.cumulative_length += q
         self.pending = q
+        if self._hold:
+            self._hold -= 1
         return self.keys, self.values
 
     def observe(self, probs: torch.Tensor | None) -> None:
@@ -389,6 +394,7 @@ class EvictionLayer(CacheLayerMixin):
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._leave_group()
+        self._hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
         self._kbuf = self._vbuf = self._pbuf = None
         if self.is_initialized:
             for name in ("keys", "values", "positions", "stats"):
@@ -398,6 +404,7 @@ class EvictionLayer(CacheLayerMixin):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._leave_group()
+        self._hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
         self._kbuf = self._vbuf = self._pbuf = None
         if self.is_initialized:
             for name in ("keys", "values", "positions", "stats"):
@@ -407,6 +414,7 @@ class EvictionLayer(CacheLayerMixin):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._leave_group()
+        self._hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
         self._kbuf = self._vbuf = self._pbuf = None
         if self.is_initialized:
             for name in ("keys", "values", "positions", "stats"):
@@ -446,6 +454,11 @@ class _FusedLayers:
         self._probs_in: list[torch.Tensor | None] = [None] * len(layers)  # this step's, per layer
         self.victim = torch.empty((*self.P.shape[:-1], 1), dtype=torch.long, device=self.P.device)
         self.protected = policy.protected(layers[0].budget)
+        # a subclass's in-place update_ is used only when it was written for its own accumulate (defined by
+        # the same class or a subclass of the one defining accumulate); otherwise accumulate decides
+        definer = {name: next(c for c in type(policy).__mro__ if name in c.__dict__) for name in ("update_", "accumulate")}
+        self._own_update = definer["update_"] is not EvictionPolicy and issubclass(definer["update_"],
+                                                                                   definer["accumulate"])
         self._bufs = self._buffers(self.K, self.V, self.P, self.S, self.victim)
         self.observed = [False] * len(layers)
         self.n_observed = 0
@@ -491,9 +504,17 @@ class _FusedLayers:
         pol = self.policy
         p_last.fill_(n_seen - 1)                                        # the newest key's position
         if S is not None:
-            pol.update_(S, probs)
+            if self._own_update:
+                pol.update_(S, probs)
+            else:  # accumulate's (B, H, q, S+q) contract: fold the layer axis into the batch axis
+                S2 = S.view(-1, *S.shape[-2:])
+                S2.copy_(pol.accumulate(S2[..., :-1], probs.reshape(-1, *probs.shape[-2:]).unsqueeze(-2)))
         neg = pol.priority_is_negated_stats
-        score = S if neg else pol.priority(S, P)
+        if neg:
+            score = S
+        else:  # priority's (B, H, S) contract, as for accumulate
+            score = pol.priority(None if S is None else S.view(-1, *S.shape[-2:]), P.view(-1, *P.shape[-2:]))
+            score = score.view(P.shape)
         fill = -math.inf if neg else math.inf
         n_sinks, n_recent = self.protected
         if n_sinks:
@@ -573,7 +594,8 @@ class EvictionCache(Cache):
         if not isinstance(fuse_layers, bool):
             raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
         self._can_fuse = fuse_layers
-        self._groups: list[_FusedLayers] = []
+        self._group: _FusedLayers | None = None   # the live group, if any (see _FusedLayers)
+        self._fused_steps_done = 0                # steps of the groups before it
         ref = weakref.ref(self)
 
         def hook(mod: Any, args: Any, output: Any) -> None:
@@ -596,7 +618,7 @@ class EvictionCache(Cache):
     def _try_fuse(self) -> None:
         """Fuse the layers once all are in the steady one-token state with alike buffers (see _FusedLayers)."""
         layers = self.layers
-        if any(la._kbuf is None or la.pending or la._group is not None for la in layers):
+        if any(la._kbuf is None or la.pending or la._group is not None or la._hold for la in layers):
             return
         a = layers[0]
         alike = all(la._kbuf.shape == a._kbuf.shape and la._vbuf.shape == a._vbuf.shape
@@ -606,14 +628,16 @@ class EvictionCache(Cache):
                     and (la.stats is None or (la.stats.shape == a.stats.shape and la.stats.dtype == a.stats.dtype))
                     for la in layers)
         if alike:
-            self._groups.append(_FusedLayers(list(layers)))  # type: ignore[arg-type]
+            if self._group is not None:  # dissolved: keep its count, drop its buffers
+                self._fused_steps_done += self._group.n_steps
+            self._group = _FusedLayers(list(layers))  # type: ignore[arg-type]
         elif any(la._kbuf.shape != a._kbuf.shape or la._vbuf.shape != a._vbuf.shape for la in layers):
             self._can_fuse = False  # e.g. layers with different head counts: stay per layer for good
 
     @property
     def n_fused_steps(self) -> int:
         """Decoding steps whose eviction ran fused over all layers (the fast path; see the module notes)."""
-        return sum(g.n_steps for g in self._groups)
+        return self._fused_steps_done + (0 if self._group is None else self._group.n_steps)
 
     @property
     def n_evicted(self) -> int:

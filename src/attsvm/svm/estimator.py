@@ -290,7 +290,7 @@ class AttentionSVM:
         has_eq = bool(cs.equality.any())
         if not has_eq and not np.any(cs.mask & (b != 1.0)):
             # = support_tokens(self.margins_) (SPEC §2), without re-reading the +inf entries
-            self.support_ = cs.mask & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
+            self.support_ = cs.mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
         else:
             tight = np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(b))
             self.support_ = cs.mask & (tight | cs.equality)

@@ -894,7 +894,10 @@ def _trivial(cs: ConstraintSet, red: _Reduced, zero: NDArray[np.bool_], t0: floa
         return RawSolution(None, cert, "infeasible", 0,
                            {"solver": solver, "reason": "zero constraint feature with positive right-hand side",
                             "time": time.perf_counter() - t0})
-    if not red.mask.any() or red.A.shape[2] == 0 or red.Z.shape[1] == 0:
+    # W = 0 satisfies every row when b ≤ 0 on the inequalities and b = 0 on the equalities, and has the
+    # smallest possible norm: exact, with λ = 0 (the augmented Lagrangian would only crawl towards it)
+    homogeneous = bool(np.all(cs.rhs[cs.inequality] <= 0) and np.all(cs.rhs[cs.equality] == 0))
+    if homogeneous or not red.mask.any() or red.A.shape[2] == 0 or red.Z.shape[1] == 0:
         d = cs.d
         return RawSolution(np.zeros((d, d)), np.zeros(cs.mask.shape), "optimal", 0,
                            {"solver": solver, "objective": 0.0, "dual_objective": 0.0, "relative_gap": 0.0,
