@@ -392,7 +392,8 @@ class EvictionLayer(CacheLayerMixin):
         self.is_initialized = False
         self.cumulative_length = self.pending = self.n_evicted = 0
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+    def _map_batch(self, fn: Any) -> None:
+        """Apply ``fn`` to the batch axis of every stored tensor (beam reordering, batch expansion/selection)."""
         self._leave_group()
         self._hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
         self._kbuf = self._vbuf = self._pbuf = None
@@ -400,27 +401,16 @@ class EvictionLayer(CacheLayerMixin):
             for name in ("keys", "values", "positions", "stats"):
                 t = getattr(self, name)
                 if t is not None:
-                    setattr(self, name, t.index_select(0, beam_idx.to(t.device)))
+                    setattr(self, name, fn(t))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._leave_group()
-        self._hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
-        self._kbuf = self._vbuf = self._pbuf = None
-        if self.is_initialized:
-            for name in ("keys", "values", "positions", "stats"):
-                t = getattr(self, name)
-                if t is not None:
-                    setattr(self, name, t.repeat_interleave(repeats, dim=0))
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._leave_group()
-        self._hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
-        self._kbuf = self._vbuf = self._pbuf = None
-        if self.is_initialized:
-            for name in ("keys", "values", "positions", "stats"):
-                t = getattr(self, name)
-                if t is not None:
-                    setattr(self, name, t[indices])
+        self._map_batch(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - assisted decoding only
         raise NotImplementedError("an evicting cache cannot be cropped (the evicted keys are gone)")
