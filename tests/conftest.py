@@ -8,9 +8,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # never read or write the user's model cache (~/.cache/attsvm) from tests
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-os.environ["ATTSVM_CACHE"] = tempfile.mkdtemp(prefix="attsvm-test-cache-")
+_CACHE = tempfile.mkdtemp(prefix="attsvm-test-cache-")
+os.environ["ATTSVM_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
