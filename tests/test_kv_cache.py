@@ -163,7 +163,7 @@ def test_fused_layers_evict_exactly_like_per_layer_eviction(tiny_lm, name):
         with EvictionCache(model, make_policy(name), BUDGET, fuse_layers=fuse) as cache:
             logits, positions = _decode_chunks(model, ids, cache, chunks)
             runs[fuse] = (logits, positions, [layer.stats for layer in cache.layers], cache.n_evicted)
-            fused = [layer._group is not None for layer in cache.layers]
+            fused = [layer.group is not None for layer in cache.layers]
             n_fused = cache.n_fused_steps
         assert all(fused) if fuse else not any(fused)   # the fast path is on at the end (re-formed after the chunk)
         # and ran every steady step: tokens 14..23 and 27..40 (token 13 and 26 are the per-layer steps that
@@ -201,7 +201,7 @@ def test_fused_layers_recover_like_per_layer_eviction_when_a_pass_stops_part_way
                         model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
                     handle.remove()
                     if fuse:
-                        assert cache.layers[0]._group is not None and cache.layers[0]._group.n_observed == len(cache.layers) - 1
+                        assert cache.layers[0].group is not None and cache.layers[0].group.n_observed == len(cache.layers) - 1
                 logits.append(model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True).logits)
             runs[fuse] = (torch.cat(logits, 1), [layer.positions.clone() for layer in cache.layers])
     assert torch.equal(runs[False][0], runs[True][0])
