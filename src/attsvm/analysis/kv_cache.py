@@ -78,7 +78,8 @@ Cache, CacheLayerMixin = _cache_utils.Cache, _cache_utils.CacheLayerMixin
 
 __all__ = ["EvictionPolicy", "SVMarginPolicy", "H2OPolicy", "TOVAPolicy", "StreamingPolicy", "RecentPolicy",
            "RandomPolicy", "POLICIES", "PolicyName", "make_policy", "eviction_scores", "select_keep",
-           "EvictionLayer", "EvictionCache", "AttentionLayout", "attention_layout", "attention_modules"]
+           "EvictionLayer", "EvictionCache", "AttentionLayout", "attention_layout", "attention_modules",
+           "cache_kwargs"]
 
 PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
 POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
@@ -688,6 +689,15 @@ def attention_modules(model: Any) -> dict[int, Any]:
     if not found:
         raise ValueError(f"found no attention modules with a layer_idx in {type(model).__name__}")
     return found
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """The keyword that hands ``cache`` to ``model(...)`` / ``model.generate(...)``: ``cache`` from transformers
+    5.3 on, ``past_key_values`` before (5.2.x, the kvpress range), where an unknown ``cache=`` is silently ignored."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
 
 
 def _refuse_padding(mask: Any) -> None:
