@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attsvm.analysis.kv_cache import (POLICIES, EvictionCache, attention_layout,  # noqa: E402
-                                      cache_kwargs, make_policy)
+                                      cache_kwargs, make_policy, returned_cache)
 
 pytestmark = pytest.mark.models
 
@@ -66,7 +66,7 @@ def decode(model, ids, cache):
     with torch.no_grad():
         for t in range(ids.shape[1]):
             out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
-            past = out.past_key_values if cache is None else cache
+            past = returned_cache(out) if cache is None else cache
             logits.append(out.logits[:, -1])
             if cache is not None:
                 snaps.append([layer.positions.clone() for layer in cache.layers])

@@ -24,7 +24,8 @@ from typing import Any
 
 
 from .._validation import check_positive_int
-from .kv_cache import POLICIES, EvictionCache, EvictionPolicy, cache_kwargs, make_policy, select_keep
+from .kv_cache import (POLICIES, EvictionCache, EvictionPolicy, cache_kwargs, make_policy, returned_cache,
+                       select_keep)
 
 __all__ = ["BUDGETS", "lm_perplexity", "encoder_forward", "minilm_fidelity", "kv_bench", "KVBenchResult",
            "plot_kv_bench", "write_kv_report"]
@@ -57,7 +58,7 @@ def lm_perplexity(model: Any, ids: Any, policy: EvictionPolicy | str | None, bud
             past = cache
             for t in range(N - 1):
                 out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
-                past = getattr(out, "past_key_values", None) if cache is None else cache
+                past = returned_cache(out) if cache is None else cache
                 logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
                 nll -= logp.gather(1, ids[:, t + 1:t + 2]).sum()
     finally:

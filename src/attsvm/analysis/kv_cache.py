@@ -79,7 +79,7 @@ Cache, CacheLayerMixin = _cache_utils.Cache, _cache_utils.CacheLayerMixin
 __all__ = ["EvictionPolicy", "SVMarginPolicy", "H2OPolicy", "TOVAPolicy", "StreamingPolicy", "RecentPolicy",
            "RandomPolicy", "POLICIES", "PolicyName", "make_policy", "eviction_scores", "select_keep",
            "EvictionLayer", "EvictionCache", "AttentionLayout", "attention_layout", "attention_modules",
-           "cache_kwargs"]
+           "cache_kwargs", "returned_cache"]
 
 PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
 POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
@@ -698,6 +698,12 @@ def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
 
     params = inspect.signature(model.forward).parameters
     return {"cache" if "cache" in params else "past_key_values": cache}
+
+
+def returned_cache(output: Any) -> Any:
+    """The cache a forward pass returned: ``output.cache`` (transformers >= 5.3) or ``output.past_key_values``."""
+    found = output.get("cache") if hasattr(output, "get") else None
+    return output.get("past_key_values") if found is None and hasattr(output, "get") else found
 
 
 def _refuse_padding(mask: Any) -> None:
