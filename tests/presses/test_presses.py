@@ -240,10 +240,10 @@ def test_decoding_press_carries_the_statistic_across_compressions(model):
         tok = ids(6, seed=6)
         for t in range(3):
             model(input_ids=tok[:, t:t + 1], past_key_values=cache)
-        first = press._carried[0].clone()     # 22 carried keys' attention sums
+        first = press.carried_scores(0).clone()     # 22 carried keys' attention sums
         for t in range(3, 6):
             model(input_ids=tok[:, t:t + 1], past_key_values=cache)
-        second = press._carried[0]
+        second = press.carried_scores(0)
     assert first.shape[-1] == second.shape[-1] == 22 and n_stored(cache) == [22, 22]
     # accumulated attention only grows: the best-kept key's total after two rounds is at least its first
     assert float(second.max()) >= float(first.max())

@@ -217,6 +217,10 @@ def _classes() -> dict[str, type]:
             self._carried: dict[int, torch.Tensor] = {}
             self._since: dict[int, int] = defaultdict(int)   # tokens appended since the last compression
 
+        def carried_scores(self, layer_idx: int) -> torch.Tensor | None:
+            """The statistic carried for the keys a layer kept at its last compression (B, H_kv, n_kept), if any."""
+            return self._carried.get(layer_idx)
+
         def reset(self) -> None:
             super().reset()
             self._positions = defaultdict(list)
@@ -259,11 +263,10 @@ def _classes() -> dict[str, type]:
                 else:
                     torch.maximum(old, prev, out=old)
             self._since[layer] = 0
-            target = self._resolve_target_size(kwargs)
-            if K <= target:                       # nothing to evict yet: carry every key's statistic
+            if K <= self.target_size:             # nothing to evict yet: carry every key's statistic
                 self._carried[layer] = raw
                 return keys, values
-            n_kept = compute_n_kept(K, self._find_target_compression_ratio(K, target))
+            n_kept = self.target_size             # = compute_n_kept(K, ratio) at DecodingPress's target ratio
             scores = protect(raw, min(base.window_size, hidden_states.shape[1], K), base.n_sink)
             idx = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values             # kept keys stay in order
             self._carried[layer] = raw.gather(2, idx)
