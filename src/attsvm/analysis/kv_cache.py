@@ -340,14 +340,18 @@ class EvictionStep:
                 flat.copy_(policy.accumulate(flat[..., :-1], probs.reshape(-1, *probs.shape[-3:])))
         flat_pos = s.positions.view(-1, *s.positions.shape[-2:])
         flat_stats = None if stats is None else stats.view(-1, *stats.shape[-2:])
-        score = eviction_scores(policy, flat_stats, flat_pos, n_seen, protected).view(s.positions.shape)
+        self.evict(eviction_scores(policy, flat_stats, flat_pos, n_seen, protected).view(s.positions.shape))
+        if stats is not None:
+            stats.scatter_(-1, self.victim, self.new_stat)
+            self.new_stat.fill_(policy.fresh)
+
+    def evict(self, score: torch.Tensor) -> None:
+        """The victim per row and KV head is the highest evict-first ``score``; the newest key takes its slot."""
+        s = self.slots
         torch.argmax(score, dim=-1, keepdim=True, out=self.victim)
         s.keys.scatter_(-2, self.victim_k, s.new_key)
         s.values.scatter_(-2, self.victim_v, s.new_value)
         s.positions.scatter_(-1, self.victim, s.new_position)
-        if stats is not None:
-            stats.scatter_(-1, self.victim, self.new_stat)
-            self.new_stat.fill_(policy.fresh)
 
 
 def _own_update(policy: EvictionPolicy) -> bool:
@@ -488,11 +492,7 @@ class EvictionLayer(CacheLayerMixin):
         step = self.step
         assert step is not None
         s = step.slots
-        score = eviction_scores(self.policy, self.stats, s.positions, self.cumulative_length, self.protected)
-        torch.argmax(score, dim=-1, keepdim=True, out=step.victim)
-        s.keys.scatter_(2, step.victim_k, s.new_key)
-        s.values.scatter_(2, step.victim_v, s.new_value)
-        s.positions.scatter_(2, step.victim, s.new_position)
+        step.evict(eviction_scores(self.policy, self.stats, s.positions, self.cumulative_length, self.protected))
         if self.stats is not None:
             self.stats = self.stats.scatter(2, step.victim, self.stats[..., -1:])[..., :-1]
         self.keys, self.values, self.positions = s.kept_keys, s.kept_values, s.kept_positions
