@@ -120,6 +120,11 @@ def test_full_budget_equals_no_eviction_in_logits_and_generate(layout, name):
         with EvictionCache(model, name, budget=32) as cache:
             out = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, **cache_kwargs(model, cache))
     assert torch.equal(out, expected)
+    with torch.no_grad(), EvictionCache(model, name, budget=4) as cache:   # a prompt longer than the budget
+        short = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                               **cache_kwargs(model, cache))
+    assert cache.stored_length() == 4 and cache.stored_length(1) == 4
+    assert cache.get_seq_length() == short.shape[1] - 1 > 6   # every token but the last one generated was seen
 
 
 # ------------------------------------------------------------------ the group reduction against an unrolled loop
@@ -218,6 +223,11 @@ def test_layouts_the_cache_cannot_handle_are_refused_before_generation():
     sliding = build("qwen2", 4, 2, use_sliding_window=True, sliding_window=4, max_window_layers=0)
     with pytest.raises(ValueError, match="sliding"):
         EvictionCache(sliding, "svm", 8)
+    mistral = build("mistral", 4, 1, sliding_window=16)
+    assert attention_layout(mistral).sliding_window == 16
+    with pytest.raises(ValueError, match="exceeds the model's sliding window"):
+        EvictionCache(mistral, "svm", 17)
+    EvictionCache(mistral, "svm", 16).close()
     with pytest.raises(ValueError, match="budget must be >= 1"):
         EvictionCache(model_for(("llama", 4, 2)), "svm", 0)
     with pytest.raises(TypeError, match="model must be a transformers model"):

@@ -324,6 +324,9 @@ class EvictionStep:
         self.victim_k = self.victim.unsqueeze(-1).expand(*self.victim.shape, self.slots.keys.shape[-1])
         self.victim_v = self.victim.unsqueeze(-1).expand(*self.victim.shape, self.slots.values.shape[-1])
         self.new_stat = None if self.stats is None else self.stats[..., -1:]
+        # with a single (batch row, head) the newest slot is a dense view of its buffer, and torch refuses a
+        # scatter whose source overlaps its destination: copy the source then (otherwise none is needed)
+        self.copy_source = self.slots.new_key.is_contiguous() or self.slots.new_position.is_contiguous()
 
     def run(self, policy: EvictionPolicy, probs: torch.Tensor | None, n_seen: int, protected: tuple[int, int],
             own_update: bool) -> None:
@@ -342,13 +345,18 @@ class EvictionStep:
         flat_stats = None if stats is None else stats.view(-1, *stats.shape[-2:])
         self.evict(eviction_scores(policy, flat_stats, flat_pos, n_seen, protected).view(s.positions.shape))
         if stats is not None:
-            stats.scatter_(-1, self.victim, self.new_stat)
+            stats.scatter_(-1, self.victim, self.new_stat.clone() if self.copy_source else self.new_stat)
             self.new_stat.fill_(policy.fresh)
 
     def evict(self, score: torch.Tensor) -> None:
         """The victim per row and KV head is the highest evict-first ``score``; the newest key takes its slot."""
         s = self.slots
         torch.argmax(score, dim=-1, keepdim=True, out=self.victim)
+        if self.copy_source:
+            s.keys.scatter_(-2, self.victim_k, s.new_key.clone())
+            s.values.scatter_(-2, self.victim_v, s.new_value.clone())
+            s.positions.scatter_(-1, self.victim, s.new_position.clone())
+            return
         s.keys.scatter_(-2, self.victim_k, s.new_key)
         s.values.scatter_(-2, self.victim_v, s.new_value)
         s.positions.scatter_(-1, self.victim, s.new_position)
@@ -635,6 +643,7 @@ class AttentionLayout:
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    sliding_window: int | None = None  # a window every layer applies (Mistral); the budget must fit in it
 
     @property
     def group_size(self) -> int:
@@ -670,10 +679,11 @@ def attention_layout(model: Any) -> AttentionLayout:
         raise ValueError(f"model {name} has num_attention_heads={n_heads} not a multiple of "
                          f"num_key_value_heads={n_kv}: each KV head must serve a whole group of query heads")
     other = sorted({t for t in (getattr(text, "layer_types", None) or []) if t != "full_attention"})
-    if other or getattr(text, "use_sliding_window", False):
+    if other:
         raise ValueError(f"model {name} has {', '.join(other) or 'sliding-window'} layers: the eviction cache handles "
                          "full causal self-attention only (those layers already bound their cache by their own rule)")
-    return AttentionLayout(n_layers, n_heads, n_kv)
+    window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
+    return AttentionLayout(n_layers, n_heads, n_kv, window if isinstance(window, int) else None)
 
 
 def attention_modules(model: Any) -> dict[int, Any]:
@@ -736,6 +746,10 @@ class EvictionCache(Cache):
         if not isinstance(fuse_layers, bool):
             raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
         self.layout = attention_layout(model)
+        if self.layout.sliding_window is not None and budget > self.layout.sliding_window:
+            raise ValueError(f"budget={budget} exceeds the model's sliding window ({self.layout.sliding_window}): "
+                             "the window mask would read the stored keys' compacted slots as positions; use "
+                             "budget <= sliding_window")
         impl = getattr(model.config, "_attn_implementation", None)
         if policy.needs_scores and impl != "eager":
             raise ValueError(f"policy {policy.name!r} needs attention probabilities: load the model with "
