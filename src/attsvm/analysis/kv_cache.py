@@ -172,7 +172,7 @@ class SVMarginPolicy(EvictionPolicy):
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
         logp = p.log()
         torch.sub(logp.amax(-1, keepdim=True), logp, out=logp)       # margins; p = 0 → +inf
-        torch.minimum(stats, logp[..., 0, :] if logp.shape[-2] == 1 else logp.amin(-2), out=stats)
+        torch.minimum(stats, logp.select(-2, 0) if logp.shape[-2] == 1 else logp.amin(-2), out=stats)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -198,7 +198,7 @@ class H2OPolicy(EvictionPolicy):
         return total
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        stats.add_(p[..., 0, :] if p.shape[-2] == 1 else p.sum(-2))  # the new key: 0 + p
+        stats.add_(p.select(-2, 0) if p.shape[-2] == 1 else p.sum(-2))  # the new key: 0 + p
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -217,7 +217,7 @@ class TOVAPolicy(EvictionPolicy):
         return last[..., 0, :] if last.shape[-2] == 1 else last.mean(-2)
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        stats.copy_(p[..., 0, :] if p.shape[-2] == 1 else p.mean(-2))
+        stats.copy_(p.select(-2, 0) if p.shape[-2] == 1 else p.mean(-2))
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -327,6 +327,11 @@ class EvictionStep:
         # with a single (batch row, head) the newest slot is a dense view of its buffer, and torch refuses a
         # scatter whose source overlaps its destination: copy the source then (otherwise none is needed)
         self.copy_source = self.slots.new_key.is_contiguous() or self.slots.new_position.is_contiguous()
+        # the policies' (B, H, S) contract with any leading axes folded into B: views made once
+        positions = self.slots.positions
+        self.flat_positions = positions.view(-1, *positions.shape[-2:])
+        self.flat_stats = None if self.stats is None else self.stats.view(-1, *self.stats.shape[-2:])
+        self.flat_victim = self.victim.view(-1, *self.victim.shape[-2:])
 
     def run(self, policy: EvictionPolicy, probs: torch.Tensor | None, n_seen: int, protected: tuple[int, int],
             own_update: bool) -> None:
@@ -339,19 +344,19 @@ class EvictionStep:
             if own_update:
                 policy.update_(stats, probs)
             else:  # accumulate's (B, H, G·q, S+q) contract: fold leading axes into the batch axis
-                flat = stats.view(-1, *stats.shape[-2:])
+                flat = self.flat_stats
                 flat.copy_(policy.accumulate(flat[..., :-1], probs.reshape(-1, *probs.shape[-3:])))
-        flat_pos = s.positions.view(-1, *s.positions.shape[-2:])
-        flat_stats = None if stats is None else stats.view(-1, *stats.shape[-2:])
-        self.evict(eviction_scores(policy, flat_stats, flat_pos, n_seen, protected).view(s.positions.shape))
+        self.evict(eviction_scores(policy, self.flat_stats, self.flat_positions, n_seen, protected))
         if stats is not None:
             stats.scatter_(-1, self.victim, self.new_stat.clone() if self.copy_source else self.new_stat)
             self.new_stat.fill_(policy.fresh)
 
     def evict(self, score: torch.Tensor) -> None:
-        """The victim per row and KV head is the highest evict-first ``score``; the newest key takes its slot."""
+        """The victim per row and KV head is the highest evict-first ``score`` (its leading axes as the slots' or
+        folded into one); the newest key takes its slot."""
         s = self.slots
-        torch.argmax(score, dim=-1, keepdim=True, out=self.victim)
+        torch.argmax(score, dim=-1, keepdim=True, out=self.victim if score.dim() == self.victim.dim()
+                     else self.flat_victim)
         if self.copy_source:
             s.keys.scatter_(-2, self.victim_k, s.new_key.clone())
             s.values.scatter_(-2, self.victim_v, s.new_value.clone())
