@@ -231,23 +231,48 @@ def test_decoding_press_scores_equal_a_full_recomputation(press_cls):
     assert not torch.allclose(rotated_now[0], ref, rtol=1e-6, atol=1e-6)
 
 
-def test_decoding_press_carries_the_statistic_across_compressions(model):
-    """Two compressions: the second one's statistic of a kept key includes the queries before the first."""
-    press = H2ODecodingPress(compression_interval=3, target_size=22, hidden_states_buffer_size=3, window_size=3)
+@pytest.mark.parametrize("cls", [H2ODecodingPress, SVMarginDecodingPress], ids=["h2o", "svm"])
+def test_decoding_press_carries_the_statistic_across_compressions(cls):
+    """Two compressions: at the second, a kept key's statistic is the carried one combined (sum for H2O, running
+    minimum margin for svm) with the second round's queries, read off the model's own attention."""
+    from attsvm.integrations.kvpress import protect
+
+    model = llama("eager")
+    press = cls(compression_interval=3, target_size=22, hidden_states_buffer_size=3, window_size=3)
+    probs = []
+    attn = model.model.layers[0].self_attn
+    handle = attn.register_forward_hook(lambda m, a, out: probs.append(out[1][0, :, 0, :]))
     cache = transformers.DynamicCache(config=model.config)
-    with torch.no_grad(), press(model):
-        model(input_ids=ids(24), past_key_values=cache)
-        tok = ids(6, seed=6)
-        for t in range(3):
-            model(input_ids=tok[:, t:t + 1], past_key_values=cache)
-        first = press.carried_scores(0).clone()     # 22 carried keys' attention sums
-        for t in range(3, 6):
-            model(input_ids=tok[:, t:t + 1], past_key_values=cache)
-        second = press.carried_scores(0)
-    assert first.shape[-1] == second.shape[-1] == 22 and n_stored(cache) == [22, 22]
-    # accumulated attention only grows: the best-kept key's total after two rounds is at least its first
-    assert float(second.max()) >= float(first.max())
-    assert float(second.sum()) > float(first.sum()) - 1e-12
+    try:
+        with torch.no_grad(), press(model):
+            model(input_ids=ids(24), past_key_values=cache)
+            tok = ids(6, seed=6)
+            for t in range(3):
+                model(input_ids=tok[:, t:t + 1], past_key_values=cache, output_attentions=True)
+            first = press.carried_scores(0)[0].clone()       # (H_kv, 22) after the first compression
+            probs.clear()
+            for t in range(3, 6):
+                model(input_ids=tok[:, t:t + 1], past_key_values=cache, output_attentions=True)
+            second = press.carried_scores(0)[0]
+    finally:
+        handle.remove()
+    assert first.shape == second.shape == (2, 22) and n_stored(cache) == [22, 22]
+    total = torch.zeros(2, 25, dtype=torch.float64) if cls is H2ODecodingPress else \
+        torch.full((2, 25), -math.inf, dtype=torch.float64)
+    for p in probs:                                              # the second round's queries over 22 + t keys
+        n = p.shape[-1]
+        if cls is H2ODecodingPress:
+            total[:, :n] += p.view(2, 2, n).sum(1)
+        else:
+            logp = p.log()
+            total[:, :n] = torch.maximum(total[:, :n], -(logp.amax(-1, keepdim=True) - logp).view(2, 2, n).amin(1))
+    if cls is H2ODecodingPress:
+        total[:, :22] += first
+    else:
+        total[:, :22] = torch.maximum(total[:, :22], first)
+    keep = protect(total[None], 3, 4)[0].topk(22, dim=-1).indices.sort(dim=-1).values
+    torch.testing.assert_close(second, total.gather(1, keep), rtol=RTOL, atol=ATOL)
+    assert not torch.allclose(first, second[:, :22])   # the second round did change the statistic
 
 
 def test_bad_arguments_are_named():
