@@ -286,3 +286,40 @@ def test_bad_arguments_are_named():
         SVMarginDecodingPress(target_size=0)
     with pytest.raises(TypeError, match="n_sink must be an int"):
         H2OPress(n_sink=1.5)
+
+
+def _word_tokenizer():
+    """A word-level tokenizer over the model's vocabulary, built in memory (no files, no network)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "[BOS]": 1, **{f"w{i}": i + 2 for i in range(VOCAB - 2)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=core, bos_token="[BOS]", unk_token="[UNK]")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SVMarginPress(compression_ratio=0.5, window_size=8),
+    lambda: H2OPress(compression_ratio=0.5, window_size=8),
+    lambda: AdaKVPress(SVMarginPress(compression_ratio=0.5, window_size=8)),
+    lambda: KeyRerotationPress(SVMarginPress(compression_ratio=0.5, window_size=8)),
+    lambda: SVMarginDecodingPress(compression_interval=4, target_size=20, window_size=4),
+    lambda: H2ODecodingPress(compression_interval=4, target_size=20, window_size=4),
+], ids=["svm", "h2o", "adakv-svm", "rerotation-svm", "svm-decoding", "h2o-decoding"])
+def test_presses_run_in_kvpress_pipeline(model, make):
+    """kvpress's own text-generation pipeline (context, question, greedy answer) with each press."""
+    from kvpress import KVPressTextGenerationPipeline
+
+    press = make()
+    model.generation_config.eos_token_id = 0
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=_word_tokenizer())
+    context = " ".join(f"w{(7 * i) % (VOCAB - 2)}" for i in range(60))
+    cache = transformers.DynamicCache(config=model.config)
+    out = pipe(context, question="w3 w5", press=press, max_new_tokens=6, cache=cache)
+    assert isinstance(out["answer"], str) and out["answer"].strip()
+    n_context = 61  # [BOS] + 60 words
+    if isinstance(press, (SVMarginDecodingPress, H2ODecodingPress)):   # cut to 20 every 4 decoding steps
+        assert all(n < 20 + 4 for n in n_stored(cache))
+    else:   # the compressed context (AdaKV masks instead of cutting)
+        expected = n_context if isinstance(press, AdaKVPress) else compute_n_kept(n_context, 0.5)
+        assert n_stored(cache) == [expected, expected]
