@@ -2,7 +2,8 @@
 
 Two models, weights random (speed does not depend on them): ``gpt2`` has the `attsvm lm-train` architecture
 (4 layers, d=128, MHA; limit 1.20), ``llama`` is a small RoPE Llama with grouped-query attention (4 layers,
-d=256, 8 query heads on 2 KV heads, ~4.5M parameters, the layout of the retrieval LM; limit 1.10). For each
+d=256, 8 query heads on 2 KV heads, ~4.5M parameters; limit 1.10) and ``llama-retrieval`` has the shape of the
+retrieval LM (2 layers, d=64, 4 query heads on 2 KV heads; limit 1.10). For each
 policy we decode ``N`` tokens one at a time with a cache budget of ``25 %`` of N and time the steps
 after the budget is reached; the reference is the same loop with transformers' DynamicCache (no
 eviction, eager attention — the implementation the score-based policies need; the sdpa reference is
@@ -26,8 +27,9 @@ import torch
 from attsvm.analysis.kv_cache import cache_kwargs, returned_cache
 
 
-LIMITS = {"gpt2": 1.20, "llama": 1.10}
-TITLES = {"gpt2": "tiny GPT-2 LM (4 layers, d=128, MHA)", "llama": "small Llama (4 layers, d=256, GQA 8:2, RoPE)"}
+LIMITS = {"gpt2": 1.20, "llama": 1.10, "llama-retrieval": 1.10}
+TITLES = {"gpt2": "tiny GPT-2 LM (4 layers, d=128, MHA)", "llama": "small Llama (4 layers, d=256, GQA 8:2, RoPE)",
+          "llama-retrieval": "retrieval-LM-shaped Llama (2 layers, d=64, GQA 4:2, head_dim 32, RoPE)"}
 
 
 def build(kind: str, attn: str):
@@ -44,8 +46,13 @@ def build(kind: str, attn: str):
     else:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                          num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+        if kind == "llama":
+            cfg = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+        else:  # the shape of attsvm's retrieval LM (analysis/lm.py, RETRIEVAL_LM)
+            cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                              max_position_embeddings=4096)
         model = LlamaForCausalLM(cfg).eval()
     model.config._attn_implementation = attn
     return model
