@@ -465,6 +465,7 @@ class EvictionLayer(CacheLayerMixin):
         Hkv = self.keys.shape[1]
         if Hq % Hkv:
             raise RuntimeError(f"attention has {Hq} query heads for {Hkv} KV heads: not a whole group per KV head")
+        self.group_size = Hq // Hkv  # as observed (the fused step sizes its buffers by it)
         return probs.reshape(B, Hkv, (Hq // Hkv) * q, N)
 
     def observe(self, probs: torch.Tensor | None) -> None:
