@@ -1,4 +1,4 @@
-"""KV-cache eviction policies (issue #5): budget kept, protected keys kept, exact at 100 %, plugs into generate."""
+"""KV-cache eviction on the trained tiny GPT-2 LM: budget kept, protected keys kept, exact at 100 %, generate."""
 
 from __future__ import annotations
 

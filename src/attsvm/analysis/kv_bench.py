@@ -1,4 +1,4 @@
-"""Fidelity of KV-cache eviction policies against the cache budget, two ways (SPEC §7; issue #5 part 4).
+"""Fidelity of KV-cache eviction policies against the cache budget, two ways (docs/spec.md §7).
 
 a) **Causal LM** (:mod:`attsvm.analysis.lm`): held-out perplexity when decoding token by token with an
    :class:`~attsvm.analysis.kv_cache.EvictionCache` holding ``budget`` keys per layer and head.
