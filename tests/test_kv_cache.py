@@ -201,7 +201,8 @@ def test_fused_layers_recover_like_per_layer_eviction_when_a_pass_stops_part_way
                         model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, cache))
                     handle.remove()
                     if fuse:
-                        assert cache.layers[0].group is not None and cache.layers[0].group.n_observed == len(cache.layers) - 1
+                        group = cache.layers[0].group
+                        assert group is not None and group.n_observed == len(cache.layers) - 1
                 logits.append(model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, cache)).logits)
             runs[fuse] = (torch.cat(logits, 1), [layer.positions.clone() for layer in cache.layers])
     assert torch.equal(runs[False][0], runs[True][0])
@@ -254,7 +255,8 @@ def test_beam_search_does_not_refuse_every_step_and_matches_per_layer(tiny_lm):
     with torch.no_grad():
         for fuse in (False, True):
             with EvictionCache(model, "svm", 8, fuse_layers=fuse) as cache:
-                outs[fuse] = model.generate(prompt, max_new_tokens=15, do_sample=False, num_beams=3, **cache_kwargs(model, cache))
+                outs[fuse] = model.generate(prompt, max_new_tokens=15, do_sample=False, num_beams=3,
+                                            **cache_kwargs(model, cache))
                 fused[fuse] = (cache.n_fused_steps, any(layer.group is not None for layer in cache.layers))
     assert torch.equal(outs[False], outs[True])
     assert fused[True] == (0, False)

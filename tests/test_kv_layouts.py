@@ -118,7 +118,8 @@ def test_full_budget_equals_no_eviction_in_logits_and_generate(layout, name):
     with torch.no_grad():
         expected = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0)
         with EvictionCache(model, name, budget=32) as cache:
-            out = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, **cache_kwargs(model, cache))
+            out = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                                 **cache_kwargs(model, cache))
     assert torch.equal(out, expected)
     with torch.no_grad(), EvictionCache(model, name, budget=4) as cache:   # a prompt longer than the budget
         short = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0,

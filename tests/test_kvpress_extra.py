@@ -28,8 +28,9 @@ def test_a_missing_kvpress_names_the_extra(monkeypatch):
         kvp.NoSuchPress  # noqa: B018
 
 
+# 40 · (1 − 0.9) is 3.99… in floating point, and int() makes it 3, as in kvpress
 @pytest.mark.parametrize(("k_len", "ratio", "kept"), [(40, 0.0, 40), (40, 0.25, 30), (40, 0.5, 20), (40, 0.9, 3),
-                                                      (3, 0.9, 1), (7, 0.5, 3)])  # int() of 40·0.1 = 3.99… is 3, as in kvpress)
+                                                      (3, 0.9, 1), (7, 0.5, 3)])
 def test_compute_n_kept_is_kvpress_rule(k_len, ratio, kept):
     assert kvp.compute_n_kept(k_len, ratio) == kept
 

@@ -100,7 +100,8 @@ class EvictionPolicy:
     def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
         self.sinks = check_positive_int(sinks, "sinks", minimum=0)
         if isinstance(recent, bool) or not isinstance(recent, (int, float)):
-            raise TypeError(f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), got {recent!r}")
+            raise TypeError(f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), "
+                            f"got {recent!r}")
         if isinstance(recent, float) and not 0.0 <= recent <= 1.0:
             raise ValueError(f"recent as a share of the budget must be in [0, 1], got {recent}")
         if isinstance(recent, int) and recent < 0:
