@@ -207,6 +207,8 @@ def test_padded_batches_are_refused_with_a_clear_error():
         model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
                        **cache_kwargs(model, cache))
     assert cache.get_seq_length() == 0  # refused before any token was stored
+    with EvictionCache(model, "svm", BUDGET) as cache, pytest.raises(ValueError, match="padded batches"):
+        model.model(input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache))   # the decoder stack alone
     with EvictionCache(model, "h2o", BUDGET) as cache:  # an all-ones mask is fine
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0,
                        **cache_kwargs(model, cache))

@@ -791,7 +791,8 @@ class EvictionCache(Cache):
                 _refuse_padding(kwargs.get("attention_mask"))
 
         self._handles = [m.register_forward_hook(hook) for m in mods.values()]
-        self._handles.append(model.register_forward_pre_hook(check_mask, with_kwargs=True))
+        base = getattr(model, "base_model", model)  # the decoder stack: reached by model(...) and model.model(...)
+        self._handles.append(base.register_forward_pre_hook(check_mask, with_kwargs=True))
 
     def _try_fuse(self) -> None:
         """Fuse the layers once all are in the steady one-token state with alike buffers (see FusedLayers)."""
