@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 kvpress = pytest.importorskip("kvpress")
 transformers = pytest.importorskip("transformers")
 
-from kvpress import AdaKVPress, DecodingPress, KeyRerotationPress  # noqa: E402
+from kvpress import AdaKVPress, DecodingPress, KeyRerotationPress, PrefillDecodingPress  # noqa: E402
 from kvpress.utils import compute_n_kept as kvpress_n_kept  # noqa: E402
 
 from attsvm.integrations.kvpress import (H2ODecodingPress, H2OPress, SVMarginDecodingPress,  # noqa: E402
@@ -305,7 +305,10 @@ def _word_tokenizer():
     lambda: KeyRerotationPress(SVMarginPress(compression_ratio=0.5, window_size=8)),
     lambda: SVMarginDecodingPress(compression_interval=4, target_size=20, window_size=4),
     lambda: H2ODecodingPress(compression_interval=4, target_size=20, window_size=4),
-], ids=["svm", "h2o", "adakv-svm", "rerotation-svm", "svm-decoding", "h2o-decoding"])
+    lambda: PrefillDecodingPress(prefilling_press=SVMarginPress(compression_ratio=0.5, window_size=8),
+                                 decoding_press=SVMarginDecodingPress(compression_interval=4, target_size=20,
+                                                                      window_size=4)),
+], ids=["svm", "h2o", "adakv-svm", "rerotation-svm", "svm-decoding", "h2o-decoding", "prefill+decoding-svm"])
 def test_presses_run_in_kvpress_pipeline(model, make):
     """kvpress's own text-generation pipeline (context, question, greedy answer) with each press."""
     from kvpress import KVPressTextGenerationPipeline
@@ -318,7 +321,7 @@ def test_presses_run_in_kvpress_pipeline(model, make):
     out = pipe(context, question="w3 w5", press=press, max_new_tokens=6, cache=cache)
     assert isinstance(out["answer"], str) and out["answer"].strip()
     n_context = 61  # [BOS] + 60 words
-    if isinstance(press, (SVMarginDecodingPress, H2ODecodingPress)):   # cut to 20 every 4 decoding steps
+    if isinstance(press, (SVMarginDecodingPress, H2ODecodingPress, PrefillDecodingPress)):  # cut to 20 / 4 steps
         assert all(n < 20 + 4 for n in n_stored(cache))
     else:   # the compressed context (AdaKV masks instead of cutting)
         expected = n_context if isinstance(press, AdaKVPress) else compute_n_kept(n_context, 0.5)
