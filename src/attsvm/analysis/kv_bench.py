@@ -1,4 +1,4 @@
-"""Fidelity of KV-cache eviction policies against the cache budget, two ways (SPEC §7; issue #5 part 4).
+"""Fidelity of KV-cache eviction policies against the cache budget, two ways (docs/spec.md §7).
 
 a) **Causal LM** (:mod:`attsvm.analysis.lm`): held-out perplexity when decoding token by token with an
    :class:`~attsvm.analysis.kv_cache.EvictionCache` holding ``budget`` keys per layer and head.
@@ -24,7 +24,8 @@ from typing import Any
 
 
 from .._validation import check_positive_int
-from .kv_cache import POLICIES, EvictionCache, EvictionPolicy, make_policy, select_keep
+from .kv_cache import (POLICIES, EvictionCache, EvictionPolicy, cache_kwargs, make_policy, returned_cache,
+                       select_keep)
 
 __all__ = ["BUDGETS", "lm_perplexity", "encoder_forward", "minilm_fidelity", "kv_bench", "KVBenchResult",
            "plot_kv_bench", "write_kv_report"]
@@ -56,8 +57,8 @@ def lm_perplexity(model: Any, ids: Any, policy: EvictionPolicy | str | None, bud
         with torch.no_grad():
             past = cache
             for t in range(N - 1):
-                out = model(input_ids=ids[:, t:t + 1], cache=past, use_cache=True)
-                past = getattr(out, "past_key_values", None) if cache is None else cache
+                out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
+                past = returned_cache(out) if cache is None else cache
                 logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
                 nll -= logp.gather(1, ids[:, t + 1:t + 2]).sum()
     finally:

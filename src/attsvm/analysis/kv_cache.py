@@ -1,12 +1,14 @@
-"""KV-cache eviction by attention margins, and the usual rules, as a transformers ``Cache`` (SPEC §7).
+"""KV-cache eviction by attention margins, and the usual rules, as a transformers ``Cache`` (docs/spec.md §7).
 
-A policy decides which cached keys (with their values) to keep once the cache holds more than its
-``budget`` of tokens; eviction is per layer and per head, so every head keeps exactly ``budget`` keys.
+A policy scores the cached keys (with their values); once a layer holds more than its ``budget`` of tokens the
+cache evicts the lowest-priority ones, per layer and per **KV head**, so every KV head keeps exactly ``budget``
+keys. Policies only score; protection (sinks, recent window) and the choice of the victim are one rule of the
+cache (:func:`eviction_scores`).
 
 Policies (each a small class; :func:`make_policy` builds one by name):
 
 * ``"svm"`` — **support-vector margin**: a key's score is the smallest margin
-  ``logit_top − logit_t = log p_top − log p_t`` it had over the queries seen since it arrived (SPEC §2:
+  ``logit_top − logit_t = log p_top − log p_t`` it had over the queries seen since it arrived (docs/spec.md §2:
   keys near the top are the support vectors of the selection); keep the smallest, evict the farthest.
   A recent window (default a quarter of the budget) is protected, since a new key has been scored by
   few queries.
@@ -16,15 +18,31 @@ Policies (each a small class; :func:`make_policy` builds one by name):
 * ``"recent"`` — the most recent tokens only.
 * ``"random"`` — uniformly at random (seeded ``torch.Generator``).
 
+Attention layouts. Multi-head (MHA), grouped-query (GQA) and multi-query (MQA) attention are handled alike: the
+cache stores keys per KV head, and the ``G = num_attention_heads / num_key_value_heads`` query heads sharing a
+KV head (its *group*) all attend to the same keys, so a key stays or goes for the whole group. Statistics are
+therefore kept per KV head, reduced over the group as follows (a key is kept if *some* head of the group needs
+it, the reading that makes the budget safe for every head):
+
+* ``svm``: the **minimum margin over the group** (and over the queries) — the margin of the head for which the
+  key is closest to being selected; the min over queries and heads commute, so this is exact per head.
+* ``h2o``: attention **summed over the group** (G × kvpress's group mean: the same ranking).
+* ``tova``: the current query's attention **averaged over the group** (as kvpress's TOVA).
+
+With ``G = 1`` (MHA, GPT-2) every rule is the per-head one. Policies see the probabilities of a KV head's
+group as rows of one matrix: ``accumulate(stats, probs)`` gets ``stats`` (B, H_kv, S) and ``probs``
+(B, H_kv, G·q, S+q) whose row ``g·q + t`` is query ``t`` of the group's head ``g`` (group-major, a free view of
+the model's (B, H, q, S+q)). The budget holds per KV head.
+
 How the policies see attention: :class:`EvictionCache` registers a forward hook on each attention
 module of the model; with ``attn_implementation="eager"`` those modules return their probabilities
 ``(B, H, q, S+q)``, the hook hands them to the layer's cache, which updates the policy's statistics
 and then evicts down to the budget. So at every step the new queries attend to ``budget`` old keys
-plus the new ones, and between steps every layer and head holds exactly ``budget`` keys. Margins
+plus the new ones, and between steps every layer and KV head holds exactly ``budget`` keys. Margins
 need no raw logits: softmax is shift-invariant, so ``logit_top − logit_t = log p_top − log p_t``.
 
 Speed: in the steady state of one-token decoding (every layer full, one key in, one key out) the layers
-are fused (``fuse_layers=True``, the default): their (budget + 1) buffers are stacked, each hook only hands
+are fused (``fuse_layers=True``, the default): their (budget + 1)-slot buffers are stacked, each hook only hands
 over its probabilities, and after the last layer one eviction step runs for all layers together — the
 same rule, victims and slot layout as per-layer eviction (the tests compare them bit for bit; the
 random policy follows the same rule but draws for all layers at once, so its victims differ), at a
@@ -32,52 +50,58 @@ fraction of the per-operation overhead that dominates on small models. Custom po
 ``(B, H, ...)`` contract (the layer axis is folded into the batch axis for them). Any other step (several new
 tokens, beam reordering, a pass that stopped part-way) falls back to the per-layer code.
 
-Positions: ``get_seq_length`` reports the number of tokens *seen* (so position ids stay right), and
-``get_mask_sizes`` places the stored keys just before the new queries, so the causal mask lets every
-new query see every stored key (all are in its past) and the new keys causally. Padding masks are
-not supported after an eviction (the stored keys no longer line up with mask columns): use batches
-without padding, as :mod:`attsvm.analysis.kv_bench` does.
+Positions: ``get_seq_length`` reports the number of tokens *seen* (so position ids, and RoPE, stay right; the
+stored keys keep the rotation of their own position), and ``get_mask_sizes`` places the stored keys just
+before the new queries, so the causal mask lets every new query see every stored key (all are in its past) and
+the new keys causally. Padding is refused: once keys are evicted per row and head they no longer line up with
+the columns of a padding mask, so a forward pass with an ``attention_mask`` holding zeros raises a
+``ValueError`` (decode padded rows one at a time, or batch rows of equal length).
+
+Transformers range: the cache implements the layer interface of transformers 5.2 (``get_max_cache_shape``,
+mask sizes from ``cache_position``) and of the newest 5.x (``get_max_length``, mask sizes from the query length).
 """
 
 from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 
+from .._extras import require
 from .._validation import check_choice, check_positive_int
 
-try:  # transformers is an optional dependency (the [models] extra)
-    from transformers.cache_utils import Cache, CacheLayerMixin
-except ImportError as exc:  # pragma: no cover
-    raise ImportError("attsvm.analysis.kv_cache needs transformers (pip install 'attsvm[models]')") from exc
+_cache_utils = require("transformers.cache_utils", feature="attsvm.analysis.kv_cache")
+Cache, CacheLayerMixin = _cache_utils.Cache, _cache_utils.CacheLayerMixin
 
 __all__ = ["EvictionPolicy", "SVMarginPolicy", "H2OPolicy", "TOVAPolicy", "StreamingPolicy", "RecentPolicy",
-           "RandomPolicy", "POLICIES", "PolicyName", "make_policy", "EvictionLayer", "EvictionCache",
-           "attention_modules"]
+           "RandomPolicy", "POLICIES", "PolicyName", "make_policy", "eviction_scores", "select_keep",
+           "EvictionLayer", "EvictionCache", "AttentionLayout", "attention_layout", "attention_modules",
+           "cache_kwargs", "returned_cache"]
 
 PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
 POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
 
+
 class EvictionPolicy:
-    """The interface: statistics per cached key, and a priority (higher = keep).
+    """The interface: statistics per cached key (per KV head), and a priority (higher = keep).
 
     ``sinks`` (number of first tokens) and ``recent`` (number of last tokens, or a fraction of the
     budget if a float in (0, 1]) are protected: never evicted. Subclasses set ``name``,
-    ``needs_scores`` and implement :meth:`accumulate` / :meth:`priority`.
+    ``needs_scores`` and implement :meth:`accumulate` / :meth:`priority` (see the module notes for the shapes).
     """
 
     name: ClassVar[str] = "base"
     needs_scores: ClassVar[bool] = True
-    priority_is_negated_stats: ClassVar[bool] = False  # priority(stats, ·) == -stats (lets eviction skip a negation)
     fresh: ClassVar[float] = 0.0  # a new key's statistic before any query saw it (see update_)
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
         self.sinks = check_positive_int(sinks, "sinks", minimum=0)
         if isinstance(recent, bool) or not isinstance(recent, (int, float)):
-            raise TypeError(f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), got {recent!r}")
+            raise TypeError(f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), "
+                            f"got {recent!r}")
         if isinstance(recent, float) and not 0.0 <= recent <= 1.0:
             raise ValueError(f"recent as a share of the budget must be in [0, 1], got {recent}")
         if isinstance(recent, int) and recent < 0:
@@ -91,18 +115,23 @@ class EvictionPolicy:
         return n_sinks, max(0, min(n_recent, budget - n_sinks))
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor | None:
-        """New statistics (B, H, S+q) from the old ones (B, H, S) and this step's probabilities (B, H, q, S+q)."""
+        """New statistics (B, H, S+q) from the old ones (B, H, S) and this step's probabilities (B, H, G·q, S+q)
+        (H: KV heads; the rows are the queries of the KV head's group, group-major)."""
         return None
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        """In place, for one query: ``stats`` (..., S+1) of the stored keys and, in the last slot, the new key
-        (holding :attr:`fresh`); ``p`` (..., S+1) the query's probabilities. Must equal :meth:`accumulate`
-        (the default calls it); subclasses override it with cheaper in-place arithmetic."""
-        stats.copy_(self.accumulate(stats[..., :-1], p.unsqueeze(-2)))
+        """In place, for one query per head: ``stats`` (..., S+1) of the stored keys and, in the last slot, the
+        new key (holding :attr:`fresh`); ``p`` (..., G, S+1) the group's probabilities. Must equal
+        :meth:`accumulate` (the default calls it); subclasses override it with cheaper in-place arithmetic."""
+        stats.copy_(self.accumulate(stats[..., :-1], p))
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         """Keep-priority (..., S) of the stored keys (higher = keep); ``positions`` (..., S) absolute."""
         raise NotImplementedError
+
+    def eviction_score(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        """Evict-first score (..., S): ``−priority`` (a policy may return an equivalent tensor more cheaply)."""
+        return -self.priority(stats, positions)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sinks={self.sinks}, recent={self.recent})"
@@ -110,17 +139,19 @@ class EvictionPolicy:
 
 def _pad(stats: torch.Tensor | None, like: torch.Tensor, fill: float) -> torch.Tensor:
     """Old statistics (B, H, S) extended with ``fill`` for the q new keys to shape (B, H, S+q)."""
-    B, H, _, n = like.shape
+    n = like.shape[-1]
     if stats is None:
-        return torch.full((B, H, n), fill, dtype=like.dtype, device=like.device)
+        return torch.full((*like.shape[:-2], n), fill, dtype=like.dtype, device=like.device)
     return torch.nn.functional.pad(stats.to(like.dtype), (0, n - stats.shape[-1]), value=fill)
 
 
 class SVMarginPolicy(EvictionPolicy):
-    """Support-vector margin: keep keys whose margin ``log p_top − log p_t`` stayed small (SPEC §2, §7)."""
+    """Support-vector margin: keep keys whose margin ``log p_top − log p_t`` stayed small (docs/spec.md §2, §7).
+
+    Per KV head the statistic is the minimum margin over its group's query heads and over the queries seen.
+    """
 
     name = "svm"
-    priority_is_negated_stats = True
     fresh = math.inf
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0.25) -> None:
@@ -134,23 +165,27 @@ class SVMarginPolicy(EvictionPolicy):
                 old = margin[..., :stats.shape[-1]]
                 torch.minimum(old, stats, out=old)
             return margin
-        logp = probs.log()                                            # (B, H, q, S+q); p = 0 → −inf
+        logp = probs.log()                                            # (B, H, R, S+q); p = 0 → −inf
         margin = logp.amax(-1, keepdim=True) - logp                   # an underflowed key: margin +inf
         margin = margin.masked_fill(probs <= 0, math.inf)             # a masked key: no margin from it
-        return torch.minimum(_pad(stats, probs, math.inf), margin.min(dim=-2).values)
+        return torch.minimum(_pad(stats, probs, math.inf), margin.amin(dim=-2))
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
         logp = p.log()
         torch.sub(logp.amax(-1, keepdim=True), logp, out=logp)       # margins; p = 0 → +inf
-        torch.minimum(stats, logp, out=stats)                          # the new key: min(+inf, margin)
+        torch.minimum(stats, logp.select(-2, 0) if logp.shape[-2] == 1 else logp.amin(-2), out=stats)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
         return -stats
 
+    def eviction_score(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        assert stats is not None
+        return stats  # the largest margin goes first (no negation on the fast path)
+
 
 class H2OPolicy(EvictionPolicy):
-    """Heavy hitters: accumulated attention over the queries seen, plus a recent window (H2O)."""
+    """Heavy hitters: attention accumulated over the queries seen (summed over the group), plus a recent window."""
 
     name = "h2o"
 
@@ -164,7 +199,7 @@ class H2OPolicy(EvictionPolicy):
         return total
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        stats.add_(p)                                                  # the new key: 0 + p
+        stats.add_(p.select(-2, 0) if p.shape[-2] == 1 else p.sum(-2))  # the new key: 0 + p
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -172,15 +207,18 @@ class H2OPolicy(EvictionPolicy):
 
 
 class TOVAPolicy(EvictionPolicy):
-    """Token omission via attention: the current (last) query's attention decides."""
+    """Token omission via attention: the current (last) query's attention decides (averaged over the group)."""
 
     name = "tova"
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        return probs[..., -1, :]
+        n_new = probs.shape[-1] - (0 if stats is None else stats.shape[-1])   # q: this step's queries
+        rows = probs.unflatten(-2, (probs.shape[-2] // n_new, n_new))        # (B, H, G, q, S+q)
+        last = rows[..., -1, :]
+        return last[..., 0, :] if last.shape[-2] == 1 else last.mean(-2)
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        stats.copy_(p)
+        stats.copy_(p.select(-2, 0) if p.shape[-2] == 1 else p.mean(-2))
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         assert stats is not None
@@ -231,58 +269,156 @@ def make_policy(name: PolicyName, **kwargs: Any) -> EvictionPolicy:
     return _CLASSES[name](**kwargs)
 
 
+# ---------------------------------------------------------------------------------------- the one eviction rule
+def eviction_scores(policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, n_seen: int,
+                    protected: tuple[int, int]) -> torch.Tensor:
+    """Evict-first scores (..., S) of the stored keys: the policy's, with protected keys at −inf.
+
+    ``protected = (n_sinks, n_recent)``: positions below ``n_sinks`` and the last ``n_recent`` of the ``n_seen``
+    tokens are never evicted. Every eviction (one victim per step, or many at once) goes through here.
+    """
+    score = policy.eviction_score(stats, positions)
+    n_sinks, n_recent = protected
+    if n_sinks:
+        score = score.masked_fill(positions < n_sinks, -math.inf)
+    if n_recent:
+        score = score.masked_fill(positions >= n_seen - n_recent, -math.inf)
+    return score
+
+
 def select_keep(policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, budget: int,
                 n_seen: int) -> torch.Tensor:
     """Indices (B, H, budget), ascending, of the stored keys to keep (protected ones first, then priority)."""
-    pri = policy.priority(stats, positions).to(torch.float64)
-    n_sinks, n_recent = policy.protected(budget)
-    protect = (positions < n_sinks) | (positions >= n_seen - n_recent)
-    pri = pri.masked_fill(protect, math.inf)
-    return torch.topk(pri, budget, dim=-1, sorted=False).indices.sort(dim=-1).values
+    score = eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
+    return torch.topk(score, budget, dim=-1, largest=False, sorted=False).indices.sort(dim=-1).values
+
+
+@dataclass
+class SlotBuffers:
+    """The steady state's (budget + 1)-slot tensors and their views (made once, reused every step).
+
+    The first ``budget`` slots (``kept_*``) hold the stored keys; the last slot (``new_*``) receives the newest
+    key, which the eviction step then moves into the victim's slot.
+    """
+
+    keys: torch.Tensor        # (..., H, budget + 1, d_head)
+    values: torch.Tensor
+    positions: torch.Tensor   # (..., H, budget + 1)
+
+    def __post_init__(self) -> None:
+        self.new_key, self.new_value = self.keys[..., -1:, :], self.values[..., -1:, :]
+        self.new_position = self.positions[..., -1:]
+        self.kept_keys, self.kept_values = self.keys[..., :-1, :], self.values[..., :-1, :]
+        self.kept_positions = self.positions[..., :-1]
+
+
+@dataclass
+class EvictionStep:
+    """What one steady eviction step needs: the slot buffers, the statistics (with the newest key's slot last)
+    and the victim indices with their expansions to the key and value widths (made once)."""
+
+    slots: SlotBuffers
+    stats: torch.Tensor | None  # (..., H, budget + 1)
+    victim: torch.Tensor        # (..., H, 1) long
+
+    def __post_init__(self) -> None:
+        self.victim_k = self.victim.unsqueeze(-1).expand(*self.victim.shape, self.slots.keys.shape[-1])
+        self.victim_v = self.victim.unsqueeze(-1).expand(*self.victim.shape, self.slots.values.shape[-1])
+        self.new_stat = None if self.stats is None else self.stats[..., -1:]
+        # with a single (batch row, head) the newest slot is a dense view of its buffer, and torch refuses a
+        # scatter whose source overlaps its destination: copy the source then (otherwise none is needed)
+        self.copy_source = self.slots.new_key.is_contiguous() or self.slots.new_position.is_contiguous()
+        # the policies' (B, H, S) contract with any leading axes folded into B: views made once
+        positions = self.slots.positions
+        self.flat_positions = positions.view(-1, *positions.shape[-2:])
+        self.flat_stats = None if self.stats is None else self.stats.view(-1, *self.stats.shape[-2:])
+        self.flat_victim = self.victim.view(-1, *self.victim.shape[-2:])
+
+    def run(self, policy: EvictionPolicy, probs: torch.Tensor | None, n_seen: int, protected: tuple[int, int],
+            own_update: bool) -> None:
+        """Update the statistics with ``probs`` (..., H, G, budget + 1), pick the victim per row and KV head
+        (:func:`eviction_scores`), move the newest key into its slot."""
+        s, stats = self.slots, self.stats
+        s.new_position.fill_(n_seen - 1)
+        if stats is not None:
+            assert probs is not None
+            if own_update:
+                policy.update_(stats, probs)
+            else:  # accumulate's (B, H, G·q, S+q) contract: fold leading axes into the batch axis
+                flat = self.flat_stats
+                flat.copy_(policy.accumulate(flat[..., :-1], probs.reshape(-1, *probs.shape[-3:])))
+        self.evict(eviction_scores(policy, self.flat_stats, self.flat_positions, n_seen, protected))
+        if stats is not None:
+            stats.scatter_(-1, self.victim, self.new_stat.clone() if self.copy_source else self.new_stat)
+            self.new_stat.fill_(policy.fresh)
+
+    def evict(self, score: torch.Tensor) -> None:
+        """The victim per row and KV head is the highest evict-first ``score`` (its leading axes as the slots' or
+        folded into one); the newest key takes its slot."""
+        s = self.slots
+        torch.argmax(score, dim=-1, keepdim=True, out=self.victim if score.dim() == self.victim.dim()
+                     else self.flat_victim)
+        if self.copy_source:
+            s.keys.scatter_(-2, self.victim_k, s.new_key.clone())
+            s.values.scatter_(-2, self.victim_v, s.new_value.clone())
+            s.positions.scatter_(-1, self.victim, s.new_position.clone())
+            return
+        s.keys.scatter_(-2, self.victim_k, s.new_key)
+        s.values.scatter_(-2, self.victim_v, s.new_value)
+        s.positions.scatter_(-1, self.victim, s.new_position)
+
+
+def _own_update(policy: EvictionPolicy) -> bool:
+    """Whether ``policy.update_`` was written for its own ``accumulate`` (defined by the same class or a subclass
+    of the one defining accumulate); otherwise the fast path calls accumulate."""
+    definer = {name: next(c for c in type(policy).__mro__ if name in c.__dict__) for name in ("update_", "accumulate")}
+    return definer["update_"] is not EvictionPolicy and issubclass(definer["update_"], definer["accumulate"])
+
+
+def _query_length(arg: Any) -> int:
+    """The number of new queries from ``get_mask_sizes``'s argument: an int (transformers ≥ 5.3) or the
+    ``cache_position`` tensor (transformers 5.2)."""
+    return int(arg) if isinstance(arg, int) else int(arg.shape[-1])
 
 
 class EvictionLayer(CacheLayerMixin):
-    """One layer's cache: keys/values (B, H, S, d_head), their absolute positions and policy statistics."""
+    """One layer's cache: keys/values (B, H_kv, S, d_head), their absolute positions and policy statistics."""
 
     is_compileable = False
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, policy: EvictionPolicy, budget: int) -> None:
+    def __init__(self, policy: EvictionPolicy, budget: int, group_size: int = 1) -> None:
         super().__init__()
         self.policy = policy
         self.budget = check_positive_int(budget, "budget")
+        self.group_size = check_positive_int(group_size, "group_size")  # query heads per KV head
+        self.protected = policy.protected(self.budget)   # (n_sinks, n_recent): fixed with the policy and budget
         self.positions: torch.Tensor | None = None
         self.stats: torch.Tensor | None = None
         self.cumulative_length = 0
-        self.pending = 0
+        self.pending = 0          # new tokens stored whose attention has not been observed yet
         self.n_evicted = 0
-        self._kbuf: torch.Tensor | None = None  # (B, H, budget + 1, d_head) once the cache is full
-        self._vbuf: torch.Tensor | None = None
-        self._pbuf: torch.Tensor | None = None
-        self._views: tuple[torch.Tensor, ...] | None = None  # (buffer, its last slots, its first budget slots)
-        self._protected: tuple[int, int] | None = None  # the policy's (n_sinks, n_recent) at this budget
-        self._group: _FusedLayers | None = None  # set while every layer's steady state is fused (speed only)
-        self._gi = 0                              # this layer's index in the group
-        self._hold = 0                            # > 0: do not fuse for that many more steps (see reorder_cache)
+        self.step: EvictionStep | None = None  # the steady state's buffers, once the layer is full
+        self.group: FusedLayers | None = None  # set while every layer's steady state is fused (speed only)
+        self.group_index = 0                   # this layer's index in the group
+        self.hold = 0             # > 0: do not fuse for that many more steps (see _map_batch)
 
-    def _join(self, group: _FusedLayers, i: int) -> None:
-        """Use layer ``i`` of the group's stacked buffers as this layer's (budget + 1) buffers."""
-        K, V, P = group.K[i], group.V[i], group.P[i]
-        self._kbuf, self._vbuf, self._pbuf = K, V, P
-        self._views = (K, K[:, :, -1:], V[:, :, -1:], P[:, :, -1:], K[:, :, :-1], V[:, :, :-1], P[:, :, :-1])
-        self.keys, self.values, self.positions = self._views[4:]
-        if group.S is not None:
-            self.stats = group.S[i][..., :-1]
-        self._group, self._gi = group, i
+    def join(self, group: FusedLayers, i: int, slots: SlotBuffers, stats: torch.Tensor | None) -> None:
+        """Use layer ``i`` of the group's stacked buffers as this layer's slot buffers."""
+        self.step = EvictionStep(slots, None if stats is None else stats, group.victim[i])
+        self.keys, self.values, self.positions = slots.kept_keys, slots.kept_values, slots.kept_positions
+        if stats is not None:
+            self.stats = stats[..., :-1]
+        self.group, self.group_index = group, i
 
-    def _leave_group(self) -> None:
-        if self._group is not None:
-            self._group.dissolve()
+    def leave_group(self) -> None:
+        if self.group is not None:
+            self.group.dissolve()
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any) -> None:
         B, H, _, D = key_states.shape
-        self.device = key_states.device
+        self.dtype, self.device = key_states.dtype, key_states.device
         self.keys = key_states.new_zeros((B, H, 0, D))
         self.values = value_states.new_zeros((B, H, 0, value_states.shape[-1]))
         self.positions = torch.zeros((B, H, 0), dtype=torch.long, device=self.device)
@@ -292,8 +428,8 @@ class EvictionLayer(CacheLayerMixin):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self._group is not None and (self._group.observed[self._gi] or self.pending):
-            self._group.dissolve()  # the last pass stopped part-way: finish it per layer
+        if self.group is not None and (self.group.observed[self.group_index] or self.pending):
+            self.group.dissolve()  # the last pass stopped part-way: finish it per layer
         if self.pending:  # the previous step was never observed (no hook, or no probabilities)
             if self.policy.needs_scores:
                 raise RuntimeError(
@@ -303,68 +439,58 @@ class EvictionLayer(CacheLayerMixin):
             self.observe(None)
         B, H, q, _ = key_states.shape
         S = self.keys.shape[-2]
-        if q == 1 and self._kbuf is not None and S == self.budget:
+        if q == 1 and self.step is not None and S == self.budget:
             # steady state: write the new token into the spare slot of the (budget + 1) buffers, no copy
-            _, k_last, v_last, p_last, *_ = self._views
-            k_last.copy_(key_states)
-            v_last.copy_(value_states)
-            if self._group is None:  # fused layers write all positions at once in their eviction step
-                p_last.fill_(self.cumulative_length)
-            self.keys, self.values, self.positions = self._kbuf, self._vbuf, self._pbuf
+            slots = self.step.slots
+            slots.new_key.copy_(key_states)
+            slots.new_value.copy_(value_states)
+            if self.group is None:  # fused layers write all positions at once in their eviction step
+                slots.new_position.fill_(self.cumulative_length)
+            self.keys, self.values, self.positions = slots.keys, slots.values, slots.positions
         else:
-            self._leave_group()
+            self.leave_group()
             new_pos = torch.arange(self.cumulative_length, self.cumulative_length + q, device=self.device)
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
             self.positions = torch.cat([self.positions, new_pos.expand(B, H, q)], dim=-1)
-            self._kbuf = self._vbuf = self._pbuf = None
+            self.step = None
         self.cumulative_length += q
         self.pending = q
-        if self._hold:
-            self._hold -= 1
+        if self.hold:
+            self.hold -= 1
         return self.keys, self.values
 
+    def group_rows(self, probs: torch.Tensor) -> torch.Tensor:
+        """The model's probabilities (B, H_q, q, S+q) as the policies' (B, H_kv, G·q, S+q) (a view)."""
+        B, Hq, q, N = probs.shape
+        Hkv = self.keys.shape[1]
+        if Hq % Hkv:
+            raise RuntimeError(f"attention has {Hq} query heads for {Hkv} KV heads: not a whole group per KV head")
+        self.group_size = Hq // Hkv  # as observed (the fused step sizes its buffers by it)
+        return probs.reshape(B, Hkv, (Hq // Hkv) * q, N)
+
     def observe(self, probs: torch.Tensor | None) -> None:
-        """Update the policy statistics with this step's probabilities (B, H, q, S+q), then evict to the budget."""
+        """Update the policy statistics with this step's probabilities (B, H_q, q, S+q), then evict to the budget."""
         if self.policy.needs_scores:
             if probs is None:
                 raise RuntimeError(f"the {self.policy.name!r} policy needs attention probabilities: load the model "
                                    "with attn_implementation='eager'")
-            self.stats = self.policy.accumulate(self.stats, probs.detach() if probs.requires_grad else probs)
+            rows = self.group_rows(probs.detach() if probs.requires_grad else probs)
+            self.stats = self.policy.accumulate(self.stats, rows)
         self.pending = 0
         assert self.keys is not None and self.values is not None and self.positions is not None
-        S = self.keys.shape[-2]
-        excess = S - self.budget
+        excess = self.keys.shape[-2] - self.budget
         if excess <= 0:
             return
         self.n_evicted += excess
         if excess == 1:
-            # one key too many: overwrite the victim slot with the newest (last) slot and drop the last;
-            # the tensors of size budget + 1 become the buffers the next step writes into
-            # evict the lowest priority; when priority is −stats, the highest statistic (skips a negation)
-            neg = self.policy.priority_is_negated_stats
-            score = self.stats if neg else self.policy.priority(self.stats, self.positions)
-            fill = -math.inf if neg else math.inf
-            if self._protected is None:  # the policy and budget are fixed: compute once
-                self._protected = self.policy.protected(self.budget)
-            n_sinks, n_recent = self._protected
-            if n_sinks:
-                score = score.masked_fill(self.positions < n_sinks, fill)
-            if n_recent:
-                score = score.masked_fill(self.positions >= self.cumulative_length - n_recent, fill)
-            victim = (score.argmax if neg else score.argmin)(dim=-1, keepdim=True)          # (B, H, 1)
-            if self._views is None or self._views[0] is not self.keys:  # views of the buffers, made once
-                k, v, p = self.keys, self.values, self.positions
-                self._views = (k, k[:, :, -1:], v[:, :, -1:], p[:, :, -1:], k[:, :, :-1], v[:, :, :-1], p[:, :, :-1])
-            _, k_last, v_last, p_last, k_head, v_head, p_head = self._views
-            vidx = victim[..., None]
-            self.keys.scatter_(2, vidx.expand(-1, -1, -1, k_last.shape[-1]), k_last)
-            self.values.scatter_(2, vidx.expand(-1, -1, -1, v_last.shape[-1]), v_last)
-            self.positions.scatter_(2, victim, p_last)
-            self._kbuf, self._vbuf, self._pbuf = self.keys, self.values, self.positions
-            self.keys, self.values, self.positions = k_head, v_head, p_head
-            if self.stats is not None:
-                self.stats = self.stats.scatter(2, victim, self.stats[:, :, -1:])[:, :, :-1]
+            # one key too many: the tensors of size budget + 1 become the slot buffers; the victim's slot takes
+            # the newest key and the first budget slots are the stored keys
+            if self.step is None or self.step.slots.keys is not self.keys:  # buffers (and views) made once
+                self.step = EvictionStep(SlotBuffers(self.keys, self.values, self.positions), None,
+                                         torch.empty((*self.positions.shape[:-1], 1), dtype=torch.long,
+                                                     device=self.positions.device))
+            self._evict_one()
             return
         keep = select_keep(self.policy, self.stats, self.positions, self.budget, self.cumulative_length)
         idx = keep[..., None]
@@ -373,30 +499,44 @@ class EvictionLayer(CacheLayerMixin):
         self.positions = self.positions.gather(2, keep)
         if self.stats is not None:
             self.stats = self.stats.gather(2, keep)
-        self._kbuf = self._vbuf = self._pbuf = None
+        self.step = None
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def _evict_one(self) -> None:
+        """The per-layer steady step (statistics already updated): pick the victim, move the newest key there.
+        The statistics stay per layer (a new tensor per step); the fused step updates them in place."""
+        step = self.step
+        assert step is not None
+        s = step.slots
+        step.evict(eviction_scores(self.policy, self.stats, s.positions, self.cumulative_length, self.protected))
+        if self.stats is not None:
+            self.stats = self.stats.scatter(2, step.victim, self.stats[..., -1:])[..., :-1]
+        self.keys, self.values, self.positions = s.kept_keys, s.kept_values, s.kept_positions
+
+    def get_mask_sizes(self, query_length: Any) -> tuple[int, int]:
         stored = 0 if self.keys is None else self.keys.shape[-2]
-        return stored + query_length, self.cumulative_length - stored
+        return stored + _query_length(query_length), self.cumulative_length - stored
 
-    def get_seq_length(self) -> int:
+    def get_seq_length(self, *args: Any) -> int:
         return self.cumulative_length
 
     def get_max_length(self) -> int:
         return -1
 
+    def get_max_cache_shape(self) -> int:  # transformers 5.2's name of get_max_length
+        return -1
+
     def reset(self) -> None:
-        self._leave_group()
+        self.leave_group()
         self.keys = self.values = self.positions = self.stats = None
-        self._kbuf = self._vbuf = self._pbuf = self._views = None
+        self.step = None
         self.is_initialized = False
         self.cumulative_length = self.pending = self.n_evicted = 0
 
     def _map_batch(self, fn: Any) -> None:
         """Apply ``fn`` to the batch axis of every stored tensor (beam reordering, batch expansion/selection)."""
-        self._leave_group()
-        self._hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
-        self._kbuf = self._vbuf = self._pbuf = None
+        self.leave_group()
+        self.hold = 2  # decoding steps before the layers may fuse again (beam search reorders every step)
+        self.step = None
         if self.is_initialized:
             for name in ("keys", "values", "positions", "stats"):
                 t = getattr(self, name)
@@ -416,53 +556,46 @@ class EvictionLayer(CacheLayerMixin):
         raise NotImplementedError("an evicting cache cannot be cropped (the evicted keys are gone)")
 
 
-class _FusedLayers:
-    """Every layer's steady-state (budget + 1) buffers stacked along a leading layer axis (speed only).
+class FusedLayers:
+    """Every layer's steady-state slot buffers stacked along a leading layer axis (speed only).
 
     In the steady state of one-token decoding each layer holds ``budget`` keys plus the newest one and evicts
     exactly one per step. With the layers fused, each layer's hook only hands over its probabilities (stacked
-    into one buffer); after the last layer has run, one eviction step (statistics, protection, victim, the move of the
-    newest key into the victim's slot) serves all layers at once: a dozen tensor operations per decoding step
-    instead of a dozen per layer, which is what the policies cost on small models (per-operation overhead, not
-    arithmetic). The rule, the statistics, the victims and the slot layout are exactly the per-layer ones.
-    Any other step (several tokens, beam reordering, reset) dissolves the group back into per-layer state.
+    into one buffer); after the last layer has run, one :class:`EvictionStep` (statistics, protection, victim,
+    the move of the newest key into the victim's slot) serves all layers at once: a dozen tensor operations per
+    decoding step instead of a dozen per layer, which is what the policies cost on small models (per-operation
+    overhead, not arithmetic). The rule, the statistics, the victims and the slot layout are exactly the
+    per-layer ones. Any other step (several tokens, beam reordering, reset) dissolves the group back into
+    per-layer state.
     """
 
     def __init__(self, layers: list[EvictionLayer]) -> None:
         self.layers = layers
         self.policy = policy = layers[0].policy
-        self.K = torch.stack([layer._kbuf for layer in layers])   # (L, B, H, budget + 1, d_head)
-        self.V = torch.stack([layer._vbuf for layer in layers])
-        self.P = torch.stack([layer._pbuf for layer in layers])   # (L, B, H, budget + 1)
-        self.S: torch.Tensor | None = None
+        steps = [layer.step for layer in layers]
+        assert all(s is not None for s in steps)
+        self.slots = SlotBuffers(torch.stack([s.slots.keys for s in steps]),      # (L, B, H, budget + 1, d)
+                                 torch.stack([s.slots.values for s in steps]),
+                                 torch.stack([s.slots.positions for s in steps]))  # (L, B, H, budget + 1)
+        self.stats: torch.Tensor | None = None
         self.probs: torch.Tensor | None = None
+        L, B, H = self.slots.positions.shape[:3]
         if policy.needs_scores:
-            stats = torch.stack([layer.stats for layer in layers])  # (L, B, H, budget)
-            self.S = torch.nn.functional.pad(stats, (0, 1), value=policy.fresh)
-            self.probs = self.S.new_empty((*self.S.shape[:-1], 1, self.S.shape[-1]))  # (L, B, H, 1, budget + 1)
-            self._p = self.probs[..., 0, :]
+            stats = torch.stack([layer.stats for layer in layers])               # (L, B, H, budget)
+            self.stats = torch.nn.functional.pad(stats, (0, 1), value=policy.fresh)
+            self.probs = self.stats.new_empty((L, B, H, layers[0].group_size, self.stats.shape[-1]))
+            self._stacked = self.probs.view(L, B, -1, 1, self.stats.shape[-1])  # the hooks' (B, H_q, 1, S+1)
+        self.victim = torch.empty((L, B, H, 1), dtype=torch.long, device=self.slots.positions.device)
+        self.step = EvictionStep(self.slots, self.stats, self.victim)
+        self.protected = layers[0].protected
+        self.own_update = _own_update(policy)
         self._probs_in: list[torch.Tensor | None] = [None] * len(layers)  # this step's, per layer
-        self.victim = torch.empty((*self.P.shape[:-1], 1), dtype=torch.long, device=self.P.device)
-        self.protected = policy.protected(layers[0].budget)
-        # a subclass's in-place update_ is used only when it was written for its own accumulate (defined by
-        # the same class or a subclass of the one defining accumulate); otherwise accumulate decides
-        definer = {name: next(c for c in type(policy).__mro__ if name in c.__dict__) for name in ("update_", "accumulate")}
-        self._own_update = definer["update_"] is not EvictionPolicy and issubclass(definer["update_"],
-                                                                                   definer["accumulate"])
-        self._bufs = self._buffers(self.K, self.V, self.P, self.S, self.victim)
         self.observed = [False] * len(layers)
         self.n_observed = 0
         self.n_steps = 0  # fused eviction steps run
         for i, layer in enumerate(layers):
-            layer._join(self, i)
-
-    @staticmethod
-    def _buffers(K: torch.Tensor, V: torch.Tensor, P: torch.Tensor, S: torch.Tensor | None, victim: torch.Tensor
-                 ) -> tuple[Any, ...]:
-        """The views one eviction step needs, made once: victim indices expanded to K and V, the newest slots."""
-        return (K, V, P, S, victim, victim.unsqueeze(-1).expand(*victim.shape, K.shape[-1]),
-                victim.unsqueeze(-1).expand(*victim.shape, V.shape[-1]), K[..., -1:, :], V[..., -1:, :],
-                P[..., -1:], None if S is None else S[..., -1:])
+            layer.join(self, i, SlotBuffers(self.slots.keys[i], self.slots.values[i], self.slots.positions[i]),
+                       None if self.stats is None else self.stats[i])
 
     def observe(self, i: int, probs: torch.Tensor | None) -> None:
         """Layer ``i``'s hook: keep its probabilities; after the last layer, evict in every layer."""
@@ -476,66 +609,88 @@ class _FusedLayers:
             self._probs_in[i] = probs.detach() if probs.requires_grad else probs
         layer.pending = 0
         layer.n_evicted += 1
-        v = layer._views
-        layer.keys, layer.values, layer.positions = v[4], v[5], v[6]   # budget keys once the step has run
+        layer.keys, layer.values, layer.positions = layer.step.slots.kept_keys, layer.step.slots.kept_values, \
+            layer.step.slots.kept_positions   # budget keys once the step has run
         self.observed[i] = True
         self.n_observed += 1
         if self.n_observed == len(self.layers):
             self.n_steps += 1
-            if self.probs is not None:
-                torch.stack(self._probs_in, out=self.probs)  # type: ignore[arg-type]
-            self._evict(None if self.probs is None else self._p, self.layers[0].cumulative_length, self._bufs)
+            if self.probs is not None:  # (L, B, H_q, 1, S+1) stacked = (L, B, H_kv, G, S+1)
+                torch.stack(self._probs_in, out=self._stacked)  # type: ignore[arg-type]
+            self.step.run(self.policy, self.probs, self.layers[0].cumulative_length, self.protected, self.own_update)
             self.observed = [False] * len(self.layers)
             self.n_observed = 0
-
-    def _evict(self, probs: torch.Tensor | None, n_seen: int, bufs: tuple[Any, ...]) -> None:
-        """Update the statistics, pick the victim per (layer,) batch row and head, move the newest key there."""
-        K, V, P, S, victim, vk, vv, k_last, v_last, p_last, s_last = bufs
-        pol = self.policy
-        p_last.fill_(n_seen - 1)                                        # the newest key's position
-        if S is not None:
-            if self._own_update:
-                pol.update_(S, probs)
-            else:  # accumulate's (B, H, q, S+q) contract: fold the layer axis into the batch axis
-                S2 = S.view(-1, *S.shape[-2:])
-                S2.copy_(pol.accumulate(S2[..., :-1], probs.reshape(-1, *probs.shape[-2:]).unsqueeze(-2)))
-        neg = pol.priority_is_negated_stats
-        if neg:
-            score = S
-        else:  # priority's (B, H, S) contract, as for accumulate
-            score = pol.priority(None if S is None else S.view(-1, *S.shape[-2:]), P.view(-1, *P.shape[-2:]))
-            score = score.view(P.shape)
-        fill = -math.inf if neg else math.inf
-        n_sinks, n_recent = self.protected
-        if n_sinks:
-            score = score.masked_fill(P < n_sinks, fill)
-        if n_recent:
-            score = score.masked_fill(P >= n_seen - n_recent, fill)
-        (torch.argmax if neg else torch.argmin)(score, dim=-1, keepdim=True, out=victim)
-        K.scatter_(-2, vk, k_last)
-        V.scatter_(-2, vv, v_last)
-        P.scatter_(-1, victim, p_last)
-        if S is not None:
-            S.scatter_(-1, victim, s_last)
-            s_last.fill_(pol.fresh)
 
     def dissolve(self) -> None:
         """Back to per-layer state (finishing the step for layers already observed, if a pass stopped part-way)."""
         for i, done in enumerate(self.observed):
+            layer = self.layers[i]
             if done:
-                S = None if self.S is None else self.S[i]
-                victim = torch.empty_like(self.victim[i])
-                bufs = self._buffers(self.K[i], self.V[i], self.P[i], S, victim)
+                step = EvictionStep(layer.step.slots, None if self.stats is None else self.stats[i],
+                                    torch.empty_like(self.victim[i]))
                 probs = self._probs_in[i]
-                self._evict(None if probs is None else probs[..., 0, :], self.layers[i].cumulative_length, bufs)
-            elif self.layers[i].pending:  # stored but not yet seen by its attention: its position is still unset
-                layer = self.layers[i]
-                layer._views[3].fill_(layer.cumulative_length - 1)
+                rows = None if probs is None else probs.view(*step.slots.positions.shape[:2], -1,
+                                                            step.slots.positions.shape[-1])
+                step.run(self.policy, rows, layer.cumulative_length, self.protected, self.own_update)
+            elif layer.pending:  # stored but not yet seen by its attention: its position is still unset
+                layer.step.slots.new_position.fill_(layer.cumulative_length - 1)
         self.observed = [False] * len(self.layers)
         self.n_observed = 0
         self._probs_in = [None] * len(self.layers)
         for layer in self.layers:
-            layer._group = None
+            layer.group = None
+
+
+# ---------------------------------------------------------------------------------------- the model side
+@dataclass(frozen=True)
+class AttentionLayout:
+    """A decoder's self-attention layout: ``n_layers`` layers of ``n_heads`` query heads sharing
+    ``n_kv_heads`` KV heads (MHA: equal; GQA: a divisor; MQA: 1)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    sliding_window: int | None = None  # a window every layer applies (Mistral); the budget must fit in it
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def kind(self) -> str:
+        return "MHA" if self.n_kv_heads == self.n_heads else "MQA" if self.n_kv_heads == 1 else "GQA"
+
+
+def attention_layout(model: Any) -> AttentionLayout:
+    """The model's attention layout, or a ValueError naming what the eviction cache cannot handle.
+
+    Handled: decoder-only models whose layers all use full causal self-attention with every KV head serving a
+    whole group of query heads (Llama, Qwen2, Mistral without a sliding window, GPT-2, ...). Refused, before any
+    generation: encoder-decoder models, sliding-window / chunked / linear-attention layers (they evict by their
+    own rule), and head counts that do not divide.
+    """
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"model must be a transformers model with a .config, got {type(model).__name__}")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    name = type(model).__name__
+    if getattr(text, "is_encoder_decoder", False):
+        raise ValueError(f"model {name} is an encoder-decoder: the eviction cache handles decoder-only models")
+    n_heads = getattr(text, "num_attention_heads", None)
+    n_kv = getattr(text, "num_key_value_heads", None) or n_heads
+    n_layers = getattr(text, "num_hidden_layers", None)
+    if not all(isinstance(v, int) and v > 0 for v in (n_heads, n_kv, n_layers)):
+        raise ValueError(f"model {name}: cannot read num_attention_heads / num_key_value_heads / num_hidden_layers "
+                         "from its config; the eviction cache needs a standard decoder layout")
+    if n_heads % n_kv:
+        raise ValueError(f"model {name} has num_attention_heads={n_heads} not a multiple of "
+                         f"num_key_value_heads={n_kv}: each KV head must serve a whole group of query heads")
+    other = sorted({t for t in (getattr(text, "layer_types", None) or []) if t != "full_attention"})
+    if other:
+        raise ValueError(f"model {name} has {', '.join(other) or 'sliding-window'} layers: the eviction cache handles "
+                         "full causal self-attention only (those layers already bound their cache by their own rule)")
+    window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
+    return AttentionLayout(n_layers, n_heads, n_kv, window if isinstance(window, int) else None)
 
 
 def attention_modules(model: Any) -> dict[int, Any]:
@@ -553,14 +708,37 @@ def attention_modules(model: Any) -> dict[int, Any]:
     return found
 
 
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """The keyword that hands ``cache`` to ``model(...)`` / ``model.generate(...)``: ``cache`` from transformers
+    5.3 on, ``past_key_values`` before (5.2.x, the kvpress range), where an unknown ``cache=`` is silently ignored."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
+def returned_cache(output: Any) -> Any:
+    """The cache a forward pass returned: ``output.cache`` (transformers >= 5.3) or ``output.past_key_values``."""
+    found = output.get("cache") if hasattr(output, "get") else None
+    return output.get("past_key_values") if found is None and hasattr(output, "get") else found
+
+
+def _refuse_padding(mask: Any) -> None:
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()):
+        raise ValueError("EvictionCache does not support padded batches: attention_mask has zeros (padding). "
+                         "Evicted keys no longer line up with the mask's columns; decode padded rows one at a "
+                         "time, or batch rows of equal length")
+
+
 class EvictionCache(Cache):
-    """A transformers ``Cache`` that evicts keys by ``policy`` to keep ``budget`` tokens per layer and head.
+    """A transformers ``Cache`` that evicts keys by ``policy`` to keep ``budget`` tokens per layer and KV head.
 
     Use as ``model.generate(ids, past_key_values=EvictionCache(model, "h2o", budget=64))`` or in a
     manual decoding loop. Score-based policies need the model loaded with ``attn_implementation="eager"``.
     The hooks stay on the model until :meth:`close` (or the ``with`` block ends); a hook whose cache was
     garbage-collected, or that fires for another cache, does nothing. ``fuse_layers=False`` keeps every
-    eviction in its layer's hook (slower; the same results, see the module notes).
+    eviction in its layer's hook (slower; the same results, see the module notes). The model's layout is
+    checked here (:func:`attention_layout`), and a padded batch is refused at its first forward pass.
     """
 
     def __init__(self, model: Any, policy: EvictionPolicy | PolicyName, budget: int, *, fuse_layers: bool = True,
@@ -572,20 +750,25 @@ class EvictionCache(Cache):
         elif policy_kwargs:
             raise TypeError("policy keyword arguments are only accepted with a policy name")
         budget = check_positive_int(budget, "budget")
+        if not isinstance(fuse_layers, bool):
+            raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
+        self.layout = attention_layout(model)
+        if self.layout.sliding_window is not None and budget > self.layout.sliding_window:
+            raise ValueError(f"budget={budget} exceeds the model's sliding window ({self.layout.sliding_window}): "
+                             "the window mask would read the stored keys' compacted slots as positions; use "
+                             "budget <= sliding_window")
         impl = getattr(model.config, "_attn_implementation", None)
         if policy.needs_scores and impl != "eager":
             raise ValueError(f"policy {policy.name!r} needs attention probabilities: load the model with "
                              f"attn_implementation='eager' (it uses {impl!r})")
         mods = attention_modules(model)
         n_layers = max(mods) + 1
-        super().__init__(layers=[EvictionLayer(policy, budget) for _ in range(n_layers)])
+        super().__init__(layers=[EvictionLayer(policy, budget, self.layout.group_size) for _ in range(n_layers)])
         self.policy = policy
         self.budget = budget
-        if not isinstance(fuse_layers, bool):
-            raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
         self._can_fuse = fuse_layers
-        self._group: _FusedLayers | None = None   # the live group, if any (see _FusedLayers)
-        self._fused_steps_done = 0                # steps of the groups before it
+        self._group: FusedLayers | None = None   # the live group, if any (see FusedLayers)
+        self._fused_steps_done = 0               # steps of the groups before it
         ref = weakref.ref(self)
 
         def hook(mod: Any, args: Any, output: Any) -> None:
@@ -596,32 +779,40 @@ class EvictionCache(Cache):
             if not layer.pending:
                 return
             probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if layer._group is not None:
-                layer._group.observe(layer._gi, probs)
+            if layer.group is not None:
+                layer.group.observe(layer.group_index, probs)
                 return
             layer.observe(probs)
-            if cache._can_fuse and layer._kbuf is not None:
+            if cache._can_fuse and layer.step is not None:
                 cache._try_fuse()
 
+        def check_mask(mod: Any, args: Any, kwargs: dict[str, Any]) -> None:
+            if ref() is not None:
+                _refuse_padding(kwargs.get("attention_mask"))
+
         self._handles = [m.register_forward_hook(hook) for m in mods.values()]
+        base = getattr(model, "base_model", model)  # the decoder stack: reached by model(...) and model.model(...)
+        self._handles.append(base.register_forward_pre_hook(check_mask, with_kwargs=True))
 
     def _try_fuse(self) -> None:
-        """Fuse the layers once all are in the steady one-token state with alike buffers (see _FusedLayers)."""
+        """Fuse the layers once all are in the steady one-token state with alike buffers (see FusedLayers)."""
         layers = self.layers
-        if any(la._kbuf is None or la.pending or la._group is not None or la._hold for la in layers):
+        if any(la.step is None or la.pending or la.group is not None or la.hold for la in layers):
             return
-        a = layers[0]
-        alike = all(la._kbuf.shape == a._kbuf.shape and la._vbuf.shape == a._vbuf.shape
-                    and la._kbuf.dtype == a._kbuf.dtype and la._kbuf.device == a._kbuf.device
-                    and la.cumulative_length == a.cumulative_length
-                    and (la.stats is None) == (a.stats is None)
-                    and (la.stats is None or (la.stats.shape == a.stats.shape and la.stats.dtype == a.stats.dtype))
+        a = layers[0].step.slots
+        ref = layers[0]
+        alike = all(la.step.slots.keys.shape == a.keys.shape and la.step.slots.values.shape == a.values.shape
+                    and la.step.slots.keys.dtype == a.keys.dtype and la.step.slots.keys.device == a.keys.device
+                    and la.cumulative_length == ref.cumulative_length
+                    and (la.stats is None) == (ref.stats is None)
+                    and (la.stats is None or (la.stats.shape == ref.stats.shape and la.stats.dtype == ref.stats.dtype))
                     for la in layers)
         if alike:
             if self._group is not None:  # dissolved: keep its count, drop its buffers
                 self._fused_steps_done += self._group.n_steps
-            self._group = _FusedLayers(list(layers))  # type: ignore[arg-type]
-        elif any(la._kbuf.shape != a._kbuf.shape or la._vbuf.shape != a._vbuf.shape for la in layers):
+            self._group = FusedLayers(list(layers))  # type: ignore[arg-type]
+        elif any(la.step.slots.keys.shape != a.keys.shape or la.step.slots.values.shape != a.values.shape
+                 for la in layers):
             self._can_fuse = False  # e.g. layers with different head counts: stay per layer for good
 
     @property
@@ -631,7 +822,7 @@ class EvictionCache(Cache):
 
     @property
     def n_evicted(self) -> int:
-        """Keys evicted so far, summed over layers (per batch row and head)."""
+        """Keys evicted so far, summed over layers (per batch row and KV head)."""
         return sum(layer.n_evicted for layer in self.layers)
 
     def stored_length(self, layer_idx: int = 0) -> int:

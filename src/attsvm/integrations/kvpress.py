@@ -1,0 +1,302 @@
+"""attsvm's KV-cache scores as NVIDIA kvpress presses (the ``attsvm[kvpress]`` extra: ``kvpress==0.5.5``).
+
+kvpress compresses a Hugging Face model's KV cache with *presses*: forward hooks on the attention layers that keep,
+per layer and KV head, the ``compute_n_kept(k_len, compression_ratio)`` keys a press scores highest. This module
+offers attsvm's rules in that form (docs/spec.md §2, §7):
+
+* :class:`SVMarginPress` — a ``ScorerPress``: a key's score is minus its smallest **support-vector margin**
+  ``logit_top − logit_t`` over a window of the most recent queries (``window_size``), with the queries' logits
+  recomputed from the hidden states with RoPE at their own positions; per KV head, the minimum margin over the
+  head's GQA group of query heads (the key is kept if it is near the top for *some* head of the group). The first
+  ``n_sink`` keys and the window's own keys are protected.
+* :class:`H2OPress` — the same window, scoring accumulated attention (summed over the group): H2O's heavy hitters.
+* :class:`SVMarginDecodingPress`, :class:`H2ODecodingPress` — kvpress ``DecodingPress`` subclasses: decode-time
+  eviction every ``compression_interval`` steps down to ``target_size`` keys. The buffered queries get RoPE at
+  their own positions (kvpress's own window presses rotate every buffered query to the current position), and the
+  statistic is carried across compressions for the keys that stay: the running minimum margin (svm) or the
+  running attention sum (H2O's accumulation; kvpress has no decode-time H2O).
+
+kvpress is imported lazily, on first access to a press class: importing it patches transformers' attention
+functions for the whole process. A missing install raises :class:`attsvm._extras.MissingExtraError` naming the
+extra. Contract (tested): every layer keeps ``compute_n_kept`` keys per KV head; the presses compose with
+``AdaKVPress``, ``DecodingPress`` and ``KeyRerotationPress``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+
+from .._extras import require
+
+__all__ = ["SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "compute_n_kept",
+           "check_compression_ratio", "PRESSES"]
+
+PRESSES: tuple[str, ...] = ("SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress")
+_POSITIONS = "attsvm_buffered_position_ids"  # kwargs key: positions of the buffered queries (decoding presses)
+
+
+def check_compression_ratio(compression_ratio: Any) -> float:
+    """``compression_ratio`` as a float in [0, 1), or a ValueError/TypeError naming it."""
+    if isinstance(compression_ratio, bool) or not isinstance(compression_ratio, (int, float)):
+        raise TypeError(f"compression_ratio must be a float in [0, 1), got {compression_ratio!r}")
+    if not 0.0 <= float(compression_ratio) < 1.0 or math.isnan(compression_ratio):
+        raise ValueError(f"compression_ratio must be in [0, 1), got {compression_ratio}")
+    return float(compression_ratio)
+
+
+def compute_n_kept(k_len: int, compression_ratio: float) -> int:
+    """Keys kept per layer and KV head out of ``k_len`` at ``compression_ratio``: kvpress's rule
+    ``max(1, int(k_len · (1 − compression_ratio)))`` (no kvpress import needed)."""
+    return max(1, int(k_len * (1 - check_compression_ratio(compression_ratio))))
+
+
+def _check_int(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------- the window scores
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _query_rope(module: Any, hidden: torch.Tensor, kwargs: dict, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of shape (B, n, d_head) for the last ``n`` rows of ``hidden`` at their own positions."""
+    positions = kwargs.get(_POSITIONS)
+    if positions is None:
+        emb = kwargs.get("position_embeddings")
+        if emb is not None and emb[0].shape[-2] == hidden.shape[1]:    # this pass's own queries (prefill)
+            return emb[0][:, -n:], emb[1][:, -n:]
+        pid = kwargs.get("position_ids")
+        if pid is None:
+            pid = kwargs["cache_position"][None]
+        # buffered queries of consecutive decoding steps, the last one at the current position
+        positions = pid[:, -1:] - (n - 1) + torch.arange(n, device=pid.device)
+    rotary = getattr(module, "rotary_emb", None)
+    if rotary is None:
+        raise ValueError(f"{type(module).__name__} has no rotary_emb: the margin presses need a RoPE model "
+                         "(Llama, Qwen2/3, Mistral, ...) used through the press's context manager")
+    cos, sin = rotary(hidden, position_ids=positions[:, -n:].expand(hidden.shape[0], -1))
+    return cos, sin
+
+
+def window_logits(module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict, window_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (B, H_q, w, K) of the last ``w = min(window_size, len(hidden_states))`` queries on all ``K`` keys,
+    recomputed with RoPE at the queries' own positions, and the causal visibility (w, K): the ``w`` queries are the
+    tokens of the last ``w`` key slots."""
+    from kvpress.utils import get_prerope_query_states
+
+    B, Hkv, K, d = keys.shape
+    w = min(window_size, hidden_states.shape[1], K)
+    q = get_prerope_query_states(module, hidden_states[:, -w:])                # (B, H_q, w, d)
+    cos, sin = _query_rope(module, hidden_states, kwargs, w)
+    q = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+    G = q.shape[1] // Hkv
+    k = keys.repeat_interleave(G, dim=1) if G > 1 else keys
+    scaling = getattr(module, "scaling", d ** -0.5)
+    logits = torch.matmul(q, k.transpose(-1, -2).to(q.dtype)) * scaling       # (B, H_q, w, K)
+    visible = torch.arange(K, device=keys.device)[None, :] <= (K - w + torch.arange(w, device=keys.device))[:, None]
+    return logits, visible
+
+
+def margin_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Minus the smallest SV margin ``logit_top − logit_t`` of every key over the queries (B, H_q, w, K) that see
+    it, then the minimum margin over each KV head's group: (B, H_kv, K)."""
+    masked = logits.masked_fill(~visible, -math.inf)
+    margin = masked.amax(-1, keepdim=True) - masked                   # +inf where a query does not see the key
+    B, Hq, _, K = logits.shape
+    m = margin.amin(dim=-2).view(B, n_kv_heads, Hq // n_kv_heads, K).amin(dim=2)
+    return -m
+
+
+def attention_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Attention accumulated over the queries (B, H_q, w, K), summed over each KV head's group: (B, H_kv, K)."""
+    probs = torch.softmax(logits.masked_fill(~visible, -math.inf).float(), dim=-1).to(logits.dtype)
+    B, Hq, _, K = logits.shape
+    return probs.sum(dim=-2).view(B, n_kv_heads, Hq // n_kv_heads, K).sum(dim=2)
+
+
+def protect(scores: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
+    """Scores with the first ``n_sink`` and the last ``window`` keys raised above every other (finite, as kvpress's
+    AdaKV and rerotation wrappers expect)."""
+    top = scores.amax() + 1
+    out = scores.clone()
+    if n_sink:
+        out[..., :n_sink] = top
+    if window:
+        out[..., -window:] = top
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the press classes
+@functools.cache
+def _classes() -> dict[str, type]:
+    """Build the press classes on kvpress's bases (imports kvpress: this patches transformers' attention)."""
+    require("kvpress", feature="attsvm.integrations.kvpress")
+    from collections import defaultdict
+    from dataclasses import dataclass
+
+    from kvpress import DecodingPress, ScorerPress
+    from kvpress.presses.base_press import is_prefilling
+
+    @dataclass
+    class _WindowPress(ScorerPress):
+        compression_ratio: float = 0.0
+        window_size: int = 64
+        n_sink: int = 4
+
+        combine = "max"  # how the decoding presses carry the raw score across compressions ("max" or "sum")
+
+        def __post_init__(self) -> None:
+            check_compression_ratio(self.compression_ratio)
+            _check_int(self.window_size, "window_size", 1)
+            _check_int(self.n_sink, "n_sink", 0)
+            super().__post_init__()
+
+        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict
+                      ) -> torch.Tensor:
+            raise NotImplementedError
+
+        def score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  attentions: Any, kwargs: dict) -> torch.Tensor:
+            raw = self.raw_score(module, hidden_states, keys, kwargs)
+            return protect(raw, min(self.window_size, hidden_states.shape[1], keys.shape[2]), self.n_sink)
+
+    @dataclass
+    class SVMarginPress(_WindowPress):
+        """Keep the keys with the smallest support-vector margin over the last ``window_size`` queries
+        (RoPE-recomputed logits; minimum over each GQA group); sinks and the window are protected."""
+
+        combine = "max"   # score = −margin: the running minimum margin is the running maximum score
+
+        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict
+                      ) -> torch.Tensor:
+            logits, visible = window_logits(module, hidden_states, keys, kwargs, self.window_size)
+            return margin_scores(logits, visible, keys.shape[1])
+
+    @dataclass
+    class H2OPress(_WindowPress):
+        """Keep the heavy hitters: attention accumulated over the last ``window_size`` queries (RoPE-recomputed;
+        summed over each GQA group); sinks and the window are protected."""
+
+        combine = "sum"
+
+        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict
+                      ) -> torch.Tensor:
+            logits, visible = window_logits(module, hidden_states, keys, kwargs, self.window_size)
+            return attention_scores(logits, visible, keys.shape[1])
+
+    @dataclass
+    class _CarryingDecodingPress(DecodingPress):
+        base_press: Any = None
+        compression_interval: int = 32
+        target_size: int = 256
+        hidden_states_buffer_size: int = 32
+        window_size: int = 64
+        n_sink: int = 4
+        carry: bool = True
+        _base_class = _WindowPress
+
+        def __post_init__(self) -> None:
+            _check_int(self.compression_interval, "compression_interval", 1)
+            _check_int(self.target_size, "target_size", 1)
+            _check_int(self.hidden_states_buffer_size, "hidden_states_buffer_size", 0)
+            if self.base_press is None:
+                self.base_press = self._base_class(window_size=self.window_size, n_sink=self.n_sink)
+            super().__post_init__()
+            self._positions: dict[int, list[torch.Tensor]] = defaultdict(list)
+            self._carried: dict[int, torch.Tensor] = {}
+            self._since: dict[int, int] = defaultdict(int)   # tokens appended since the last compression
+
+        def carried_scores(self, layer_idx: int) -> torch.Tensor | None:
+            """The statistic carried for the keys a layer kept at its last compression (B, H_kv, n_kept), if any."""
+            return self._carried.get(layer_idx)
+
+        def reset(self) -> None:
+            super().reset()
+            self._positions = defaultdict(list)
+            self._carried = {}
+            self._since = defaultdict(int)
+
+        def forward_hook(self, module: Any, input: Any, kwargs: dict, output: Any) -> Any:
+            hidden = kwargs["hidden_states"]
+            layer = module.layer_idx
+            if is_prefilling(kwargs["cache_position"], hidden.shape[1]):
+                self._carried.pop(layer, None)
+                self._since[layer] = 0
+                return super().forward_hook(module, input, kwargs, output)
+            pid = kwargs.get("position_ids")
+            pid = kwargs["cache_position"][None] if pid is None else pid
+            self._positions[layer].append(pid.expand(hidden.shape[0], -1))
+            self._since[layer] += hidden.shape[1]
+            kwargs[_POSITIONS] = torch.cat(self._positions[layer], dim=1)
+            try:
+                out = super().forward_hook(module, input, kwargs, output)
+            finally:
+                kwargs.pop(_POSITIONS, None)
+            kept = len(self.hidden_states_buffer[layer])   # mirror the hidden-state buffer (cleared, trimmed)
+            self._positions[layer] = self._positions[layer][len(self._positions[layer]) - kept:] if kept else []
+            return out
+
+        def compress(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     attentions: Any, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+            base = self.base_press
+            K = keys.shape[2]
+            layer = module.layer_idx
+            if not (self.carry and isinstance(base, _WindowPress)):
+                return super().compress(module, hidden_states, keys, values, attentions, kwargs)
+            raw = base.raw_score(module, hidden_states, keys, kwargs)
+            prev = self._carried.get(layer)
+            if prev is not None and prev.shape[:2] == raw.shape[:2] and prev.shape[-1] + self._since[layer] == K:
+                old = raw[..., :prev.shape[-1]]   # the carried keys come first, the keys appended since after
+                if base.combine == "sum":
+                    old.add_(prev)
+                else:
+                    torch.maximum(old, prev, out=old)
+            self._since[layer] = 0
+            if K <= self.target_size:             # nothing to evict yet: carry every key's statistic
+                self._carried[layer] = raw
+                return keys, values
+            n_kept = self.target_size             # = compute_n_kept(K, ratio) at DecodingPress's target ratio
+            scores = protect(raw, min(base.window_size, hidden_states.shape[1], K), base.n_sink)
+            idx = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values             # kept keys stay in order
+            self._carried[layer] = raw.gather(2, idx)
+            gather = idx.unsqueeze(-1)
+            return (keys.gather(2, gather.expand(-1, -1, -1, keys.shape[-1])).contiguous(),
+                    values.gather(2, gather.expand(-1, -1, -1, values.shape[-1])).contiguous())
+
+    @dataclass
+    class SVMarginDecodingPress(_CarryingDecodingPress):
+        """Decode-time SV-margin eviction (kvpress ``DecodingPress``): every ``compression_interval`` steps, keep
+        ``target_size`` keys per layer and KV head by the running minimum margin over the queries seen (buffered
+        queries at their own RoPE positions)."""
+
+        _base_class = SVMarginPress
+
+    @dataclass
+    class H2ODecodingPress(_CarryingDecodingPress):
+        """Decode-time H2O eviction (kvpress ``DecodingPress``): every ``compression_interval`` steps, keep
+        ``target_size`` keys per layer and KV head by attention accumulated over the queries seen."""
+
+        _base_class = H2OPress
+
+    found = {"SVMarginPress": SVMarginPress, "H2OPress": H2OPress, "SVMarginDecodingPress": SVMarginDecodingPress,
+             "H2ODecodingPress": H2ODecodingPress}
+    for name, cls in found.items():
+        cls.__module__, cls.__qualname__ = __name__, name
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    if name in PRESSES:
+        return _classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
