@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export DASK_TEMPORARY_DIRECTORY ?= $(CURDIR)/.dask-tmp
 LINT_PATHS := src tests benchmarks
 
-.PHONY: demo test test-core-install test-slow lint format docs docs-serve bench install clean
+.PHONY: demo test test-core-install test-slow lint format docs docs-serve docs-figures bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ docs: $(STAMP)
 
 docs-serve: $(STAMP)
 	$(VENV)/bin/mkdocs serve
+
+# rerun the reproductions shown in docs/guide/reproductions.md and replace its committed PNGs
+DOCS_FIGURES := gd-paths local-convergence overparam svm-rank svm-eq reg-path multiclass nuclear-identity low-rank
+docs-figures: $(STAMP)
+	for e in $(DOCS_FIGURES); do \
+	  $(VENV)/bin/attsvm reproduce $$e --out results/docs-figures/$$e && \
+	  cp results/docs-figures/$$e/figures/*.png docs/assets/figures/ || exit 1; \
+	done
 
 test: lint docs
 	$(PY) -m pytest -q -n 2 --dist loadfile
