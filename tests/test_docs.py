@@ -49,8 +49,16 @@ def test_every_page_is_in_the_nav_and_exists():
         assert (DOCS / page).is_file(), f"mkdocs.yml lists {page}, which does not exist"
     on_disk = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     assert on_disk == set(pages), f"pages not in the nav: {sorted(on_disk - set(pages))}"
-    for required in ("index.md", "installation.md", "spec.md", "how-it-works.md", "guide/solvers.md",
-                     "guide/training.md", "guide/reproductions.md", "guide/transformers.md"):
+    for required in (
+        "index.md",
+        "installation.md",
+        "spec.md",
+        "how-it-works.md",
+        "guide/solvers.md",
+        "guide/training.md",
+        "guide/reproductions.md",
+        "guide/transformers.md",
+    ):
         assert required in pages
 
 
@@ -146,9 +154,15 @@ def test_site_builds_strict(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
     assert mkdocs, "mkdocs is importable but its command is not on PATH"
     site = tmp_path / "site"
-    proc = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    proc = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     html = (site / "api" / "svm" / "index.html").read_text(encoding="utf-8")
     assert 'id="attsvm.svm.AttentionSVM"' in html, "the API reference did not render AttentionSVM"

@@ -56,7 +56,7 @@ def test_license_is_spdx_mit_with_its_file():
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert text.startswith("MIT License")
     assert "Copyright (c) 2026 the attsvm developers" in text
-    assert "THE SOFTWARE IS PROVIDED \"AS IS\"" in text
+    assert 'THE SOFTWARE IS PROVIDED "AS IS"' in text
     # PEP 639 is read by setuptools >= 77 only
     (build_req,) = [r for r in PYPROJECT["build-system"]["requires"] if r.startswith("setuptools")]
     major = int(re.search(r">=\s*(\d+)", build_req).group(1))
@@ -115,6 +115,38 @@ def test_makefile_installs_pinned_torch_before_the_package():
     assert "-m core_install" in test_rule.group(2)
 
 
+# --- tooling -----------------------------------------------------------------------------------
+
+
+def test_lint_and_type_check_are_configured():
+    tool = PYPROJECT["tool"]
+    assert tool["ruff"]["line-length"] == 120
+    selected = set(tool["ruff"]["lint"]["select"])
+    assert {"E", "F", "W", "I", "B", "UP", "SIM", "RUF"} <= selected
+    assert tool["mypy"]["files"] == ["src"]
+    assert tool["mypy"]["warn_unused_ignores"] is True  # every type-ignore must still be needed
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    lint_rule = re.search(r"^lint:[^\n]*\n((?:\t[^\n]*\n)+)", make, flags=re.M)
+    assert lint_rule, "Makefile has no lint rule"
+    for command in ("ruff check", "ruff format --check", "mypy"):
+        assert command in lint_rule.group(1), f"make lint does not run {command}"
+
+
+def test_pre_commit_config_is_valid_and_runs_ruff_and_mypy():
+    config = ROOT / ".pre-commit-config.yaml"
+    hook_ids = set(re.findall(r"^\s*- id: ([\w-]+)", config.read_text(encoding="utf-8"), flags=re.M))
+    assert {"ruff-check", "ruff-format", "mypy"} <= hook_ids
+    pytest.importorskip("pre_commit", reason="the [lint] extra validates the file")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "validate-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # --- optional imports --------------------------------------------------------------------------
 
 
@@ -140,7 +172,7 @@ def test_require_returns_the_module_when_installed():
 
 CORE_SCRIPT = textwrap.dedent(
     """
-    import importlib.util, json, sys
+    import importlib.util, json, re, sys
     import numpy as np
 
     OPTIONAL = ("pandas", "pyarrow", "matplotlib", "dask", "distributed", "cvxpy", "clarabel", "scs",
@@ -148,6 +180,13 @@ CORE_SCRIPT = textwrap.dedent(
     # the environment really is core-only, so the checks below mean something
     present = [m for m in OPTIONAL if importlib.util.find_spec(m) is not None]
     assert not present, f"not a core-only environment: {present}"
+
+    import importlib.metadata as md
+    meta = md.metadata("attsvm")
+    assert meta["License-Expression"] == "MIT", meta["License-Expression"]
+    assert "LICENSE" in (meta.get_all("License-File") or []), meta.get_all("License-File")
+    core = [r for r in md.requires("attsvm") if "extra ==" not in r]
+    assert sorted(re.match(r"[\\w-]+", r).group(0) for r in core) == ["numpy", "scipy", "torch", "tqdm"], core
 
     import attsvm
     from attsvm import AttentionSVM
@@ -184,7 +223,8 @@ CORE_SCRIPT = textwrap.dedent(
 
 def _run(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    tail = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{tail}"
     return proc
 
 
@@ -215,7 +255,14 @@ def test_core_install_fits_and_trains_without_extras(tmp_path):
     # the command line: a reproduction without the [experiments] extra says which extra to install
     cli = venv / "bin" / "attsvm"
     assert cli.exists(), "the console script was not installed"
-    proc = subprocess.run([str(cli), "reproduce", "gd-paths", "--quick", "--out", str(tmp_path / "out")],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [str(cli), "reproduce", "gd-paths", "--quick", "--out", str(tmp_path / "out")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode != 0, "reproduce ran without the experiments extra"
     assert "attsvm[experiments]" in proc.stderr, proc.stderr[-3000:]
