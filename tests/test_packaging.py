@@ -266,3 +266,4 @@ def test_core_install_fits_and_trains_without_extras(tmp_path):
     )
     assert proc.returncode != 0, "reproduce ran without the experiments extra"
     assert "attsvm[experiments]" in proc.stderr, proc.stderr[-3000:]
+    shutil.rmtree(venv, ignore_errors=True)  # about 1 GB; kept only when the test fails, for inspection
