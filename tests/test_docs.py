@@ -167,3 +167,33 @@ def test_site_builds_strict(tmp_path):
     html = (site / "api" / "svm" / "index.html").read_text(encoding="utf-8")
     assert 'id="attsvm.svm.AttentionSVM"' in html, "the API reference did not render AttentionSVM"
     assert (site / "spec" / "index.html").is_file()
+
+
+def test_reproductions_page_is_written_from_the_runs_reports(tmp_path):
+    """docs/scripts/reproductions.py copies a run's figures and measured table; it computes nothing."""
+    run = tmp_path / "runs" / "local-convergence"
+    (run / "figures").mkdir(parents=True)
+    (run / "figures" / "local_convergence.png").write_bytes(PNG_MAGIC + b"not really an image")
+    (run / "config.json").write_text('{"quick": true}', encoding="utf-8")
+    (run / "report.md").write_text(
+        "# local-convergence: GD converges\n\n## What we measured\n\n| claim | measured |\n|---|---|\n"
+        "| C2 | 0.1234 |\n\n## Notes\n\n- a note\n\n## Figures\n\n![x](figures/local_convergence.png)\n",
+        encoding="utf-8",
+    )
+    page, figures = tmp_path / "page.md", tmp_path / "figures"
+    script = DOCS / "scripts" / "reproductions.py"
+    args = ["--names", "local-convergence", "--page", str(page), "--figures", str(figures)]
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "runs"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text(encoding="utf-8")
+    assert "## local-convergence" in text and "| C2 | 0.1234 |" in text
+    assert "`attsvm reproduce local-convergence --quick`" in text  # the page says how the run was made
+    assert "**Notes**" in text and "## Notes" not in text and "## Figures" not in text
+    assert "](../assets/figures/local_convergence.png)" in text
+    assert (figures / "local_convergence.png").read_bytes().startswith(PNG_MAGIC)

@@ -62,7 +62,7 @@ def _spec_rows() -> dict[str, tuple[str, str]]:
     return rows
 
 
-def _section(name: str, run: Path, spec_rows: dict[str, tuple[str, str]]) -> list[str]:
+def _section(name: str, run: Path, spec_rows: dict[str, tuple[str, str]], figures: Path) -> list[str]:
     report = (run / "report.md").read_text(encoding="utf-8")
     quick = bool(json.loads((run / "config.json").read_text(encoding="utf-8")).get("quick"))
     title = report.splitlines()[0].lstrip("# ").split(": ", 1)[-1]
@@ -78,22 +78,25 @@ def _section(name: str, run: Path, spec_rows: dict[str, tuple[str, str]]) -> lis
     if not pngs:
         raise SystemExit(f"{run} has no figures: run `attsvm plot {run}`")
     for png in pngs:
-        shutil.copy2(png, FIGURES / png.name)
+        shutil.copy2(png, figures / png.name)
         out += [f"![{name}: {png.stem}](../assets/figures/{png.name})", ""]
     return [*out, measured, ""]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("runs", type=Path, help="folder holding one `attsvm reproduce` output per experiment")
-    args = parser.parse_args()
-    FIGURES.mkdir(parents=True, exist_ok=True)
+    parser.add_argument("--names", nargs="+", default=list(ORDER), help="experiments, in page order")
+    parser.add_argument("--page", type=Path, default=PAGE, help="the page to write (default: %(default)s)")
+    parser.add_argument("--figures", type=Path, default=FIGURES, help="where the PNGs go (default: %(default)s)")
+    args = parser.parse_args(argv)
+    args.figures.mkdir(parents=True, exist_ok=True)
     spec_rows = _spec_rows()
     lines = [INTRO]
-    for name in ORDER:
-        lines += _section(name, args.runs / name, spec_rows)
-    PAGE.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(DOCS.parent)} and {len(list(FIGURES.glob('*.png')))} figures")
+    for name in args.names:
+        lines += _section(name, args.runs / name, spec_rows, args.figures)
+    args.page.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    print(f"wrote {args.page} and the figures of {len(args.names)} experiments to {args.figures}")
 
 
 if __name__ == "__main__":
