@@ -1,30 +1,77 @@
 # Two commands do all set-up on a fresh machine (Python 3.11):
 #   make demo   -- reproduce a paper figure, write its plot and results
-#   make test   -- run the test suite
+#   make test   -- lint, build the docs, run the test suite and the core-install check
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# the second environment: kvpress 0.5.5 needs transformers<5.3, and importing it patches attention globally
+KVVENV  := .venv-kvpress
+KVPY    := $(KVVENV)/bin/python
+KVSTAMP := $(KVVENV)/.installed-stamp
 export OMP_NUM_THREADS ?= 1
 export DASK_TEMPORARY_DIRECTORY ?= $(CURDIR)/.dask-tmp
+LINT_PATHS := src tests benchmarks docs/scripts
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo install-kvpress test test-core-install test-slow lint format docs docs-serve docs-figures bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch first, pinned: anything unpinned before it would pull a CUDA build
 	$(PY) -m pip install --quiet "torch==2.13.0"
+	# [test] brings the experiments, cvxpy, docs and lint extras; [models] the transformers stack
 	$(PY) -m pip install --quiet -e ".[test,models]"
 	touch $(STAMP)
 
+$(KVSTAMP): pyproject.toml scripts/kvpress_env.sh
+	PYTHON=$(PYTHON) bash scripts/kvpress_env.sh $(KVVENV)
+
 install: $(STAMP)
+
+install-kvpress: $(KVSTAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/attsvm reproduce local-convergence --out results/local-convergence
 
-test: $(STAMP)
+# ruff (lint + format check) and mypy, configured in pyproject.toml
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
+
+# the documentation site (mkdocs.yml) into site/; --strict turns every warning into an error
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
+# rerun the reproductions at the paper's settings and rewrite docs/guide/reproductions.md with their
+# figures and measured-claims tables (the PNGs are committed; `make docs` does not run experiments)
+DOCS_FIGURES := gd-paths local-convergence overparam svm-rank svm-eq reg-path multiclass nuclear-identity low-rank
+docs-figures: $(STAMP)
+	for e in $(DOCS_FIGURES); do $(VENV)/bin/attsvm reproduce $$e --out results/docs-figures/$$e || exit 1; done
+	$(PY) docs/scripts/reproductions.py results/docs-figures
+
+test: lint docs $(KVSTAMP)
+	$(PY) -m pytest -q -m core_install tests/test_packaging.py
+	# kvpress 0.5.5 + transformers 5.2.x: the presses and the cache on the older transformers
+	$(KVPY) -m pytest -q -n 2 --dist loadfile tests/presses tests/test_kvpress_extra.py tests/test_kv_layouts.py
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# a fresh virtual environment with only the core install fits AttentionSVM and trains
+test-core-$(KVSTAMP): pyproject.toml scripts/kvpress_env.sh
+	PYTHON=$(PYTHON) bash scripts/kvpress_env.sh $(KVVENV)
+
+install: $(STAMP)
+
+install-kvpress: $(KVSTAMP)
+	$(PY) -m pytest -q -m core_install tests/test_packaging.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
@@ -36,4 +83,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_experiments.py --workers 2
 
 clean:
-	rm -rf $(VENV) results .dask-tmp .pytest_cache
+	rm -rf $(VENV) $(KVVENV) results site .dask-tmp .pytest_cache .mypy_cache .ruff_cache
