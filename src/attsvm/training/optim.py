@@ -191,21 +191,20 @@ class StepSize(Transform):
     degree = 1.0
 
     def init(self, params: Updates) -> Tensor | None:
-        if callable(self.lr):
+        eta = self.values(int(params[0].shape[0]))
+        if isinstance(eta, str):
             return None
-        R = int(params[0].shape[0])
-        arr = np.asarray(self.lr, dtype=np.float64) if not isinstance(self.lr, bool) else None
-        if arr is None or arr.shape not in ((), (R,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-            raise ValueError(f"lr must be a positive float, {R} positive floats (one per run) or a callable "
-                             f"step -> float; got {self.lr!r}")
-        return _col(torch.as_tensor(np.broadcast_to(arr, (R,)).copy(), dtype=params[0].dtype,
-                                    device=params[0].device))
+        return _col(torch.as_tensor(eta, dtype=params[0].dtype, device=params[0].device))
 
     def values(self, runs: int) -> np.ndarray | str:
-        """The step of every run (R,), or ``"schedule"``."""
+        """The step of every run (R,), or ``"schedule"``; checks ``lr`` against R runs."""
         if callable(self.lr):
             return "schedule"
-        return np.broadcast_to(np.asarray(self.lr, dtype=np.float64), (runs,)).copy()
+        arr = np.asarray(self.lr, dtype=np.float64) if not isinstance(self.lr, (bool, str)) else None
+        if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise ValueError(f"lr must be a positive float, {runs} positive floats (one per run) or a callable "
+                             f"step -> float; got {self.lr!r}")
+        return np.broadcast_to(arr, (runs,)).copy()
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
                ) -> tuple[Updates, Any]:
@@ -224,7 +223,8 @@ class StepSize(Transform):
 class PolyakStep(Transform):
     """``−η u`` with Polyak's step ``η = (L − L*) / Σ_g ‖u_g‖_F²`` per run (docs/spec.md §8).
 
-    ``min_loss`` is L* (0: the infimum of the risk on separable data). ``max_lr`` caps η. A run whose
+    ``min_loss`` is L* (0: the infimum of the risk on separable data; with the head fixed the attention
+    risk usually stays above 0, and then uncapped steps overshoot). ``max_lr`` caps η. A run whose
     update is zero, or whose loss is at most L*, does not move. The norms are taken after scaling by
     ``max|u|``, so the step stays finite while ``‖u‖²`` underflows.
     """
@@ -284,8 +284,9 @@ class MirrorMap(Transform):
         for u, th in zip(updates, params):
             tiny = torch.finfo(u.dtype).tiny
             s = torch.maximum(th.abs().amax(dim=(-2, -1)), u.abs().amax(dim=(-2, -1)) ** (1.0 / q1))
-            s = _col(s.clamp_min(tiny))
-            U = torch.sign(th) * (th.abs() / s) ** q1 + u / s ** q1  # ∇ψ(θ) + u, divided by s^{p−1}
+            s = _col(torch.where(s > 0, s, torch.ones_like(s)))  # θ = u = 0: any scale, no 0/0
+            # ∇ψ(θ) + u, divided by s^{p−1}; |u| ≤ s^{p−1}, so where that underflows u is 0 too
+            U = torch.sign(th) * (th.abs() / s) ** q1 + torch.where(u == 0, torch.zeros_like(u), u / s ** q1)
             new = s * torch.sign(U) * U.abs() ** (1.0 / q1)
             out.append(new - th)
         return tuple(out), state
