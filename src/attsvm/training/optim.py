@@ -97,10 +97,9 @@ class Chain(Transform):
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
                ) -> tuple[Updates, tuple[Any, ...]]:
-        new_state = []
-        for t, s in zip(self.transforms, state):
-            updates, s = t.update(updates, s, params, loss=loss, step=step)
-            new_state.append(s)
+        new_state = [None] * len(self.transforms)
+        for j, t in enumerate(self.transforms):
+            updates, new_state[j] = t.update(updates, state[j], params, loss=loss, step=step)
         return updates, tuple(new_state)
 
     def find(self, kind: type[Transform]) -> list[Transform]:
@@ -143,7 +142,7 @@ class AddPenalty(Transform):
         if self.lam == 0.0:
             return updates, state
         c = 2.0 * self.lam
-        return tuple(u + c * p for u, p in zip(updates, params)), state
+        return tuple([u + c * p for u, p in zip(updates, params)]), state
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ class NormalizeByNorm(Transform):
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
                ) -> tuple[Updates, Any]:
         if self.eps > 0:
-            return tuple(u / (_col(_fro(u)) + self.eps) for u in updates), state
+            return tuple([u / (_col(_fro(u)) + self.eps) for u in updates]), state
         out = []
         for u in updates:
             tiny = torch.finfo(u.dtype).tiny
@@ -194,7 +193,7 @@ class StepSize(Transform):
         eta = self.values(int(params[0].shape[0]))
         if isinstance(eta, str):
             return None
-        return _col(torch.as_tensor(eta, dtype=params[0].dtype, device=params[0].device))
+        return _col(torch.as_tensor(-eta, dtype=params[0].dtype, device=params[0].device))  # −η (R, 1, 1)
 
     def values(self, runs: int) -> np.ndarray | str:
         """The step of every run (R,), or ``"schedule"``; checks ``lr`` against R runs."""
@@ -208,15 +207,15 @@ class StepSize(Transform):
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
                ) -> tuple[Updates, Any]:
-        eta = state
-        if eta is None:  # schedule
+        neg_eta = state
+        if neg_eta is None:  # schedule
             R = int(params[0].shape[0])
             v = np.asarray(self.lr(step), dtype=np.float64)  # type: ignore[operator]
             if v.shape not in ((), (R,)) or not np.all(np.isfinite(v)):
                 raise ValueError(f"lr schedule must return a finite float or {R} floats, got {v!r} at step {step}")
-            eta = _col(torch.as_tensor(np.broadcast_to(v, (R,)).copy(), dtype=params[0].dtype,
-                                       device=params[0].device))
-        return tuple(-(eta * u) for u in updates), state
+            neg_eta = _col(torch.as_tensor(-np.broadcast_to(v, (R,)), dtype=params[0].dtype,
+                                           device=params[0].device))
+        return tuple([neg_eta * u for u in updates]), state
 
 
 @dataclass(frozen=True)

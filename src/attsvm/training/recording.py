@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,6 +71,14 @@ def _fro(A: Tensor) -> Tensor:
     return torch.linalg.vector_norm(A, dim=(-2, -1))
 
 
+def _group_norm(grads: tuple[Tensor, ...]) -> Tensor:
+    """``(Σ_g ‖∇_g‖_F²)^{1/2}`` per run, without squaring the group norms (no underflow)."""
+    gn = _fro(grads[0])
+    for g in grads[1:]:
+        gn = torch.hypot(gn, _fro(g))
+    return gn
+
+
 class Recorder:
     """The history buffers of one training (on the training device; copied to numpy once at the end)."""
 
@@ -98,7 +107,6 @@ class Recorder:
                 H[f"{g}_norm"] = buf()
         if options.W:
             H["W"] = buf(d, d)
-        self._params = options.params
         if options.params:
             for g, shape in zip(param.groups, param.shapes):
                 H[g] = buf(*shape)
@@ -107,39 +115,43 @@ class Recorder:
         self.groups = param.groups
         self.H = H
         self.j = 0
-        self.next_step = int(self.steps[0])
+        self._steps_list = [int(k) for k in self.steps]
+        self.next_step = self._steps_list[0]
+        self._prob_stats = "max_prob" in H or "selected" in H
+        # what each buffer stores, as functions of (loss, W, grads, params, s)
+        direct: list[tuple[str, Any]] = []
+        if "loss" in H:
+            direct.append(("loss", lambda L, W, g, p, s: L))
+        if "W_norm" in H:
+            direct.append(("W_norm", lambda L, W, g, p, s: _fro(W)))
+        if "grad_norm" in H:
+            direct.append(("grad_norm", lambda L, W, g, p, s: _group_norm(g)))
+        if self._group_norms:
+            for i, g in enumerate(param.groups):
+                direct.append((f"{g}_norm", lambda L, W, g_, p, s, i=i: _fro(p[i])))
+        if "W" in H and not (options.params and param.groups == ("W",)):
+            direct.append(("W", lambda L, W, g, p, s: W))
+        if options.params:
+            for i, g in enumerate(param.groups):
+                direct.append((g, lambda L, W, g_, p, s, i=i: p[i]))
+        if options.probs:
+            direct.append(("probs", lambda L, W, g, p, s: s))
+        self._direct = tuple(direct)
 
     def record(self, loss: Tensor, W: Tensor, grads: tuple[Tensor, ...], params: tuple[Tensor, ...],
                s: Tensor) -> None:
         """Store the state after ``self.next_step`` updates."""
         H, j = self.H, self.j
-        if "loss" in H:
-            H["loss"][:, j] = loss
-        if "W_norm" in H:
-            H["W_norm"][:, j] = _fro(W)
-        if "grad_norm" in H:
-            gn = _fro(grads[0])
-            for g in grads[1:]:
-                gn = torch.hypot(gn, _fro(g))
-            H["grad_norm"][:, j] = gn
-        if "max_prob" in H or "selected" in H:
+        for key, value in self._direct:  # (name, what) pairs fixed at construction
+            H[key][:, j] = value(loss, W, grads, params, s)
+        if self._prob_stats:
             pm, sel = s.max(-1)
             if "max_prob" in H:
                 H["max_prob"][:, j] = pm
             if "selected" in H:
                 H["selected"][:, j] = sel
-        if self._group_norms:
-            for g, p in zip(self.groups, params):
-                H[f"{g}_norm"][:, j] = _fro(p)
-        if "W" in H and not (self._params and self.groups == ("W",)):
-            H["W"][:, j] = W
-        if self._params:
-            for g, p in zip(self.groups, params):
-                H[g][:, j] = p
-        if "probs" in H:
-            H["probs"][:, j] = s
         self.j = j + 1
-        self.next_step = int(self.steps[self.j]) if self.j < len(self.steps) else -1
+        self.next_step = self._steps_list[self.j] if self.j < len(self._steps_list) else -1
 
     def history(self) -> dict[str, NDArray]:
         out: dict[str, NDArray] = {"step": self.steps}
