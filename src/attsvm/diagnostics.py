@@ -307,8 +307,8 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     if "W" in result.history:
         Wh = result.history["W"][run]
         rep.step = result.history["step"]
-        rep.corr_eq_traj = correlation(Wh, W_eq) if W_eq is not None else None
-        rep.corr_mm_top_traj = correlation(Wh, W_top) if W_top is not None else None
+        rep.corr_eq_traj = np.asarray(correlation(Wh, W_eq)) if W_eq is not None else None
+        rep.corr_mm_top_traj = np.asarray(correlation(Wh, W_top)) if W_top is not None else None
         sh = p.softmax(Wh)  # (S, n, T)
         rep.max_masked_prob = np.where(O[None], 0.0, sh).max(axis=(1, 2))
     return rep

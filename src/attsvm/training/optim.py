@@ -281,7 +281,6 @@ class MirrorMap(Transform):
         q1 = self.p - 1.0
         out = []
         for u, th in zip(updates, params):
-            tiny = torch.finfo(u.dtype).tiny
             s = torch.maximum(th.abs().amax(dim=(-2, -1)), u.abs().amax(dim=(-2, -1)) ** (1.0 / q1))
             s = _col(torch.where(s > 0, s, torch.ones_like(s)))  # θ = u = 0: any scale, no 0/0
             # ∇ψ(θ) + u, divided by s^{p−1}; |u| ≤ s^{p−1}, so where that underflows u is 0 too

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -77,7 +78,7 @@ class RegularizationPath:
     param: str
 
 
-def _svm_reference(problem: AttentionProblem, tokens: NDArray[np.int64], norm: str) -> NDArray[np.float64] | None:
+def _svm_reference(problem: AttentionProblem, tokens: NDArray[np.int64], norm: Literal["fro", "nuc"]) -> NDArray[np.float64] | None:
     """W_mm / W*_mm of ``tokens`` from the solvers (imported here: svm and training are siblings)."""
     from ..svm import AttentionSVM
 
