@@ -143,6 +143,21 @@ def test_optimizer_argument_reproduces_the_keyword_rule(param):
     assert not d.normalized
 
 
+def test_scale_free_rule_gets_the_rescaled_gradient():
+    """A degree-0 rule (exact normalisation, no penalty) keeps moving at speed η after ∇L underflows, given
+    as optimizer= exactly as through normalize_eps=0; with ε > 0 it freezes instead."""
+    p = paper_instance(6, 8, 10, seed=0)
+    rule = normalized_gd(1.0, eps=0.0)
+    assert rule.degree == 0.0
+    res = train(p, steps=3000, optimizer=rule, record_every=500, record_W=True)
+    ref = train(p, steps=3000, lr=1.0, normalize_eps=0.0, record_every=500, record_W=True)
+    np.testing.assert_allclose(res.history["W"], ref.history["W"], rtol=1e-12)
+    assert res.history["grad_norm"][0, -1] == 0.0
+    np.testing.assert_allclose(np.diff(res.history["W_norm"][0, 2:]), 500.0, rtol=1e-3)
+    frozen = train(p, steps=3000, optimizer=normalized_gd(1.0), record_every=500)
+    assert np.diff(frozen.history["W_norm"][0, -2:])[0] < 1.0
+
+
 @pytest.mark.parametrize("param", ["W", "KQ"])
 def test_mirror_descent_with_p2_is_gd(param):
     p = random_instance(3, 4, 5, seed=1)
