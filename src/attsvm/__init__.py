@@ -101,4 +101,4 @@ def __dir__() -> list[str]:
 # importing it here, first, and releasing the name leaves `attsvm.train` to `__getattr__` (the function)
 # whatever is imported later. The submodule is lazy: this loads no torch.
 importlib.import_module("attsvm.train")
-del globals()["train"]
+globals().pop("train", None)
