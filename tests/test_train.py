@@ -399,11 +399,16 @@ def test_regularization_path_errors():
 
 
 def test_package_level_train_is_callable():
-    """``attsvm.train(...)`` works although the submodule attsvm.train shares the function's name."""
+    """``attsvm.train(...)`` is the plain function, although the import path attsvm.train shares its name."""
+    import types
+
     import attsvm
-    import attsvm.train as mod
+    import attsvm.train  # noqa: F401  (the import path; it must not rebind the attribute)
+    from attsvm.train import train as train_from_path
+    from attsvm.training import train as train_impl
 
     p = random_instance(3, 4, 5, seed=0)
     res = attsvm.train(p, steps=3, seed=4)
-    np.testing.assert_array_equal(res.W, mod.train(p, steps=3, seed=4).W)
+    np.testing.assert_array_equal(res.W, train_from_path(p, steps=3, seed=4).W)
     assert isinstance(res, attsvm.TrainResult) and attsvm.regularization_path is regularization_path
+    assert type(attsvm.train) is types.FunctionType and attsvm.train is train_impl is train_from_path is train

@@ -16,18 +16,18 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (STYLE: private modules, curated re-exports)
 _EXPORTS: dict[str, str] = {
-    # problem and data (SPEC §1–2)
+    # problem and data (docs/spec.md §1–2)
     "AttentionProblem": "attsvm.problem",
     "Head": "attsvm.problem",
     "TieError": "attsvm.problem",
     "datasets": "attsvm.datasets",
-    # tokens (SPEC §2)
+    # tokens (docs/spec.md §2)
     "pair_differences": "attsvm.tokens",
     "margins": "attsvm.tokens",
     "support_tokens": "attsvm.tokens",
     "selected_tokens": "attsvm.tokens",
     "LocalOptimalityReport": "attsvm.tokens",
-    # solvers (SPEC §3, §5)
+    # solvers (docs/spec.md §3, §5)
     "AttentionSVM": "attsvm.svm",
     "InfeasibleSVMError": "attsvm.svm",
     "feasible": "attsvm.svm",
@@ -42,22 +42,24 @@ _EXPORTS: dict[str, str] = {
     "decomposition": "attsvm.svm",
     "optimal_mixture": "attsvm.svm",
     "balanced_factors": "attsvm.svm",
-    # metrics (SPEC §4, §7)
+    # metrics (docs/spec.md §4, §7)
     "correlation": "attsvm.metrics",
     "singular_values": "attsvm.metrics",
     "matrix_rank": "attsvm.metrics",
     "effective_rank": "attsvm.metrics",
     "nuc_fro_ratio": "attsvm.metrics",
-    # training (SPEC §4)
+    # training (docs/spec.md §4)
     "AttentionModel": "attsvm.model",
-    "train": "attsvm.train",
-    "TrainResult": "attsvm.train",
-    "regularization_path": "attsvm.train",
-    "RegularizationPath": "attsvm.train",
-    "cone_init": "attsvm.train",
-    "smoothness_bound": "attsvm.train",
+    "train": "attsvm.training",
+    "TrainResult": "attsvm.training",
+    "Recording": "attsvm.training",
+    "regularization_path": "attsvm.training",
+    "RegularizationPath": "attsvm.training",
+    "cone_init": "attsvm.training",
+    "smoothness_bound": "attsvm.training",
     "Batch": "attsvm.model",
-    # diagnostics (SPEC §4–5)
+    "training": "attsvm.training",
+    # diagnostics (docs/spec.md §4–5)
     "convergence_type": "attsvm.diagnostics",
     "convergence_types": "attsvm.diagnostics",
     "correlation_trajectories": "attsvm.diagnostics",
@@ -66,12 +68,12 @@ _EXPORTS: dict[str, str] = {
     "ConvergenceReport": "attsvm.diagnostics",
     "EquivalenceReport": "attsvm.diagnostics",
     "MixturePrediction": "attsvm.diagnostics",
-    # reproductions (SPEC §6)
+    # reproductions (docs/spec.md §6)
     "experiments": "attsvm.experiments",
     "reproduce": "attsvm.experiments",
     "reproduce_all": "attsvm.experiments",
     "plot_run": "attsvm.experiments",
-    # real transformers (SPEC §7)
+    # real transformers (docs/spec.md §7)
     "analysis": "attsvm.analysis",
     "EvictionCache": "attsvm.analysis.kv_cache",
     "make_policy": "attsvm.analysis.kv_cache",
@@ -92,3 +94,11 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
+
+
+# `attsvm.train` is the function, and `attsvm/train.py` keeps the import path `from attsvm.train import …`.
+# Importing a submodule binds it to the package attribute of its name, but only on its first import;
+# importing it here, first, and releasing the name leaves `attsvm.train` to `__getattr__` (the function)
+# whatever is imported later. The submodule is lazy: this loads no torch.
+importlib.import_module("attsvm.train")
+globals().pop("train", None)

@@ -1,19 +1,19 @@
-"""Diagnostics of trained attention against the SVM theory (SPEC §4, §5).
+"""Diagnostics of trained attention against the SVM theory (docs/spec.md §4, §5).
 
-From a :class:`~attsvm.train.TrainResult`:
+From a :class:`~attsvm.training.TrainResult`:
 
 * :func:`correlation_trajectories` — ``corr(W(k), W_mm)`` and ``corr(W(k), W*_mm)`` over the recorded
   iterations, for the Frobenius and nuclear Att-SVMs of the tokens each run finally selects;
-* :func:`convergence_type` / :func:`convergence_types` — the classification of SPEC §4 (global /
+* :func:`convergence_type` / :func:`convergence_types` — the classification of docs/spec.md §4 (global /
   local / not locally optimal, threshold τ = 0.99);
-* :func:`svm_equivalence` — SPEC §5 for nonlinear and multiclass heads: the selected sets
+* :func:`svm_equivalence` — docs/spec.md §5 for nonlinear and multiclass heads: the selected sets
   ``O_i = {t : s_it ≥ ε}``, ``W^eq``, ``W_fin``, the fitted scale R in ``W ≈ R·W^eq + W_fin`` and the
   correlations, along the trajectory (solved by :mod:`attsvm.svm.equivalence`);
 * :func:`mixture_prediction` — for convex heads, the sets ``O_i`` predicted before training by the
   convex program over the simplex (:func:`attsvm.svm.equivalence.optimal_mixture`), and how often
   training selects exactly them.
 
-This module sits above :mod:`attsvm.svm` and :mod:`attsvm.train` and imports both.
+This module sits above :mod:`attsvm.svm` and :mod:`attsvm.training` and imports both.
 """
 
 from __future__ import annotations
@@ -32,22 +32,18 @@ from .problem import AttentionProblem, TieError
 from .svm import AttentionSVM
 from .svm.equivalence import SELECT_EPS, decomposition, optimal_mixture, selected_sets, svm_eq, w_fin
 from .tokens import local_optimality_report
-from .train import TrainResult
+from .training import TrainResult
 
 __all__ = ["TAU", "SELECT_EPS", "ConvergenceReport", "convergence_type", "convergence_types",
            "correlation_trajectories", "EquivalenceReport", "svm_equivalence", "MixturePrediction",
-           "mixture_prediction", "svm_direction", "SVMUnavailable"]
+           "mixture_prediction", "svm_direction"]
 
 logger = logging.getLogger(__name__)
 
-# SPEC §4: a run has converged in direction when corr ≥ τ.
+# docs/spec.md §4: a run has converged in direction when corr ≥ τ.
 TAU = 0.99
 ConvergenceKind = Literal["global", "local", "not locally optimal"]
 NORMS: tuple[str, ...] = ("fro", "nuc")
-
-
-class SVMUnavailable(RuntimeError):
-    """An SVM needed for a diagnostic is infeasible or did not solve (its status is in the message)."""
 
 
 def _norm_for(param: str) -> str:
@@ -69,11 +65,11 @@ def _solved(est: AttentionSVM) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# convergence type (SPEC §4)
+# convergence type (docs/spec.md §4)
 
 @dataclass(frozen=True)
 class ConvergenceReport:
-    """The convergence type of one trained W (SPEC §4).
+    """The convergence type of one trained W (docs/spec.md §4).
 
     Attributes
     ----------
@@ -81,7 +77,7 @@ class ConvergenceReport:
     tokens : (n,) the selected tokens ``α̂_i = argmax_t s_it``.
     optimal : (n,) the optimal tokens ``opt`` (first maximiser on ties; see ``tie``).
     is_optimal : whether ``α̂ = opt``.
-    locally_optimal : whether α̂ is locally optimal (SPEC §2, with the support tokens of the SVM of
+    locally_optimal : whether α̂ is locally optimal (docs/spec.md §2, with the support tokens of the SVM of
         ``norm``); None when not tested (α̂ = opt).
     feasible : whether Att-SVM(α̂) is feasible.
     corr : ``corr(W, W^α̂)`` with the SVM of ``norm`` (NaN when infeasible).
@@ -119,7 +115,7 @@ class ConvergenceReport:
 
 def convergence_type(problem: AttentionProblem, W: ArrayLike, *, norm: str = "fro", tau: float = TAU,
                      both_norms: bool = True) -> ConvergenceReport:
-    """Classify a trained W as SPEC §4 does.
+    """Classify a trained W as docs/spec.md §4 does.
 
     With ``α̂_i = argmax_t s_it``: *global* if ``α̂ = opt`` and ``corr(W, W_mm) ≥ τ``; *local* if
     ``α̂ ≠ opt`` is locally optimal and ``corr(W, W^α̂_mm) ≥ τ``; otherwise *not locally optimal*.
@@ -153,7 +149,7 @@ def convergence_type(problem: AttentionProblem, W: ArrayLike, *, norm: str = "fr
     if is_opt:
         kind: ConvergenceKind = "global" if corr >= tau else "not locally optimal"
     else:
-        # SPEC §2 with the support tokens of the SVM of this norm (Att-SVM for W, Att-SVM* for (K, Q))
+        # docs/spec.md §2 with the support tokens of the SVM of this norm (Att-SVM for W, Att-SVM* for (K, Q))
         loc = bool(_solved(main) and local_optimality_report(problem, alpha, main.support_, True).locally_optimal)
         kind = "local" if (loc and corr >= tau) else "not locally optimal"
     return ConvergenceReport(kind=kind, tokens=alpha, optimal=opt, is_optimal=is_opt, locally_optimal=loc,
@@ -177,7 +173,7 @@ def convergence_types(result: TrainResult, *, tau: float = TAU, norm: str | None
 
 
 # ---------------------------------------------------------------------------------------------
-# correlation trajectories (SPEC §4, §6 local-convergence)
+# correlation trajectories (docs/spec.md §4, §6 local-convergence)
 
 def correlation_trajectories(result: TrainResult, *, runs: Sequence[int] | None = None,
                              tokens: ArrayLike | None = None) -> dict[str, NDArray]:
@@ -225,11 +221,11 @@ def correlation_trajectories(result: TrainResult, *, runs: Sequence[int] | None 
 
 
 # ---------------------------------------------------------------------------------------------
-# SVM-equivalence for nonlinear / multiclass heads (SPEC §5)
+# SVM-equivalence for nonlinear / multiclass heads (docs/spec.md §5)
 
 @dataclass
 class EquivalenceReport:
-    """SPEC §5 for one run: ``W(k) ≈ R·W^eq + W_fin``.
+    """docs/spec.md §5 for one run: ``W(k) ≈ R·W^eq + W_fin``.
 
     Attributes
     ----------
@@ -272,7 +268,7 @@ class EquivalenceReport:
 
 
 def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EPS) -> EquivalenceReport:
-    """The SVM-equivalence diagnostics of SPEC §5 for run ``run`` of a training result.
+    """The SVM-equivalence diagnostics of docs/spec.md §5 for run ``run`` of a training result.
 
     ``O_i`` comes from the final attention probabilities; ``W^eq`` (zero logit gaps inside O_i, margin
     ≥ 1 to the tokens outside) and ``W_fin`` (logit gaps inside O_i equal to the final log-probability
@@ -311,15 +307,15 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     if "W" in result.history:
         Wh = result.history["W"][run]
         rep.step = result.history["step"]
-        rep.corr_eq_traj = correlation(Wh, W_eq) if W_eq is not None else None
-        rep.corr_mm_top_traj = correlation(Wh, W_top) if W_top is not None else None
+        rep.corr_eq_traj = np.asarray(correlation(Wh, W_eq)) if W_eq is not None else None
+        rep.corr_mm_top_traj = np.asarray(correlation(Wh, W_top)) if W_top is not None else None
         sh = p.softmax(Wh)  # (S, n, T)
         rep.max_masked_prob = np.where(O[None], 0.0, sh).max(axis=(1, 2))
     return rep
 
 
 # ---------------------------------------------------------------------------------------------
-# convex heads: predict O_i before training (SPEC §5)
+# convex heads: predict O_i before training (docs/spec.md §5)
 
 @dataclass
 class MixturePrediction:
@@ -349,7 +345,7 @@ def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_
 
     For the linear multiclass head with cross-entropy the per-sequence loss is convex in the
     attention weights, so ``min_{s_i ∈ Δ} ℓ(Vᵀ X_iᵀ s_i)`` is a convex program whose support
-    (weights ≥ ``support_tol``) predicts ``O_i`` (SPEC §5). Every run of ``result`` must share one
+    (weights ≥ ``support_tol``) predicts ``O_i`` (docs/spec.md §5). Every run of ``result`` must share one
     instance (train several initialisations of it).
     """
     if len(result.problems) != 1:

@@ -1,4 +1,4 @@
-"""Metrics on attention matrices and trajectories (SPEC §4, §7).
+"""Metrics on attention matrices and trajectories (docs/spec.md §4, §7).
 
 The dense helpers live in :mod:`attsvm._linalg` (so solvers can use them without importing
 upward) and are re-exported here.

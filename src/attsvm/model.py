@@ -1,4 +1,4 @@
-"""One-layer attention ``f(X_i) = h(X_iᵀ softmax(X_i W z_i))`` in PyTorch, batched over runs (SPEC §1).
+"""One-layer attention ``f(X_i) = h(X_iᵀ softmax(X_i W z_i))`` in PyTorch, batched over runs (docs/spec.md §1).
 
 Two layers of the same model live here:
 
@@ -8,8 +8,10 @@ Two layers of the same model live here:
 * Pure functions of ``(batch, W)``: :func:`attention_logits`, :func:`attention_probs`,
   :func:`head_outputs`, :func:`sequence_losses`, and :func:`risk_and_grad`, the trainer's analytic
   gradient in a round-off-stable form (see its docstring).
-* :class:`AttentionModel` — a thin ``nn.Module`` holding W (R, d, d) or K, Q (R, d, m) with
-  ``W = K Qᵀ``; its forward returns outputs and attention probabilities and stores nothing.
+* :class:`Parameterization` — :class:`FullW` or :class:`FactoredKQ` (``W = K Qᵀ``): the trained
+  tensors as groups, their weights, gradient map and initialisations (the trainer's and the model's).
+* :class:`AttentionModel` — a thin ``nn.Module`` holding the groups of a parameterisation; its forward
+  returns outputs and attention probabilities and stores nothing.
 
 Conventions. Logits are ``x_itᵀ W z_i``. The published code computes ``z_iᵀ W_lin x_it`` with an
 ``nn.Linear`` weight ``W_lin``, i.e. ``W = W_linᵀ``; for (K, Q) it computes ``(W_q z_i)ᵀ (W_k x_it)``,
@@ -19,20 +21,27 @@ trained), as in the paper. Everything is float64 unless asked otherwise.
 
 from __future__ import annotations
 
+import logging
+import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import Tensor, nn
 
-from ._validation import check_choice, check_positive_int
+from ._validation import as_float_array, check_choice, check_positive_int
 from .problem import AttentionProblem
 
 __all__ = ["Batch", "AttentionModel", "Param", "TrainLoss", "PARAMS", "TRAIN_LOSSES",
            "attention_logits", "attention_probs", "head_outputs", "sequence_losses", "risk",
-           "risk_and_grad", "risk_and_scaled_grad", "factor_grads", "resolve_loss", "EXP_CLIP"]
+           "risk_and_grad", "risk_and_scaled_grad", "factor_grads", "resolve_loss", "EXP_CLIP",
+           "Parameterization", "FullW", "FactoredKQ", "parameterization"]
+
+logger = logging.getLogger(__name__)
 
 Param = Literal["W", "KQ"]
 TrainLoss = Literal["logistic", "exponential", "correlation", "cross_entropy"]
@@ -49,7 +58,7 @@ def resolve_loss(loss: str | None, head_kind: str) -> str:
     """The training loss for a head: ``None`` → the head's natural loss; checks compatibility.
 
     Scalar heads (linear, ReLU) take logistic / exponential / correlation; the multiclass head
-    takes cross-entropy only (SPEC §1).
+    takes cross-entropy only (docs/spec.md §1).
     """
     if loss is None:
         return "cross_entropy" if head_kind == "multiclass" else "logistic"
@@ -208,7 +217,7 @@ def sequence_losses(batch: Batch, out: Tensor) -> Tensor:
 
 
 def risk(batch: Batch, W: Tensor) -> Tensor:
-    """Empirical risk ``L(W) = (1/n) Σ_i ℓ_i`` of shape (R,) (SPEC §1), differentiable by autograd."""
+    """Empirical risk ``L(W) = (1/n) Σ_i ℓ_i`` of shape (R,) (docs/spec.md §1), differentiable by autograd."""
     s = attention_probs(batch, W)
     return sequence_losses(batch, head_outputs(batch, _mixture(batch, s))).mean(-1)
 
@@ -241,7 +250,7 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
     which equals the textbook ``Σ_t ∂ℓ/∂g_it x_it z_iᵀ`` because softmax derivatives sum to zero over
     t. Every term carries its own factor ``s_it`` (t ≠ r_i), so once attention saturates the gradient
     is computed to full relative precision instead of as a difference of O(1) numbers — which
-    normalized GD would otherwise amplify into a random step direction (issue #3). Likewise the loss
+    normalized GD would otherwise amplify into a random step direction. Likewise the loss
     derivatives use ``σ(−u)`` (logistic) and, for cross-entropy, ``p_y − 1 = −Σ_{c≠y} p_c``. The sum
     ``Σ_t δ_it D_it`` is evaluated as ``Σ_t δ'_it x_it`` with ``δ'_{ir} = −Σ_{t≠r} δ_it``, and the head
     only ever sees the token table ``x_itᵀ V`` (:attr:`Batch.XV`).
@@ -300,6 +309,196 @@ def factor_grads(grad_W: Tensor, K: Tensor, Q: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------
+# parameterisations (docs/spec.md §1, §4)
+
+InitDraw = Literal["pytorch", "gaussian"]
+
+
+def _linear_weight(rows: int, d: int, generator: torch.Generator) -> Tensor:
+    """``nn.Linear(d, rows)``'s default weight (rows, d): kaiming_uniform(a=√5) = U(−1/√d, 1/√d), drawn in
+    float32 and then cast, as ``SelfAttn(d).double()`` does in the published code."""
+    w = torch.empty(rows, d, dtype=torch.float32)
+    return torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=generator).double()
+
+
+class Parameterization(ABC):
+    """How the trained tensors of R runs make the attention matrix W (R, d, d) (docs/spec.md §1, §4).
+
+    The trained tensors are a tuple of *groups*, each of shape (R, d, ·): ``(W,)`` for :class:`FullW`,
+    ``(K, Q)`` for :class:`FactoredKQ`. A group is the unit of normalisation — for (K, Q) each factor's
+    gradient is normalised separately (docs/spec.md §4) — and of every per-parameter transform of
+    :mod:`attsvm.training.optim`. A parameterisation knows its weights (:meth:`weights`), its gradient map
+    (:meth:`grads`, the chain rule from ``∇_W L``) and its initialisations (:meth:`draw`,
+    :meth:`from_W`, :meth:`from_given`, :meth:`zeros`) and plain-GD step (:meth:`auto_step`).
+    """
+
+    name: ClassVar[str]
+    groups: ClassVar[tuple[str, ...]]
+    # λ of the penalty λ Σ_g ‖θ_g‖_F² in the published recipe (docs/spec.md §4)
+    published_penalty: ClassVar[float]
+    d: int
+
+    @property
+    @abstractmethod
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """The shape (d, ·) of every group, without the run axis."""
+
+    @abstractmethod
+    def weights(self, params: Sequence[Tensor]) -> Tensor:
+        """W (R, d, d) from the groups."""
+
+    @abstractmethod
+    def grads(self, grad_W: Tensor, params: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The gradient of every group from ``∇_W L`` (R, d, d) (the chain rule through :meth:`weights`)."""
+
+    @abstractmethod
+    def from_W(self, W: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        """Groups (numpy, leading axis R) whose :meth:`weights` is W (R, d, d), or its best approximation."""
+
+    @abstractmethod
+    def draw(self, kind: InitDraw, generator: torch.Generator, scale: float) -> tuple[NDArray[np.float64], ...]:
+        """One run's random groups: ``"pytorch"`` (the published ``nn.Linear`` init) or ``"gaussian"``."""
+
+    @abstractmethod
+    def auto_step(self, LW: NDArray[np.float64], GW: NDArray[np.float64],
+                  params0: Sequence[NDArray[np.float64]]) -> NDArray[np.float64]:
+        """Plain-GD step per run (R,) from the smoothness and gradient bounds ``L_W``, ``G_W`` (R,) of
+        ``L(W)`` and the initial groups."""
+
+    def zeros(self, runs: int) -> tuple[NDArray[np.float64], ...]:
+        """All-zero groups for ``runs`` runs."""
+        return tuple(np.zeros((runs,) + s) for s in self.shapes)
+
+    def from_given(self, init: Any, runs: int) -> tuple[NDArray[np.float64], ...]:
+        """Groups from a user's init: an array W (d, d) or (R, d, d), or a tuple of the groups, each
+        (d, ·) or (R, d, ·)."""
+        d = self.d
+        if isinstance(init, tuple):
+            if len(self.groups) == 1 or len(init) != len(self.groups):
+                raise ValueError(f"init as a tuple must be ({', '.join(self.groups)}) and needs a factored "
+                                 f"param such as 'KQ'; got a tuple of {len(init)} for param={self.name!r}")
+            out = []
+            for name, A, shape in zip(self.groups, init, self.shapes):
+                arr = as_float_array(A, f"init {name}")
+                if arr.shape not in (shape, (runs,) + shape):
+                    raise ValueError(f"init {name} must have shape {shape} or {(runs,) + shape}, got {arr.shape}")
+                out.append(np.broadcast_to(arr, (runs,) + shape).copy())
+            return tuple(out)
+        W = as_float_array(init, "init")
+        if W.shape not in ((d, d), (runs, d, d)):
+            raise ValueError(f"init W must have shape ({d}, {d}) or ({runs}, {d}, {d}), got {W.shape}")
+        return self.from_W(np.broadcast_to(W, (runs, d, d)).copy())
+
+
+@dataclass(frozen=True)
+class FullW(Parameterization):
+    """W (R, d, d) trained directly (W-ERM)."""
+
+    d: int
+    name: ClassVar[str] = "W"
+    groups: ClassVar[tuple[str, ...]] = ("W",)
+    published_penalty: ClassVar[float] = 0.0
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        return ((self.d, self.d),)
+
+    def weights(self, params: Sequence[Tensor]) -> Tensor:
+        return params[0]
+
+    def grads(self, grad_W: Tensor, params: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        return (grad_W,)
+
+    def from_W(self, W: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        return (np.array(W, dtype=np.float64),)
+
+    def draw(self, kind: InitDraw, generator: torch.Generator, scale: float) -> tuple[NDArray[np.float64], ...]:
+        if kind == "pytorch":  # logits zᵀ W_lin x with W = W_linᵀ
+            return (scale * _linear_weight(self.d, self.d, generator).T.numpy(),)
+        return (scale * torch.randn(self.d, self.d, generator=generator, dtype=torch.float64).numpy(),)
+
+    def auto_step(self, LW: NDArray[np.float64], GW: NDArray[np.float64],
+                  params0: Sequence[NDArray[np.float64]]) -> NDArray[np.float64]:
+        return 1.0 / LW
+
+
+@dataclass(frozen=True)
+class FactoredKQ(Parameterization):
+    """K, Q (R, d, m) with W = K Qᵀ (KQ-ERM); the published code's ``K = W_kᵀ``, ``Q = W_qᵀ``."""
+
+    d: int
+    m: int
+    name: ClassVar[str] = "KQ"
+    groups: ClassVar[tuple[str, ...]] = ("K", "Q")
+    # float64 machine epsilon, as the published code: ε(‖K‖² + ‖Q‖²)
+    published_penalty: ClassVar[float] = float(torch.finfo(torch.float64).eps)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        return ((self.d, self.m), (self.d, self.m))
+
+    def weights(self, params: Sequence[Tensor]) -> Tensor:
+        return params[0] @ params[1].transpose(-1, -2)
+
+    def grads(self, grad_W: Tensor, params: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        return factor_grads(grad_W, params[0], params[1])
+
+    def from_W(self, W: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        """K, Q with K Qᵀ the best rank-m approximation of W and ‖K‖_F = ‖Q‖_F (balanced)."""
+        m = self.m
+        U, S, Vt = np.linalg.svd(W)
+        r = min(m, S.shape[-1])
+        lost = (S[..., r:] ** 2).sum(-1)
+        if np.any(lost > 1e-20 * np.maximum((S ** 2).sum(-1), 1e-300)):
+            logger.warning("init W has rank above m=%d: its balanced (K, Q) factorisation truncates it", m)
+        K = np.zeros(W.shape[:-1] + (m,))
+        Q = np.zeros(W.shape[:-1] + (m,))
+        sq = np.sqrt(S[..., :r])
+        K[..., :r] = U[..., :, :r] * sq[..., None, :]
+        Q[..., :r] = np.swapaxes(Vt, -1, -2)[..., :, :r] * sq[..., None, :]
+        return K, Q
+
+    def draw(self, kind: InitDraw, generator: torch.Generator, scale: float) -> tuple[NDArray[np.float64], ...]:
+        if kind == "pytorch":  # the published module builds `query` before `key`
+            Wq = _linear_weight(self.m, self.d, generator)
+            Wk = _linear_weight(self.m, self.d, generator)
+            return scale * Wk.T.numpy(), scale * Wq.T.numpy()
+        K = torch.randn(self.d, self.m, generator=generator, dtype=torch.float64).numpy()
+        Q = torch.randn(self.d, self.m, generator=generator, dtype=torch.float64).numpy()
+        return scale * K, scale * Q
+
+    def zeros(self, runs: int) -> tuple[NDArray[np.float64], ...]:
+        raise ValueError("init='zeros' with param='KQ' starts at a stationary point (∇K = ∇Q = 0) and "
+                         "never moves; give (K, Q) explicitly, e.g. K small Gaussian and Q = 0")
+
+    def auto_step(self, LW: NDArray[np.float64], GW: NDArray[np.float64],
+                  params0: Sequence[NDArray[np.float64]]) -> NDArray[np.float64]:
+        """``1/(L_W·B + G_W)`` with ``B = max(1, ‖K₀‖_F² + ‖Q₀‖_F²)``: a smoothness bound of the (K, Q)
+        objective valid while ``‖K‖_F² + ‖Q‖_F² ≤ B`` (it is not globally smooth)."""
+        K0, Q0 = params0
+        B = np.maximum(1.0, (K0 ** 2).sum((1, 2)) + (Q0 ** 2).sum((1, 2)))
+        return 1.0 / (LW * B + GW)
+
+
+def parameterization(param: Param | Parameterization, d: int, m: int | None = None) -> Parameterization:
+    """The :class:`Parameterization` for ``param="W"`` (:class:`FullW`) or ``"KQ"`` (:class:`FactoredKQ`
+    with inner dimension ``m``, default d); an instance is checked against d and returned."""
+    d = check_positive_int(d, "d")
+    if isinstance(param, Parameterization):
+        if param.d != d:
+            raise ValueError(f"param has d={param.d} but the data has d={d}")
+        if m is not None and m != getattr(param, "m", d):
+            raise ValueError(f"m={m} disagrees with the given parameterization {param!r}")
+        return param
+    param = check_choice(param, "param", PARAMS)
+    if param == "W":
+        if m is not None and m != d:
+            raise ValueError(f"m applies to param='KQ' only (W is d × d); got m={m} with param='W'")
+        return FullW(d)
+    return FactoredKQ(d, d if m is None else check_positive_int(m, "m"))
+
+
+# ---------------------------------------------------------------------------------------------
 
 class AttentionModel(nn.Module):
     """R one-layer attention models in one module: W (R, d, d) or K, Q (R, d, m) with W = K Qᵀ.
@@ -308,38 +507,59 @@ class AttentionModel(nn.Module):
     ----------
     d : int
         Token dimension.
-    param : {"W", "KQ"}
-        Parameterisation (SPEC §1).
+    param : {"W", "KQ"} or Parameterization
+        Parameterisation (docs/spec.md §1).
     m : int, optional
         Inner dimension of K and Q (default d); ignored for ``param="W"``.
     runs : int
         R, the number of independent models on the leading axis.
 
-    The parameters start at zero; assign them (``model.W.data = ...``) or use :func:`attsvm.train`.
-    ``forward(batch)`` returns ``(outputs, probs)`` — outputs (R, n) (or (R, n, C) logits for the
-    multiclass head) and attention probabilities (R, n, T) — and keeps no state.
+    The parameters (``weight`` for W; ``K``, ``Q``) start at zero; assign them (``model.W.data = ...``,
+    :meth:`load`) or use :func:`attsvm.train`. ``forward(batch)`` returns ``(outputs, probs)`` — outputs
+    (R, n) (or (R, n, C) logits for the multiclass head) and attention probabilities (R, n, T) — and keeps
+    no state.
     """
 
-    def __init__(self, d: int, *, param: Param = "W", m: int | None = None, runs: int = 1,
+    def __init__(self, d: int, *, param: Param | Parameterization = "W", m: int | None = None, runs: int = 1,
                  dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> None:
         super().__init__()
         d = check_positive_int(d, "d")
         runs = check_positive_int(runs, "runs")
-        self.param: str = check_choice(param, "param", PARAMS)
+        if isinstance(param, str):
+            param = check_choice(param, "param", PARAMS)  # type: ignore[assignment]
+            m = None if param == "W" else m
+        self.parameterization = parameterization(param, d, m)
+        self.param: str = self.parameterization.name
         self.d = d
+        self.m = getattr(self.parameterization, "m", d)
         self.runs = runs
-        if self.param == "W":
-            self.m = d
-            self.weight = nn.Parameter(torch.zeros(runs, d, d, dtype=dtype, device=device))
-        else:
-            self.m = d if m is None else check_positive_int(m, "m")
-            self.K = nn.Parameter(torch.zeros(runs, d, self.m, dtype=dtype, device=device))
-            self.Q = nn.Parameter(torch.zeros(runs, d, self.m, dtype=dtype, device=device))
+        # the W group is stored as `weight`: `W` is the property below, whatever the parameterisation
+        self._attrs = tuple("weight" if g == "W" else g for g in self.parameterization.groups)
+        for attr, shape in zip(self._attrs, self.parameterization.shapes):
+            setattr(self, attr, nn.Parameter(torch.zeros((runs,) + shape, dtype=dtype, device=device)))
+
+    @property
+    def group_tensors(self) -> tuple[Tensor, ...]:
+        """The trained groups in :attr:`Parameterization.groups` order: ``(weight,)`` or ``(K, Q)``."""
+        return tuple(getattr(self, a) for a in self._attrs)
 
     @property
     def W(self) -> Tensor:
         """The attention matrix (R, d, d): the W parameter, or K Qᵀ."""
-        return self.weight if self.param == "W" else self.K @ self.Q.transpose(-1, -2)
+        return self.parameterization.weights(self.group_tensors)
+
+    def load(self, params: Sequence[Tensor | NDArray[np.float64]]) -> AttentionModel:
+        """Set the groups (each (R, d, ·)) from tensors or arrays; returns self."""
+        if len(params) != len(self._attrs):
+            raise ValueError(f"params must hold {len(self._attrs)} groups {self.parameterization.groups}, "
+                             f"got {len(params)}")
+        for attr, A in zip(self._attrs, params):
+            p = getattr(self, attr)
+            t = torch.as_tensor(A, dtype=p.dtype, device=p.device)
+            if t.shape != p.shape:
+                raise ValueError(f"params[{attr!r}] must have shape {tuple(p.shape)}, got {tuple(t.shape)}")
+            p.data = t.clone()
+        return self
 
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
         if batch.d != self.d:

@@ -1,0 +1,79 @@
+"""Data-dependent bounds on the smoothness and gradient of ``L(W)`` (docs/spec.md §4)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..model import resolve_loss
+from ..problem import AttentionProblem
+
+__all__ = ["smoothness_bound", "gradient_bound"]
+
+
+def _head_constants(problem: AttentionProblem, loss: str) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Per-sequence bounds (n,) on ‖∇_o ψ_i‖ and ‖∇²_o ψ_i‖ over the convex hull of the tokens,
+    where ψ_i(o) is the loss of sequence i as a function of the attention output o."""
+    n = problem.n
+    Wh = problem.head.weights.reshape(problem.d, -1)
+    kind = problem.head.kind
+    if kind == "multiclass":
+        s2 = float(np.linalg.norm(Wh, 2))
+        return np.full(n, math.sqrt(2.0) * s2), np.full(n, 0.5 * s2 ** 2)
+    if kind == "linear":
+        a = float(np.linalg.norm(Wh))  # ‖v‖
+        b = a
+        fx = problem.y[:, None] * problem.head(problem.X)  # (n, T) margins of single tokens
+        umin = fx.min(axis=1)  # u = y vᵀo ≥ min_t y vᵀx_t on the hull
+    else:  # relu: the smooth pieces (the kinks have no curvature bound)
+        k = Wh.shape[1]
+        s2 = float(np.linalg.norm(Wh, 2))
+        a = s2 * math.sqrt(k)
+        b = a
+        f = problem.head(problem.X)  # (n, T) ≥ 0; f is convex so f(o) ≤ max_t f(x_t)
+        umin = np.where(problem.y > 0, 0.0, -f.max(axis=1))
+    if loss == "logistic":
+        return np.full(n, a), np.full(n, 0.25 * b ** 2)
+    if loss == "correlation":
+        return np.full(n, a), np.zeros(n)
+    M = np.exp(np.minimum(-umin, 700.0))  # exponential: |ℓ'| = ℓ'' = e^{−u} ≤ e^{−u_min}
+    return a * M, b ** 2 * M
+
+
+def _radii(problem: AttentionProblem) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    X = problem.X
+    rho = np.linalg.norm(X - X.mean(axis=1, keepdims=True), axis=-1).max(axis=1)  # (n,)
+    zn = np.linalg.norm(problem.queries, axis=-1)  # (n,)
+    return rho, zn
+
+
+def smoothness_bound(problem: AttentionProblem, loss: str | None = None) -> float:
+    """An upper bound L_W on the smoothness constant of ``L(W)`` in Frobenius norm (docs/spec.md §4).
+
+    With ρ_i = max_t ‖x_it − x̄_i‖ (x̄_i the mean token) the softmax mixture ``o_i(W) = X_iᵀ s_i``
+    satisfies ``‖Do_i[H]‖ ≤ ρ_i h_i`` and ``‖D²o_i[H, H]‖ ≤ 2ρ_i h_i²`` with ``h_i = ρ_i ‖z_i‖ ‖H‖_F``
+    (first and third centred moments of the attention distribution), so
+
+        L_W ≤ (1/n) Σ_i ρ_i² ‖z_i‖² (B_i ρ_i² + 2 G_i ρ_i),
+
+    where G_i, B_i bound the gradient and Hessian of the sequence loss as a function of o over the
+    convex hull of its tokens (logistic: G = ‖v‖, B = ‖v‖²/4; correlation: B = 0; exponential: both
+    scaled by ``e^{−min_t γ_it}``; cross-entropy: G = √2‖V‖₂, B = ‖V‖₂²/2). For the ReLU head the
+    bound covers the smooth pieces only (the kinks have unbounded curvature).
+    """
+    loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss,
+                        problem.head.kind)
+    G, B = _head_constants(problem, loss)
+    rho, zn = _radii(problem)
+    return float(np.mean(rho ** 2 * zn ** 2 * (B * rho ** 2 + 2.0 * G * rho)))
+
+
+def gradient_bound(problem: AttentionProblem, loss: str | None = None) -> float:
+    """An upper bound on ``‖∇_W L(W)‖_F`` over all W: ``(1/n) Σ_i G_i ρ_i² ‖z_i‖`` (see :func:`smoothness_bound`)."""
+    loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss,
+                        problem.head.kind)
+    G, _ = _head_constants(problem, loss)
+    rho, zn = _radii(problem)
+    return float(np.mean(G * rho ** 2 * zn))

@@ -1,0 +1,396 @@
+"""Gradient-based training of one-layer attention, batched over runs (docs/spec.md §4).
+
+:func:`train` runs R independent trainings — several instances and/or several initialisations — as one
+batched float64 tensor program on CPU or CUDA. Its three parts are values passed in:
+
+* the parameterisation (:class:`~attsvm.model.FullW` or :class:`~attsvm.model.FactoredKQ`): the trained
+  groups, their weights ``W``, the chain rule from ``∇_W L`` and the initialisations;
+* the update rule (:mod:`attsvm.training.optim`): a chain of transforms — penalty, normalisation, step
+  size, mirror map, Polyak step — applied to the groups' gradients;
+* the recording options (:class:`~attsvm.training.recording.Recording`).
+
+Gradients are analytic and round-off stable (:func:`attsvm.model.risk_and_scaled_grad`), so long
+normalized runs keep their direction after the loss saturates. The history a run records is documented
+on :class:`TrainResult`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike, NDArray
+
+from .._validation import check_choice, check_finite_scalar, check_positive_int
+from ..model import (AttentionModel, Batch, Param, Parameterization, _as_problem_list, parameterization,
+                     risk_and_scaled_grad)
+from ..problem import AttentionProblem
+from .bounds import gradient_bound, smoothness_bound
+from .init import initial_params, run_seeds
+from .optim import (NORMALIZE_EPS, NORMALIZED_LR, AddPenalty, Chain, NormalizeByNorm, StepSize, Transform,
+                    chain)
+from .recording import Recorder, Recording
+
+__all__ = ["train", "TrainResult", "threads_context", "SMALL_PROBLEM_ELEMENTS", "PROGRESS_MIN_WORK"]
+
+# Below this many (R·n·T·d) elements one intra-op thread is faster than several on CPU (tiny tensors
+# spend their time synchronising threads).
+SMALL_PROBLEM_ELEMENTS = 2_000_000
+# Runs longer than this many (steps × runs) show a progress bar when progress=None and stderr is a tty.
+PROGRESS_MIN_WORK = 200_000
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :func:`train` for R runs.
+
+    Attributes
+    ----------
+    W : ndarray (R, d, d)
+        Final attention matrix of every run (``K Qᵀ`` for param ``"KQ"``).
+    K, Q : ndarray (R, d, m) or None
+        Final factors (param ``"KQ"`` only).
+    probs : ndarray (R, n, T)
+        Final attention probabilities ``softmax(X_i W z_i)``.
+    history : dict of ndarray
+        Recorded at the states ``W(k)`` after k updates, for k in ``history["step"]`` (``0, e, 2e, …``
+        with e = ``record.every``, plus the final step). S = number of records. Which entries exist is
+        set by :class:`~attsvm.training.Recording` (default: all summaries, no trajectories).
+
+        * ``step`` (S,) int: the update count k of each record (k = 0 is the initialisation).
+        * ``loss`` (R, S): the data risk ``L(W(k))`` (without the (K, Q) penalty).
+        * ``W_norm`` (R, S): ``‖W(k)‖_F`` (of ``K Qᵀ`` for param ``"KQ"``).
+        * ``grad_norm`` (R, S): norm of the gradient of the data risk w.r.t. the trained parameters:
+          ``‖∇_W L‖_F``, or ``(‖∇_K L‖_F² + ‖∇_Q L‖_F²)^{1/2}`` for ``"KQ"``.
+        * ``max_prob`` (R, S, n): ``max_t s_it`` per sequence.
+        * ``selected`` (R, S, n) int: ``argmax_t s_it`` per sequence.
+        * ``K_norm``, ``Q_norm`` (R, S): factor norms, param ``"KQ"`` only.
+        * ``W`` (R, S, d, d): ``W(k)`` itself, only with ``record_W=True`` / ``Recording(W=True)``.
+        * ``K``, ``Q`` (R, S, d, m): the factors, only with ``Recording(params=True)``.
+        * ``probs`` (R, S, n, T): the attention, only with ``Recording(probs=True)``.
+    problems : list of AttentionProblem
+        The instances; run r trained on ``problems[problem_index[r]]``.
+    problem_index : ndarray (R,) int
+    seeds : ndarray (R,) int
+        The per-run initialisation seeds.
+    lr : ndarray (R,) or str
+        The step of every run (``"schedule"`` for a callable, ``"adaptive"`` for an update rule without
+        a :class:`~attsvm.training.optim.StepSize`).
+    param, steps, normalized, loss, init, penalty, m, record_every, device : the settings used.
+    wall_time : float
+        Seconds spent in the training loop.
+    optimizer : Transform
+        The update rule (:mod:`attsvm.training.optim`).
+    record : Recording
+        The recording options.
+    parameterization : Parameterization
+        :class:`~attsvm.model.FullW` or :class:`~attsvm.model.FactoredKQ`.
+    """
+
+    W: NDArray[np.float64]
+    K: NDArray[np.float64] | None
+    Q: NDArray[np.float64] | None
+    probs: NDArray[np.float64]
+    history: dict[str, NDArray]
+    problems: list[AttentionProblem]
+    problem_index: NDArray[np.int64]
+    seeds: NDArray[np.int64]
+    lr: NDArray[np.float64] | str
+    param: str
+    steps: int
+    normalized: bool
+    loss: str
+    init: str
+    penalty: float
+    m: int
+    record_every: int
+    device: str
+    wall_time: float = 0.0
+    info: dict = field(default_factory=dict)
+    optimizer: Transform | None = None
+    record: Recording | None = None
+    parameterization: Parameterization | None = None
+
+    @property
+    def n_runs(self) -> int:
+        return int(self.W.shape[0])
+
+    @property
+    def selected(self) -> NDArray[np.int64]:
+        """Final selected tokens ``argmax_t s_it``, shape (R, n)."""
+        return np.argmax(self.probs, axis=-1).astype(np.int64)
+
+    @property
+    def final_loss(self) -> NDArray[np.float64]:
+        """``L(W)`` at the last record, shape (R,)."""
+        return self.history["loss"][:, -1]
+
+    def problem(self, run: int) -> AttentionProblem:
+        """The instance run ``run`` trained on."""
+        return self.problems[int(self.problem_index[run])]
+
+    def to_model(self) -> AttentionModel:
+        """The final state as an :class:`~attsvm.model.AttentionModel` (R runs, float64, CPU)."""
+        par = self.parameterization or parameterization(self.param, self.W.shape[-1],  # type: ignore[arg-type]
+                                                        self.m if self.param == "KQ" else None)
+        model = AttentionModel(par.d, param=par, runs=self.n_runs)
+        return model.load([getattr(self, g) for g in par.groups])
+
+    def trajectory_arrays(self) -> dict[str, NDArray]:
+        """Flat dict of arrays (final state, settings and ``history/…``) for ``np.savez``."""
+        out: dict[str, NDArray] = {"W": self.W, "probs": self.probs, "problem_index": self.problem_index,
+                                   "seeds": self.seeds, "param": np.array(self.param),
+                                   "steps": np.array(self.steps), "normalized": np.array(self.normalized),
+                                   "loss": np.array(self.loss), "init": np.array(self.init),
+                                   "penalty": np.array(self.penalty), "m": np.array(self.m),
+                                   "lr": np.asarray(self.lr) if not isinstance(self.lr, str) else np.array(self.lr)}
+        if self.K is not None and self.Q is not None:
+            out["K"], out["Q"] = self.K, self.Q
+        for k, v in self.history.items():
+            out[f"history/{k}"] = v
+        return out
+
+
+@contextmanager
+def threads_context(n: int | None) -> Iterator[None]:
+    """torch intra-op threads set to n inside the block (restored after); None leaves them."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+LrSpec = Literal["auto"] | float | ArrayLike | Callable[[int], Any]
+
+
+def _legacy_rule(par: Parameterization, *, lr: LrSpec, normalized: bool | None, penalty: float | None,
+                 normalize_eps: float | None, runs: int, LW: Callable[[], NDArray[np.float64]],
+                 GW: Callable[[], NDArray[np.float64]], params0: tuple[NDArray[np.float64], ...]) -> Chain:
+    """The update rule of the keyword arguments ``lr``, ``normalized``, ``penalty``, ``normalize_eps``."""
+    normalized = True if normalized is None else normalized
+    if not isinstance(normalized, (bool, np.bool_)):
+        raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
+    if penalty is None:
+        lam = par.published_penalty
+    else:
+        lam = check_finite_scalar(penalty, "penalty")
+        if lam < 0:
+            raise ValueError(f"penalty must be >= 0, got {lam}")
+    eps = NORMALIZE_EPS if normalize_eps is None else check_finite_scalar(normalize_eps, "normalize_eps")
+    if eps < 0:
+        raise ValueError(f"normalize_eps must be >= 0, got {eps}")
+    step: Any
+    if callable(lr):
+        step = lr
+    elif isinstance(lr, str):
+        check_choice(lr, "lr", ("auto",))
+        step = np.full(runs, NORMALIZED_LR) if normalized else par.auto_step(LW(), GW(), params0)
+    else:
+        arr = np.asarray(lr, dtype=np.float64) if not isinstance(lr, bool) else None
+        if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise ValueError(f"lr must be 'auto', a positive float, {runs} positive floats (one per run) or a "
+                             f"callable step -> float; got {lr!r}")
+        step = np.broadcast_to(arr, (runs,)).copy()
+    parts: list[Transform] = [AddPenalty(lam)] if lam else []
+    if normalized:
+        parts.append(NormalizeByNorm(eps))
+    return chain(*parts, StepSize(step))
+
+
+def _recording(record: Recording | None, record_every: int | None, record_W: bool | None) -> Recording:
+    if record is None:
+        every = 1 if record_every is None else check_positive_int(record_every, "record_every")
+        return Recording(every=every, W=bool(record_W))
+    if not isinstance(record, Recording):
+        raise TypeError(f"record must be a Recording, got {type(record).__name__}")
+    if record_every is not None or record_W is not None:
+        raise ValueError("record= replaces record_every and record_W; set them on the Recording "
+                         f"(got record_every={record_every!r}, record_W={record_W!r})")
+    return record
+
+
+def _transforms(rule: Transform) -> list[Transform]:
+    return rule.find(Transform) if isinstance(rule, Chain) else [rule]
+
+
+def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Param | Parameterization = "W",
+          steps: int, lr: LrSpec = "auto", normalized: bool | None = None, loss: str | None = None,
+          init: Any = "pytorch", init_scale: float | None = None, m: int | None = None, n_init: int = 1,
+          seed: int | Sequence[int] = 0, record_every: int | None = None, record_W: bool | None = None,
+          device: torch.device | str | None = None, penalty: float | None = None,
+          cone_center: ArrayLike | None = None, cone_mu: float = 0.1, normalize_eps: float | None = None,
+          threads: int | None = None, progress: bool | None = None, dtype: torch.dtype = torch.float64,
+          optimizer: Transform | None = None, record: Recording | None = None) -> TrainResult:
+    """Train R one-layer attention models by (normalized) gradient descent, as one batched program (docs/spec.md §4).
+
+    Parameters
+    ----------
+    problems : AttentionProblem or list of P of them
+        Instances sharing n, T, d and the head kind/shape. There are ``R = P · n_init`` runs; run r
+        trains on ``problems[r // n_init]``.
+    param : {"W", "KQ"} or Parameterization
+        Train W directly, or K, Q (d, m) with W = K Qᵀ (:func:`attsvm.model.parameterization`).
+    steps : int
+        Number of updates.
+    lr : "auto", float, array (R,) or callable
+        Step size η. ``"auto"``: 0.1 for normalized GD (the paper's); for plain GD the
+        parameterisation's :meth:`~attsvm.model.Parameterization.auto_step`: ``1/L_W`` per run from
+        :func:`smoothness_bound` for W, ``1/(L_W·B + G_W)`` with ``B = max(1, ‖K₀‖_F² + ‖Q₀‖_F²)`` for
+        (K, Q) — a bound valid while ``‖K‖_F² + ‖Q‖_F² ≤ B`` (the (K, Q) objective is not globally
+        smooth). A callable ``lr(k)`` gives the step of update k (a float or an (R,) array).
+    normalized : bool
+        Default True: ``W ← W − η ∇/(‖∇‖_F + eps)`` per run (eps = float64 machine epsilon, as the
+        published code); for (K, Q) each factor's gradient is normalised separately. False: plain GD
+        ``W ← W − η ∇``.
+    loss : {"logistic", "exponential", "correlation", "cross_entropy"}, optional
+        Default: the problems' loss (scalar heads) or cross-entropy (multiclass head).
+    init : "pytorch", "zeros", "gaussian", "cone", array or (K, Q)
+        ``"pytorch"`` (default): the published code's ``nn.Linear`` init, U(−1/√d, 1/√d) per entry of
+        ``W_lin`` (W = W_linᵀ), or of ``W_q`` then ``W_k`` (K = W_kᵀ, Q = W_qᵀ), drawn from a
+        ``torch.Generator`` seeded with the run's seed (so a run does not depend on the batch it is in).
+        ``"gaussian"``: i.i.d. ``init_scale · N(0, 1)`` entries. ``"cone"``: ``‖W₀‖_F = init_scale`` and
+        ``corr(W₀, cone_center) ∈ [1 − cone_mu, 1]`` (:func:`cone_init`); for (K, Q) its balanced
+        factorisation. An array (d, d) or (R, d, d) is W₀ (balanced factors for KQ); a tuple (K, Q) of
+        (d, m) or (R, d, m) arrays is used as given.
+    init_scale : float, optional
+        Scale of the ``"pytorch"`` / ``"gaussian"`` draws, or the norm of the ``"cone"`` init (default 1).
+    m : int, optional
+        Inner dimension of K, Q (default d).
+    n_init : int
+        Initialisations per problem.
+    seed : int or sequence of R ints
+        Per-run initialisation seeds; an int s gives runs the seeds ``s, s+1, …, s+R−1``.
+    record_every : int
+        Record stride e (default 1; see :class:`TrainResult`); the final state is always recorded.
+        Shorthand for ``record=Recording(every=e)``.
+    record_W : bool
+        Also record ``W(k)`` (R·S·d² floats); shorthand for ``Recording(W=True)``.
+    device : torch device, optional
+        "cpu" (default) or e.g. "cuda"; the code is the same.
+    penalty : float, optional
+        λ of the penalty ``λ(‖K‖_F² + ‖Q‖_F²)`` (KQ) or ``λ‖W‖_F²`` (W). Default: float64 machine
+        epsilon for (K, Q), as the published code; 0 for W.
+    cone_center, cone_mu : see ``init="cone"``.
+    normalize_eps : float
+        The ε of ``∇/(‖∇‖_F + ε)`` (default float64 machine epsilon, the published code's). Once
+        ``‖∇‖_F`` falls below ε the steps shrink like ``η‖∇‖/ε`` and the run effectively stops. 0 gives
+        exact normalisation; without a penalty the step direction then comes from the rescaled
+        gradient ``e^{c}∇`` (:func:`attsvm.model.risk_and_scaled_grad`), so the run keeps moving at
+        speed η in the exact normalized-GD direction even after ``∇`` underflows float64.
+    threads : int, optional
+        torch intra-op threads during training (restored afterwards). Default: 1 for small problems
+        on CPU (R·n·T·d below 2·10⁶), where more threads only add synchronisation; otherwise unchanged.
+    progress : bool, optional
+        tqdm progress bar; default: shown for long runs when stderr is a terminal.
+    dtype : torch dtype
+        float64 by default.
+    optimizer : Transform, optional
+        The update rule (:mod:`attsvm.training.optim`), e.g. ``optim.mirror_descent(p=3, lr=0.1)`` or
+        ``optim.polyak()``; it replaces ``lr``, ``normalized``, ``penalty`` and ``normalize_eps``, which
+        otherwise build ``chain(AddPenalty(λ), NormalizeByNorm(ε), StepSize(η))``. A rule of degree 0
+        (scale-free in the gradient) is fed ``e^{c}∇L`` instead of ``∇L`` (same direction, never
+        underflows).
+    record : Recording, optional
+        What to record and how often; replaces ``record_every`` and ``record_W``.
+
+    Returns
+    -------
+    TrainResult
+    """
+    plist = _as_problem_list(problems)
+    if isinstance(param, str):
+        check_choice(param, "param", ("W", "KQ"))
+    steps = check_positive_int(steps, "steps", minimum=0)
+    n_init = check_positive_int(n_init, "n_init")
+    rec = _recording(record, record_every, record_W)
+    if dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+    dev = torch.device("cpu" if device is None else device)
+    P = len(plist)
+    R = P * n_init
+    batch = Batch.from_problems(plist, loss=loss, repeat=n_init, device=dev, dtype=dtype)
+    n, T, d = plist[0].n, plist[0].T, plist[0].d
+    par = parameterization(param, d, m)
+    seeds = run_seeds(seed, R)
+    problem_index = np.repeat(np.arange(P, dtype=np.int64), n_init)
+    params0 = initial_params(par, init, runs=R, seeds=seeds, init_scale=init_scale, cone_center=cone_center,
+                             cone_mu=cone_mu)
+    if optimizer is None:
+        rule: Transform = _legacy_rule(
+            par, lr=lr, normalized=normalized, penalty=penalty, normalize_eps=normalize_eps, runs=R,
+            LW=lambda: np.array([smoothness_bound(p, batch.loss) for p in plist])[problem_index],
+            GW=lambda: np.array([gradient_bound(p, batch.loss) for p in plist])[problem_index], params0=params0)
+    else:
+        if not isinstance(optimizer, Transform):
+            raise TypeError(f"optimizer must be a Transform (attsvm.training.optim), got {type(optimizer).__name__}")
+        given = [name for name, was_given in (("lr", not (isinstance(lr, str) and lr == "auto")),
+                                              ("normalized", normalized is not None), ("penalty", penalty is not None),
+                                              ("normalize_eps", normalize_eps is not None)) if was_given]
+        if given:
+            raise ValueError(f"optimizer= replaces lr, normalized, penalty and normalize_eps; set them in the "
+                             f"update rule instead (got {', '.join(given)})")
+        rule = optimizer
+    parts = _transforms(rule)
+    steps_ = [t for t in parts if isinstance(t, StepSize)]
+    lr_value: NDArray[np.float64] | str = steps_[0].values(R) if steps_ else "adaptive"
+    norms_ = [t for t in parts if isinstance(t, NormalizeByNorm)]
+    lam_ = float(sum(t.lam for t in parts if isinstance(t, AddPenalty)))
+
+    params = tuple(torch.as_tensor(a, dtype=dtype, device=dev).clone() for a in params0)
+    recorder = Recorder(rec, par, steps=steps, runs=R, n=n, T=T, dtype=dtype, device=dev)
+    if threads is None:
+        small = dev.type == "cpu" and R * n * T * d < SMALL_PROBLEM_ELEMENTS
+        threads_used: int | None = 1 if small else None
+    else:
+        threads_used = check_positive_int(threads, "threads")
+    show = progress if progress is not None else (None if steps * R >= PROGRESS_MIN_WORK else False)
+    scale_free = rule.degree == 0.0
+    t0 = time.perf_counter()
+    with threads_context(threads_used), torch.no_grad():
+        from tqdm.auto import tqdm
+
+        state = rule.init(params)
+        bar = tqdm(total=steps, desc=f"train {par.name}", unit="step",
+                   disable=(None if show is None else not show), leave=False)
+        for k in range(steps + 1):
+            W = par.weights(params)
+            L, gS, s, logc = risk_and_scaled_grad(batch, W)  # gS = e^{c} ∇_W L
+            record_now = k == recorder.next_step
+            if record_now or not scale_free:
+                grads = par.grads(gS * torch.exp(-logc)[:, None, None], params)
+                if record_now:
+                    recorder.record(L, W, grads, params, s)
+            if k == steps:
+                break
+            updates, state = rule.update(par.grads(gS, params) if scale_free else grads, state, params,
+                                         loss=L, step=k)
+            params = tuple(p + u for p, u in zip(params, updates))
+            bar.update(1)
+        bar.close()
+    wall = time.perf_counter() - t0
+    history = recorder.history()
+    final = {g: p.cpu().numpy() for g, p in zip(par.groups, params)}
+    Wn = W.cpu().numpy().astype(np.float64)
+    if not (np.all(np.isfinite(Wn)) and np.all(np.isfinite(history.get("loss", 0.0)))):
+        warnings.warn("training produced non-finite values (NaN/inf); check lr and the data", RuntimeWarning,
+                      stacklevel=2)
+    init_name = init if isinstance(init, str) else ("given (K, Q)" if isinstance(init, tuple) else "given W")
+    return TrainResult(
+        W=Wn, K=final.get("K"), Q=final.get("Q"), probs=s.cpu().numpy(), history=history, problems=plist,
+        problem_index=problem_index, seeds=seeds, lr=lr_value, param=par.name, steps=steps,
+        normalized=bool(norms_), loss=batch.loss, init=init_name, penalty=lam_, m=getattr(par, "m", d),
+        record_every=rec.every, device=str(dev), wall_time=wall,
+        info={"threads": threads_used if threads_used is not None else torch.get_num_threads(),
+              "normalize_eps": norms_[0].eps if norms_ else None},
+        optimizer=rule, record=rec, parameterization=par)
