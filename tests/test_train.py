@@ -86,7 +86,8 @@ def test_batched_equals_per_run_loop(param, normalized, head):
             K0 = 0.3 * torch.randn(5, 4, generator=g, dtype=torch.float64).numpy()
             Q0 = 0.3 * torch.randn(5, 4, generator=g, dtype=torch.float64).numpy()
             ref = _reference_loop(p, K0=K0, Q0=Q0, steps=300, lr=res.lr[r], normalized=normalized, penalty=1e-3)
-        np.testing.assert_allclose(res.history["W"][r, 1:], ref, rtol=0, atol=BATCH_ATOL)
+        # round-off accumulates over 300 normalized steps in proportion to ‖W‖ (≈ lr·steps): scale by it
+        np.testing.assert_allclose(res.history["W"][r, 1:], ref, rtol=0, atol=BATCH_ATOL * max(1.0, np.abs(ref).max()))
 
 
 class _PublishedStyle(torch.nn.Module):
