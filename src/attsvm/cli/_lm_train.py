@@ -1,4 +1,4 @@
-"""``attsvm lm-train``: train (or reuse) the small GPT-2-style LM on the pydoc corpus (issue #5 part 4a)."""
+"""``attsvm lm-train``: train (or reuse) the small GPT-2-style LM on the pydoc corpus (docs/spec.md §7)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,13 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None:
         changes["steps"] = args.steps
     config = dataclasses.replace(config, **changes)
-    folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
+    if args.out is None:  # the cache folder, named by the settings' hash
+        folder = train_lm(None, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
+    else:
+        from ._output import owned_folders
+
+        with owned_folders((args.out, "lm-train", "--out")):
+            folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
     meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
     print(f"LM in {folder}: {meta['n_params']} parameters, held-out perplexity {meta['heldout_ppl']:.2f} "
           f"(trained in {meta['seconds']:.0f} s)")

@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 
 from ..tokens import margins, support_tokens
-from ._backends import svm_solve
 from ._base import Experiment, Headline, Trial, chunks, headline
 from ..diagnostics import convergence_type
-from ._common import optimal_or_none, paper_problems, train_W_reduced
+from ._common import fit_svm, optimal_or_none, paper_problems, train_W_reduced
 from ._plotting import save, subplots
 
 __all__ = ["Overparam", "EXPERIMENT"]
@@ -63,10 +62,10 @@ class Overparam(Experiment):
             opt = optimal_or_none(p)
             feas, all_sv = False, False
             if opt is not None:
-                res = svm_solve(p, opt, "fro")
-                feas = res.W is not None
+                res = fit_svm(p, opt, "fro")
+                feas = res.W_ is not None
                 if feas:
-                    sup = support_tokens(margins(p, opt, res.W))
+                    sup = support_tokens(margins(p, opt, res.W_))
                     mask = np.ones_like(sup)
                     mask[np.arange(p.n), opt] = False
                     all_sv = bool(sup[mask].all())
