@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 HELP = "head anatomy of a real transformer (rank, sparsity, margins, low-rank compression, SVM view)"
 
@@ -36,8 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from attsvm.analysis._anatomy_report import plot_anatomy, write_anatomy_report
     from attsvm.analysis.anatomy import analyze
 
+    from ._errors import UsageError
     from ._output import owned_folders
 
+    if args.model != "minilm" and not Path(args.model).is_dir():
+        raise UsageError(f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} "
+                         "(no such folder)")
     torch.set_num_threads(max(1, int(args.threads)))
     if args.svm_head is not None:  # check the head before the (long) anatomy run
         import json

@@ -33,35 +33,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from attsvm.analysis.kv_bench import kv_bench, plot_kv_bench, write_kv_report
-    from attsvm.analysis.kv_cache import POLICIES
-
     from ._errors import InputError, UsageError
     from ._output import owned_folders
 
     if args.quick and (args.n_seq is not None or args.seq_len is not None):
         given = " and ".join(f for f, v in (("--n-seq", args.n_seq), ("--seq-len", args.seq_len)) if v is not None)
         raise UsageError(f"--quick fixes 2 sequences of 64 tokens; drop --quick or {given}")
-    torch.set_num_threads(max(1, int(args.threads)))
     try:
         budgets = tuple(float(b) for b in args.budgets.split(","))
     except ValueError as exc:
         raise UsageError(f"--budgets must be comma-separated fractions, got {args.budgets!r}") from exc
-    policies = POLICIES if args.policies is None else tuple(p.strip() for p in args.policies.split(","))
     folders = [(args.out, "kv-bench", "--out")]
     if args.lm is not None:
         from attsvm.experiments._folders import folder_owner
 
         if Path(args.lm).resolve() == Path(args.out).resolve():
             raise UsageError("--lm and --out must be different folders")
-        if folder_owner(args.lm) not in (None, "lm-train"):
-            raise InputError(f"--lm {args.lm!r} is not an LM checkpoint folder and holds other results "
-                             f"(of `attsvm {folder_owner(args.lm)}`); training an LM there would overwrite them. "
-                             "Point --lm at an `attsvm lm-train` folder or a new one")
+        owner = folder_owner(args.lm)
+        if owner not in (None, "lm-train"):
+            what = "files of another program" if owner == "another program" else f"results of `attsvm {owner}`"
+            raise InputError(f"--lm {args.lm!r} is not an LM checkpoint folder: it holds {what}, which training "
+                             "an LM there would overwrite. Point --lm at an `attsvm lm-train` folder or a new one")
         folders.append((args.lm, "lm-train", "--lm"))
     with owned_folders(*folders) as (out, *_):
+        import torch
+
+        from attsvm.analysis.kv_bench import kv_bench, plot_kv_bench, write_kv_report
+        from attsvm.analysis.kv_cache import POLICIES
+
+        torch.set_num_threads(max(1, int(args.threads)))
+        policies = POLICIES if args.policies is None else tuple(p.strip() for p in args.policies.split(","))
         res = kv_bench(quick=args.quick, lm_dir=args.lm, budgets=budgets, policies=policies,
                        n_seq=N_SEQ if args.n_seq is None else args.n_seq, seq_len=args.seq_len, seed=args.seed,
                        progress=log.isEnabledFor(logging.INFO))

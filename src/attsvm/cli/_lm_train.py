@@ -24,23 +24,21 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    import torch
+    from ._output import owned_folders
 
-    from attsvm.analysis.lm import QUICK_LM, LMConfig, train_lm
+    # --out: checked and locked before anything is trained (default: the cache folder named by the settings)
+    with owned_folders(*([] if args.out is None else [(args.out, "lm-train", "--out")])):
+        import torch
 
-    torch.set_num_threads(max(1, int(args.threads)))
-    config = QUICK_LM if args.quick else LMConfig()
-    changes = {"seed": args.seed}
-    if args.steps is not None:
-        changes["steps"] = args.steps
-    config = dataclasses.replace(config, **changes)
-    if args.out is None:  # the cache folder, named by the settings' hash
-        folder = train_lm(None, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
-    else:
-        from ._output import owned_folders
+        from attsvm.analysis.lm import QUICK_LM, LMConfig, train_lm
 
-        with owned_folders((args.out, "lm-train", "--out")):
-            folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
+        torch.set_num_threads(max(1, int(args.threads)))
+        config = QUICK_LM if args.quick else LMConfig()
+        changes = {"seed": args.seed}
+        if args.steps is not None:
+            changes["steps"] = args.steps
+        config = dataclasses.replace(config, **changes)
+        folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
     meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
     print(f"LM in {folder}: {meta['n_params']} parameters, held-out perplexity {meta['heldout_ppl']:.2f} "
           f"(trained in {meta['seconds']:.0f} s)")
