@@ -20,6 +20,7 @@ workers at once instead of waiting for their running trials.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -70,6 +71,11 @@ _WATCHDOG_PERIOD = 0.5  # seconds between a worker's checks that its parent is a
 def _worker_init(parent: int) -> None:
     """Run in each pool worker at start: die with the parent, leave Ctrl-C to it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # tqdm's default lock is a multiprocessing semaphore registered with the resource tracker; a worker
+    # that is killed could not unregister it (the tracker would report a "leaked semaphore")
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
@@ -99,26 +105,26 @@ class PoolExecutor(Executor):
 
     def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
         futures = {self._pool.submit(fn, *args): tag for tag, args in jobs}
-        try:
-            for fut in as_completed(futures):
-                yield futures[fut], fut.result()
-        finally:
-            for fut in futures:
-                fut.cancel()
+        for fut in as_completed(futures):  # left early (error, interrupt): close(abort=True) stops the rest
+            yield futures[fut], fut.result()
 
     def close(self, abort: bool = False) -> None:
         if not abort:
             self._pool.shutdown(wait=True, cancel_futures=True)
             return
         procs = list((getattr(self._pool, "_processes", None) or {}).values())  # private: the live workers
+        self._pool.shutdown(wait=False, cancel_futures=True)  # drop the queued trials first
         for proc in procs:
             try:
                 proc.kill()
             except (OSError, ValueError):  # pragma: no cover - already gone
                 pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for proc in procs:
             proc.join(timeout=5)
+        # with the workers gone the pool's manager thread sees a broken pool and ends at once; waiting for
+        # it lets the pool release its queues, so no semaphore is left for the resource tracker to report
+        self._pool.shutdown(wait=True)
+        gc.collect()
 
 
 class DaskExecutor(Executor):
