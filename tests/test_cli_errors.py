@@ -54,7 +54,7 @@ CASES = [
     ("input-empty", ["solve", "--input", "{tmp}/empty.npz"], EXIT_DATA, "is not a readable attsvm instance"),
     ("input-truncated", ["solve", "--input", "{tmp}/trunc.npz"], EXIT_DATA, "is not a readable attsvm instance"),
     ("input-directory", ["solve", "--input", "{tmp}/adir.npz"], EXIT_DATA, "is a folder"),
-    ("input-missing", ["solve", "--input", "{tmp}/nope.npz"], EXIT_DATA, "is missing"),
+    ("input-missing", ["solve", "--input", "{tmp}/nope.npz"], EXIT_USAGE, "does not exist"),
     ("input-missing-keys", ["solve", "--input", "{tmp}/nokeys.npz"], EXIT_DATA, "missing ['X', 'y']"),
     ("set-list-empty", ["reproduce", "nuclear-identity"] + Q + ["--set", "ds=[]", "--out", "{tmp}/o"], EXIT_USAGE,
      "setting 'ds' must be a non-empty list"),

@@ -245,9 +245,11 @@ def test_killing_a_two_worker_sweep_leaves_no_survivor(tmp_path: Path, sig: int,
         time.sleep(0.1)
     survivors = [k for k in kids if _alive(k)]
     assert not survivors, f"processes outlived the sweep ({signal.Signals(sig).name}): {survivors}"
-    # nothing finished was lost, and the rerun completes the sweep
+    # nothing finished was lost, and the rerun completes the sweep (once: the other signals end the same way)
     done = {p.name for p in (out / "trials").glob("*.parquet")}
     assert 1 <= len(done) < 8
+    if sig != signal.SIGKILL:
+        return
     rerun = subprocess.run(_cli(out, KILL), env=ENV, capture_output=True, text=True, timeout=300)
     assert rerun.returncode in (0, 1), rerun.stderr[-2000:]
     res = json.loads((out / "results.json").read_text())

@@ -7,7 +7,8 @@ with its traceback), and one of these exit codes:
 0     success
 1     the result does not hold up: a reproduced claim disagrees with the paper, or ``solve``
       found no certified solution
-2     usage error: a bad argument, option value or setting (and a missing optional extra)
+2     usage error: a bad argument, option value or setting, an input path that does not exist, or a
+      missing optional extra
 3     data error: an input file or folder that cannot be read or used (missing, truncated,
       not an instance, a run folder of other settings, a folder that holds another
       command's results, an output path that is a file or not writable)
@@ -41,7 +42,8 @@ EXIT_SIGTERM = 143
 EPILOG = """exit codes:
   0    success
   1    a reproduced claim disagrees with the paper, or `solve` found no certified solution
-  2    usage error: a bad argument, option value or setting, or a missing optional extra
+  2    usage error: a bad argument, option value or setting, an input path that does not
+       exist, or a missing optional extra
   3    data error: an input file or folder that cannot be read or used (truncated, not an
        instance, a run of other settings, a folder holding another command's results,
        an output path that is a file or read-only)

@@ -43,10 +43,9 @@ def run(args: argparse.Namespace) -> int:
         budgets = tuple(float(b) for b in args.budgets.split(","))
     except ValueError as exc:
         raise UsageError(f"--budgets must be comma-separated fractions, got {args.budgets!r}") from exc
-    folders = [(args.out, "kv-bench", "--out")]
-    if args.lm is not None:
-        from attsvm.experiments._folders import folder_owner
+    from attsvm.experiments._folders import check_output_folder, folder_owner, refuse_foreign
 
+    if args.lm is not None:
         if Path(args.lm).resolve() == Path(args.out).resolve():
             raise UsageError("--lm and --out must be different folders")
         owner = folder_owner(args.lm)
@@ -54,18 +53,20 @@ def run(args: argparse.Namespace) -> int:
             what = "files of another program" if owner == "another program" else f"results of `attsvm {owner}`"
             raise InputError(f"--lm {args.lm!r} is not an LM checkpoint folder: it holds {what}, which training "
                              "an LM there would overwrite. Point --lm at an `attsvm lm-train` folder or a new one")
-        folders.append((args.lm, "lm-train", "--lm"))
-    with owned_folders(*folders) as (out, *_):
-        import torch
+    if Path(args.out).exists():  # refused before the (long) benchmark; locked and claimed when saving
+        check_output_folder(args.out)
+        refuse_foreign(args.out, "kv-bench")
+    import torch
 
-        from attsvm.analysis.kv_bench import kv_bench, plot_kv_bench, write_kv_report
-        from attsvm.analysis.kv_cache import POLICIES
+    from attsvm.analysis.kv_bench import kv_bench, plot_kv_bench, write_kv_report
+    from attsvm.analysis.kv_cache import POLICIES
 
-        torch.set_num_threads(max(1, int(args.threads)))
-        policies = POLICIES if args.policies is None else tuple(p.strip() for p in args.policies.split(","))
-        res = kv_bench(quick=args.quick, lm_dir=args.lm, budgets=budgets, policies=policies,
-                       n_seq=N_SEQ if args.n_seq is None else args.n_seq, seq_len=args.seq_len, seed=args.seed,
-                       progress=log.isEnabledFor(logging.INFO))
+    torch.set_num_threads(max(1, int(args.threads)))
+    policies = POLICIES if args.policies is None else tuple(p.strip() for p in args.policies.split(","))
+    res = kv_bench(quick=args.quick, lm_dir=args.lm, budgets=budgets, policies=policies,
+                   n_seq=N_SEQ if args.n_seq is None else args.n_seq, seq_len=args.seq_len, seed=args.seed,
+                   progress=log.isEnabledFor(logging.INFO))
+    with owned_folders((args.out, "kv-bench", "--out")) as (out,):
         out = res.save(out)
         plot_kv_bench(out)
         report = write_kv_report(out)

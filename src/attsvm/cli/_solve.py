@@ -42,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None and args.json.is_dir():
         raise UsageError(f"--json must be a file path, got the folder {str(args.json)!r}")
     if args.input is not None:
+        if not args.input.exists():
+            raise UsageError(f"--input {str(args.input)!r} does not exist")
         if not args.input.is_file():
-            what = "a folder" if args.input.is_dir() else "missing"
-            raise InputError(f"--input {str(args.input)!r} is {what}; expected a .npz file saved by "
+            raise InputError(f"--input {str(args.input)!r} is a folder; expected a .npz file saved by "
                              "AttentionProblem.to_npz")
         try:
             problem = AttentionProblem.from_npz(args.input)

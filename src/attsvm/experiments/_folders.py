@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 __all__ = ["RunFolderError", "FolderBusyError", "FolderLock", "claim_folder", "folder_owner",
-           "check_output_folder", "atomic_write", "LOCK_FILE", "OWNER_FILE"]
+           "check_output_folder", "atomic_write", "refuse_foreign", "LOCK_FILE", "OWNER_FILE"]
 
 LOCK_FILE = ".attsvm.lock"
 OWNER_FILE = ".attsvm-owner.json"
@@ -165,13 +165,16 @@ def claim_folder(folder: str | Path, command: str, *, allow_foreign: bool = Fals
     non-empty folder that no attsvm command wrote (its files are left alone).
     """
     path = Path(folder)
-    owner = folder_owner(path)
-    if owner == command:
-        if not (path / OWNER_FILE).exists():
-            _write_owner(path, command)
-        return
-    if owner is None or (owner == "another program" and allow_foreign):
+    refuse_foreign(path, command, allow_foreign=allow_foreign)
+    if not (path / OWNER_FILE).exists():
         _write_owner(path, command)
+
+
+def refuse_foreign(folder: str | Path, command: str, *, allow_foreign: bool = False) -> None:
+    """Raise :class:`RunFolderError` when ``folder`` holds another command's results (writes nothing)."""
+    path = Path(folder)
+    owner = folder_owner(path)
+    if owner in (None, command) or (owner == "another program" and allow_foreign):
         return
     what = "files of another program" if owner == "another program" else f"the results of `attsvm {owner}`"
     raise RunFolderError(f"{str(path)!r} holds {what}; `attsvm {command}` would overwrite them. "

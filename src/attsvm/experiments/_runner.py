@@ -269,10 +269,6 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    atomic_write(path, text)
-
-
 def _write_results(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, out: Path, *,
                    seconds: float, n_trials: int, computed: int, n_done: int) -> dict[str, Any]:
     """``results.json``. A partial run (``n_done < n_trials``) has its claims marked "not evaluated":
