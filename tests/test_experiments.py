@@ -1,4 +1,4 @@
-"""The reproduced experiments (SPEC §6): every one end to end in --quick mode, plus the pieces.
+"""The reproduced experiments (docs/spec.md §6): every one end to end in --quick mode, plus the pieces.
 
 Tolerances are named; each experiment's quick run must write every output and its claims must pass.
 """
@@ -22,7 +22,7 @@ CONSTRAINT_TOL = 1e-8
 
 @pytest.fixture(scope="module")
 def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Every experiment once in --quick mode (shared by the tests below; ~1–2 min on 2 cores)."""
+    """Every experiment once in --quick mode (shared by the tests below)."""
     root = tmp_path_factory.mktemp("quick")
     return {name: reproduce(name, quick=True, out=root / name, progress=False, command=["test"])
             for name in EXPERIMENTS}

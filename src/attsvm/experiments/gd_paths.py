@@ -1,4 +1,4 @@
-"""``gd-paths`` (SPEC §6): the GD paths of W(k)z_i and of K(k)Q(k)ᵀz_i on the hand-built n = 2, d = 2
+"""``gd-paths`` (docs/spec.md §6): the GD paths of W(k)z_i and of K(k)Q(k)ᵀz_i on the hand-built n = 2, d = 2
 instances, against the directions of the Frobenius and nuclear attention SVMs.
 
 Settings of the official ``visualization`` notebooks: n = 2, d = 2, T ∈ {3, 5}; W from 0; K from

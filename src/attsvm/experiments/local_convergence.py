@@ -1,4 +1,4 @@
-"""``local-convergence`` (SPEC §6): normalized GD on W and on (K, Q) converges in direction to the
+"""``local-convergence`` (docs/spec.md §6): normalized GD on W and on (K, Q) converges in direction to the
 Frobenius / nuclear attention SVM of the tokens it selects, while softmax saturates on them.
 
 Settings of the official notebook ``local_converge.ipynb``: cross-attention, n = 6, T = 8, d = 10,
@@ -40,7 +40,7 @@ class LocalConvergence(Experiment):
 
     def describe(self) -> str:
         return ("Normalized GD (η = 0.1) on the published recipe; the selected tokens are the argmax of the "
-                "final softmax; correlations use the SVMs of those tokens (SPEC §3–4).")
+                "final softmax; correlations use the SVMs of those tokens (docs/spec.md §3–4).")
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"{p}-s{a:05d}-{b:05d}", "param": p, "start": a, "stop": b}

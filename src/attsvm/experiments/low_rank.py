@@ -1,4 +1,4 @@
-"""``low-rank`` (SPEC §3, §6): attention with a latent bottleneck, W = KQᵀ with K, Q ∈ R^{d×m}, m < d
+"""``low-rank`` (docs/spec.md §3, §6): attention with a latent bottleneck, W = KQᵀ with K, Q ∈ R^{d×m}, m < d
 (as in multi-head latent attention). GD on (K, Q) converges in direction to the *rank-m* Att-SVM*,
 and since the nuclear-norm solution W*_mm already has low rank (≤ n), shrinking m down to rank(W*_mm)
 costs no margin at all — the seeds' argument for low-rank key/query projections.

@@ -1,4 +1,4 @@
-"""``multiclass`` (SPEC §5–6): with a linear multiclass head and cross-entropy, GD on W selects a set
+"""``multiclass`` (docs/spec.md §5–6): with a linear multiclass head and cross-entropy, GD on W selects a set
 of tokens per sequence and its direction follows the SVM-equivalence W^eq of those sets; the sets are
 predicted before training by the optimal attention mixture (a convex program over the simplex).
 

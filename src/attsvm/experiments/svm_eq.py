@@ -1,4 +1,4 @@
-"""``svm-eq`` (SPEC §5–6): with a nonlinear (ReLU) head, GD may select *several* tokens per
+"""``svm-eq`` (docs/spec.md §5–6): with a nonlinear (ReLU) head, GD may select *several* tokens per
 sequence; its direction is then predicted by the SVM-equivalence W^eq of the selected sets, far
 better than by the single-token Att-SVM of the top tokens.
 
@@ -14,7 +14,7 @@ applied to the final softmax s: a seed is dropped when
 * the SVM-eq or the single-token SVM has no solution ("svm infeasible");
 
 and seeds are consumed in order until 500 are accepted for each d. Selected set O_i = {t : s_it > 1e-3}.
-W^eq and W_fin are the Frobenius programs of SPEC §5
+W^eq and W_fin are the Frobenius programs of docs/spec.md §5
 (:func:`attsvm.svm.equivalence.equivalence_constraints`); W ≈ W_fin + R·W^eq with R by least squares.
 """
 

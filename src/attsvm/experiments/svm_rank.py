@@ -1,5 +1,5 @@
-"""``svm-rank`` (SPEC §6): the nuclear-norm Att-SVM* has lower rank than the Frobenius Att-SVM,
-and both have rank ≤ n (SPEC §3 "Structure").
+"""``svm-rank`` (docs/spec.md §6): the nuclear-norm Att-SVM* has lower rank than the Frobenius Att-SVM,
+and both have rank ≤ n (docs/spec.md §3 "Structure").
 
 Settings of the official notebook ``svm_rank.ipynb``: cross-attention, (n, T) ∈ {(5,5), (10,5),
 (15,5), (5,10), (5,15)}, d ∈ {1, 2, 3, 4, 5, 10, 15, 20}, the published recipe with seeds 0, 1, 2, …
