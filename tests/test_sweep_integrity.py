@@ -283,3 +283,24 @@ def test_a_killed_sweep_plus_a_concurrent_plot_loses_no_file(tmp_path: Path) -> 
     assert done_before <= {p.name for p in (out / "trials").glob("*.parquet")}
     assert (out / LOCK_FILE).exists()
     assert main(["plot", str(out)]) in (0, 1)
+
+
+def test_a_resume_with_other_code_never_leaves_the_old_results_as_this_runs(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import attsvm.experiments._runner as runner
+
+    out = tmp_path / "run"
+    run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
+    assert (out / "results.json").exists()
+    exp = get_experiment("local-convergence")
+
+    def crash(*a: object, **k: object) -> None:
+        raise RuntimeError("killed mid-sweep")
+
+    monkeypatch.setattr(runner, "code_version", lambda exp: "edited")
+    monkeypatch.setattr(type(exp), "run_trial", crash)
+    with pytest.raises(RuntimeError, match="killed mid-sweep"):
+        run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
+    assert not (out / "results.json").exists(), "results of the old code must not pass for the new run's"
+    res = plot_run(out).results
+    assert res["complete"] is False and res["n_trials_done"] == 0 and res["n_trials"] == 2

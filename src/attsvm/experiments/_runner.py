@@ -233,6 +233,7 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
         atomic_write(out / CONFIG, json.dumps(_jsonable(config), indent=2))  # before any trial
         store = TrialStore(out / "trials", fp)
         store.remove_stale_temp_files()  # we hold the lock: a temp file here is a killed writer's
+        _drop_stale_results(out, fp)
         foreign = store.foreign()
         if foreign:
             log.warning("%s: %d trial file(s) in %s were computed with other settings or code (fingerprint "
@@ -263,14 +264,27 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
         seconds = time.perf_counter() - t0
         data = store.load([t["key"] for t in trials])
         results = _write_results(exp, settings, data, out, seconds=seconds, n_trials=len(trials),
-                                 computed=computed, n_done=len(trials))
+                                 computed=computed, n_done=len(trials), fingerprint_of=fp)
         figures = _draw(exp, settings, data, results, out)
         report = write_report(exp, settings, results, figures, out)
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
 
 
+def _drop_stale_results(out: Path, fp: str) -> None:
+    """Remove a ``results.json`` computed from other trials (other settings or code): it is derived
+    data, rewritten when this run finishes, and must not be read as this run's result meanwhile."""
+    path = out / RESULTS
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = None
+    if path.exists() and not (isinstance(old, dict) and old.get("fingerprint") == fp):
+        path.unlink()
+
+
 def _write_results(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, out: Path, *,
-                   seconds: float, n_trials: int, computed: int, n_done: int) -> dict[str, Any]:
+                   seconds: float, n_trials: int, computed: int, n_done: int,
+                   fingerprint_of: str | None = None) -> dict[str, Any]:
     """``results.json``. A partial run (``n_done < n_trials``) has its claims marked "not evaluated":
     its numbers are reported (when they can be computed at all) but never judged."""
     complete = n_done >= n_trials
@@ -287,7 +301,8 @@ def _write_results(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame
         h["verdict"] = {True: "PASS", False: "FAIL", None: "reported"}[h["passed"]] if complete else NOT_EVALUATED
         if not complete:
             h["passed"] = None
-    results = {"experiment": exp.name, "title": exp.title, "claims": exp.claims, "complete": complete,
+    results = {"experiment": exp.name, "title": exp.title, "claims": exp.claims, "fingerprint": fingerprint_of,
+               "complete": complete,
                "n_trials_done": n_done, "headlines": hl,
                "passed": all(h["passed"] is not False for h in hl) if complete else None,
                "not_evaluated": [] if complete else sorted(exp.claims),
@@ -418,11 +433,12 @@ def plot_run(directory: str | Path) -> RunOutput:
                 results = json.loads((out / RESULTS).read_text())
             except (OSError, ValueError):
                 results = None
-            if not isinstance(results, dict) or results.get("complete") is False or "headlines" not in results:
+            if (not isinstance(results, dict) or results.get("complete") is False or "headlines" not in results
+                    or results.get("fingerprint", config.get("fingerprint")) != config.get("fingerprint")):
                 results = None
         if results is None:
             results = _write_results(exp, settings, data, out, seconds=0.0, n_trials=len(keys), computed=0,
-                                     n_done=n_done)
+                                     n_done=n_done, fingerprint_of=config.get("fingerprint"))
         figures = _draw(exp, settings, data, results, out)
         report = write_report(exp, settings, results, figures, out)
     return RunOutput(exp.name, out, results, figures, report, results.get("n_trials", 0), 0, 0.0)
