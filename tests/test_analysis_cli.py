@@ -1,4 +1,4 @@
-"""End to end (issue #5): `attsvm analyze minilm --quick` and `attsvm kv-bench --quick`, plus the SVM view."""
+"""End to end: `attsvm analyze minilm --quick` and `attsvm kv-bench --quick`, plus the SVM view."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``attsvm solve`` end to end (issue #2, item 6)."""
+"""``attsvm solve`` end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reproduced experiments (SPEC §6): every one end to end in --quick mode, plus the pieces.
+"""The reproduced experiments (docs/spec.md §6): every one end to end in --quick mode, plus the pieces.
 
 Tolerances are named; each experiment's quick run must write every output and its claims must pass.
 """
@@ -22,7 +22,7 @@ CONSTRAINT_TOL = 1e-8
 
 @pytest.fixture(scope="module")
 def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Every experiment once in --quick mode (shared by the tests below; ~1–2 min on 2 cores)."""
+    """Every experiment once in --quick mode (shared by the tests below)."""
     root = tmp_path_factory.mktemp("quick")
     return {name: reproduce(name, quick=True, out=root / name, progress=False, command=["test"])
             for name in EXPERIMENTS}
@@ -134,7 +134,9 @@ def test_resuming_into_a_folder_with_other_settings_is_refused(quick_runs: dict)
 def test_trial_store_is_atomic_and_rejects_bad_keys(tmp_path: Path) -> None:
     store = TrialStore(tmp_path)
     (tmp_path / ".k1.tmp999").write_bytes(b"half-written")  # a writer killed mid-write
-    store = TrialStore(tmp_path)  # cleans it up
+    store = TrialStore(tmp_path)
+    assert list(tmp_path.glob(".*")), "opening a store (e.g. by a reader) deletes nothing"
+    store.remove_stale_temp_files()  # the folder's writer cleans it up
     assert not list(tmp_path.glob(".*"))
     store.save("k1", pd.DataFrame({"a": [1, 2]}))
     assert store.done() == {"k1"}
@@ -168,7 +170,7 @@ def test_cli_list_and_reproduce(tmp_path: Path, capsys: pytest.CaptureFixture[st
 # ----------------------------------------------------------------------------- the pieces
 def test_solve_constraints_keeps_the_certificate_of_w_eq_and_w_fin() -> None:
     """The experiments' solver path is AttentionSVM.fit_constraints; its status and certificate are kept."""
-    from attsvm.experiments._backends import solve_constraints
+    from attsvm.experiments._common import fit_svm
     from attsvm.experiments.svm_eq import relu_instance
     from attsvm.svm import AttentionSVM
     from attsvm.svm.equivalence import equivalence_constraints
@@ -178,15 +180,15 @@ def test_solve_constraints_keeps_the_certificate_of_w_eq_and_w_fin() -> None:
     s = np.where(sel, np.array([0.5, 0.2, 0.25, 0.05]), 1e-9)
     s /= s.sum(1, keepdims=True)
     cs_eq, cs_fin = equivalence_constraints(p, sel, s)
-    weq, wfin = solve_constraints(cs_eq, "fro"), solve_constraints(cs_fin, "fro")
+    weq, wfin = fit_svm(cs_eq, norm="fro"), fit_svm(cs_fin, norm="fro")
     for res, cs in ((weq, cs_eq), (wfin, cs_fin)):
         est = AttentionSVM("fro").fit_constraints(cs)
-        assert res.status == est.status_ == "optimal"
-        assert res.max_violation == est.max_violation_ <= CONSTRAINT_TOL
-        assert res.duality_gap == pytest.approx(est.duality_gap_)
-        np.testing.assert_array_equal(res.W, est.W_)
-    assert np.linalg.norm(wfin.W) > 0
-    lg_eq, lg_fin = p.logits(weq.W), p.logits(wfin.W)
+        assert res.status_ == est.status_ == "optimal"
+        assert res.max_violation_ == est.max_violation_ <= CONSTRAINT_TOL
+        assert res.duality_gap_ == pytest.approx(est.duality_gap_)
+        np.testing.assert_array_equal(res.W_, est.W_)
+    assert np.linalg.norm(wfin.W_) > 0
+    lg_eq, lg_fin = p.logits(weq.W_), p.logits(wfin.W_)
     for i in range(3):
         inside, outside = np.flatnonzero(sel[i]), np.flatnonzero(~sel[i])
         assert np.ptp(lg_eq[i, inside]) <= CONSTRAINT_TOL  # equal logits inside O_i
@@ -198,7 +200,7 @@ def test_solve_constraints_keeps_the_certificate_of_w_eq_and_w_fin() -> None:
 
 def test_solve_constraints_reports_infeasible() -> None:
     from attsvm.datasets import paper_instance
-    from attsvm.experiments._backends import svm_solve
+    from attsvm.experiments._common import fit_svm, num
     from attsvm.problem import AttentionProblem
     from attsvm.svm import feasible
 
@@ -209,10 +211,11 @@ def test_solve_constraints_reports_infeasible() -> None:
     X[0, t] = X[0, opt[0]]  # a duplicate of the selected token: a_it = 0, so a_itᵀ W z_i ≥ 1 is impossible
     q = AttentionProblem(X, p.y, p.v, Z=p.Z)
     assert not feasible(q, opt).feasible
-    res = svm_solve(q, opt, "fro")
-    assert res.status == "infeasible" and res.W is None and not res.ok
+    res = fit_svm(q, opt, "fro")
+    assert res.status_ == "infeasible" and res.W_ is None
+    assert num(res.max_violation_, np.inf) == np.inf  # recorded as inf in the trial data
     with pytest.raises(ValueError, match="norm"):
-        svm_solve(q, opt, "l1")  # type: ignore[arg-type]
+        fit_svm(q, opt, "l1")
 
 
 def test_reproduce_all_writes_an_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,14 +236,13 @@ def test_reproduce_all_writes_an_index(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_reduced_training_is_the_full_gd_path() -> None:
     """overparam trains in the span of the data; it must be the same W as full d × d training."""
-    from attsvm.experiments._backends import train_runs
-    from attsvm.experiments._common import paper_problems, train_W_reduced
+    from attsvm.experiments._common import paper_problems, train_batch, train_W_reduced
 
     d, seeds = 30, [0, 1, 2]
     probs = paper_problems(3, 3, d, seeds)
     W_red = train_W_reduced(probs, seeds, steps=200, lr=0.1)
     W0 = np.stack([np.random.default_rng(s).uniform(-1, 1, (d, d)) / np.sqrt(d) for s in seeds])
-    full = train_runs(probs, param="W", steps=200, lr=0.1, init=W0, record_every=200)
+    full = train_batch(probs, param="W", steps=200, lr=0.1, init=W0, seeds=seeds, record_every=200)
     np.testing.assert_allclose(W_red, full.W, atol=1e-10 * np.abs(full.W).max())
 
 

@@ -1,8 +1,12 @@
 """``attsvm`` command line: thin — parse, call the library, write results.
 
 Each subcommand lives in its own module ``attsvm.cli._<name>`` exposing ``HELP`` (one line),
-``add_arguments(parser)`` and ``run(args) -> int``. Modules import heavy dependencies (torch,
-transformers) inside ``run`` so that ``attsvm --help`` stays fast.
+``add_arguments(parser)`` and ``run(args) -> int``. Modules import heavy and optional dependencies
+(torch, pandas, matplotlib, transformers) inside ``run``, so that ``attsvm --help``, ``solve`` and
+``train`` work on the core install.
+
+Errors are handled once, in :func:`main`: every failure is one line on stderr and an exit code of
+:mod:`attsvm.cli._errors` (listed in ``attsvm --help``).
 """
 
 from __future__ import annotations
@@ -10,8 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+
+from ._errors import EPILOG, EXIT_USAGE, Terminated, exit_code_for, message_for
 
 __all__ = ["main"]
 
@@ -28,9 +35,16 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2) instead of usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="attsvm",
+    parser = _Parser(
+        prog="attsvm", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Transformers as Support Vector Machines: attention SVMs, training, reproductions.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -41,28 +55,41 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != f"attsvm.cli.{module}":
                 raise
             continue
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code (see ``attsvm --help`` for their meaning)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)  # the same cleanup as Ctrl-C
+    except ValueError:  # pragma: no cover - not the main thread (e.g. main() called from a worker thread)
+        pass
     try:
         return int(args._run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        # bad input: a clear message, no traceback (use -vv to see it)
-        if args.verbose >= 2:
+    except (Exception, KeyboardInterrupt) as exc:  # the one place where errors become messages
+        if args.verbose >= 2 and not isinstance(exc, KeyboardInterrupt):
             raise
-        print(f"attsvm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"attsvm {args.command}: error: {message_for(exc)}", file=sys.stderr)
+        return exit_code_for(exc)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

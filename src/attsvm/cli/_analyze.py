@@ -1,9 +1,10 @@
-"""``attsvm analyze MODEL``: head anatomy of a real transformer (SPEC §7; issue #5 part 1-2)."""
+"""``attsvm analyze MODEL``: head anatomy of a real transformer (docs/spec.md §7)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 HELP = "head anatomy of a real transformer (rank, sparsity, margins, low-rank compression, SVM view)"
 
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rank <= d_head nuclear SVM convex, since some W*_mm has rank <= n)")
     parser.add_argument("--svm-window", type=int, default=8, help="keys per query (T) for the SVM view")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default: %(default)s; 2 threads ran ~8x slower on the shared 2-core box)")
+                        help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the SVM view's pair sampling")
 
 
@@ -36,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from attsvm.analysis._anatomy_report import plot_anatomy, write_anatomy_report
     from attsvm.analysis.anatomy import analyze
 
+    from ._errors import UsageError
+    from ._output import owned_folders
+
+    if args.model != "minilm" and not Path(args.model).is_dir():
+        raise UsageError(f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} "
+                         "(no such folder)")
     torch.set_num_threads(max(1, int(args.threads)))
     if args.svm_head is not None:  # check the head before the (long) anatomy run
         import json
@@ -49,19 +56,20 @@ def run(args: argparse.Namespace) -> int:
         H = cfg.get("num_attention_heads", cfg.get("n_head"))
         if L is not None and H is not None and not (0 <= layer < L and 0 <= head < H):
             raise ValueError(f"--svm-head must be within 0..{L - 1}:0..{H - 1}, got {args.svm_head}")
-    res = analyze(args.model, quick=args.quick, max_windows=args.max_windows, max_length=args.max_length,
-                  compression_windows=args.compression_windows, delta=args.delta,
-                  progress=log.isEnabledFor(logging.INFO))
-    out = res.save(args.out)
-    plot_anatomy(out)
-    if args.svm_head is not None:
-        from attsvm.analysis.svm_view import parse_head, svm_view
+    with owned_folders((args.out, "analyze", "--out")):
+        res = analyze(args.model, quick=args.quick, max_windows=args.max_windows, max_length=args.max_length,
+                      compression_windows=args.compression_windows, delta=args.delta,
+                      progress=log.isEnabledFor(logging.INFO))
+        out = res.save(args.out)
+        plot_anatomy(out)
+        if args.svm_head is not None:
+            from attsvm.analysis.svm_view import parse_head, svm_view
 
-        layer, head = parse_head(args.svm_head)
-        view = svm_view(args.model, layer, head, n_pairs=args.svm_pairs, T=args.svm_window, seed=args.seed,
-                        quick=args.quick)
-        view.save(out)
-    report = write_anatomy_report(out)
+            layer, head = parse_head(args.svm_head)
+            view = svm_view(args.model, layer, head, n_pairs=args.svm_pairs, T=args.svm_window, seed=args.seed,
+                            quick=args.quick)
+            view.save(out)
+        report = write_anatomy_report(out)
     s = res.summary()
     print(f"{s['model']}: {s['n_layers']}x{s['n_heads']} heads over {s['n_windows']} windows; max rank "
           f"{s['max_rank']} (d_head {s['d_head']}); top-1>=95% share {s['overall_top1_95']:.3f}, top-3 "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "list the reproducible experiments (SPEC §6) with their claims and settings"
+HELP = "list the reproducible experiments (docs/spec.md §6) with their claims and settings"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""``attsvm lm-train``: train (or reuse) the small GPT-2-style LM on the pydoc corpus (issue #5 part 4a)."""
+"""``attsvm lm-train``: train (or reuse) the small GPT-2-style LM on the pydoc corpus (docs/spec.md §7)."""
 
 from __future__ import annotations
 
@@ -24,17 +24,21 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    import torch
+    from ._output import owned_folders
 
-    from attsvm.analysis.lm import QUICK_LM, LMConfig, train_lm
+    # --out: checked and locked before anything is trained (default: the cache folder named by the settings)
+    with owned_folders(*([] if args.out is None else [(args.out, "lm-train", "--out")])):
+        import torch
 
-    torch.set_num_threads(max(1, int(args.threads)))
-    config = QUICK_LM if args.quick else LMConfig()
-    changes = {"seed": args.seed}
-    if args.steps is not None:
-        changes["steps"] = args.steps
-    config = dataclasses.replace(config, **changes)
-    folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
+        from attsvm.analysis.lm import QUICK_LM, LMConfig, train_lm
+
+        torch.set_num_threads(max(1, int(args.threads)))
+        config = QUICK_LM if args.quick else LMConfig()
+        changes = {"seed": args.seed}
+        if args.steps is not None:
+            changes["steps"] = args.steps
+        config = dataclasses.replace(config, **changes)
+        folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
     meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
     print(f"LM in {folder}: {meta['n_params']} parameters, held-out perplexity {meta['heldout_ppl']:.2f} "
           f"(trained in {meta['seconds']:.0f} s)")

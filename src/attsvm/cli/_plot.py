@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "redraw the figures and report of a reproduce run from its saved data"
+HELP = ("redraw the figures and report of a reproduce run from its saved data; a run stopped part-way is "
+        "reported as 'k of N trials' with its claims not evaluated (exit 4)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,9 +15,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attsvm.experiments import plot_run
 
+    from ._errors import EXIT_INCOMPLETE, EXIT_OK
+
+    code = EXIT_OK
     for d in args.directory:
         r = plot_run(d)
         for f in r.figures:
             print(f"figure: {f}")
         print(f"report: {r.report}")
-    return 0
+        if not r.complete:
+            res = r.results
+            print(f"{r.name}: incomplete run, {res['n_trials_done']} of {res['n_trials']} trials; claims "
+                  f"{', '.join(res.get('not_evaluated', []))} not evaluated (rerun the command in config.json "
+                  "to finish it)")
+            code = EXIT_INCOMPLETE
+    return code

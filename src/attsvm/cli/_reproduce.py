@@ -1,4 +1,4 @@
-"""``attsvm reproduce NAME|all``: run an experiment of SPEC §6 and write results, figures, report."""
+"""``attsvm reproduce NAME|all``: run an experiment of docs/spec.md §6 and write results, figures, report."""
 
 from __future__ import annotations
 
@@ -13,17 +13,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="experiment name (see `attsvm list`) or 'all'")
     parser.add_argument("--quick", action="store_true", help="a small CI-sized run")
     parser.add_argument("--runs", type=int, default=None, help="override the number of runs")
-    parser.add_argument("--out", default=None, help="output folder (default results/NAME; rerun to resume)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default results/NAME; rerun to resume). One writer at a time: a "
+                             "second run on the same folder exits 5; a folder of other settings or another "
+                             "command exits 3")
     parser.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in-process)")
     parser.add_argument("--scheduler", default=None,
                         help="Dask scheduler address, or local:N for a loopback LocalCluster of N workers")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a setting (typed like its default); repeatable")
+                        help="override a setting, typed like its default (an int setting refuses 1.7); counts "
+                             "are >= 1 (seeds >= 0), lr and thresholds > 0, lists non-empty without repeats; "
+                             "repeatable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     from attsvm.experiments import apply_overrides, get_experiment, parse_overrides, reproduce, reproduce_all
+
+    from ._errors import EXIT_DISAGREES, EXIT_OK
 
     raw = parse_overrides(args.overrides)
     common = dict(quick=args.quick, runs=args.runs, workers=args.workers, scheduler=args.scheduler,
@@ -34,12 +41,12 @@ def run(args: argparse.Namespace) -> int:
         root = Path(args.out or "results")
         outs = reproduce_all(out=root, **common, on_done=_say)
         print(f"index:   {root / 'index.md'}")
-        return 0 if all(r.passed for r in outs) else 1
+        return EXIT_OK if all(r.passed for r in outs) else EXIT_DISAGREES
     exp = get_experiment(args.name)
     overrides = apply_overrides(exp.settings(quick=args.quick), raw)
     r = reproduce(exp.name, out=args.out, overrides=overrides, **common)
     _say(r)
-    return 0 if r.passed else 1
+    return EXIT_OK if r.passed else EXIT_DISAGREES
 
 
 def _say(r) -> None:  # type: ignore[no-untyped-def]

@@ -1,9 +1,10 @@
-"""``attsvm solve``: solve one attention SVM and print its certificate (SPEC §3)."""
+"""``attsvm solve``: solve one attention SVM and print its certificate (docs/spec.md §3)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import zipfile
 from pathlib import Path
 
 HELP = "solve the attention SVM of a generated (paper recipe) or saved instance and print its certificate"
@@ -36,8 +37,22 @@ def run(args: argparse.Namespace) -> int:
     from ..problem import AttentionProblem
     from ..svm import AttentionSVM
 
+    from ._errors import InputError, UsageError
+
+    if args.json is not None and args.json.is_dir():
+        raise UsageError(f"--json must be a file path, got the folder {str(args.json)!r}")
     if args.input is not None:
-        problem = AttentionProblem.from_npz(args.input)
+        if not args.input.exists():
+            raise UsageError(f"--input {str(args.input)!r} does not exist")
+        if not args.input.is_file():
+            raise InputError(f"--input {str(args.input)!r} is a folder; expected a .npz file saved by "
+                             "AttentionProblem.to_npz")
+        try:
+            problem = AttentionProblem.from_npz(args.input)
+        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise InputError(f"--input {str(args.input)!r} is not a readable attsvm instance (.npz with arrays "
+                             f"X, y and v, Z or query_index): {reason}") from None
         source = {"input": str(args.input)}
     else:
         problem = paper_instance(args.n, args.T, args.d, seed=args.seed, self_attention=args.self_attention,

@@ -1,4 +1,4 @@
-"""``attsvm train``: train one-layer attention on generated instances and compare with the SVMs (SPEC §4–5)."""
+"""``attsvm train``: train one-layer attention on generated instances and compare with the SVMs (docs/spec.md §4–5)."""
 
 from __future__ import annotations
 
@@ -46,11 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--init", choices=("pytorch", "zeros", "gaussian"), default="pytorch",
                     help="initialisation (default: the published nn.Linear init)")
     tr.add_argument("--record-every", type=int, default=1, help="history stride (default 1)")
-    tr.add_argument("--device", default=None, help="torch device (default cpu)")
+    tr.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda:0 (default cpu); it must be "
+                                                        "available on this machine")
     tr.add_argument("--no-svm", action="store_true", help="skip the SVM comparisons (training only)")
     out = parser.add_argument_group("output")
     out.add_argument("--save", type=Path, default=None, metavar="PATH",
-                     help="save the trajectory: .json (history + summary) or .npz (arrays)")
+                     help="save the trajectory to a file: PATH.json (history + summary) or PATH.npz (arrays)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +60,13 @@ def run(args: argparse.Namespace) -> int:
     from ..datasets import paper_instance, random_instance
     from ..train import train
 
+    from ._errors import UsageError
+
+    if args.save is not None and (args.save.is_dir() or args.save.suffix not in (".json", ".npz")):
+        raise UsageError(f"--save must be a file path ending in .json or .npz, got {str(args.save)!r}"
+                         + (" (a folder)" if args.save.is_dir() else ""))
+    if args.device is not None:
+        _check_device(args.device)
     if args.runs < 1:
         raise ValueError(f"--runs must be >= 1, got {args.runs}")
     if args.seed < 0:
@@ -127,6 +135,25 @@ def run(args: argparse.Namespace) -> int:
             np.savez_compressed(args.save, **res.trajectory_arrays())  # type: ignore[arg-type]
         print(f"wrote {args.save}")
     return 0
+
+
+def _check_device(name: str) -> None:
+    """A usage error unless ``name`` is a torch device that this machine has."""
+    import torch
+
+    from ._errors import UsageError
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:0, mps)") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "meta": False,
+                 "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())}
+    if not available.get(dev.type, False):
+        raise UsageError(f"--device {name!r} is not available on this machine"
+                         + (" (torch.cuda.is_available() is False)" if dev.type == "cuda" else ""))
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _f(x: float) -> float | None:

@@ -1,4 +1,4 @@
-"""Reproductions of the paper's experiments (SPEC §6): a registry, a resumable sweep runner on a
+"""Reproductions of the paper's experiments (docs/spec.md §6): a registry, a resumable sweep runner on a
 local pool or Dask, and per-run results, figures and reports.
 
 >>> from attsvm.experiments import reproduce
@@ -8,13 +8,19 @@ local pool or Dask, and per-run results, figures and reports.
 
 from __future__ import annotations
 
+from .._extras import require
+
+require("pandas", feature="attsvm.experiments")  # the trial data are DataFrames: name the extra up front
+
 from ._base import Experiment, Headline, apply_overrides, headline, parse_overrides
 from ._executor import DaskExecutor, Executor, PoolExecutor, SerialExecutor, make_executor
+from ._folders import FolderBusyError, FolderLock, RunFolderError
 from ._registry import EXPERIMENTS, experiment_names, get_experiment
-from ._runner import RunOutput, execute_trial, plot_run, reproduce, reproduce_all, versions
+from ._runner import RunOutput, execute_trial, fingerprint, plot_run, reproduce, reproduce_all, versions
 from ._store import TrialStore
 
 __all__ = ["Experiment", "Headline", "headline", "apply_overrides", "parse_overrides", "Executor",
            "SerialExecutor", "PoolExecutor", "DaskExecutor", "make_executor", "EXPERIMENTS",
            "experiment_names", "get_experiment", "RunOutput", "execute_trial", "plot_run", "reproduce",
-           "reproduce_all", "versions", "TrialStore"]
+           "reproduce_all", "versions", "TrialStore", "fingerprint", "RunFolderError", "FolderBusyError",
+           "FolderLock"]

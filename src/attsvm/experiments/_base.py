@@ -1,8 +1,8 @@
-"""The experiment interface: settings, trials, headline numbers (SPEC §6).
+"""The experiment interface: settings, trials, headline numbers (docs/spec.md §6).
 
 An :class:`Experiment` is a declarative description of one reproduced figure:
 
-* ``defaults`` — the paper's settings (SPEC §6 table, the official code's values);
+* ``defaults`` — the paper's settings (docs/spec.md §6 table, the official code's values);
 * ``quick`` — overrides that shrink it to a CI-sized run;
 * ``claims`` — the statements of the paper it checks, by id;
 * ``trials(settings)`` — the trials, each a small JSON-able dict with a unique ``"key"``; a trial is a
@@ -22,10 +22,12 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Experiment", "Headline", "Trial", "headline", "parse_overrides", "apply_overrides", "chunks"]
 
@@ -76,7 +78,7 @@ class Experiment:
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
-    spec: ClassVar[str] = "SPEC §6"
+    spec: ClassVar[str] = "docs/spec.md §6"
     claims: ClassVar[dict[str, str]] = {}
     defaults: ClassVar[dict[str, Any]] = {}
     quick: ClassVar[dict[str, Any]] = {}
@@ -95,15 +97,22 @@ class Experiment:
             if unknown:
                 raise ValueError(f"--set: unknown setting(s) {unknown} for experiment {self.name!r}; "
                                  f"known: {sorted(s)}")
+            for key, val in overrides.items():
+                _check_type(key, val, s[key])
             s.update(overrides)
         self.validate(s)
         return s
 
     def validate(self, settings: dict[str, Any]) -> None:
-        """Check settings; raise ValueError naming the setting. Subclasses extend."""
+        """Check settings; raise ValueError naming the setting. Subclasses extend.
+
+        The generic rules (each documented in ``attsvm reproduce --help``): counts (int settings) are
+        >= 1, except seeds (names ending in ``seed``), which are >= 0, and at most :data:`MAX_COUNT`;
+        numbers are finite; ``lr`` and thresholds are > 0; list settings are non-empty, without
+        repeated values, and hold positive counts.
+        """
         for key, val in settings.items():
-            if isinstance(val, int) and not isinstance(val, bool) and key in ("runs", "steps") and val < 1:
-                raise ValueError(f"setting {key!r} must be >= 1, got {val}")
+            _check_value(key, val)
 
     # ---------------------------------------------------------------- trials
     def trials(self, settings: dict[str, Any]) -> list[Trial]:
@@ -185,9 +194,60 @@ def apply_overrides(defaults: dict[str, Any], raw: dict[str, str]) -> dict[str, 
     return {k: _coerce(v, defaults[k], k) for k, v in raw.items()}
 
 
+MAX_COUNT = 10**7  # the largest count setting accepted (a typo like n=1e20 fails fast instead of exhausting memory)
+
+
+def _check_type(key: str, val: Any, default: Any) -> None:
+    """An override must have its default's type (an int setting never silently truncates 1.7 to 1)."""
+    if isinstance(default, bool):
+        ok = isinstance(val, (bool, np.bool_))
+    elif isinstance(default, int):
+        ok = isinstance(val, (int, np.integer)) and not isinstance(val, bool)
+    elif isinstance(default, float):
+        ok = isinstance(val, (int, float, np.integer, np.floating)) and not isinstance(val, bool)
+    elif isinstance(default, list):
+        ok = isinstance(val, (list, tuple))
+    else:
+        ok = True
+    if not ok:
+        raise ValueError(f"setting {key!r} must be of type {type(default).__name__} (like the default "
+                         f"{default!r}), got {val!r}")
+
+
+def _check_value(key: str, val: Any) -> None:
+    if isinstance(val, bool) or val is None or isinstance(val, str):
+        return
+    if isinstance(val, (int, np.integer)):
+        low = 0 if key.endswith("seed") else 1
+        if val < low:
+            raise ValueError(f"setting {key!r} must be >= {low}, got {val}")
+        if val > MAX_COUNT:
+            raise ValueError(f"setting {key!r} must be <= {MAX_COUNT}, got {val}")
+    elif isinstance(val, (float, np.floating)):
+        if not math.isfinite(val):
+            raise ValueError(f"setting {key!r} must be finite, got {val}")
+        if (key == "lr" or "thre" in key or key.startswith(("r_", "tau"))) and not val > 0:
+            raise ValueError(f"setting {key!r} must be > 0, got {val}")
+    elif isinstance(val, (list, tuple)):
+        if not val:
+            raise ValueError(f"setting {key!r} must be a non-empty list")
+        seen = [json.dumps(v, sort_keys=True) for v in val]
+        if len(set(seen)) != len(seen):
+            dup = sorted({v for v in seen if seen.count(v) > 1})
+            raise ValueError(f"setting {key!r} has repeated values {', '.join(dup)}; each value must appear once")
+        for v in val:
+            if isinstance(v, (list, tuple)):
+                for w in v:
+                    _check_value(key, w)
+            else:
+                _check_value(key, v)
+
+
 def chunks(n: int, size: int) -> list[tuple[int, int]]:
-    """Split ``range(n)`` into half-open blocks ``[a, b)`` of at most ``size``."""
-    size = max(1, int(size))
+    """Split ``range(n)`` into half-open blocks ``[a, b)`` of at most ``size`` (``size`` >= 1)."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"chunk size must be an integer >= 1, got {size!r}")
+    size = int(size)
     return [(a, min(n, a + size)) for a in range(0, n, size)]
 
 

@@ -10,19 +10,48 @@ from numpy.typing import NDArray
 from .._linalg import correlation
 from ..datasets import paper_instance
 from ..problem import AttentionProblem, TieError
-from ._backends import SVMResult, svm_solve
+from ..svm import AttentionSVM
+from ..svm._base import ConstraintSet
+from ..train import TrainResult, train
 
-__all__ = ["paper_problems", "selected_svms", "optimal_or_none"]
+__all__ = ["paper_problems", "selected_svms", "optimal_or_none", "fit_svm", "num", "train_batch", "corr_or_nan",
+           "train_W_reduced"]
+
+
+def fit_svm(problem: AttentionProblem | ConstraintSet, tokens: NDArray[np.int64] | None = None,
+            norm: str = "fro") -> AttentionSVM:
+    """A fitted :class:`attsvm.svm.AttentionSVM` of ``problem`` at ``tokens`` (docs/spec.md §3), or of a
+    :class:`~attsvm.svm._base.ConstraintSet` (the SVM-eq / W_fin programs of docs/spec.md §5).
+
+    An infeasible program is a status (``status_ == "infeasible"``, ``W_ is None``), never an exception.
+    """
+    est = AttentionSVM(norm)  # type: ignore[arg-type]
+    return est.fit_constraints(problem) if isinstance(problem, ConstraintSet) else est.fit(problem, tokens)
+
+
+def num(value: float | None, missing: float = np.nan) -> float:
+    """A certificate number as a float for the trial data; ``missing`` where the solver has none
+    (e.g. ``max_violation_`` of an infeasible SVM is recorded as ``inf``)."""
+    return missing if value is None else float(value)
+
+
+def train_batch(problems: list[AttentionProblem], *, seeds: list[int], record_every: int, **options: Any
+                ) -> TrainResult:
+    """The paper's normalized GD (docs/spec.md §4) on R problems as one batched program, by
+    :func:`attsvm.train.train`, with W recorded, one thread and no progress bar. Run r starts from its
+    own generator seeded with ``seeds[r]``, so a run never depends on the batch it is in."""
+    return train(problems, normalized=True, seed=[int(x) for x in seeds], record_every=record_every,
+                 record_W=True, progress=False, threads=1, **options)
 
 
 def paper_problems(n: int, T: int, d: int, seeds: range | list[int], self_attention: bool = False
                    ) -> list[AttentionProblem]:
-    """The published data recipe (SPEC §6) for each seed."""
+    """The published data recipe (docs/spec.md §6) for each seed."""
     return [paper_instance(n, T, d, seed=int(s), self_attention=self_attention) for s in seeds]
 
 
 def optimal_or_none(problem: AttentionProblem) -> NDArray[np.int64] | None:
-    """The optimal tokens, or None when some sequence has a tied maximum (SPEC §2)."""
+    """The optimal tokens, or None when some sequence has a tied maximum (docs/spec.md §2)."""
     try:
         return problem.optimal_tokens()
     except TieError:
@@ -30,16 +59,16 @@ def optimal_or_none(problem: AttentionProblem) -> NDArray[np.int64] | None:
 
 
 def selected_svms(problem: AttentionProblem, tokens: NDArray[np.int64], norms: tuple[str, ...] = ("fro", "nuc")
-                  ) -> dict[str, SVMResult]:
+                  ) -> dict[str, AttentionSVM]:
     """Att-SVM(α) for each requested norm at the selection ``tokens``."""
-    return {nm: svm_solve(problem, tokens, nm) for nm in norms}  # type: ignore[arg-type]
+    return {nm: fit_svm(problem, tokens, nm) for nm in norms}
 
 
-def corr_or_nan(W: NDArray[np.float64], ref: SVMResult) -> Any:
-    """``corr(W, ref.W)`` batched over leading axes of W; NaN when the SVM has no solution."""
-    if ref.W is None:
+def corr_or_nan(W: NDArray[np.float64], ref: AttentionSVM) -> Any:
+    """``corr(W, ref.W_)`` batched over leading axes of W; NaN when the SVM has no solution."""
+    if ref.W_ is None:
         return np.full(W.shape[:-2], np.nan) if W.ndim > 2 else np.nan
-    return correlation(W, ref.W)
+    return correlation(W, ref.W_)
 
 
 def train_W_reduced(problems: list[AttentionProblem], seeds: list[int], *, steps: int, lr: float
@@ -47,14 +76,12 @@ def train_W_reduced(problems: list[AttentionProblem], seeds: list[int], *, steps
     """Final W (R, d, d) of normalized GD on W, trained exactly in the span of the data (linear head).
 
     The logits x_itᵀ W z_i and the gradient Σ c_it x_it z_iᵀ only involve W through Uᵀ W V, with U an
-    orthonormal basis of the tokens and V of the queries (SPEC §3 "Structure"); the component of W
+    orthonormal basis of the tokens and V of the queries (docs/spec.md §3 "Structure"); the component of W
     outside U ⊗ V stays at its initial value and the gradient norm is the same in reduced coordinates.
     So training the r × r problem (r = min(d, n·T)) and lifting back is the same GD path in d × d,
     at a cost independent of d. W₀ ~ U(−1/√d, 1/√d) entrywise (PyTorch's nn.Linear law), drawn from
     ``numpy.random.default_rng(seed)``.
     """
-    from ._backends import train_runs
-
     n, T, d = problems[0].n, problems[0].T, problems[0].d
     r = min(d, n * T)
     reduced, lifts = [], []
@@ -70,6 +97,6 @@ def train_W_reduced(problems: list[AttentionProblem], seeds: list[int], *, steps
         M0 = U.T @ W0 @ Vp
         reduced.append((AttentionProblem(p.X @ U, p.y, U.T @ p.v, Z=p.queries @ Vp), M0))
         lifts.append((U, V, W0 - U @ (U.T @ W0 @ V) @ V.T))
-    out = train_runs([q for q, _ in reduced], param="W", steps=steps, lr=lr, seeds=list(seeds),
-                     init=np.stack([M0 for _, M0 in reduced]), record_every=steps)
+    out = train_batch([q for q, _ in reduced], param="W", steps=steps, lr=lr, seeds=list(seeds),
+                      init=np.stack([M0 for _, M0 in reduced]), record_every=steps)
     return np.stack([U @ out.W[k][:, : V.shape[1]] @ V.T + perp for k, (U, V, perp) in enumerate(lifts)])

@@ -9,12 +9,24 @@
 
 Every executor yields ``(item, result)`` pairs *as they complete*, so the caller persists each
 finished trial at once. Trial functions are pure and seeded, so every executor gives identical data.
+
+Worker processes of the local pool never outlive the sweep: each one ignores SIGINT (the parent
+handles Ctrl-C for the whole process group and stops the workers), asks the kernel to SIGKILL it
+when its parent dies (``prctl(PR_SET_PDEATHSIG)`` on Linux) and, as a portable fallback, runs a
+watchdog thread that exits when its parent process is gone. ``close(abort=True)`` kills the
+workers at once instead of waiting for their running trials.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -34,14 +46,14 @@ class Executor:
     def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         raise NotImplementedError
 
-    def close(self) -> None:
-        pass
+    def close(self, abort: bool = False) -> None:
+        """Release the workers; ``abort=True`` (after an error or an interrupt) does not wait for them."""
 
     def __enter__(self) -> Executor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, et: object, *exc: object) -> None:
+        self.close(abort=et is not None)
 
 
 class SerialExecutor(Executor):
@@ -52,36 +64,78 @@ class SerialExecutor(Executor):
             yield tag, fn(*args)
 
 
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_WATCHDOG_PERIOD = 0.5  # seconds between a worker's checks that its parent is alive
+
+
+def _worker_init(parent: int) -> None:
+    """Run in each pool worker at start: die with the parent, leave Ctrl-C to it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # tqdm's default lock is a multiprocessing semaphore registered with the resource tracker; a worker
+    # that is killed could not unregister it (the tracker would report a "leaked semaphore")
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog below still works
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(_WATCHDOG_PERIOD)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watchdog, name="attsvm-parent-watchdog", daemon=True).start()
+
+
 class PoolExecutor(Executor):
-    """A local pool of ``workers`` spawned processes (spawn: safe with torch's thread pools)."""
+    """A local pool of ``workers`` spawned processes (spawn: safe with torch's thread pools) that never
+    outlive the parent (see the module doc)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.description = f"local process pool ({workers} workers)"
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                         initializer=_worker_init, initargs=(os.getpid(),))
 
     def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
         futures = {self._pool.submit(fn, *args): tag for tag, args in jobs}
-        try:
-            for fut in as_completed(futures):
-                yield futures[fut], fut.result()
-        finally:
-            for fut in futures:
-                fut.cancel()
+        for fut in as_completed(futures):  # left early (error, interrupt): close(abort=True) stops the rest
+            yield futures[fut], fut.result()
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, abort: bool = False) -> None:
+        if not abort:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            return
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())  # private: the live workers
+        self._pool.shutdown(wait=False, cancel_futures=True)  # drop the queued trials first
+        for proc in procs:
+            try:
+                proc.kill()
+            except (OSError, ValueError):  # pragma: no cover - already gone
+                pass
+        for proc in procs:
+            proc.join(timeout=5)
+        # with the workers gone the pool's manager thread sees a broken pool and ends at once; waiting for
+        # it lets the pool release its queues, so no semaphore is left for the resource tracker to report
+        self._pool.shutdown(wait=True)
+        gc.collect()
 
 
 class DaskExecutor(Executor):
     """Dask distributed: a running scheduler (``address``) or a loopback ``LocalCluster`` of N workers."""
 
     def __init__(self, scheduler: str, temp_dir: Path | None = None) -> None:
-        try:
-            import dask
-            from distributed import Client, LocalCluster
-        except ImportError as exc:  # pragma: no cover - dask is a core dependency
-            raise ValueError("--scheduler needs dask[distributed] installed") from exc
+        from .._extras import require
+
+        dask = require("dask", feature="--scheduler (Dask)")
+        distributed = require("distributed", feature="--scheduler (Dask)")
+        Client, LocalCluster = distributed.Client, distributed.LocalCluster
         if temp_dir is not None and not os.environ.get("DASK_TEMPORARY_DIRECTORY"):
             temp_dir.mkdir(parents=True, exist_ok=True)
             os.environ["DASK_TEMPORARY_DIRECTORY"] = str(temp_dir)
@@ -120,7 +174,7 @@ class DaskExecutor(Executor):
             for _, f in futures.values():
                 f.cancel()
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
         self._client.close()
         if self._cluster is not None:
             self._cluster.close()

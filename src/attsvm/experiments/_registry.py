@@ -1,4 +1,4 @@
-"""The registry of reproduced experiments (SPEC §6): CLI name → module defining it."""
+"""The registry of reproduced experiments (docs/spec.md §6): CLI name → module defining it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ._base import Experiment
 
 __all__ = ["EXPERIMENTS", "get_experiment", "experiment_names"]
 
-# CLI name -> module (each module defines EXPERIMENT, an Experiment subclass instance), in SPEC §6 order
+# CLI name -> module (each module defines EXPERIMENT, an Experiment subclass instance), in docs/spec.md §6 order
 EXPERIMENTS: dict[str, str] = {
     "gd-paths": "attsvm.experiments.gd_paths",
     "local-convergence": "attsvm.experiments.local_convergence",

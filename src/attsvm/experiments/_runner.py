@@ -2,40 +2,51 @@
 
 Layout of a run folder::
 
-    config.json    everything to rerun it: experiment, settings, versions, command line
-    trials/*.parquet  one file per finished trial (atomic; a rerun skips them)
-    results.json   headline numbers, each with its claim and pass/fail
+    config.json    everything to rerun it: experiment, settings, fingerprint, versions, command line;
+                   written atomically before any trial
+    trials/*.parquet  one file per finished trial (atomic, stamped with the run's fingerprint; a rerun
+                   skips those that match and ignores the others)
+    results.json   headline numbers, each with its claim and pass/fail ("not evaluated" while the
+                   run is incomplete)
     figures/*.png, *.pdf   drawn from the saved data only (``attsvm plot DIR``)
     report.md      the paper's claim, the measured numbers and the figures side by side
+    .attsvm.lock, .attsvm-owner.json   the writer's lock and the owning command (see ``_folders``)
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import logging
-import os
 import platform
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
+from .._extras import require
 from ._base import Experiment, _jsonable
 from ._executor import Executor, make_executor
+from ._folders import (FolderLock, RunFolderError, atomic_write, check_output_folder, claim_folder,
+                       folder_owner)
 from ._registry import experiment_names, get_experiment
 from ._store import TrialStore, check_key
 
-__all__ = ["reproduce", "reproduce_all", "plot_run", "RunOutput", "execute_trial", "versions", "write_index"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["reproduce", "reproduce_all", "plot_run", "RunOutput", "execute_trial", "versions", "write_index",
+           "fingerprint", "code_version", "read_config", "NOT_EVALUATED"]
 
 log = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 RESULTS = "results.json"
 REPORT = "report.md"
+NOT_EVALUATED = "not evaluated"
 
 
 def versions() -> dict[str, str]:
@@ -100,21 +111,63 @@ class RunOutput:
     def passed(self) -> bool:
         return all(h["passed"] is not False for h in self.results.get("headlines", []))
 
+    @property
+    def complete(self) -> bool:
+        """False for a run stopped part-way (its claims are "not evaluated")."""
+        return bool(self.results.get("complete", True))
+
+
+def code_version(exp: Experiment) -> str:
+    """The version of the code that computes ``exp``'s trials: attsvm's version and a hash of the
+    experiment's module source (an edit to the experiment invalidates its saved trials)."""
+    from .. import __version__
+
+    try:
+        source = Path(inspect.getfile(type(exp))).read_bytes()
+    except (OSError, TypeError):  # pragma: no cover - a class without a source file
+        source = type(exp).__qualname__.encode()
+    return f"{__version__}+{hashlib.sha256(source).hexdigest()[:12]}"
+
+
+def fingerprint(exp: Experiment, settings: dict[str, Any]) -> str:
+    """The fingerprint stamped in every trial file of a run: a hash of the experiment's name, its
+    resolved settings and :func:`code_version`. A resume uses only the trials that match it."""
+    blob = json.dumps({"experiment": exp.name, "settings": _jsonable(settings), "code": code_version(exp)},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def read_config(out: Path) -> dict[str, Any]:
+    """The run's ``config.json``: FileNotFoundError when it is missing, RunFolderError naming the file
+    when it is corrupt."""
+    path = out / CONFIG
+    if not out.is_dir():
+        raise FileNotFoundError(f"{str(out)!r} is not a run folder (no such folder)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(out)!r} is not a run folder: {CONFIG} is missing")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RunFolderError(f"{str(path)!r} is not valid JSON ({exc}); the run folder is damaged") from None
+    if not isinstance(config, dict) or not isinstance(config.get("experiment"), str) \
+            or not isinstance(config.get("settings"), dict):
+        raise RunFolderError(f"{str(path)!r} is not an attsvm run config (needs 'experiment' and 'settings')")
+    return config
+
 
 def _check_config(out: Path, config: dict[str, Any]) -> None:
     """Refuse to resume into a folder that holds a run of another experiment or other settings."""
-    path = out / CONFIG
-    if not path.exists():
+    if not (out / CONFIG).exists():
         return
-    old = json.loads(path.read_text())
+    old = read_config(out)
     if old.get("experiment") != config["experiment"]:
-        raise ValueError(f"--out {str(out)!r} holds a run of experiment {old.get('experiment')!r}, "
-                         f"not {config['experiment']!r}; choose another --out")
+        raise RunFolderError(f"--out {str(out)!r} holds a run of experiment {old.get('experiment')!r}, "
+                             f"not {config['experiment']!r}; choose another --out")
     if old.get("settings") != config["settings"]:
         diff = sorted(k for k in set(old.get("settings", {})) | set(config["settings"])
                       if old.get("settings", {}).get(k) != config["settings"].get(k))
-        raise ValueError(f"--out {str(out)!r} holds a run of {config['experiment']} with different settings "
-                         f"({', '.join(diff)}); resuming would mix them. Choose another --out or delete it")
+        raise RunFolderError(f"--out {str(out)!r} holds a run of {config['experiment']} with different settings "
+                             f"({', '.join(diff)}); resuming would mix them. Choose another --out or delete it")
 
 
 def _run_pending(exp: Experiment, settings: dict[str, Any], trials: list[dict[str, Any]], store: TrialStore,
@@ -122,7 +175,9 @@ def _run_pending(exp: Experiment, settings: dict[str, Any], trials: list[dict[st
     done = store.done()
     keys = [check_key(t["key"]) for t in trials]
     if len(set(keys)) != len(keys):
-        raise AssertionError(f"{exp.name}: duplicate trial keys")
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"{exp.name}: the settings give duplicate trials {dup[:5]} (a repeated value in a list "
+                         "setting?)")
     pending = [t for t in trials if t["key"] not in done]
     if not pending:
         return 0
@@ -149,8 +204,11 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
     """Run (or resume) experiment ``name`` into ``out`` and write results, figures and report.
 
     ``overrides`` are typed settings (see :func:`attsvm.experiments.apply_overrides` for ``--set``
-    strings); ``runs`` overrides the experiment's run count. Rerunning into the same folder skips
-    every persisted trial; a folder holding other settings is refused.
+    strings); ``runs`` overrides the experiment's run count. The folder is locked for the whole run
+    (a second writer gets :class:`FolderBusyError`); ``config.json`` is written atomically before any
+    trial; rerunning into the same folder skips every persisted trial with the run's fingerprint
+    (trials of other settings or code are ignored, with a warning, and recomputed); a folder holding
+    other settings, another experiment or another command's results is refused (:class:`RunFolderError`).
     """
     exp = get_experiment(name)
     ov = dict(overrides or {})
@@ -161,74 +219,114 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
             raise ValueError(f"--runs must be a positive integer, got {runs!r}")
         ov[exp.runs_key] = runs
     settings = exp.settings(quick=quick, overrides=ov)
-    out = Path(out) if out is not None else Path("results") / exp.name
-    out.mkdir(parents=True, exist_ok=True)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"--workers must be a positive integer, got {workers!r}")
+    out = check_output_folder(Path(out) if out is not None else Path("results") / exp.name)
+    command = command if command is not None else list(sys.argv)
+    fp = fingerprint(exp, settings)
     config = {"experiment": exp.name, "title": exp.title, "quick": quick, "settings": settings,
-              "claims": exp.claims, "versions": versions(),
-              "command": command if command is not None else list(sys.argv),
-              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _check_config(out, config)
-    if not (out / CONFIG).exists():
-        _atomic_write(out / CONFIG, json.dumps(_jsonable(config), indent=2))
-    store = TrialStore(out / "trials")
-    t0 = time.perf_counter()
-    own = executor is None
-    ex = executor or make_executor(workers, scheduler, temp_dir=out / ".dask-tmp")
-    log.info("%s: running on %s", exp.name, ex.description)
-    computed = 0
-    try:
-        trials = exp.trials(settings)
-        computed += _run_pending(exp, settings, trials, store, ex, progress)
-        rounds = 0
-        while True:  # follow-up trials decided from finished data (e.g. svm-eq's acceptance rule)
-            extra = exp.more_trials(settings, store.load([t["key"] for t in trials]))
-            if not extra:
-                break
-            trials = trials + extra
-            computed += _run_pending(exp, settings, extra, store, ex, progress)
-            rounds += 1
-            if rounds > 10_000:  # pragma: no cover - a bug in more_trials
-                raise RuntimeError(f"{exp.name}: more_trials never finished")
-    finally:
-        if own:
-            ex.close()
-    seconds = time.perf_counter() - t0
-    data = store.load([t["key"] for t in trials])
-    results = _write_results(exp, settings, data, out, seconds=seconds, n_trials=len(trials), computed=computed)
-    figures = _draw(exp, settings, data, results, out)
-    report = write_report(exp, settings, results, figures, out)
+              "claims": exp.claims, "fingerprint": fp, "code_version": code_version(exp), "versions": versions(),
+              "command": command, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with FolderLock(out, " ".join(command)[:300]):
+        claim_folder(out, "reproduce")
+        _check_config(out, config)
+        atomic_write(out / CONFIG, json.dumps(_jsonable(config), indent=2))  # before any trial
+        store = TrialStore(out / "trials", fp)
+        store.remove_stale_temp_files()  # we hold the lock: a temp file here is a killed writer's
+        _drop_stale_results(out, fp)
+        foreign = store.foreign()
+        if foreign:
+            log.warning("%s: %d trial file(s) in %s were computed with other settings or code (fingerprint "
+                        "differs); they are ignored and recomputed", exp.name, len(foreign), store.root)
+        t0 = time.perf_counter()
+        own = executor is None
+        ex = executor or make_executor(workers, scheduler, temp_dir=out / ".dask-tmp")
+        log.info("%s: running on %s", exp.name, ex.description)
+        computed = 0
+        aborted = True
+        try:
+            trials = exp.trials(settings)
+            computed += _run_pending(exp, settings, trials, store, ex, progress)
+            rounds = 0
+            while True:  # follow-up trials decided from finished data (e.g. svm-eq's acceptance rule)
+                extra = exp.more_trials(settings, store.load([t["key"] for t in trials]))
+                if not extra:
+                    break
+                trials = trials + extra
+                computed += _run_pending(exp, settings, extra, store, ex, progress)
+                rounds += 1
+                if rounds > 10_000:  # pragma: no cover - a bug in more_trials
+                    raise RuntimeError(f"{exp.name}: more_trials never finished")
+            aborted = False
+        finally:
+            if own:
+                ex.close(abort=aborted)
+        seconds = time.perf_counter() - t0
+        data = store.load([t["key"] for t in trials])
+        results = _write_results(exp, settings, data, out, seconds=seconds, n_trials=len(trials),
+                                 computed=computed, n_done=len(trials), fingerprint_of=fp)
+        figures = _draw(exp, settings, data, results, out)
+        report = write_report(exp, settings, results, figures, out)
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _drop_stale_results(out: Path, fp: str) -> None:
+    """Remove a ``results.json`` computed from other trials (other settings or code): it is derived
+    data, rewritten when this run finishes, and must not be read as this run's result meanwhile."""
+    path = out / RESULTS
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = None
+    if path.exists() and not (isinstance(old, dict) and old.get("fingerprint") == fp):
+        path.unlink()
 
 
 def _write_results(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, out: Path, *,
-                   seconds: float, n_trials: int, computed: int) -> dict[str, Any]:
-    headlines, extra = exp.aggregate(settings, data)
-    results = {"experiment": exp.name, "title": exp.title, "claims": exp.claims,
-               "headlines": [h.to_dict() for h in headlines],
-               "passed": all(h.passed is not False for h in headlines),
+                   seconds: float, n_trials: int, computed: int, n_done: int,
+                   fingerprint_of: str | None = None) -> dict[str, Any]:
+    """``results.json``. A partial run (``n_done < n_trials``) has its claims marked "not evaluated":
+    its numbers are reported (when they can be computed at all) but never judged."""
+    complete = n_done >= n_trials
+    try:
+        headlines, extra = exp.aggregate(settings, data)
+        hl = [h.to_dict() for h in headlines]
+    except Exception as exc:  # noqa: BLE001 - only a partial run may lack what aggregate needs
+        if complete:
+            raise
+        log.warning("%s: the %d finished trial(s) are not enough to compute the headline numbers (%s: %s)",
+                    exp.name, n_done, type(exc).__name__, exc)
+        hl, extra = [], {}
+    for h in hl:
+        h["verdict"] = {True: "PASS", False: "FAIL", None: "reported"}[h["passed"]] if complete else NOT_EVALUATED
+        if not complete:
+            h["passed"] = None
+    results = {"experiment": exp.name, "title": exp.title, "claims": exp.claims, "fingerprint": fingerprint_of,
+               "complete": complete,
+               "n_trials_done": n_done, "headlines": hl,
+               "passed": all(h["passed"] is not False for h in hl) if complete else None,
+               "not_evaluated": [] if complete else sorted(exp.claims),
                "n_trials": n_trials, "n_trials_computed_this_run": computed,
                "seconds_this_run": round(seconds, 3), "summary": _jsonable(extra)}
-    _atomic_write(out / RESULTS, json.dumps(results, indent=2))
+    atomic_write(out / RESULTS, json.dumps(_jsonable(results), indent=2))
     return results
 
 
 def _draw(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any],
           out: Path) -> list[Path]:
-    import matplotlib
-
+    matplotlib = require("matplotlib", feature="drawing the figures of a run")
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", feature="drawing the figures of a run")
 
     figdir = out / "figures"
     figdir.mkdir(exist_ok=True)
     try:
         return exp.plot(settings, data, results, figdir)
+    except Exception as exc:  # noqa: BLE001 - a partial run may not have what a figure needs
+        if results.get("complete", True):
+            raise
+        log.warning("%s: figures skipped for this partial run (%s: %s)", exp.name, type(exc).__name__, exc)
+        return []
     finally:
         plt.close("all")
 
@@ -247,18 +345,26 @@ def write_report(exp: Experiment, settings: dict[str, Any], results: dict[str, A
                  out: Path) -> Path:
     """``report.md``: the paper's claims, the measured numbers with pass/fail, and the figures."""
     hl = results["headlines"]
+    complete = results.get("complete", True)
     failed = [h for h in hl if h["passed"] is False]
-    lines = [f"# {exp.name}: {exp.title}", "",
-             f"Reproduces {exp.spec}. {exp.describe()}", "", "## What the paper claims", ""]
+    lines = [f"# {exp.name}: {exp.title}", ""]
+    if not complete:
+        lines += [f"**Incomplete run: {results['n_trials_done']} of {results['n_trials']} trials finished. "
+                  "The claims are not evaluated;** rerun the command in `config.json` to finish it.", ""]
+    lines += [f"Reproduces {exp.spec}. {exp.describe()}", "", "## What the paper claims", ""]
     lines += [f"- **{cid}**: {text}" for cid, text in exp.claims.items()]
     lines += ["", "## What we measured", "", "| claim | quantity | measured | criterion | verdict |",
               "|---|---|---|---|---|"]
     for h in hl:
-        verdict = {True: "PASS", False: "**FAIL**", None: "reported"}[h["passed"]]
+        verdict = ({True: "PASS", False: "**FAIL**", None: "reported"}[h["passed"]] if complete
+                   else NOT_EVALUATED)
         cells = [h["claim"], h["name"], _fmt(h["value"]), h["criterion"], verdict]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     lines.append("")
-    if failed:
+    if not complete:
+        lines += [f"Claims {', '.join(results.get('not_evaluated', []))}: {NOT_EVALUATED} "
+                  f"({results['n_trials_done']} of {results['n_trials']} trials).", ""]
+    elif failed:
         lines += ["## Disagreements with the paper", "",
                   "The following measured numbers do **not** support the paper's claim at these settings "
                   "(the settings were not tuned to hide this):", ""]
@@ -276,32 +382,65 @@ def write_report(exp: Experiment, settings: dict[str, Any], results: dict[str, A
         for f in pngs:
             rel = f.relative_to(out)
             lines += [f"![{f.stem}]({rel.as_posix()})", f"({rel.with_suffix('.pdf').as_posix()} for print)", ""]
+    done = f"{results['n_trials_done']} of {results['n_trials']}" if not complete else f"{results['n_trials']}"
     lines += ["## Settings", "", "```json", json.dumps(settings, indent=2), "```", "",
-              f"{results['n_trials']} trials; {results['n_trials_computed_this_run']} computed in the last "
+              f"{done} trials; {results['n_trials_computed_this_run']} computed in the last "
               f"invocation ({results['seconds_this_run']:.1f} s). Rerun with the command in `config.json`; "
               "redraw with `attsvm plot DIR`.", ""]
     path = out / REPORT
-    _atomic_write(path, "\n".join(lines))
+    atomic_write(path, "\n".join(lines))
     return path
 
 
 def plot_run(directory: str | Path) -> RunOutput:
-    """Redraw the figures and report of a finished run from its saved data (no trial is recomputed)."""
+    """Redraw the figures and report of a run from its saved data (no trial is recomputed).
+
+    A run that was stopped part-way is reported as partial: ``results["complete"]`` is False, the
+    report says "k of N trials" and every claim is "not evaluated". Plotting takes the folder's lock
+    (a folder that a sweep is writing raises :class:`FolderBusyError`) and never deletes anything.
+    """
     out = Path(directory)
-    cfg_path = out / CONFIG
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{str(out)!r} is not a run folder: {CONFIG} is missing")
-    config = json.loads(cfg_path.read_text())
-    exp = get_experiment(config["experiment"])
+    config = read_config(out)
+    try:
+        exp = get_experiment(config["experiment"])
+    except ValueError as exc:
+        raise RunFolderError(f"{str(out / CONFIG)!r}: {exc}") from None
     settings = config["settings"]
-    store = TrialStore(out / "trials")
-    data = store.load()
-    if (out / RESULTS).exists():
-        results = json.loads((out / RESULTS).read_text())
-    else:
-        results = _write_results(exp, settings, data, out, seconds=0.0, n_trials=len(store.done()), computed=0)
-    figures = _draw(exp, settings, data, results, out)
-    report = write_report(exp, settings, results, figures, out)
+    with FolderLock(out, f"attsvm plot {out}"):
+        owner = folder_owner(out)
+        if owner not in ("reproduce", None):
+            raise RunFolderError(f"{str(out)!r} holds the results of `attsvm {owner}`, not a reproduce run")
+        try:
+            exp.validate(settings)
+            trials = exp.trials(settings)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RunFolderError(f"{str(out / CONFIG)!r} holds settings this version cannot run ({exc})") from None
+        store = TrialStore(out / "trials", config.get("fingerprint"), create=False)
+        done = store.done()
+        keys = [t["key"] for t in trials]
+        for _ in range(10_000):  # follow-up rounds, as far as the saved data goes
+            if not all(k in done for k in keys):
+                break
+            extra = exp.more_trials(settings, store.load(keys))
+            if not extra:
+                break
+            keys += [t["key"] for t in extra]
+        n_done = sum(k in done for k in keys)
+        data = store.load([k for k in keys if k in done])
+        results = None
+        if (out / RESULTS).exists() and n_done == len(keys):
+            try:
+                results = json.loads((out / RESULTS).read_text())
+            except (OSError, ValueError):
+                results = None
+            if (not isinstance(results, dict) or results.get("complete") is False or "headlines" not in results
+                    or results.get("fingerprint", config.get("fingerprint")) != config.get("fingerprint")):
+                results = None
+        if results is None:
+            results = _write_results(exp, settings, data, out, seconds=0.0, n_trials=len(keys), computed=0,
+                                     n_done=n_done, fingerprint_of=config.get("fingerprint"))
+        figures = _draw(exp, settings, data, results, out)
+        report = write_report(exp, settings, results, figures, out)
     return RunOutput(exp.name, out, results, figures, report, results.get("n_trials", 0), 0, 0.0)
 
 
@@ -311,10 +450,19 @@ def reproduce_all(*, out: str | Path | None = None, names: list[str] | None = No
     """Run every experiment (each into ``out/NAME``, one shared executor) and write ``out/index.md``
     and ``out/index.json``. ``runs`` applies to the experiments that have a run count; ``on_done(run)``
     is called after each experiment (the CLI prints where its outputs are)."""
-    root = Path(out) if out is not None else Path("results")
-    root.mkdir(parents=True, exist_ok=True)
+    root = check_output_folder(Path(out) if out is not None else Path("results"))
+    with FolderLock(root, "attsvm reproduce all"):
+        claim_folder(root, "reproduce all")
+        return _reproduce_all(root, names, runs, workers, scheduler, executor, on_done, kwargs)
+
+
+def _reproduce_all(root: Path, names: list[str] | None, runs: int | None, workers: int, scheduler: str | None,
+                   executor: Executor | None, on_done: Any, kwargs: dict[str, Any]) -> list[RunOutput]:
+    for name in names or []:
+        get_experiment(name)  # an unknown name fails before anything runs
     runs_out: list[RunOutput] = []
     ex = executor or make_executor(workers, scheduler, temp_dir=root / ".dask-tmp")
+    aborted = True
     try:
         for name in names or experiment_names():
             exp = get_experiment(name)
@@ -323,9 +471,10 @@ def reproduce_all(*, out: str | Path | None = None, names: list[str] | None = No
             write_index(root, runs_out)
             if on_done is not None:
                 on_done(r)
+        aborted = False
     finally:
         if executor is None:
-            ex.close()
+            ex.close(abort=aborted)
     return runs_out
 
 
@@ -348,6 +497,6 @@ def write_index(root: Path, runs: list[RunOutput]) -> Path:
         failed = [h for h in r.results["headlines"] if h["passed"] is False]
         for h in failed:
             lines.append(f"- {r.name}: {h['name']} = {_fmt(h['value'])} does not meet {h['criterion']}")
-    _atomic_write(root / "index.md", "\n".join(lines) + "\n")
-    _atomic_write(root / "index.json", json.dumps(_jsonable(index), indent=2))
+    atomic_write(root / "index.md", "\n".join(lines) + "\n")
+    atomic_write(root / "index.json", json.dumps(_jsonable(index), indent=2))
     return root / "index.md"

@@ -1,4 +1,4 @@
-"""``gd-paths`` (SPEC §6): the GD paths of W(k)z_i and of K(k)Q(k)ᵀz_i on the hand-built n = 2, d = 2
+"""``gd-paths`` (docs/spec.md §6): the GD paths of W(k)z_i and of K(k)Q(k)ᵀz_i on the hand-built n = 2, d = 2
 instances, against the directions of the Frobenius and nuclear attention SVMs.
 
 Settings of the official ``visualization`` notebooks: n = 2, d = 2, T ∈ {3, 5}; W from 0; K from
@@ -17,8 +17,8 @@ import pandas as pd
 
 from .._linalg import correlation
 from ..datasets import gd_paths_instance
-from ._backends import svm_solve, train_runs
 from ._base import Experiment, Headline, Trial, headline
+from ._common import fit_svm, train_batch
 from ._plotting import save, subplots
 
 __all__ = ["GDPaths", "EXPERIMENT"]
@@ -54,24 +54,25 @@ class GDPaths(Experiment):
             g = torch.Generator().manual_seed(int(s["init_seed"]))
             K0 = 0.1 * torch.randn((d, d), generator=g, dtype=torch.float64).numpy()
             init = (K0, np.zeros((d, d)))
-        out = train_runs([p], param=trial["param"], steps=s["steps"], lr=s["lr"], init=init,
-                         record_every=s["record_every"], seeds=[int(s["init_seed"])])
-        sel = np.argmax(out.softmax[0], axis=-1)
-        fro, nuc = svm_solve(p, sel, "fro"), svm_solve(p, sel, "nuc")
+        out = train_batch([p], param=trial["param"], steps=s["steps"], lr=s["lr"], init=init,
+                          record_every=s["record_every"], seeds=[int(s["init_seed"])])
+        steps = np.asarray(out.history["step"], dtype=np.int64)
+        sel = out.selected[0]
+        fro, nuc = fit_svm(p, sel, "fro"), fit_svm(p, sel, "nuc")
         opt = p.optimal_tokens(ties="first")
-        Wh = out.W_hist[0]  # (S, d, d)
+        Wh = out.history["W"][0]  # (S, d, d)
         paths = np.einsum("sde,ne->snd", Wh, p.queries)  # W(k) z_i
-        rows = {"step": np.repeat(out.steps, p.n), "seq": np.tile(np.arange(p.n), len(out.steps)),
+        rows = {"step": np.repeat(steps, p.n), "seq": np.tile(np.arange(p.n), len(steps)),
                 "x": paths[..., 0].ravel(), "y": paths[..., 1].ravel()}
         df = pd.DataFrame(rows)
-        cf = correlation(Wh, fro.W) if fro.W is not None else np.full(len(Wh), np.nan)
-        cn = correlation(Wh, nuc.W) if nuc.W is not None else np.full(len(Wh), np.nan)
+        cf = correlation(Wh, fro.W_) if fro.W_ is not None else np.full(len(Wh), np.nan)
+        cn = correlation(Wh, nuc.W_) if nuc.W_ is not None else np.full(len(Wh), np.nan)
         df["corr_fro"] = np.repeat(cf, p.n)
         df["corr_nuc"] = np.repeat(cn, p.n)
         for nm, res in (("fro", fro), ("nuc", nuc)):
-            u = res.W @ p.queries.T if res.W is not None else np.full((d, p.n), np.nan)
-            df[f"{nm}_dir_x"] = np.tile(u[0], len(out.steps))
-            df[f"{nm}_dir_y"] = np.tile(u[1], len(out.steps))
+            u = res.W_ @ p.queries.T if res.W_ is not None else np.full((d, p.n), np.nan)
+            df[f"{nm}_dir_x"] = np.tile(u[0], len(steps))
+            df[f"{nm}_dir_y"] = np.tile(u[1], len(steps))
         df["is_opt"] = bool(np.array_equal(sel, opt))
         df["T"], df["param"] = trial["T"], trial["param"]
         return df

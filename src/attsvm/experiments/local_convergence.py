@@ -1,4 +1,4 @@
-"""``local-convergence`` (SPEC §6): normalized GD on W and on (K, Q) converges in direction to the
+"""``local-convergence`` (docs/spec.md §6): normalized GD on W and on (K, Q) converges in direction to the
 Frobenius / nuclear attention SVM of the tokens it selects, while softmax saturates on them.
 
 Settings of the official notebook ``local_converge.ipynb``: cross-attention, n = 6, T = 8, d = 10,
@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._backends import train_runs
 from ._base import Experiment, Headline, Trial, chunks, headline
-from ._common import corr_or_nan, optimal_or_none, paper_problems, selected_svms
+from ._common import corr_or_nan, num, optimal_or_none, paper_problems, selected_svms, train_batch
 from ._plotting import band, save, subplots
 
 __all__ = ["LocalConvergence", "EXPERIMENT"]
@@ -41,7 +40,7 @@ class LocalConvergence(Experiment):
 
     def describe(self) -> str:
         return ("Normalized GD (η = 0.1) on the published recipe; the selected tokens are the argmax of the "
-                "final softmax; correlations use the SVMs of those tokens (SPEC §3–4).")
+                "final softmax; correlations use the SVMs of those tokens (docs/spec.md §3–4).")
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"{p}-s{a:05d}-{b:05d}", "param": p, "start": a, "stop": b}
@@ -50,21 +49,21 @@ class LocalConvergence(Experiment):
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
         seeds = list(range(trial["start"], trial["stop"]))
         probs = paper_problems(s["n"], s["T"], s["d"], seeds, s["self_attention"])
-        out = train_runs(probs, param=trial["param"], steps=s["steps"], lr=s["lr"], seeds=seeds,
+        out = train_batch(probs, param=trial["param"], steps=s["steps"], lr=s["lr"], seeds=seeds,
                          record_every=s["record_every"])
         rows = []
         for r, (seed, p) in enumerate(zip(seeds, probs)):
-            sel = np.argmax(out.softmax[r], axis=-1)
+            sel = out.selected[r]
             svms = selected_svms(p, sel)
             opt = optimal_or_none(p)
             rows.append(pd.DataFrame({
-                "param": trial["param"], "run": seed, "step": out.steps,
-                "sfx": out.sfx_max_mean[r],
-                "corr_fro": corr_or_nan(out.W_hist[r], svms["fro"]),
-                "corr_nuc": corr_or_nan(out.W_hist[r], svms["nuc"]),
-                "status_fro": svms["fro"].status, "status_nuc": svms["nuc"].status,
-                "viol_fro": svms["fro"].max_violation, "viol_nuc": svms["nuc"].max_violation,
-                "gap_fro": svms["fro"].duality_gap, "gap_nuc": svms["nuc"].duality_gap,
+                "param": trial["param"], "run": seed, "step": np.asarray(out.history["step"], dtype=np.int64),
+                "sfx": out.history["max_prob"][r].mean(-1),
+                "corr_fro": corr_or_nan(out.history["W"][r], svms["fro"]),
+                "corr_nuc": corr_or_nan(out.history["W"][r], svms["nuc"]),
+                "status_fro": svms["fro"].status_, "status_nuc": svms["nuc"].status_,
+                "viol_fro": num(svms["fro"].max_violation_, np.inf), "viol_nuc": num(svms["nuc"].max_violation_, np.inf),
+                "gap_fro": num(svms["fro"].duality_gap_), "gap_nuc": num(svms["nuc"].duality_gap_),
                 "global": bool(opt is not None and np.array_equal(opt, sel)),
             }))
         return pd.concat(rows, ignore_index=True)

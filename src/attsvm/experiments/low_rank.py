@@ -1,4 +1,4 @@
-"""``low-rank`` (SPEC §3, §6): attention with a latent bottleneck, W = KQᵀ with K, Q ∈ R^{d×m}, m < d
+"""``low-rank`` (docs/spec.md §3, §6): attention with a latent bottleneck, W = KQᵀ with K, Q ∈ R^{d×m}, m < d
 (as in multi-head latent attention). GD on (K, Q) converges in direction to the *rank-m* Att-SVM*,
 and since the nuclear-norm solution W*_mm already has low rank (≤ n), shrinking m down to rank(W*_mm)
 costs no margin at all — the seeds' argument for low-rank key/query projections.
@@ -20,9 +20,8 @@ import numpy as np
 import pandas as pd
 
 from .._linalg import correlation, matrix_rank
-from ._backends import svm_solve, train_runs
 from ._base import Experiment, Headline, Trial, headline
-from ._common import paper_problems
+from ._common import fit_svm, num, paper_problems, train_batch
 from ._plotting import save, subplots
 
 __all__ = ["LowRank", "EXPERIMENT"]
@@ -37,7 +36,7 @@ def _rank_m_svm(problem: Any, tokens: np.ndarray, m: int) -> dict[str, Any]:
     except Exception as exc:  # recorded in the data and counted in the results
         return {"W": None, "status": f"error: {type(exc).__name__}", "objective": np.nan, "reached": None}
     return {"W": est.W_, "status": est.status_, "objective": float(est.objective_) if est.W_ is not None else np.nan,
-            "reached": getattr(est, "reached_convex_optimum_", None), "viol": float(est.max_violation_)}
+            "reached": getattr(est, "reached_convex_optimum_", None), "viol": num(est.max_violation_, np.inf)}
 
 
 @dataclass
@@ -60,20 +59,20 @@ class LowRank(Experiment):
         m = trial["m"]
         seeds = list(range(s["runs"]))
         probs = paper_problems(s["n"], s["T"], s["d"], seeds)
-        out = train_runs(probs, param="KQ", m=m, steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["steps"])
+        out = train_batch(probs, param="KQ", m=m, steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["steps"])
         rows = []
         for r, (seed, p) in enumerate(zip(seeds, probs)):
-            sel = np.argmax(out.softmax[r], axis=-1)
-            conv = svm_solve(p, sel, "nuc")
+            sel = out.selected[r]
+            conv = fit_svm(p, sel, "nuc")
             rk = _rank_m_svm(p, sel, m)
             W = out.W[r]
-            rows.append({"m": m, "seed": seed, "status_convex": conv.status, "status_m": rk["status"],
-                         "obj_convex": conv.objective if conv.W is not None else np.nan,
+            rows.append({"m": m, "seed": seed, "status_convex": conv.status_, "status_m": rk["status"],
+                         "obj_convex": num(conv.objective_) if conv.W_ is not None else np.nan,
                          "obj_m": rk["objective"], "reached": rk["reached"],
-                         "rank_convex": int(matrix_rank(conv.W)) if conv.W is not None else -1,
+                         "rank_convex": int(matrix_rank(conv.W_)) if conv.W_ is not None else -1,
                          "rank_gd": int(matrix_rank(W, 1e-3)),
                          "corr_m": float(correlation(W, rk["W"])) if rk["W"] is not None else np.nan,
-                         "corr_convex": float(correlation(W, conv.W)) if conv.W is not None else np.nan})
+                         "corr_convex": float(correlation(W, conv.W_)) if conv.W_ is not None else np.nan})
         return pd.DataFrame(rows)
 
     def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""``multiclass`` (SPEC §5–6): with a linear multiclass head and cross-entropy, GD on W selects a set
+"""``multiclass`` (docs/spec.md §5–6): with a linear multiclass head and cross-entropy, GD on W selects a set
 of tokens per sequence and its direction follows the SVM-equivalence W^eq of those sets; the sets are
 predicted before training by the optimal attention mixture (a convex program over the simplex).
 
@@ -20,8 +20,8 @@ import pandas as pd
 from .._linalg import correlation
 from ..datasets import random_instance
 from ..svm.equivalence import equivalence_constraints, optimal_mixture
-from ._backends import solve_constraints, svm_solve, train_runs
 from ._base import Experiment, Headline, Trial, chunks, headline
+from ._common import fit_svm, num, train_batch
 from ._plotting import band, save, subplots
 
 __all__ = ["Multiclass", "EXPERIMENT"]
@@ -47,11 +47,12 @@ class Multiclass(Experiment):
         seeds = list(range(trial["start"], trial["stop"]))
         probs = [random_instance(s["n"], s["T"], s["d"], seed=sd, head="multiclass", n_classes=s["C"])
                  for sd in seeds]
-        out = train_runs(probs, param="W", steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["record_every"])
+        out = train_batch(probs, param="W", steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["record_every"])
+        steps = np.asarray(out.history["step"], dtype=np.int64)
         lo, hi = s["thred_low"], s["thred_high"]
         rows, traj = [], []
         for r, (seed, p) in enumerate(zip(seeds, probs)):
-            S = out.softmax[r]
+            S = out.probs[r]
             sel = S > hi
             mix = optimal_mixture(p).weights
             match = bool(np.array_equal(mix > s["mixture_tol"], sel))
@@ -59,13 +60,14 @@ class Multiclass(Experiment):
             row = {"seed": seed, "status": status, "mixture_match": match, "multi": bool((sel.sum(1) > 1).any()),
                    "corr_eq": np.nan, "corr_single": np.nan}
             if status == "clean":
-                eq = solve_constraints(equivalence_constraints(p, sel, S)[0], "fro")
-                single = svm_solve(p, np.argmax(S, axis=1), "fro")
-                if eq.W is not None:
-                    c = correlation(out.W_hist[r], eq.W)
-                    cs = correlation(out.W_hist[r], single.W) if single.W is not None else np.full(len(c), np.nan)
-                    traj.append(pd.DataFrame({"seed": seed, "step": out.steps, "corr_eq": c, "corr_single": cs}))
-                    row.update(corr_eq=float(c[-1]), corr_single=float(cs[-1]), viol=eq.max_violation)
+                eq = fit_svm(equivalence_constraints(p, sel, S)[0], norm="fro")
+                single = fit_svm(p, np.argmax(S, axis=1), "fro")
+                if eq.W_ is not None:
+                    Wh = out.history["W"][r]
+                    c = correlation(Wh, eq.W_)
+                    cs = correlation(Wh, single.W_) if single.W_ is not None else np.full(len(c), np.nan)
+                    traj.append(pd.DataFrame({"seed": seed, "step": steps, "corr_eq": c, "corr_single": cs}))
+                    row.update(corr_eq=float(c[-1]), corr_single=float(cs[-1]), viol=num(eq.max_violation_, np.inf))
                 else:
                     row["status"] = "svm infeasible"
             rows.append(row)

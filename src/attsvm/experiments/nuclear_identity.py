@@ -1,4 +1,4 @@
-"""``nuclear-identity`` (SPEC §3): the variational identity ‖W‖_* = min_{W = KQᵀ} ½(‖K‖_F² + ‖Q‖_F²)
+"""``nuclear-identity`` (docs/spec.md §3): the variational identity ‖W‖_* = min_{W = KQᵀ} ½(‖K‖_F² + ‖Q‖_F²)
 checked on random matrices — the reason GD on (K, Q) is biased towards the nuclear-norm SVM.
 
 For random W (d × d, rank r, Gaussian factors) three independent numbers are compared with ‖W‖_*

@@ -1,10 +1,10 @@
-"""``overparam`` (SPEC §6): as d passes max(T−1, n), the attention SVM of the optimal tokens becomes
+"""``overparam`` (docs/spec.md §6): as d passes max(T−1, n), the attention SVM of the optimal tokens becomes
 feasible, GD converges to the *global* W_mm ever more often, and every non-optimal token becomes a
 support vector.
 
 For each d, ``runs`` instances of the published recipe (seed = run) are trained by normalized GD on W
 (2000 steps, η = 0.1, W₀ ~ U(−1/√d, 1/√d) as PyTorch's default init) — exactly, in the span of the
-data (:func:`attsvm.experiments._common.train_W_reduced`), so d = 200 costs what d = 25 does — and the convergence type of SPEC §4 is computed
+data (:func:`attsvm.experiments._common.train_W_reduced`), so d = 200 costs what d = 25 does — and the convergence type of docs/spec.md §4 is computed
 (τ = 0.99): *global* (selected = optimal tokens and corr(W, W_mm) ≥ τ), *local* (another locally
 optimal selection and corr(W, W^α̂_mm) ≥ τ), or *not locally optimal*. Independently of training,
 the instance's Att-SVM(opt) feasibility and whether every non-optimal token is a support vector of
@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 
 from ..tokens import margins, support_tokens
-from ._backends import svm_solve
 from ._base import Experiment, Headline, Trial, chunks, headline
 from ..diagnostics import convergence_type
-from ._common import optimal_or_none, paper_problems, train_W_reduced
+from ._common import fit_svm, optimal_or_none, paper_problems, train_W_reduced
 from ._plotting import save, subplots
 
 __all__ = ["Overparam", "EXPERIMENT"]
@@ -47,7 +46,7 @@ class Overparam(Experiment):
     quick = {"n": 3, "T": 3, "ds": [1, 3, 40], "runs": 12, "chunk": 12, "steps": 1500, "tau": 0.95}
 
     def describe(self) -> str:
-        return ("n = 5, T = 5 (so max(T−1, n) = 5); W-parametrised normalized GD; convergence type of SPEC §4 "
+        return ("n = 5, T = 5 (so max(T−1, n) = 5); W-parametrised normalized GD; convergence type of docs/spec.md §4 "
                 "from the final W.")
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
@@ -63,10 +62,10 @@ class Overparam(Experiment):
             opt = optimal_or_none(p)
             feas, all_sv = False, False
             if opt is not None:
-                res = svm_solve(p, opt, "fro")
-                feas = res.W is not None
+                res = fit_svm(p, opt, "fro")
+                feas = res.W_ is not None
                 if feas:
-                    sup = support_tokens(margins(p, opt, res.W))
+                    sup = support_tokens(margins(p, opt, res.W_))
                     mask = np.ones_like(sup)
                     mask[np.arange(p.n), opt] = False
                     all_sv = bool(sup[mask].all())

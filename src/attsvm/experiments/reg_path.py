@@ -1,4 +1,4 @@
-"""``reg-path`` (SPEC §4, §6): the regularization path W̄_R = argmin_{‖W‖_F ≤ R} L(W) (and
+"""``reg-path`` (docs/spec.md §4, §6): the regularization path W̄_R = argmin_{‖W‖_F ≤ R} L(W) (and
 (K̄, Q̄)_R under ‖K‖² + ‖Q‖² ≤ 2R) aligns with W_mm (resp. W*_mm) as R grows.
 
 Local-convergence data (published recipe, n = 6, T = 8, d = 10, seed = run); the path is

@@ -1,4 +1,4 @@
-"""``svm-eq`` (SPEC §5–6): with a nonlinear (ReLU) head, GD may select *several* tokens per
+"""``svm-eq`` (docs/spec.md §5–6): with a nonlinear (ReLU) head, GD may select *several* tokens per
 sequence; its direction is then predicted by the SVM-equivalence W^eq of the selected sets, far
 better than by the single-token Att-SVM of the top tokens.
 
@@ -14,7 +14,7 @@ applied to the final softmax s: a seed is dropped when
 * the SVM-eq or the single-token SVM has no solution ("svm infeasible");
 
 and seeds are consumed in order until 500 are accepted for each d. Selected set O_i = {t : s_it > 1e-3}.
-W^eq and W_fin are the Frobenius programs of SPEC §5
+W^eq and W_fin are the Frobenius programs of docs/spec.md §5
 (:func:`attsvm.svm.equivalence.equivalence_constraints`); W ≈ W_fin + R·W^eq with R by least squares.
 """
 
@@ -31,8 +31,8 @@ import pandas as pd
 from .._linalg import correlation
 from ..problem import AttentionProblem, Head
 from ..svm.equivalence import equivalence_constraints
-from ._backends import solve_constraints, svm_solve, train_runs
 from ._base import Experiment, Headline, Trial, headline
+from ._common import fit_svm, num, train_batch
 from ._plotting import band, save, subplots
 
 __all__ = ["SVMEq", "EXPERIMENT", "relu_instance"]
@@ -129,9 +129,10 @@ class SVMEq(Experiment):
             rows.append({"seed": int(sd), "accepted": False, "reason": "no negative label"})
         if len(train_idx):
             tr = [probs[i] for i in train_idx]
-            out = train_runs(tr, param="W", steps=s["steps"], lr=s["lr"], seeds=[seeds[i] for i in train_idx],
-                             record_every=s["record_every"])
-            S = out.softmax  # (R, n, T)
+            out = train_batch(tr, param="W", steps=s["steps"], lr=s["lr"], seeds=[seeds[i] for i in train_idx],
+                              record_every=s["record_every"])
+            S = out.probs  # (R, n, T)
+            steps, W_hist = np.asarray(out.history["step"], dtype=np.int64), out.history["W"]
             amb = ((S > lo) & (S <= hi)).any(axis=(1, 2))
             fin = ~(S <= lo).any(axis=(1, 2))
             for r, i in enumerate(train_idx):
@@ -142,23 +143,24 @@ class SVMEq(Experiment):
                 p, sr = probs[i], S[r]
                 sel = sr > hi
                 cs_eq, cs_fin = equivalence_constraints(p, sel, sr)
-                eq, wfin = solve_constraints(cs_eq, "fro"), solve_constraints(cs_fin, "fro")
-                single = svm_solve(p, np.argmax(sr, axis=1), "fro")
-                if eq.W is None or wfin.W is None or single.W is None:
+                eq, wfin = fit_svm(cs_eq, norm="fro"), fit_svm(cs_fin, norm="fro")
+                single = fit_svm(p, np.argmax(sr, axis=1), "fro")
+                if eq.W_ is None or wfin.W_ is None or single.W_ is None:
                     rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible"})
                     continue
-                Wg = out.W_hist[r, -1]
-                Wd = eq.W
-                R = float(np.sum((Wg - wfin.W) * Wd) / np.sum(Wd * Wd))
-                full = wfin.W + R * Wd
-                Wh = out.W_hist[r]
-                traj.append(pd.DataFrame({"seed": seed, "step": out.steps, "corr_eq": correlation(Wh, Wd),
+                Wg = W_hist[r, -1]
+                Wd = eq.W_
+                R = float(np.sum((Wg - wfin.W_) * Wd) / np.sum(Wd * Wd))
+                full = wfin.W_ + R * Wd
+                Wh = W_hist[r]
+                traj.append(pd.DataFrame({"seed": seed, "step": steps, "corr_eq": correlation(Wh, Wd),
                                           "corr_full": correlation(Wh, full),
-                                          "corr_single": correlation(Wh, single.W)}))
+                                          "corr_single": correlation(Wh, single.W_)}))
                 rows.append({"seed": seed, "accepted": True, "reason": "",
                              "zero_max": float(np.where(sel, 0.0, sr).max()),
                              "n_selected_mean": float(sel.sum(1).mean()), "multi": bool((sel.sum(1) > 1).any()),
-                             "R": R, "viol_eq": eq.max_violation, "viol_single": single.max_violation,
+                             "R": R, "viol_eq": num(eq.max_violation_, np.inf),
+                             "viol_single": num(single.max_violation_, np.inf),
                              "fit_residual": float(np.linalg.norm(Wg - full) / np.linalg.norm(Wg))})
         runs = pd.DataFrame(rows).assign(kind="run")
         frames = [runs] + [t.assign(kind="traj") for t in traj]

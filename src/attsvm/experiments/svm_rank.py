@@ -1,5 +1,5 @@
-"""``svm-rank`` (SPEC §6): the nuclear-norm Att-SVM* has lower rank than the Frobenius Att-SVM,
-and both have rank ≤ n (SPEC §3 "Structure").
+"""``svm-rank`` (docs/spec.md §6): the nuclear-norm Att-SVM* has lower rank than the Frobenius Att-SVM,
+and both have rank ≤ n (docs/spec.md §3 "Structure").
 
 Settings of the official notebook ``svm_rank.ipynb``: cross-attention, (n, T) ∈ {(5,5), (10,5),
 (15,5), (5,10), (5,15)}, d ∈ {1, 2, 3, 4, 5, 10, 15, 20}, the published recipe with seeds 0, 1, 2, …
@@ -20,9 +20,8 @@ import pandas as pd
 
 from .._linalg import matrix_rank
 from ..datasets import paper_instance
-from ._backends import svm_solve
 from ._base import Experiment, Headline, Trial, headline
-from ._common import optimal_or_none
+from ._common import fit_svm, num, optimal_or_none
 from ._plotting import save, subplots
 
 __all__ = ["SVMRank", "EXPERIMENT"]
@@ -58,20 +57,20 @@ class SVMRank(Experiment):
             if opt is None:  # tied optimal tokens (e.g. d = 1: every token is ±1)
                 rows.append({"seed": seed, "feasible": False, "reason": "tie"})
                 continue
-            fro = svm_solve(p, opt, "fro")
-            if fro.W is None:
-                rows.append({"seed": seed, "feasible": False, "reason": fro.status})
+            fro = fit_svm(p, opt, "fro")
+            if fro.W_ is None:
+                rows.append({"seed": seed, "feasible": False, "reason": fro.status_})
                 continue
-            nuc = svm_solve(p, opt, "nuc")
-            if nuc.W is None:  # cannot happen for a feasible set; recorded if the solver fails
-                rows.append({"seed": seed, "feasible": False, "reason": "nuclear " + nuc.status})
+            nuc = fit_svm(p, opt, "nuc")
+            if nuc.W_ is None:  # cannot happen for a feasible set; recorded if the solver fails
+                rows.append({"seed": seed, "feasible": False, "reason": "nuclear " + nuc.status_})
                 continue
             rows.append({"seed": seed, "feasible": True, "reason": "",
-                         "rank_fro": int(matrix_rank(fro.W, s["rank_tol"])),
-                         "rank_nuc": int(matrix_rank(nuc.W, s["rank_tol"])),
-                         "viol_fro": fro.max_violation, "viol_nuc": nuc.max_violation,
-                         "status_fro": fro.status, "status_nuc": nuc.status,
-                         "gap_fro": fro.duality_gap, "gap_nuc": nuc.duality_gap})
+                         "rank_fro": int(matrix_rank(fro.W_, s["rank_tol"])),
+                         "rank_nuc": int(matrix_rank(nuc.W_, s["rank_tol"])),
+                         "viol_fro": num(fro.max_violation_, np.inf), "viol_nuc": num(nuc.max_violation_, np.inf),
+                         "status_fro": fro.status_, "status_nuc": nuc.status_,
+                         "gap_fro": num(fro.duality_gap_), "gap_nuc": num(nuc.duality_gap_)})
             feasible += 1
             if feasible >= s["runs"]:
                 break

@@ -1,0 +1,186 @@
+"""Output folders: one writer at a time, and one owning command per folder.
+
+Every command that writes results (``reproduce``, ``plot``, ``analyze``, ``kv-bench``, ``lm-train``)
+goes through two checks before it writes anything:
+
+* :class:`FolderLock` — an OS-level lock (``fcntl.flock``) on ``<folder>/.attsvm.lock``, held for
+  the whole command. A second writer fails at once with :class:`FolderBusyError`, naming the folder
+  and the process that holds it. The kernel drops the lock when its holder dies, SIGKILL included,
+  so a killed run never leaves a stale lock behind.
+* :func:`claim_folder` — ``<folder>/.attsvm-owner.json`` names the command whose results the folder
+  holds; a command refuses a folder owned by another one (:class:`RunFolderError`), so that, e.g.,
+  an LM is never trained into a reproduction's folder. Folders written before the marker existed
+  are recognised by their files.
+
+Only the standard library is used here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["RunFolderError", "FolderBusyError", "FolderLock", "claim_folder", "folder_owner",
+           "check_output_folder", "atomic_write", "refuse_foreign", "LOCK_FILE", "OWNER_FILE"]
+
+LOCK_FILE = ".attsvm.lock"
+OWNER_FILE = ".attsvm-owner.json"
+
+# files that identify the command that wrote a folder without an owner marker (older runs)
+_SIGNATURES: tuple[tuple[str, str], ...] = (
+    ("attsvm_lm.json", "lm-train"),
+    ("kv_bench.json", "kv-bench"),
+    ("heads.json", "analyze"),
+    ("index.json", "reproduce all"),
+    ("trials", "reproduce"),
+)
+
+
+class RunFolderError(ValueError):
+    """An output or run folder cannot be used: it is a file, unwritable, corrupt, or holds the results
+    of another command or of other settings. The message names the folder and what to do."""
+
+
+class FolderBusyError(RunFolderError):
+    """Another process is writing the folder right now (it holds the folder's lock)."""
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def check_output_folder(folder: str | Path, what: str = "--out") -> Path:
+    """Create ``folder`` if needed and check that it is a writable folder (RunFolderError otherwise)."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise RunFolderError(f"{what} {str(path)!r} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunFolderError(f"{what} {str(path)!r}: cannot create the folder ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{what} {str(path)!r} is not writable")
+    return path
+
+
+class FolderLock:
+    """``with FolderLock(folder, "attsvm reproduce ..."):`` — exclusive, non-blocking, released on exit.
+
+    The holder's pid and command are written into the lock file so that the second writer's message
+    can name them.
+    """
+
+    def __init__(self, folder: str | Path, holder: str) -> None:
+        self.folder = Path(folder)
+        self.holder = holder
+        self._fd: int | None = None
+
+    def acquire(self) -> FolderLock:
+        import fcntl
+
+        path = self.folder / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunFolderError(f"{str(self.folder)!r}: cannot create the lock file {LOCK_FILE} "
+                                 f"({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                who = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            finally:
+                os.close(fd)
+            who = who or "a process that has not written its id yet"
+            raise FolderBusyError(f"{str(self.folder)!r} is being written by another attsvm process ({who}); "
+                                  "wait for it to finish, or use another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: {self.holder}".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fd, self._fd = self._fd, None
+            try:
+                os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)  # the lock file stays: deleting it would race with the next writer
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+
+def folder_owner(folder: str | Path) -> str | None:
+    """The command whose results ``folder`` holds ("reproduce", "lm-train", ...), None when it holds none.
+
+    A folder with visible files that no attsvm command wrote is reported as ``"another program"``.
+    """
+    path = Path(folder)
+    if not path.is_dir():
+        return None
+    marker = path / OWNER_FILE
+    if marker.exists():
+        try:
+            owner = json.loads(marker.read_text())["command"]
+            if not isinstance(owner, str):
+                raise TypeError
+            return owner
+        except (OSError, ValueError, KeyError, TypeError):
+            raise RunFolderError(f"{str(marker)!r} is corrupt (expected JSON with a 'command'); "
+                                 "check the folder and delete that file if the folder is yours") from None
+    for name, command in _SIGNATURES:
+        if (path / name).exists():
+            return command
+    cfg = path / "config.json"
+    if cfg.exists():
+        try:
+            if "experiment" in json.loads(cfg.read_text()):
+                return "reproduce"
+        except (OSError, ValueError, TypeError):
+            pass
+    visible = [p for p in path.iterdir() if not p.name.startswith(".")]
+    return "another program" if visible else None
+
+
+def claim_folder(folder: str | Path, command: str, *, allow_foreign: bool = False) -> None:
+    """Mark ``folder`` as holding ``attsvm COMMAND``'s results; refuse a folder that holds another's.
+
+    Call it while holding the folder's :class:`FolderLock`. ``allow_foreign=True`` accepts a
+    non-empty folder that no attsvm command wrote (its files are left alone).
+    """
+    path = Path(folder)
+    refuse_foreign(path, command, allow_foreign=allow_foreign)
+    if not (path / OWNER_FILE).exists():
+        _write_owner(path, command)
+
+
+def refuse_foreign(folder: str | Path, command: str, *, allow_foreign: bool = False) -> None:
+    """Raise :class:`RunFolderError` when ``folder`` holds another command's results (writes nothing)."""
+    path = Path(folder)
+    owner = folder_owner(path)
+    if owner in (None, command) or (owner == "another program" and allow_foreign):
+        return
+    what = "files of another program" if owner == "another program" else f"the results of `attsvm {owner}`"
+    raise RunFolderError(f"{str(path)!r} holds {what}; `attsvm {command}` would overwrite them. "
+                         "Choose another (new or empty) folder")
+
+
+def _write_owner(path: Path, command: str) -> None:
+    atomic_write(path / OWNER_FILE, json.dumps({"command": command, "pid": os.getpid(),
+                                                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
