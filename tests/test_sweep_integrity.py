@@ -25,7 +25,7 @@ import pytest
 from attsvm.cli import main
 from attsvm.experiments import FolderBusyError, RunFolderError, TrialStore, fingerprint, get_experiment, plot_run
 from attsvm.experiments import reproduce as run_reproduce
-from attsvm.experiments._folders import LOCK_FILE, FolderLock
+from attsvm._folders import LOCK_FILE, FolderLock
 
 # a tiny local-convergence sweep: 2 trials (W and (K,Q)) of one 20-step run each
 TINY = {"runs": 1, "chunk": 1, "steps": 20, "record_every": 10}

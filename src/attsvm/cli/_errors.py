@@ -84,7 +84,7 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_SIGINT
     if isinstance(exc, CLIError):
         return exc.exit_code
-    folders = sys.modules.get("attsvm.experiments._folders")  # loaded whenever one of its errors was raised
+    folders = sys.modules.get("attsvm._folders")  # loaded whenever one of its errors was raised
     if folders is not None:
         if isinstance(exc, folders.FolderBusyError):
             return EXIT_BUSY

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         budgets = tuple(float(b) for b in args.budgets.split(","))
     except ValueError as exc:
         raise UsageError(f"--budgets must be comma-separated fractions, got {args.budgets!r}") from exc
-    from attsvm.experiments._folders import check_output_folder, folder_owner, refuse_foreign
+    from attsvm._folders import check_output_folder, folder_owner, refuse_foreign
 
     if args.lm is not None:
         if Path(args.lm).resolve() == Path(args.out).resolve():

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .._extras import require
 from ._base import Experiment, _jsonable
 from ._executor import Executor, make_executor
-from ._folders import (FolderLock, RunFolderError, atomic_write, check_output_folder, claim_folder,
+from .._folders import (FolderLock, RunFolderError, atomic_write, check_output_folder, claim_folder,
                        folder_owner)
 from ._registry import experiment_names, get_experiment
 from ._store import TrialStore, check_key
