@@ -351,6 +351,8 @@ def test_train_errors():
         train(p, steps=1, normalize_eps=-1.0)
     with pytest.raises(ValueError, match="lr schedule must return"):
         train(p, steps=2, lr=lambda k: [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="lr schedule must return a positive"):
+        train(p, steps=3, lr=lambda k: -0.1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
