@@ -1,4 +1,4 @@
-"""The constraint data every attention-SVM solver consumes (SPEC §3, §5).
+"""The constraint data every attention-SVM solver consumes (docs/spec.md §3, §5).
 
 All attention SVMs here share one shape: constraints indexed by pairs ``k = (i, t)`` laid out as
 (n, T) arrays, each with a feature ``a_it ∈ R^d``, the sequence's query ``z_i ∈ R^d``, a right-hand
@@ -6,9 +6,9 @@ side ``b_it`` and a kind (inequality ``a_itᵀ W z_i ≥ b_it`` or equality ``= 
 which (i, t) are constraints at all. This covers
 
 * Att-SVM(α): ``a_it = x_{iα_i} − x_it``, ``b = 1``, inequalities, mask ``t ≠ α_i``;
-* SVM-eq (SPEC §5): with a reference ``r_i ∈ O_i``, equalities ``b = 0`` for ``t ∈ O_i \\ {r_i}``
+* SVM-eq (docs/spec.md §5): with a reference ``r_i ∈ O_i``, equalities ``b = 0`` for ``t ∈ O_i \\ {r_i}``
   and inequalities ``b = 1`` for ``t ∉ O_i``;
-* W_fin (SPEC §5): equalities ``b = log(s_{ir}/s_it)`` for ``t ∈ O_i \\ {r_i}``.
+* W_fin (docs/spec.md §5): equalities ``b = log(s_{ir}/s_it)`` for ``t ∈ O_i \\ {r_i}``.
 
 The constraint operator ``𝒜(W)_it = a_itᵀ W z_i`` and its adjoint ``𝒜*(λ) = Σ λ_it a_it z_iᵀ`` are
 vectorised (cost O(n·T·d + n·d²)), so matrix-free solvers never form the K × K Gram matrix.
@@ -29,7 +29,7 @@ __all__ = ["ConstraintSet", "att_svm_constraints", "Subspaces", "RawSolution", "
 
 @dataclass(frozen=True)
 class Subspaces:
-    """Orthonormal bases reducing a d × d problem to a small one (SPEC §3, "Structure").
+    """Orthonormal bases reducing a d × d problem to a small one (docs/spec.md §3, "Structure").
 
     ``W = U M Vᵀ`` with ``U`` (d, r_a) spanning the constraint features {a_k} and ``V`` (d, r_z)
     spanning the queries {z_i}; ``A`` (n, T, r_a) and ``Z`` (n, r_z) are the reduced data.
@@ -140,7 +140,7 @@ class ConstraintSet:
         eq = np.where(self.equality, np.abs(m - self.rhs), 0.0)
         return float(max(ineq.max(initial=0.0), eq.max(initial=0.0)))
 
-    # ---------------------------------------------------------------- structure (SPEC §3)
+    # ---------------------------------------------------------------- structure (docs/spec.md §3)
     def subspaces(self, rtol: float = 1e-12) -> Subspaces:
         """Bases of span{a_k} and span{z_i} and the reduced data (see :class:`Subspaces`).
 
@@ -167,7 +167,7 @@ class RawSolution:
 
     ``W`` (d, d) is the primal solution (None when infeasible); ``dual`` (n, T) the multipliers λ
     (0 where masked; ≥ 0 on inequalities, free on equalities) — for an infeasible instance, the
-    certificate of SPEC §3 (λ ≥ 0, 1ᵀλ = 1, 𝒜*(λ) = 0 up to round-off). ``info`` carries
+    certificate of docs/spec.md §3 (λ ≥ 0, 1ᵀλ = 1, 𝒜*(λ) = 0 up to round-off). ``info`` carries
     backend-specific details (solver name, timings, iterations of inner loops).
     """
 
@@ -179,6 +179,6 @@ class RawSolution:
 
 
 def att_svm_constraints(problem: AttentionProblem, tokens: NDArray[np.int64] | None = None) -> ConstraintSet:
-    """The constraints of Att-SVM(α) (SPEC §3): ``(x_{iα_i} − x_it)ᵀ W z_i ≥ 1`` for ``t ≠ α_i``."""
+    """The constraints of Att-SVM(α) (docs/spec.md §3): ``(x_{iα_i} − x_it)ᵀ W z_i ≥ 1`` for ``t ≠ α_i``."""
     A, mask = pair_differences(problem, tokens)
     return ConstraintSet(A, problem.queries.copy(), mask)

@@ -1,11 +1,11 @@
-"""Nuclear-norm attention SVM (Att-SVM*, SPEC §3) and its rank-constrained variant.
+"""Nuclear-norm attention SVM (Att-SVM*, docs/spec.md §3) and its rank-constrained variant.
 
 Method (and why)
 ----------------
 ``min ‖W‖_*  s.t.  a_itᵀ W z_i ≥ b_it (inequalities),  = b_it (equalities)`` is solved by our own
 **augmented Lagrangian on the Burer–Monteiro factorisation** of the *reduced* variable:
 
-1. Reduction (SPEC §3, "Structure"): some optimum has the form ``W = U M Vᵀ`` with ``U`` spanning
+1. Reduction (docs/spec.md §3, "Structure"): some optimum has the form ``W = U M Vᵀ`` with ``U`` spanning
    the features {a_k} and ``V`` the queries {z_i}; ``M`` is ``r_a × r_z`` with ``r_z ≤ n``.
 2. Variational identity ``‖M‖_* = min_{M = KQᵀ} ½(‖K‖_F² + ‖Q‖_F²)``, with ``K`` (r_a, p),
    ``Q`` (r_z, p), ``p ≤ min(r_a, r_z)`` — the nuclear norm becomes a smooth quadratic.
@@ -35,7 +35,7 @@ Method (and why)
    fallback. This gives primal and dual to round-off (relative gaps ≈ 1e-15 in practice).
 5. Certification: the primal is made *exactly* feasible (a least-norm correction on equality rows,
    then a rescaling ``M / min_k(m_k / b_k)``), and the multipliers give the dual bound
-   ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` (the dual of SPEC §3 is ``max bᵀλ s.t. ‖𝒜*(λ)‖₂ ≤ 1``, λ ≥ 0 on
+   ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` (the dual of docs/spec.md §3 is ``max bᵀλ s.t. ‖𝒜*(λ)‖₂ ≤ 1``, λ ≥ 0 on
    inequalities); the loop stops when the relative gap between the two is below ``tol``.
 
 Why not cvxpy: the nuclear norm is an SDP cone there. Interior-point solvers (Clarabel) are
@@ -48,7 +48,7 @@ prints both side by side, with time ratios measured in the same run). The non-co
 factorisation is never trusted blindly: the returned duality gap certifies the answer
 independently of how it was found.
 
-Infeasible constraint sets (SPEC §3, theorem of alternatives) are detected by a zero-feature test
+Infeasible constraint sets (docs/spec.md §3, theorem of alternatives) are detected by a zero-feature test
 and, when the augmented Lagrangian stalls, by a linear program (HiGHS) that finds the certificate
 ``λ`` (≥ 0 on inequalities, ``bᵀλ = 1``, ``𝒜*(λ) = 0``).
 """
@@ -58,17 +58,21 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.linalg.lapack import dgetrf, dgetrs, dtrtrs
-from scipy.optimize import linprog, minimize
+from scipy.optimize import minimize
 
-from .._validation import check_finite_scalar, check_positive_int
-from ._base import ConstraintSet, RawSolution, Subspaces
+from .._validation import check_choice, check_finite_scalar, check_positive_int
+from ._base import ConstraintSet, RawSolution
+from .certificate import find_farkas, relative_violation
+from .reduction import Reduction, reduce
+from .status import INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
-__all__ = ["solve_nuclear", "solve_nuclear_rank", "infeasibility_certificate", "balanced_factors",
+__all__ = ["solve_nuclear", "solve_nuclear_rank", "NuclearOptions", "infeasibility_certificate", "balanced_factors",
            "NUCLEAR_GAP_TOL", "CONVEX_OPT_RTOL"]
 
 logger = logging.getLogger(__name__)
@@ -78,44 +82,88 @@ NUCLEAR_GAP_TOL = 1e-9
 # A rank-constrained solution "reaches the convex optimum" when its objective is within this
 # relative tolerance of the convex nuclear optimum.
 CONVEX_OPT_RTOL = 1e-6
-# Largest penalty the augmented Lagrangian tries before declaring a stall.
-_RHO_MAX = 1e10
-# Initial number of factor columns of the convex solver (grown as needed, see ``_alm``).
-_P0 = 8
-# Relative residual below which an infeasibility certificate counts as valid.
-_CERT_TOL = 1e-8
-# Newton iterations over which the KKT residual must at least halve (else the guess is corrected).
-_NEWTON_PATIENCE = 5
-# A reused (chord) Newton Jacobian is refreshed once a step reduces the KKT residual by less than this.
-_CHORD_RATE = 0.2
-# ... and on small systems (at most this many rows) at every step: factorising is cheaper than the
-# extra steps of the linearly converging chord iteration.
-_CHORD_MIN_ROWS = 200
-# KKT systems with at most this many unknowns ((r_a + r_z)·r + |S|) are factorised whole
-# (:func:`_newton_solver_direct`); larger ones through the elimination of :func:`_newton_solver`.
-_DIRECT_KKT_MAX = 160
-# Relative singular-value thresholds for the polish's initial rank guess: tried in this order.
-_RANK_RTOL_FAST = 1e-3
-_RANK_RTOL_SAFE = 1e-6
-# ALM relative gap below which the active-set Newton polish is first tried (then at each tenfold
-# decrease of the gap while it fails).
-_POLISH_GAP = 1e-1
-# Newton on a fixed active set stops early (the set is corrected first) once its KKT residual is
-# below _EARLY_EXIT_RES while an inequality row has a multiplier below −_EARLY_EXIT_LAM·max|λ|.
-_EARLY_EXIT_RES = 1e-3
-_EARLY_EXIT_LAM = 1e-6
-# ... and then adds the rows outside S violated by more than this multiple of its residual.
-_EARLY_VIOL_FACTOR = 100.0
-# L-BFGS: number of stored (s, y) pairs and of step halvings before the line search gives up.
-_LBFGS_MEMORY = 20
-_LBFGS_MAX_HALVINGS = 40
-# Gradient tolerance of the first augmented-Lagrangian subproblem (tightened afterwards), and the
-# looser one used when there are at most _SMALL_K constraint rows (which also get our lean L-BFGS).
-_GTOL0 = 1e-3
-_GTOL0_SMALL = 1e-2
-_SMALL_K = 400
-# the lean path (our L-BFGS) hands over to scipy's L-BFGS-B after this many polishes that did not certify
-_LEAN_MAX_FAILED_POLISH = 2
+# Default relative tolerance of the rank-constrained solver.
+RANK_GAP_TOL = 1e-8
+
+
+@dataclass(frozen=True)
+class NuclearOptions:
+    """Options of :func:`solve_nuclear` and :func:`solve_nuclear_rank` (module doc for the method).
+
+    tol, max_iter, seed : relative duality gap to stop at, outer ALM iterations, symmetry-breaking seed.
+    path : "auto" (our lean L-BFGS up to ``small_k`` rows, handing over to scipy's L-BFGS-B after
+        ``lean_max_failed_polish`` polishes that did not certify), "lean" or "scipy" (one path only).
+    p0 : smallest initial number of factor columns. rho_max : largest ALM penalty before a stall.
+    inner_max : L-BFGS iterations per subproblem; lbfgs_memory, lbfgs_max_halvings : L-BFGS settings.
+    gtol0, gtol0_small : gradient tolerance of the first subproblem (small: at most small_k rows).
+    polish_gap : ALM relative gap below which the Newton polish is first tried (then at each tenfold drop).
+    rank_rtol_fast, rank_rtol_safe : relative singular-value thresholds of the polish's rank guess.
+    newton_patience : Newton iterations over which the KKT residual must halve.
+    chord_rate, chord_min_rows : a chord Jacobian is refreshed after a step reducing the residual by
+        less than chord_rate, and always on systems of at most chord_min_rows rows.
+    direct_kkt_max : KKT systems up to this many unknowns are factorised whole.
+    early_exit_res, early_exit_lam, early_viol_factor : a Newton round stops early once its residual is
+        below early_exit_res while an inequality multiplier is below −early_exit_lam·max|λ|; rows
+        violated by more than early_viol_factor × the residual are then added.
+    """
+
+    tol: float = 1e-9
+    max_iter: int = 60
+    seed: int = 0
+    path: str = "auto"
+    p0: int = 8
+    rho_max: float = 1e10
+    inner_max: int = 5000
+    lbfgs_memory: int = 20
+    lbfgs_max_halvings: int = 40
+    gtol0: float = 1e-3
+    gtol0_small: float = 1e-2
+    small_k: int = 400
+    lean_max_failed_polish: int = 2
+    polish_gap: float = 1e-1
+    rank_rtol_fast: float = 1e-3
+    rank_rtol_safe: float = 1e-6
+    newton_patience: int = 5
+    chord_rate: float = 0.2
+    chord_min_rows: int = 200
+    direct_kkt_max: int = 160
+    early_exit_res: float = 1e-3
+    early_exit_lam: float = 1e-6
+    early_viol_factor: float = 100.0
+
+    def __post_init__(self) -> None:
+        check_finite_scalar(self.tol, "tol", positive=True)
+        check_positive_int(self.max_iter, "max_iter")
+        check_positive_int(self.seed, "seed", minimum=0)
+        check_choice(self.path, "path", ("auto", "lean", "scipy"))
+        check_positive_int(self.p0, "p0")
+        check_positive_int(self.inner_max, "inner_max")
+        check_positive_int(self.newton_patience, "newton_patience")
+
+
+@dataclass(frozen=True)
+class _ALMRun:
+    """How one augmented-Lagrangian run behaves (the mode :func:`_alm` is called in)."""
+
+    tol: float
+    max_iter: int
+    certify: bool = True        # certify (exactly feasible primal + dual bound) and polish
+    grow_rank: bool = False     # double the factor columns while all are in use
+    lean: bool = True           # our L-BFGS (else scipy's L-BFGS-B)
+    gtol0: float = 1e-3         # gradient tolerance of the first subproblem
+    max_failed_polish: int | None = None  # return early after this many polishes that did not certify
+
+
+def _options(options: NuclearOptions | None, overrides: dict[str, Any], fn: str) -> NuclearOptions:
+    opt = NuclearOptions() if options is None else options
+    if not isinstance(opt, NuclearOptions):
+        raise TypeError(f"options must be a NuclearOptions, got {type(opt).__name__}")
+    if overrides:
+        unknown = sorted(set(overrides) - {f.name for f in fields(NuclearOptions)})
+        if unknown:
+            raise TypeError(f"{fn} got unknown option(s) {unknown}; see NuclearOptions")
+        opt = replace(opt, **overrides)
+    return opt
 
 
 # ----------------------------------------------------------------------------- reduced operator
@@ -151,20 +199,16 @@ class _Reduced:
         return float(max(v_in, v_eq))
 
 
-def _reduce(cs: ConstraintSet) -> tuple[_Reduced, Subspaces, NDArray[np.bool_]]:
-    """Reduce to span{a}, span{z}, normalise each row; also return the rows with zero features."""
-    sub = cs.subspaces()
-    A = sub.A
-    Z = sub.Z
-    scale = np.sqrt((A ** 2).sum(-1)) * np.sqrt((Z ** 2).sum(-1))[:, None]  # (n, T)
-    # rows whose feature a_it z_iᵀ vanishes (duplicate tokens, zero query): 0 (≥ or =) b
-    zero = cs.mask & (scale <= 1e-14 * max(1.0, float(scale.max(initial=0.0))))
-    mask = cs.mask & ~zero
+def _reduce(reduction: Reduction) -> _Reduced:
+    """The ALM's view of a reduced, normalised instance (:func:`~attsvm.svm.reduction.reduce`):
+    the rows flattened to unit features (their norms are 1 up to round-off; dividing makes them 1)."""
+    cs = reduction.problem
+    scale = np.sqrt((cs.A ** 2).sum(-1)) * np.sqrt((cs.Z ** 2).sum(-1))[:, None]  # (n, T)
+    mask = cs.mask & (scale > 0)
     s = np.where(mask, scale, 1.0)
-    red = _Reduced(A=np.where(mask[..., None], A / s[..., None], 0.0), Z=Z,
-                   b=np.where(mask, cs.rhs / s, 0.0), ineq=mask & ~cs.equality, eq=mask & cs.equality,
-                   mask=mask, scale=s)
-    return red, sub, zero
+    return _Reduced(A=np.where(mask[..., None], cs.A / s[..., None], 0.0), Z=cs.Z,
+                    b=np.where(mask, cs.rhs / s, 0.0), ineq=mask & ~cs.equality, eq=mask & cs.equality,
+                    mask=mask, scale=s)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -172,7 +216,7 @@ def balanced_factors(W: NDArray[np.float64], rank: int | None = None
                      ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``K = U √Σ``, ``Q = V √Σ`` from the SVD of W (optionally truncated to ``rank`` columns).
 
-    They attain the variational identity ``½(‖K‖_F² + ‖Q‖_F²) = ‖W‖_*`` (SPEC §3).
+    They attain the variational identity ``½(‖K‖_F² + ‖Q‖_F²) = ‖W‖_*`` (docs/spec.md §3).
     """
     U, s, Vt = np.linalg.svd(np.asarray(W, dtype=np.float64), full_matrices=False)
     if rank is not None:
@@ -190,50 +234,13 @@ def _spectral(M: NDArray[np.float64]) -> float:
 
 
 def infeasibility_certificate(cs: ConstraintSet) -> NDArray[np.float64] | None:
-    """Find ``λ`` with ``λ ≥ 0`` on inequalities, ``bᵀλ = 1`` and ``𝒜*(λ) = 0`` (SPEC §3), or None.
+    """A verified Farkas certificate λ (n, T) of ``cs`` (docs/spec.md §3), or None when feasible.
 
-    Theorem of alternatives: such a λ exists iff the constraints cannot be met. For the Att-SVM
-    (``b = 1``) the normalisation ``bᵀλ = 1`` is the ``1ᵀλ = 1`` of SPEC §3. Solved as a linear
-    program (HiGHS) on the reduced coordinates; the returned λ has shape (n, T).
+    The one route of :func:`~attsvm.svm.certificate.find_farkas` (zero rows, then the LP in
+    normalised units), normalised to ``Σ|λ_k| = 1``.
     """
-    red, _, zero = _reduce(cs)
-    n, T = cs.mask.shape
-    # a zero feature row with an unattainable rhs is a certificate on its own
-    bad = zero & ((cs.inequality & (cs.rhs > 0)) | (cs.equality & (cs.rhs != 0)))
-    if bad.any():
-        k = np.flatnonzero(bad.ravel())[0]
-        lam = np.zeros(n * T)
-        lam[k] = 1.0 / cs.rhs.ravel()[k]
-        return lam.reshape(n, T)
-    idx = np.flatnonzero(red.mask.ravel())
-    if idx.size == 0:
-        return None
-    r_a, r_z = red.A.shape[2], red.Z.shape[1]
-    seq = idx // T
-    F = red.A.reshape(-1, r_a)[idx]  # (K, r_a)
-    # columns of the equality matrix: vec(a_k z_kᵀ) for each constraint k
-    cols = (F[:, :, None] * red.Z[seq][:, None, :]).reshape(idx.size, r_a * r_z).T  # (r_a r_z, K)
-    b = red.b.ravel()[idx]
-    A_eq = np.vstack([cols, b[None, :]])
-    b_eq = np.zeros(A_eq.shape[0])
-    b_eq[-1] = 1.0
-    ineq = red.ineq.ravel()[idx]
-    bounds = [(0, None) if f else (None, None) for f in ineq]
-    c = np.where(ineq, 1.0, 0.0)  # prefer a small certificate
-    res = linprog(c, A_eq=A_eq, b_eq=b_eq, bounds=bounds, method="highs")
-    if res.status != 0 or res.x is None:
-        return None
-    lam_s = np.zeros(n * T)
-    lam_s[idx] = res.x
-    lam = (lam_s.reshape(n, T) / red.scale) * red.mask  # back to the unscaled rows
-    lam = np.where(cs.inequality, np.maximum(lam, 0.0), lam)
-    tot = float((lam * cs.rhs).sum())
-    if tot <= 0:
-        return None
-    lam /= tot
-    resid = np.linalg.norm(cs.adjoint(lam))
-    size = float(np.sqrt((np.abs(lam) * cs.gram_diag()).sum())) + 1e-300
-    return lam if resid <= _CERT_TOL * max(1.0, size) else None
+    cert = find_farkas(cs)
+    return None if cert is None else cert.lam
 
 
 def _make_feasible(red: _Reduced, M: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -362,7 +369,7 @@ def _newton_solver_direct(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: N
 
     ``J = [[(1 + δ)I, −Y ⊗ I_r, −C_K], [−Yᵀ ⊗ I_r, (1 + δ)I, −C_Q], [C_Kᵀ, C_Qᵀ, 0]]`` (row-major
     vec of K and Q, then λ_S; ``C_K``'s column k is vec(a_k (Qᵀz_k)ᵀ), ``C_Q``'s vec(z_k (Kᵀa_k)ᵀ)).
-    For small systems (at most :data:`_DIRECT_KKT_MAX` unknowns) assembling and factorising it is
+    For small systems (at most ``NuclearOptions.direct_kkt_max`` unknowns) assembling and factorising it is
     cheaper than the elimination in the singular basis of Y, whose many small products dominate there.
     """
     r_a, r = K.shape
@@ -394,7 +401,7 @@ def _newton_solver_direct(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: N
 
 
 def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q: NDArray[np.float64],
-                lam_s: NDArray[np.float64], *, max_newton: int = 30, ftol: float = 1e-13,
+                lam_s: NDArray[np.float64], opt: NuclearOptions, *, max_newton: int = 30, ftol: float = 1e-13,
                 ineq_s: NDArray[np.bool_] | None = None
                 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], float]:
     """Newton's method on the smooth KKT system of the fixed-rank, fixed-active-set problem.
@@ -405,7 +412,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
     term on the (K, Q) block removes. Converges quadratically from the augmented-Lagrangian point.
 
     ``ineq_s`` (bool over S, the inequality rows) enables an early exit: once the residual is below
-    :data:`_EARLY_EXIT_RES` and some inequality row has a clearly negative multiplier, this active
+    ``NuclearOptions.early_exit_res`` and some inequality row has a clearly negative multiplier, this active
     set is wrong (the polish will release that row), so converging it to round-off is wasted work.
     """
     T = red.mask.shape[1]
@@ -430,14 +437,14 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
     for it in range(max_newton):
         if nrm <= ftol:
             break
-        if ineq_s is not None and nrm <= _EARLY_EXIT_RES and _wrong_sign(lam_s, ineq_s):
+        if ineq_s is not None and nrm <= opt.early_exit_res and _wrong_sign(lam_s, ineq_s, opt.early_exit_lam):
             break
         # stagnation: a wrong rank / active-set guess has no KKT point; Newton then crawls. Give up
         # early (the caller corrects the guess) instead of spending max_newton factorisations.
-        if it >= _NEWTON_PATIENCE and nrm > 0.5 * hist[-_NEWTON_PATIENCE]:
+        if it >= opt.newton_patience and nrm > 0.5 * hist[-opt.newton_patience]:
             break
         if solver is None:
-            small = (r_a + r_z) * K.shape[1] + s <= _DIRECT_KKT_MAX
+            small = (r_a + r_z) * K.shape[1] + s <= opt.direct_kkt_max
             solver, fresh = (_newton_solver_direct if small else _newton_solver)(Fs, Zs, K, Q, lam_s), True
         step = solver(F)
         t = 1.0
@@ -455,7 +462,7 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
                 break
             solver = None  # the stale (chord) Jacobian failed: refactor at the current point
             continue
-        if t < 1.0 or nn > _CHORD_RATE * nrm or s <= _CHORD_MIN_ROWS:
+        if t < 1.0 or nn > opt.chord_rate * nrm or s <= opt.chord_min_rows:
             solver = None  # slow progress: refresh the Jacobian next time (Newton, not chord)
         fresh = False
         K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
@@ -463,12 +470,13 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
     return K, Q, lam_s, nrm
 
 
-def _wrong_sign(lam_s: NDArray[np.float64], ineq_s: NDArray[np.bool_]) -> bool:
-    """Does an inequality row carry a multiplier clearly below 0 (the active set must change)?"""
-    return bool(np.any(lam_s[ineq_s] < -_EARLY_EXIT_LAM * np.abs(lam_s).max(initial=0.0)))
+def _wrong_sign(lam_s: NDArray[np.float64], ineq_s: NDArray[np.bool_], rtol: float) -> bool:
+    """Does an inequality row carry a multiplier below −rtol·max|λ| (the active set must change)?"""
+    return bool(np.any(lam_s[ineq_s] < -rtol * np.abs(lam_s).max(initial=0.0)))
 
 
-def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *, max_rounds: int = 8,
+def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], opt: NuclearOptions, *,
+            max_rounds: int = 8,
             max_failed: int = 2, rank_rtol: float = 1e-6, tight_rtol: float = 1e-3) -> _Polished | None:
     """Active-set Newton polish: guess the rank r and the tight rows S from an approximate solution,
     solve the KKT system by :func:`_kkt_newton`, then fix the guess (drop rows with λ < 0, add
@@ -492,11 +500,11 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *,
         if idx.size == 0:
             return None
         ineq_s = red.ineq.ravel()[idx]
-        K, Q, lam_s, res = _kkt_newton(red, idx, K, Q, lam_full.ravel()[idx], ineq_s=ineq_s)
+        K, Q, lam_s, res = _kkt_newton(red, idx, K, Q, lam_full.ravel()[idx], opt, ineq_s=ineq_s)
         # a guess far from the optimum keeps Newton from converging round after round: hand back to
         # the augmented Lagrangian (cheaper than more Newton rounds) and retry from a better point.
         # An early exit on a wrong-signed multiplier (see _kkt_newton) is progress, not a failure.
-        early = 1e-10 < res <= _EARLY_EXIT_RES and _wrong_sign(lam_s, ineq_s)
+        early = 1e-10 < res <= opt.early_exit_res and _wrong_sign(lam_s, ineq_s, opt.early_exit_lam)
         failed = failed + 1 if res > 1e-10 and not early else 0
         if failed >= max_failed:
             return None
@@ -512,7 +520,7 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], *,
             changed = True
         # (after an early exit the point is only accurate to ~res: a row counts as violated only
         # beyond _EARLY_VIOL_FACTOR·res, so that round-off of the unconverged point adds nothing)
-        vtol = max(1e-12, _EARLY_VIOL_FACTOR * res) if early else 1e-12
+        vtol = max(1e-12, opt.early_viol_factor * res) if early else 1e-12
         viol = red.ineq & ~S & (m < red.b - vtol * np.maximum(1.0, np.abs(red.b)))
         if viol.any():
             S = S | viol
@@ -549,7 +557,7 @@ def _dual_bound(red: _Reduced, lam: NDArray[np.float64]) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------- L-BFGS
-def _lbfgs(fg, x: NDArray[np.float64], *, gtol: float, max_iter: int, memory: int = _LBFGS_MEMORY
+def _lbfgs(fg, x: NDArray[np.float64], *, gtol: float, max_iter: int, memory: int = 20, max_halvings: int = 40
            ) -> tuple[NDArray[np.float64], int]:
     """Minimise a smooth function by L-BFGS until ``max|∇f| ≤ gtol``; returns (x, iterations).
 
@@ -588,7 +596,7 @@ def _lbfgs(fg, x: NDArray[np.float64], *, gtol: float, max_iter: int, memory: in
         if slope >= 0:  # not a descent direction (round-off): restart from the gradient
             k, d, slope = 0, -g, -float(g @ g)
             t = min(1.0, 1.0 / max(float(np.sqrt(-slope)), 1e-300))
-        for _ in range(_LBFGS_MAX_HALVINGS):
+        for _ in range(max_halvings):
             xn = x + t * d
             fn, gn = fg(xn)
             if fn <= f + 1e-4 * t * slope:
@@ -641,18 +649,20 @@ class _ALMResult:
     M: NDArray[np.float64] | None = None  # the exactly feasible primal whose ‖·‖_* is ``primal`` (certify)
 
 
-def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: float, max_iter: int,
-         rho: float | None = None, lam: NDArray[np.float64] | None = None, certify: bool = True,
-         grow_rank: bool = False, rng: np.random.Generator | None = None, inner_max: int = 5000,
-         gtol0: float = _GTOL0, lean: bool | None = None, max_failed_polish: int | None = None) -> _ALMResult:
+def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: NuclearOptions, run: _ALMRun, *,
+         rho: float | None = None, lam: NDArray[np.float64] | None = None,
+         rng: np.random.Generator | None = None) -> _ALMResult:
     """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
-    With ``grow_rank`` the number of columns p starts small and doubles (up to min(r_a, r_z))
-    whenever every column of the current factors is in use, so that a low-rank optimum is found
-    with few variables. ``lean`` picks our L-BFGS (default: at most ``_SMALL_K`` rows) over scipy's;
-    ``max_failed_polish`` returns early (not converged) after that many polish attempts that did not
-    certify, so that the caller can switch paths (see :func:`solve_nuclear`).
+    ``run`` says how this run behaves (:class:`_ALMRun`): with ``grow_rank`` the number of columns p
+    starts small and doubles (up to min(r_a, r_z)) whenever every column of the current factors is
+    in use, so that a low-rank optimum is found with few variables; ``lean`` picks our L-BFGS over
+    scipy's; ``max_failed_polish`` returns early (not converged) after that many polish attempts that
+    did not certify, so that the caller can switch paths (see :func:`solve_nuclear`). ``opt`` holds
+    the tuning constants (:class:`NuclearOptions`).
     """
+    tol, max_iter, certify, grow_rank = run.tol, run.max_iter, run.certify, run.grow_rank
+    lean, max_failed_polish, inner_max = run.lean, run.max_failed_polish, opt.inner_max
     r_a, p = K.shape
     r_z = Q.shape[0]
     p_max = min(r_a, r_z)
@@ -662,9 +672,6 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
     if rho is None:
         rho = max(1.0, float(np.sqrt(mask.sum())))
 
-    # our lean L-BFGS where scipy's per-iteration overhead would dominate (module doc, step 3)
-    if lean is None:
-        lean = bool(mask.sum() <= _SMALL_K)
     failed_polish = 0
     # the constraint rows flattened once: every evaluation is then a few dense products on (K_c, ·)
     idx = np.flatnonzero(mask.ravel())
@@ -714,17 +721,18 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
     prev_viol = np.inf
     stall = 0
     scale_b = max(1.0, float(np.abs(red.b).max(initial=0.0)))
-    gtol = gtol0
-    next_polish = _POLISH_GAP
+    gtol = run.gtol0
+    next_polish = opt.polish_gap
     for outer in range(1, max_iter + 1):
         lam_s = lam.ravel()[idx]
         shift, lam_sq = lam_s + rho * bs, float(lam_s @ lam_s)  # constants of this subproblem
         for _attempt in range(2):
             if lean:
-                x, nit = _lbfgs(fg, x, gtol=gtol, max_iter=inner_max)
+                x, nit = _lbfgs(fg, x, gtol=gtol, max_iter=inner_max, memory=opt.lbfgs_memory,
+                                max_halvings=opt.lbfgs_max_halvings)
             else:  # large subproblems: the evaluation dominates, and scipy's line search is the safer one
                 res = minimize(fg_nt, x, jac=True, method="L-BFGS-B",
-                               options={"maxiter": inner_max, "maxcor": _LBFGS_MEMORY, "gtol": gtol, "ftol": 1e-16})
+                               options={"maxiter": inner_max, "maxcor": opt.lbfgs_memory, "gtol": gtol, "ftol": 1e-16})
                 x, nit = res.x, int(res.nit)
             n_inner += nit
             if np.any(x):
@@ -756,9 +764,9 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
                 _tp = time.perf_counter()
                 # first the rank read off with a loose threshold (fewer, better-conditioned Newton
                 # rounds), then, if that fails, the conservative guess of every non-negligible direction
-                pol = _polish(red, M, lam, rank_rtol=_RANK_RTOL_FAST)
+                pol = _polish(red, M, lam, opt, rank_rtol=opt.rank_rtol_fast)
                 if pol is None:
-                    pol = _polish(red, M, lam, rank_rtol=_RANK_RTOL_SAFE)
+                    pol = _polish(red, M, lam, opt, rank_rtol=opt.rank_rtol_safe)
                 logger.debug("  polish took %.2fs", time.perf_counter() - _tp)
                 if pol is not None:
                     Mp = _make_feasible(red, pol.K @ pol.Q.T)
@@ -797,8 +805,8 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], *, tol: 
             return best
         # penalty update: raise rho when the violation does not drop fast enough
         if raw_viol > 0.25 * prev_viol and raw_viol > 1e-10 * scale_b:
-            rho = min(rho * 5.0, _RHO_MAX)
-            stall = stall + 1 if rho >= _RHO_MAX else stall
+            rho = min(rho * 5.0, opt.rho_max)
+            stall = stall + 1 if rho >= opt.rho_max else stall
         prev_viol = raw_viol
         if grow_rank and certify:
             # saddle escape: a singular value of 𝒜*(λ) above 1 is a descent direction (u₁, v₁) of the
@@ -884,14 +892,13 @@ def _lift_dual(red: _Reduced, lam_scaled: NDArray[np.float64]) -> NDArray[np.flo
     return np.where(red.ineq, np.maximum(lam, 0.0), lam)
 
 
-def _trivial(cs: ConstraintSet, red: _Reduced, zero: NDArray[np.bool_], t0: float, solver: str
+def _trivial(cs: ConstraintSet, reduction: Reduction, red: _Reduced, t0: float, solver: str
              ) -> RawSolution | None:
     """Handle the infeasible-by-inspection and constraint-free cases; None otherwise."""
-    bad = zero & ((cs.inequality & (cs.rhs > 0)) | (cs.equality & (cs.rhs != 0)))
-    if bad.any():
-        cert = infeasibility_certificate(cs)
+    if reduction.unattainable.any():
+        cert = find_farkas(cs, red=reduction, lp=False)
         assert cert is not None
-        return RawSolution(None, cert, "infeasible", 0,
+        return RawSolution(None, cert.lam, INFEASIBLE, 0,
                            {"solver": solver, "reason": "zero constraint feature with positive right-hand side",
                             "time": time.perf_counter() - t0})
     # W = 0 satisfies every row when b ≤ 0 on the inequalities and b = 0 on the equalities, and has the
@@ -899,7 +906,7 @@ def _trivial(cs: ConstraintSet, red: _Reduced, zero: NDArray[np.bool_], t0: floa
     homogeneous = bool(np.all(cs.rhs[cs.inequality] <= 0) and np.all(cs.rhs[cs.equality] == 0))
     if homogeneous or not red.mask.any() or red.A.shape[2] == 0 or red.Z.shape[1] == 0:
         d = cs.d
-        return RawSolution(np.zeros((d, d)), np.zeros(cs.mask.shape), "optimal", 0,
+        return RawSolution(np.zeros((d, d)), np.zeros(cs.mask.shape), OPTIMAL, 0,
                            {"solver": solver, "objective": 0.0, "dual_objective": 0.0, "relative_gap": 0.0,
                             "time": time.perf_counter() - t0})
     return None
@@ -911,9 +918,8 @@ def _check_cs(cs: ConstraintSet) -> None:
 
 
 # ----------------------------------------------------------------------------- public solvers
-def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: int = 60, seed: int = 0
-                  ) -> RawSolution:
-    """Att-SVM* (SPEC §3): ``min ‖W‖_*`` subject to the constraint set ``cs``.
+def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **overrides: Any) -> RawSolution:
+    """Att-SVM* (docs/spec.md §3): ``min ‖W‖_*`` subject to the constraint set ``cs``.
 
     Parameters
     ----------
@@ -932,37 +938,39 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
     RawSolution
         ``W`` (d, d) exactly feasible up to round-off, ``dual`` (n, T) the multipliers λ, status
         ``"optimal"`` (gap ≤ tol), ``"optimal_inaccurate"`` (iteration limit, gap reported), or
-        ``"infeasible"`` with the certificate of SPEC §3 in ``dual``. ``info`` holds ``objective``,
+        ``"infeasible"`` with the certificate of docs/spec.md §3 in ``dual``. ``info`` holds ``objective``,
         ``dual_objective``, ``relative_gap``, ``violation``, ``rank_reduced`` (r_a, r_z) and timings.
 
     See the module docstring for the method (augmented Lagrangian + Burer–Monteiro + L-BFGS on the
     reduced problem) and why it is used instead of cvxpy.
     """
     _check_cs(cs)
-    tol = check_finite_scalar(tol, "tol", positive=True)
-    max_iter = check_positive_int(max_iter, "max_iter")
+    opt = _options(options, overrides, "solve_nuclear")
+    tol, max_iter, seed = opt.tol, opt.max_iter, opt.seed
     t0 = time.perf_counter()
-    red, sub, zero = _reduce(cs)
-    triv = _trivial(cs, red, zero, t0, "alm-burer-monteiro")
+    reduction = reduce(cs)
+    red = _reduce(reduction)
+    triv = _trivial(cs, reduction, red, t0, "alm-burer-monteiro")
     if triv is not None:
         return triv
     r_a, r_z = red.A.shape[2], red.Z.shape[1]
     # start near the rank that typical optima have (~√K/2 here), never below _P0; grown as needed
-    p = min(r_a, r_z, max(_P0, int(round(0.5 * np.sqrt(red.mask.sum())))))
+    p = min(r_a, r_z, max(opt.p0, int(round(0.5 * np.sqrt(red.mask.sum())))))
     rng = np.random.default_rng(seed)
     K, Q = _initial_factors(red, p, rng)
     # small problems: a looser first subproblem before the first polish (fewer L-BFGS iterations;
     # the active-set corrections of the polish absorb the rougher guess at that size)
-    small = bool(red.mask.sum() <= _SMALL_K)
-    if small:  # the fast path; it hands over after _LEAN_MAX_FAILED_POLISH polishes that did not certify
-        res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng, gtol0=_GTOL0_SMALL, lean=True,
-                   max_failed_polish=_LEAN_MAX_FAILED_POLISH)
+    small = bool(red.mask.sum() <= opt.small_k) if opt.path == "auto" else opt.path == "lean"
+    if small:  # the fast path; it hands over after lean_max_failed_polish polishes that did not certify
+        run = _ALMRun(tol=tol, max_iter=max_iter, grow_rank=True, lean=True, gtol0=opt.gtol0_small,
+                      max_failed_polish=opt.lean_max_failed_polish if opt.path == "auto" else None)
+        res = _alm(red, K, Q, opt, run, rng=rng)
     path = "lean"
-    bmax = max(1.0, float(np.abs(cs.rhs).max()))
+    bmax = max(1.0, float(np.abs(red.b).max(initial=0.0)))
     cert = None
     if small and not res.converged and res.violation > 1e-6 * bmax:  # infeasible? then no second path
-        cert = infeasibility_certificate(cs)
-    if not small or (not res.converged and cert is None):
+        cert = find_farkas(cs, red=reduction)
+    if not small or (not res.converged and cert is None and opt.path == "auto"):
         # the reference path: scipy's L-BFGS-B (its Wolfe line search gives the polish steadier points on
         # badly scaled data, e.g. real attention heads), from the same start
         if small:
@@ -971,7 +979,8 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
             rng = np.random.default_rng(seed)
             K, Q = _initial_factors(red, p, rng)
         lean_res = res if small else None
-        res = _alm(red, K, Q, tol=tol, max_iter=max_iter, grow_rank=True, rng=rng, gtol0=_GTOL0, lean=False)
+        res = _alm(red, K, Q, opt, _ALMRun(tol=tol, max_iter=max_iter, grow_rank=True, lean=False, gtol0=opt.gtol0),
+                   rng=rng)
         path = "scipy" if not small else "lean, then scipy"
         if lean_res is not None and not res.converged and _better(lean_res, res, 1e-9 * float(
                 max(1.0, np.abs(red.b).max(initial=0.0)))):
@@ -980,25 +989,24 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
             "inner_iterations": res.n_inner, "path": path, "time": None}
     if res.violation > 1e-6 * bmax:
         if cert is None:
-            cert = infeasibility_certificate(cs)
-        if cert is not None:
-            info.update(reason="augmented Lagrangian stalled; LP certificate found",
-                        time=time.perf_counter() - t0)
-            return RawSolution(None, cert, "infeasible", res.n_outer, info)
-        # feasibility does not depend on the norm: the Frobenius solver's dual ray is a certificate
-        # too (SPEC §3), and it finds one where the LP's tolerances reject a nearly degenerate λ
-        from .frobenius import solve_frobenius
+            cert = find_farkas(cs, red=reduction)
+        if cert is None:
+            # feasibility does not depend on the norm: the Frobenius solver's dual ray is a candidate
+            # too (docs/spec.md §3); like every certificate it is verified before it is used
+            from .frobenius import solve_frobenius
 
-        fro = solve_frobenius(cs)
-        if fro.status == "infeasible":
-            info.update(reason="augmented Lagrangian stalled; certificate from the Frobenius dual ray",
-                        time=time.perf_counter() - t0)
-            return RawSolution(None, fro.dual, "infeasible", res.n_outer, info)
+            fro = solve_frobenius(cs)
+            if fro.status == INFEASIBLE:
+                cert = find_farkas(cs, candidates=(("frobenius dual ray", fro.dual),), red=reduction, lp=False)
+        if cert is not None:
+            info.update(reason=f"augmented Lagrangian stalled; Farkas certificate from the {cert.source}",
+                        certificate_source=cert.source, time=time.perf_counter() - t0)
+            return RawSolution(None, cert.lam, INFEASIBLE, res.n_outer, info)
     M = _make_feasible(red, res.K @ res.Q.T) if res.M is None else res.M  # (already made feasible)
-    W = sub.lift(M)
+    W = reduction.lift_W(M)
     # (a gap ≤ tol counts only for a feasible primal: an infeasible one can have a negative gap)
     feasible = res.violation <= 1e-9 * max(1.0, float(np.abs(red.b).max(initial=0.0)))
-    status = "optimal" if (res.converged or (res.gap <= tol and feasible)) else "optimal_inaccurate"
+    status = OPTIMAL if (res.converged or (res.gap <= tol and feasible)) else OPTIMAL_INACCURATE
     if status != "optimal":
         warnings.warn(f"solve_nuclear stopped after {res.n_outer} outer iterations with relative gap "
                       f"{res.gap:.2e} > tol={tol:.1e} (violation {res.violation:.1e})", RuntimeWarning,
@@ -1006,12 +1014,12 @@ def solve_nuclear(cs: ConstraintSet, *, tol: float = NUCLEAR_GAP_TOL, max_iter: 
     objective = res.primal if res.M is not None else _nuclear(M)
     info.update(objective=objective, dual_objective=res.dual, relative_gap=res.gap,
                 violation=cs.violation(W), time=time.perf_counter() - t0)
-    return RawSolution(W, _lift_dual(red, res.lam), status, res.n_outer, info)
+    return RawSolution(W, reduction.lift_dual(_lift_dual(red, res.lam)), status, res.n_outer, info)
 
 
-def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_iter: int = 60, seed: int = 0,
-                       restarts: int = 3, convex: RawSolution | None = None) -> RawSolution:
-    """Rank-constrained Att-SVM* (SPEC §3): ``min ½(‖K‖_F² + ‖Q‖_F²)`` s.t. the constraints on ``W = KQᵀ``.
+def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, options: NuclearOptions | None = None, restarts: int = 3,
+                       convex: RawSolution | None = None, **overrides: Any) -> RawSolution:
+    """Rank-constrained Att-SVM* (docs/spec.md §3): ``min ½(‖K‖_F² + ‖Q‖_F²)`` s.t. the constraints on ``W = KQᵀ``.
 
     ``K, Q`` have ``rank`` columns (so ``rank(W) ≤ rank``). The problem is non-convex: we run the
     augmented Lagrangian of :func:`solve_nuclear` from ``restarts`` seeded random starts (the first
@@ -1028,24 +1036,27 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_i
     """
     _check_cs(cs)
     rank = check_positive_int(rank, "rank")
-    tol = check_finite_scalar(tol, "tol", positive=True)
-    max_iter = check_positive_int(max_iter, "max_iter")
+    if options is None and "tol" not in overrides:
+        overrides = dict(overrides, tol=RANK_GAP_TOL)
+    opt = _options(options, overrides, "solve_nuclear_rank")
+    tol, max_iter, seed = opt.tol, opt.max_iter, opt.seed
     restarts = check_positive_int(restarts, "restarts")
     t0 = time.perf_counter()
     if convex is None:
-        convex = solve_nuclear(cs, tol=min(tol, NUCLEAR_GAP_TOL), seed=seed)
-    if convex.status == "infeasible":
+        convex = solve_nuclear(cs, replace(opt, tol=min(tol, NUCLEAR_GAP_TOL)))
+    if convex.status == INFEASIBLE:
         info = dict(convex.info, rank=rank, reached_convex_optimum=False, convex_objective=None,
                     objective=None, solver="alm-burer-monteiro-rank")
-        return RawSolution(None, convex.dual, "infeasible", 0, info)
+        return RawSolution(None, convex.dual, INFEASIBLE, 0, info)
     assert convex.W is not None
     f_convex = float(convex.info["objective"])
-    red, sub, zero = _reduce(cs)
+    reduction = reduce(cs)
+    red = _reduce(reduction)
     r_a, r_z = red.A.shape[2], red.Z.shape[1]
     d = cs.d
     p = min(rank, r_a, r_z)
     rng = np.random.default_rng(seed)
-    M_cvx = sub.U.T @ convex.W @ sub.V
+    M_cvx = reduction.reduce_W(convex.W)
     starts: list[tuple[NDArray[np.float64], NDArray[np.float64]]] = []
     Kc, Qc = balanced_factors(M_cvx, rank=p)
     starts.append((Kc, Qc))
@@ -1055,10 +1066,12 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_i
     best: tuple[float, float, _ALMResult] | None = None
     total_outer = 0
     start_objectives: list[float] = []
-    lam_cvx = convex.dual * red.scale * red.mask  # multipliers of the scaled rows: a good first guess
-    scale_b = max(1.0, float(np.abs(cs.rhs).max()))
+    # multipliers of the scaled rows: a good first guess
+    lam_cvx = reduction.reduce_dual(convex.dual) * red.scale * red.mask
+    scale_b = max(1.0, float(np.abs(red.b).max(initial=0.0)))
     for K0, Q0 in starts:
-        res = _alm(red, K0, Q0, tol=tol, max_iter=max_iter, certify=False, lam=lam_cvx)
+        res = _alm(red, K0, Q0, opt, _ALMRun(tol=tol, max_iter=max_iter, certify=False,
+                                             lean=bool(red.mask.sum() <= opt.small_k)), lam=lam_cvx)
         total_outer += res.n_outer
         M = res.K @ res.Q.T
         Mf = _rescale_only(red, M)
@@ -1071,7 +1084,7 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_i
     assert best is not None
     obj, viol, res = best
     M = _rescale_only(red, res.K @ res.Q.T)
-    W = sub.lift(M)
+    W = reduction.lift_W(M)
     K, Q = balanced_factors(W, rank=rank)
     if K.shape[1] < rank:  # d < rank: pad with zero columns
         K = np.hstack([K, np.zeros((d, rank - K.shape[1]))])
@@ -1079,14 +1092,15 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, tol: float = 1e-8, max_i
     rel = (obj - f_convex) / max(f_convex, 1e-300)
     reached = bool(abs(rel) <= CONVEX_OPT_RTOL)
     violation = cs.violation(W)
-    status = "optimal" if reached else ("optimal_inaccurate" if violation <= 1e-8 * scale_b else "max_iter")
+    feasible = relative_violation(cs, W) <= 1e-8
+    status = OPTIMAL if reached else (OPTIMAL_INACCURATE if feasible else MAX_ITER)
     info = {"solver": "alm-burer-monteiro-rank", "rank": rank, "objective": obj, "convex_objective": f_convex,
             "relative_excess": rel, "reached_convex_optimum": reached, "violation": violation,
             "convex_rank_reduced": (r_a, r_z), "restarts": restarts, "K": K, "Q": Q,
             "start_objectives": start_objectives,
             "global_guarantee": reached,
             "time": time.perf_counter() - t0}
-    return RawSolution(W, _lift_dual(red, res.lam), status, total_outer, info)
+    return RawSolution(W, reduction.lift_dual(_lift_dual(red, res.lam)), status, total_outer, info)
 
 
 def _rescale_only(red: _Reduced, M: NDArray[np.float64]) -> NDArray[np.float64]:
