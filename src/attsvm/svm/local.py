@@ -12,6 +12,7 @@ from numpy.typing import ArrayLike
 from ..problem import AttentionProblem
 from ..tokens import LocalOptimalityReport, local_optimality_report
 from .estimator import AttentionSVM
+from .status import INFEASIBLE, SOLUTION_PRESENT
 
 __all__ = ["locally_optimal"]
 

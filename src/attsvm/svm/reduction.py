@@ -12,7 +12,7 @@ A solver never sees the user's units. :func:`reduce` rewrites ``min ‖W‖ s.t.
 2. **Subspaces** (docs/spec.md §3 "Structure"): ``W = U M Vᵀ`` with U spanning {â_k} and V
    spanning {ẑ_i}; computed on the normalised rows, so a sequence with tiny tokens keeps its
    directions.
-3. **Global scale.** ``b̂`` is divided by ``g``, a power of two near the median ``|b̂_k|``
+3. **Global scale.** ``b̂`` is divided by ``g``, the power of two with median ``|b̂_k|/g ∈ (½, 1]``
    (exact in floating point), so the right-hand sides are O(1) and the solvers' absolute
    thresholds mean the same thing on every instance.
 
@@ -87,7 +87,8 @@ class Reduction:
 
 
 def _pow2(x: float) -> float:
-    return float(2.0 ** int(np.round(np.log2(x)))) if x > 0 and np.isfinite(x) else 1.0
+    """The power of two ``g`` with ``x/g ∈ (1/2, 1]`` (1 for the unit-norm data of most instances)."""
+    return float(2.0 ** int(np.ceil(np.log2(x)))) if x > 0 and np.isfinite(x) else 1.0
 
 
 def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> Reduction:
