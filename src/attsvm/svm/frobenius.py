@@ -55,7 +55,7 @@ from scipy.linalg.lapack import dposv as _dposv
 
 from .._validation import check_choice, check_finite_scalar, check_positive_int
 from ._base import ConstraintSet, RawSolution
-from .certificate import ROW_FLOOR, find_farkas
+from .certificate import ROW_FLOOR, find_farkas, relative_violation
 from .reduction import reduce
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL
 
@@ -300,19 +300,31 @@ def _ldp_nnls(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution | None:
     n, T = cs.mask.shape
     info = {"path": "ldp-nnls", "time": time.perf_counter() - t0, "residual_last": float(r[-1])}
     denom = 1.0 - float(bs @ u)
-    if denom <= tol * max(1.0, float(np.abs(u).sum())):  # r ≈ 0: infeasible, u is the certificate
-        lam_k = u[: idx.size].copy()
-        lam_k[eq] -= u[idx.size:]
-        cert = np.zeros(n * T)
-        cert[idx] = lam_k / max(np.abs(lam_k).sum(), np.finfo(float).tiny)
-        return RawSolution(None, cert.reshape(n, T), "infeasible", 1, info)
-    lam_s = u / (denom * scale ** 2)  # multipliers of the unscaled constraints (w = w'/scale)
-    lam_k = lam_s[: idx.size].copy()
-    lam_k[eq] -= lam_s[idx.size:]
-    M = (F.T @ lam_k).reshape(ra, rz)
-    lam = np.zeros(n * T)
-    lam[idx] = lam_k
-    return RawSolution(sub.lift(M), lam.reshape(n, T), "optimal", 1, info)
+    if denom > 0:
+        # (the denominator is 1/(1 + ‖w‖²)-sized: tiny for a large ‖W‖, and 1 − bᵀu then carries a
+        # large relative error. w lies along Fᵀu: with homogeneous equalities its length is fixed
+        # exactly by the tightest row, b_k / (F Fᵀu)_k, instead of by the denominator)
+        u_k = u[: idx.size].copy()
+        u_k[eq] -= u[idx.size:]
+        D = F.T @ u_k
+        m = F @ D
+        pos = ~eq & (b > 0)
+        if not np.any(eq & (b != 0)) and pos.any() and np.all(m[pos] > 0):
+            t = float(np.max(b[pos] / m[pos]))
+        else:
+            t = 1.0 / (denom * scale ** 2)
+        lam = np.zeros(n * T)
+        lam[idx] = t * u_k
+        M = (t * D).reshape(ra, rz)
+        if np.all(np.isfinite(M)) and relative_violation(rc, M) <= max(tol, 1e-9):
+            return RawSolution(sub.lift(M), lam.reshape(n, T), OPTIMAL, 1, info)
+    # r ≈ 0: u is a candidate Farkas certificate (the caller verifies it)
+    lam_k = u[: idx.size].copy()
+    lam_k[eq] -= u[idx.size:]
+    cert = np.zeros(n * T)
+    cert[idx] = lam_k / max(np.abs(lam_k).sum(), np.finfo(float).tiny)
+    return RawSolution(None, cert.reshape(n, T), INFEASIBLE, 1, info)
+
 
 
 def _pdas(G: NDArray[np.float64], b: NDArray[np.float64], ineq: NDArray[np.bool_], ridge: float,
