@@ -318,7 +318,6 @@ def test_early_polish_matches_late_polish(n: int, T: int, d: int,
                                           seed: int) -> None:
     """The speculative early Newton polish (after a loose first ALM solve) gives the same certified
     optimum as the conservative schedule (polish only once the ALM gap is below 1e-2, patient Newton)."""
-    import attsvm.svm.nuclear as nuclear
 
     p = paper_instance(n, T, d, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
@@ -334,19 +333,19 @@ def test_early_polish_matches_late_polish(n: int, T: int, d: int,
 def test_failed_polish_falls_back_to_more_alm(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the Newton polish fails (here: forced on its first two tries), the augmented Lagrangian
     continues and polishes again later; the answer is still certified optimal."""
-    import attsvm.svm.nuclear as nuclear
+    from attsvm.svm import _kkt
 
     p = paper_instance(15, 15, 20, seed=0)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     ref = solve_nuclear(cs)
-    real = nuclear._polish
+    real = _kkt._polish
     calls: list[int] = []
 
     def flaky(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
         return None if len(calls) <= 2 else real(*args, **kwargs)
 
-    monkeypatch.setattr(nuclear, "_polish", flaky)
+    monkeypatch.setattr(_kkt, "_polish", flaky)
     raw = solve_nuclear(cs)
     assert len(calls) >= 3
     assert raw.status == "optimal"
@@ -360,12 +359,12 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
     """A KKT system without a solution (the optimum's active set, one rank too few) makes Newton
     stagnate; it must stop after _NEWTON_PATIENCE steps instead of crawling on (the polish then
     corrects the guess)."""
-    import attsvm.svm.nuclear as nuclear
+    from attsvm.svm import _factored, _kkt
 
     p = paper_instance(15, 15, 20, seed=0)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     reduction = reduce(cs)
-    red = nuclear._reduce(reduction)
+    red = _factored._reduce(reduction)
     raw = solve_nuclear(cs)
     M = reduction.reduce_W(raw.W)
     lam = reduction.reduce_dual(raw.dual) * red.scale * red.mask  # multipliers of the scaled rows
@@ -374,7 +373,7 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
     assert r >= 2
     K, Q = balanced_factors(M, rank=r - 1)
     steps: list[int] = []
-    real = nuclear._newton_solver
+    real = _kkt._newton_solver
 
     def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         step = real(*args, **kwargs)
@@ -384,13 +383,13 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
             return step(F)
         return counted
 
-    monkeypatch.setattr(nuclear, "_newton_solver", counting)
-    *_, res = nuclear._kkt_newton(red, idx, 1.1 * K, Q, lam.ravel()[idx], NuclearOptions(), max_newton=200)
+    monkeypatch.setattr(_kkt, "_newton_solver", counting)
+    *_, res = _kkt._kkt_newton(red, idx, 1.1 * K, Q, lam.ravel()[idx], NuclearOptions(), max_newton=200)
     assert res > 1e-6  # no KKT point at this rank
     assert len(steps) <= NEWTON_GIVE_UP_STEPS  # without the stagnation test: 26 steps here
     # the guess with the right rank converges to round-off from the same start
     K, Q = balanced_factors(M, rank=r)
-    *_, res = nuclear._kkt_newton(red, idx, 1.1 * K, Q, lam.ravel()[idx], NuclearOptions())
+    *_, res = _kkt._kkt_newton(red, idx, 1.1 * K, Q, lam.ravel()[idx], NuclearOptions())
     assert res <= 1e-10
 
 
@@ -401,7 +400,7 @@ LBFGS_GTOL = 1e-6  # round-off in f stops L-BFGS (ours and scipy's alike) near 1
 @pytest.mark.parametrize("seed", range(3))
 def test_lbfgs_reaches_the_minimiser_of_a_convex_quadratic_and_rosenbrock(seed: int) -> None:
     """Our compact-form L-BFGS (the ALM's inner solver) against closed-form minimisers."""
-    from attsvm.svm.nuclear import _lbfgs
+    from attsvm.svm._lbfgs import lbfgs as _lbfgs
 
     rng = np.random.default_rng(seed)
     B = rng.standard_normal((30, 30))
@@ -427,19 +426,19 @@ def test_early_newton_exit_matches_full_rounds(monkeypatch: pytest.MonkeyPatch, 
                                                seed: int) -> None:
     """Stopping a Newton round early on a wrong-signed multiplier (then correcting the active set)
     gives the same certified optimum as converging every round to round-off."""
-    import attsvm.svm.nuclear as nuclear
+    from attsvm.svm import _kkt
 
     p = paper_instance(n, T, d, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     early_exits: list[int] = []
-    real = nuclear._wrong_sign
+    real = _kkt._wrong_sign
 
     def spy(lam_s: np.ndarray, ineq_s: np.ndarray, rtol: float) -> bool:
         out = real(lam_s, ineq_s, rtol)
         early_exits.append(int(out))
         return out
 
-    monkeypatch.setattr(nuclear, "_wrong_sign", spy)
+    monkeypatch.setattr(_kkt, "_wrong_sign", spy)
     fast = solve_nuclear(cs)
     full = solve_nuclear(cs, NuclearOptions(early_exit_res=0.0))  # never exit early
     for raw in (fast, full):
@@ -458,12 +457,12 @@ NEWTON_STEP_RTOL = 1e-8  # the two factorisations of the same KKT Jacobian (cond
 def test_direct_and_eliminated_newton_steps_agree(n: int, T: int, d: int, seed: int) -> None:
     """The whole-Jacobian LU (small systems) and the elimination in the singular basis of Y (large
     ones) solve the same KKT system: their steps agree on a perturbed optimum, for any residual."""
-    import attsvm.svm.nuclear as nuclear
+    from attsvm.svm import _factored, _kkt
 
     p = paper_instance(n, T, d, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     reduction = reduce(cs)
-    red = nuclear._reduce(reduction)
+    red = _factored._reduce(reduction)
     raw = solve_nuclear(cs)
     M = reduction.reduce_W(raw.W)
     lam = reduction.reduce_dual(raw.dual) * red.scale * red.mask
@@ -476,8 +475,8 @@ def test_direct_and_eliminated_newton_steps_agree(n: int, T: int, d: int, seed: 
     lam_s = lam.ravel()[idx] * (1 + 1e-2 * rng.standard_normal(idx.size))
     for _ in range(3):
         F = rng.standard_normal(K.size + Q.size + idx.size)
-        a = nuclear._newton_solver(Fs, Zs, K, Q, lam_s)(F)
-        b = nuclear._newton_solver_direct(Fs, Zs, K, Q, lam_s)(F)
+        a = _kkt._newton_solver(Fs, Zs, K, Q, lam_s)(F)
+        b = _kkt._newton_solver_direct(Fs, Zs, K, Q, lam_s)(F)
         assert np.abs(a - b).max() <= NEWTON_STEP_RTOL * np.abs(a).max()
 
 
@@ -486,12 +485,12 @@ def test_collapse_onto_the_zero_saddle_is_escaped() -> None:
     and the first quasi-Newton steps land exactly on K = Q = 0, where the gradient vanishes for every
     λ. The ALM must restart along 𝒜*(μ) (not report the infeasible zero matrix) and reach Clarabel's
     optimum."""
-    import attsvm.svm.nuclear as nuclear
+    from attsvm.svm import _alm, _factored
 
     p = paper_instance(15, 5, 10, seed=19)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
-    red = nuclear._reduce(reduce(cs))
-    K, Q = nuclear._escape_origin(red, np.zeros_like(red.b), 1.0, 3)
+    red = _factored._reduce(reduce(cs))
+    K, Q = _alm._escape_origin(red, np.zeros_like(red.b), 1.0, 3)
     M = K @ Q.T
     assert np.any(M) and matrix_rank(M) == 3
     raw = solve_nuclear(cs)
@@ -507,9 +506,10 @@ def test_infeasible_primal_is_never_reported_optimal(monkeypatch: pytest.MonkeyP
     with the saddle escape disabled, the solver ends at W = 0, which must not pass as optimal on its
     gap alone."""
     import attsvm.svm.nuclear as nuclear
+    from attsvm.svm import _alm
 
     zeros = lambda red, p, *args, **kwargs: (np.zeros((red.A.shape[2], p)), np.zeros((red.Z.shape[1], p)))  # noqa: E731
-    monkeypatch.setattr(nuclear, "_escape_origin", lambda red, lam, rho, p: zeros(red, p))
+    monkeypatch.setattr(_alm, "_escape_origin", lambda red, lam, rho, p: zeros(red, p))
     # both paths (the lean one and scipy's, which solve_nuclear falls back to) start on the saddle
     monkeypatch.setattr(nuclear, "_initial_factors", zeros)
     p = paper_instance(15, 5, 10, seed=19)

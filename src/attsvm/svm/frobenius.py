@@ -394,7 +394,6 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
 
     b = red.rhs.ravel()[op.idx]
     ineq = ~red.equality.ravel()[op.idx]
-    bscale = max(1.0, float(np.abs(b).max()))
     feat_scale = float(np.sqrt(diag.max()))
     ridge = opt.ridge * max(float(diag.sum()) / K, np.finfo(float).tiny)
     precond = None if dense else np.maximum(diag, ridge) + ridge
