@@ -9,7 +9,8 @@ It is solved through its dual, the bound-constrained QP
     min_λ  q(λ) = ½‖𝒜*(λ)‖_F² − bᵀλ = ½ λᵀGλ − bᵀλ,     λ_I ≥ 0, λ_E free,
 
 with ``G_kl = (a_kᵀa_l)(z_kᵀz_l)`` and ``W = 𝒜*(λ) = Σ λ_k a_k z_kᵀ``. Everything runs on the reduced
-problem ``W = U M Vᵀ`` of :meth:`ConstraintSet.subspaces` (d × d → r_a × r_z).
+problem of the one reduction, :func:`~attsvm.svm.reduction.reduce` (rows normalised, ``W = U M Vᵀ``,
+d × d → r_a × r_z, right-hand sides O(1)), and the answer is lifted back.
 
 Method: Bertsekas' projected Newton method with ε-active sets. Each iteration fixes the ε-binding
 multipliers (``λ_k ≈ 0`` with positive gradient) at zero and takes a Newton step on the free face,
@@ -22,23 +23,24 @@ guessed face until the face repeats, :func:`_pdas`), which on the Att-SVM data i
 optimum, so the Newton loop only certifies it; a wrong guess merely changes the starting point.
 Two linear-algebra paths:
 
-* dense (K ≤ ``dense_max``): the K × K Gram matrix and a Cholesky factorisation of ``G_FF``;
+* dense (K ≤ ``FrobeniusOptions.dense_max``): the K × K Gram matrix and a Cholesky factorisation of ``G_FF``;
 * matrix-free (large K): conjugate gradients on ``G_FF`` with a Jacobi preconditioner, every product
   being one adjoint ``𝒜*`` and one operator ``𝒜`` call, O(n·T·r_a + n·r_a·r_z) — the K × K Gram
   matrix is never formed.
 
-Constraint generation (K > ``WORKING_SET_MIN``): the support is usually a small part of K, so the
-method runs on a working set — the ``WORKING_SET_START`` hardest constraints of each sequence (smallest
-``‖a_k‖‖z_k‖``) — then adds the most violated of the others and re-solves, warm-started, until no
+Constraint generation (K > ``FrobeniusOptions.working_set_min``): the support is usually a small part
+of K, so the method runs on a working set — the ``working_set_start`` hardest constraints of each
+sequence (largest ``b_k/(‖a_k‖‖z_k‖)``) — then adds the most violated of the others and re-solves, warm-started, until no
 constraint is violated. The last sub-problem's solution is then optimal for the full problem (its
 multipliers, padded with zeros, satisfy every KKT condition), so the answer stays exact.
 
 ``G`` may be singular (more constraints than ``r_a·r_z``): the Newton systems get a ridge of relative
-size ``RIDGE``, which makes each step a proximal-point step; W is unique even when λ is not.
+size ``FrobeniusOptions.ridge``, which makes each step a proximal-point step; W is unique even when λ is not.
 
 Infeasibility (docs/spec.md §3): the dual is then unbounded below along some ``λ ≥ 0`` with ``𝒜*(λ) = 0``,
 ``bᵀλ > 0``; the iterates run off along it, and as soon as ``λ/‖λ‖₁`` is such a direction to
-round-off the solver stops with status ``"infeasible"`` and that certificate (``1ᵀ|λ| = 1``).
+round-off the solver stops with status ``"infeasible"`` and that certificate (``1ᵀ|λ| = 1``), once
+:func:`~attsvm.svm.certificate.find_farkas` has verified it (else the exact LP decides).
 """
 
 from __future__ import annotations

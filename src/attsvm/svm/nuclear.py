@@ -5,22 +5,24 @@ Method (and why)
 ``min ‖W‖_*  s.t.  a_itᵀ W z_i ≥ b_it (inequalities),  = b_it (equalities)`` is solved by our own
 **augmented Lagrangian on the Burer–Monteiro factorisation** of the *reduced* variable:
 
-1. Reduction (docs/spec.md §3, "Structure"): some optimum has the form ``W = U M Vᵀ`` with ``U`` spanning
-   the features {a_k} and ``V`` the queries {z_i}; ``M`` is ``r_a × r_z`` with ``r_z ≤ n``.
+1. Reduction (:mod:`.reduction`, docs/spec.md §3 "Structure"): rows normalised, ``W = U M Vᵀ``
+   with ``U`` spanning the features {a_k} and ``V`` the queries {z_i}; ``M`` is ``r_a × r_z`` with
+   ``r_z ≤ n``; right-hand sides O(1) by a global power-of-two scale. Undone by the lift.
 2. Variational identity ``‖M‖_* = min_{M = KQᵀ} ½(‖K‖_F² + ‖Q‖_F²)``, with ``K`` (r_a, p),
    ``Q`` (r_z, p), ``p ≤ min(r_a, r_z)`` — the nuclear norm becomes a smooth quadratic.
 3. Constraints enter through the augmented Lagrangian ``(‖μ‖² − ‖λ‖²)/(2ρ)``,
    ``μ = λ − ρ(𝒜(M) − b)`` (clipped at 0 on inequality rows); each subproblem is smooth and is
-   minimised by L-BFGS warm-started from the previous one; ``λ ← μ`` between them. With at most
-   400 constraint rows the L-BFGS is our own compact-form one (:func:`_lbfgs`), since scipy's
-   wrapper cost more per iteration than the evaluation itself there; above, scipy's L-BFGS-B. The
+   minimised by L-BFGS warm-started from the previous one; ``λ ← μ`` between them
+   (:mod:`._alm`). With at most ``NuclearOptions.small_k`` constraint rows the L-BFGS is our own
+   compact-form one (:mod:`._lbfgs`), whose per-iteration overhead is lower than scipy's
+   wrapper; above, scipy's L-BFGS-B. The
    lean path is a fast path only: after two polishes (step 4) that did not certify, the solve restarts
    with scipy's L-BFGS-B, whose Wolfe line search gives steadier points on badly scaled data (real
    attention heads); ``info["path"]`` says which ran.
    Every evaluation is a handful of dense products, O(K·(r_a + r_z)·p + n·r_z·p).
    The number of columns p starts small and doubles while all are in use; a dead column is
    re-seeded along the top singular pair of ``𝒜*(λ)`` when that exceeds 1 (saddle escape).
-4. Polish: first-order methods stall near 1e-7 relative accuracy, so as early as possible — after
+4. Polish (:mod:`._kkt`): first-order methods stall near 1e-7 relative accuracy, so as early as possible — after
    the first, loosely solved (gtol 1e-3; 1e-2 with at most 400 rows) subproblem once the gap is
    below 0.1 — the rank r and the tight rows S are read off and the smooth KKT system of
    ``min ½(‖K‖² + ‖Q‖²) s.t. 𝒜_S(KQᵀ) = b_S`` (K, Q with r columns) is solved by Newton's method,
@@ -39,18 +41,17 @@ Method (and why)
    inequalities); the loop stops when the relative gap between the two is below ``tol``.
 
 Why not cvxpy: the nuclear norm is an SDP cone there. Interior-point solvers (Clarabel) are
-accurate but slow (≈ 120 s at (n, T, d) = (50, 20, 50) on the development machine); SCS is faster
-(0.9 s / 7 s / 176 s at (50,20,50) / (100,20,100) / (200,32,128) measured by the issue, on an
-idle machine) but first order, with violations around 1e-5 unless pushed (≈ 2 s / ≈ 70 s at
-eps 1e-9 for the two middle sizes, against ≈ 0.25 s / 0.7 s here; ``bench_nuclear.py``). This method returns
-exactly feasible primals and a certified relative duality gap of ≈ 1e-15 (``bench_nuclear.py``
-prints both side by side, with time ratios measured in the same run). The non-convexity of the
-factorisation is never trusted blindly: the returned duality gap certifies the answer
-independently of how it was found.
+accurate but slow at moderate sizes, and SCS is first order (violations around 1e-5 unless pushed
+hard); ``benchmarks/bench_nuclear.py`` compares them with this method in one run (timings live in
+``benchmarks/`` and the README). This method returns exactly feasible primals and a certified
+relative duality gap at round-off level. The non-convexity of the factorisation is never trusted
+blindly: the duality gap, rechecked by :mod:`.certificate`, certifies the answer independently of
+how it was found.
 
-Infeasible constraint sets (docs/spec.md §3, theorem of alternatives) are detected by a zero-feature test
-and, when the augmented Lagrangian stalls, by a linear program (HiGHS) that finds the certificate
-``λ`` (≥ 0 on inequalities, ``bᵀλ = 1``, ``𝒜*(λ) = 0``).
+Infeasible constraint sets (docs/spec.md §3, theorem of alternatives) are detected by a zero-feature
+test and, when the augmented Lagrangian stalls, by the one route of
+:func:`~attsvm.svm.certificate.find_farkas` (a linear program in normalised units, or the Frobenius
+solver's dual ray), whose certificate is verified before "infeasible" is reported.
 """
 
 from __future__ import annotations
