@@ -93,15 +93,21 @@ def _row_violation(cs: ConstraintSet, m: NDArray[np.float64]) -> NDArray[np.floa
     return np.where(cs.equality, np.abs(r), v) + 0.0
 
 
-def relative_violation(cs: ConstraintSet, W: NDArray[np.float64], m: NDArray[np.float64] | None = None) -> float:
+def relative_violation(cs: ConstraintSet, W: NDArray[np.float64], m: NDArray[np.float64] | None = None,
+                       v: NDArray[np.float64] | None = None) -> float:
     """``max_k v_k / σ_k`` of the module doc (0 when no row is violated)."""
-    m = cs.apply(W) if m is None else m
-    v = _row_violation(cs, m)
+    if v is None:
+        v = _row_violation(cs, cs.apply(W) if m is None else m)
+    ii, tt = np.nonzero(v > 0)  # only the violated rows need their scale
+    if ii.size == 0:
+        return 0.0
     wn = float(np.sqrt(np.sum(W * W)))
-    sigma = np.maximum(np.abs(cs.rhs), ROW_FLOOR * np.sqrt(cs.gram_diag()) * wn)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(v > 0, v / np.where(sigma > 0, sigma, 0.0), 0.0)
-    return float(rel.max(initial=0.0))
+    feat = np.sqrt((cs.A[ii, tt] ** 2).sum(-1) * (cs.Z[ii] ** 2).sum(-1))
+    sigma = np.maximum(np.abs(cs.rhs[ii, tt]), ROW_FLOOR * feat * wn)
+    vk = v[ii, tt]
+    if np.any(sigma <= 0):
+        return float("inf")
+    return float((vk / sigma).max())
 
 
 def optimality_certificate(cs: ConstraintSet, W: NDArray[np.float64], lam: NDArray[np.float64],
@@ -134,7 +140,7 @@ def optimality_certificate(cs: ConstraintSet, W: NDArray[np.float64], lam: NDArr
     return OptimalityCertificate(
         norm=nm.name, objective=nm.value(W, svals), primal=float(primal), dual=float(dual), gap=float(gap),
         relative_gap=float(rel_gap), violation=float(v.max(initial=0.0)) + 0.0,
-        relative_violation=relative_violation(cs, W, m), complementarity=float(np.abs(lam * r).max(initial=0.0)),
+        relative_violation=relative_violation(cs, W, m, v), complementarity=float(np.abs(lam * r).max(initial=0.0)),
         dual_norm=nm.dual_norm(Y), lam=lam, margins=m, support=support, rank=rank)
 
 

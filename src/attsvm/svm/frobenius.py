@@ -226,7 +226,9 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
             raise TypeError(f"solve_frobenius got unknown option(s) {unknown}; see FrobeniusOptions")
         opt = replace(opt, **overrides)
     t0 = time.perf_counter()
-    red = reduce(cs)
+    # (rows normalised and scaled here; the subspace step is taken inside, where it pays: the
+    # matrix-free and LDP paths reduce, the dense path works on the K × K Gram matrix)
+    red = reduce(cs, subspace=False)
     n, T = cs.mask.shape
     if red.unattainable.any():
         cert = find_farkas(cs, red=red, lp=False)

@@ -10,9 +10,9 @@ A solver never sees the user's units. :func:`reduce` rewrites ``min ‖W‖ s.t.
    duplicate token, a zero query; tested *per sequence*, relative to that sequence's own
    features) are set aside in :attr:`Reduction.zero`: they read ``0 (≥ | =) b_k``.
 2. **Subspaces** (docs/spec.md §3 "Structure"): ``W = U M Vᵀ`` with U spanning {â_k} and V
-   spanning {ẑ_i}; computed on the normalised rows, so a sequence with tiny tokens keeps its
-   directions.
-3. **Global scale.** ``b̂`` is divided by ``g``, the power of two with median ``|b̂_k|/g ∈ (½, 1]``
+   spanning {ẑ_i}; computed on the normalised rows when the row norms spread over more than
+   ``SPREAD_MAX``, so a sequence with tiny tokens keeps its directions.
+3. **Global scale.** ``b̂`` is divided by ``g``, the power of two with the (upper) median ``|b̂_k|/g ∈ (½, 1]``
    (exact in floating point), so the right-hand sides are O(1) and the solvers' absolute
    thresholds mean the same thing on every instance.
 
@@ -28,13 +28,16 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from ._base import ConstraintSet, Subspaces
+from ._base import ConstraintSet, Subspaces, _orth
 
-__all__ = ["Reduction", "reduce", "ZERO_ROW_RTOL"]
+__all__ = ["Reduction", "reduce", "ZERO_ROW_RTOL", "SPREAD_MAX"]
 
 # A feature a_k is zero when ‖a_k‖ ≤ ZERO_ROW_RTOL · max_t ‖a_it‖ of its own sequence (duplicate
 # tokens leave round-off of this order); a query is zero when it is exactly zero.
 ZERO_ROW_RTOL = 1e-13
+# Step 2 takes its bases from the user's rows while ‖a_k‖ (and ‖z_i‖) vary by at most this factor,
+# else from the normalised rows.
+SPREAD_MAX = 1e6
 
 
 @dataclass(frozen=True)
@@ -108,10 +111,20 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     s = sa * sz[:, None]
     b = np.where(mask, cs.rhs / s, 0.0)
     nzb = np.abs(b[mask & (b != 0)])
-    g = _pow2(float(np.median(nzb))) if nzb.size else 1.0
+    g = _pow2(float(np.partition(nzb, nzb.size // 2)[nzb.size // 2])) if nzb.size else 1.0  # (upper) median
     norm = ConstraintSet(A, Z, mask, b / g, cs.equality & mask)
     if subspace:
-        sub = norm.subspaces(rtol)
+        # bases from the user's rows when their norms are within SPREAD_MAX of each other (the same
+        # bases, up to round-off, under any global change of units), else from the normalised rows,
+        # so that a sequence with tiny tokens keeps its directions
+        def spread(v: NDArray[np.float64]) -> float:
+            return float(v.max() / v.min()) if v.size and v.min() > 0 else np.inf
+
+        rows = cs.A[mask] if spread(na[mask]) <= SPREAD_MAX else A[mask]
+        used = mask.any(axis=1)
+        zs = cs.Z[used] if spread(nz[used]) <= SPREAD_MAX else Z[used]
+        U, V = _orth(rows, rtol), _orth(zs, rtol)
+        sub = Subspaces(U=U, V=V, A=A @ U, Z=Z @ V)
         problem = norm.restrict(sub)
     else:
         sub = Subspaces(U=np.eye(d), V=np.eye(Z.shape[1]), A=A, Z=Z)
