@@ -56,7 +56,8 @@ class _ALMResult:
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: NuclearOptions, run: _ALMRun, *,
          rho: float | None = None, lam: NDArray[np.float64] | None = None,
          rng: np.random.Generator | None = None) -> _ALMResult:
-    """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
+    """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc); one
+    evaluation ``fg`` (on the flattened constraint rows) serves both L-BFGS implementations.
 
     ``run`` says how this run behaves (:class:`_ALMRun`): with ``grow_rank`` the number of columns p
     starts small and doubles (up to min(r_a, r_z)) whenever every column of the current factors is
@@ -101,24 +102,6 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         g[nK:] -= (Zs.T @ (mu[:, None] * FK)).ravel()
         return float(f), g
 
-    def fg_nt(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
-        # the same function on the (n, T) layout, for scipy's L-BFGS-B on large problems. Kept as it
-        # was: the first polish is tried from a loosely solved subproblem, and whether it succeeds
-        # there can hinge on round-off-level differences of the L-BFGS path (a failure costs an
-        # extra outer iteration), so the large sizes keep the path their benchmarks were measured on.
-        p = x.size // (r_a + r_z)
-        nK = r_a * p
-        Kx = x[:nK].reshape(r_a, p)
-        Qx = x[nK:].reshape(r_z, p)
-        c = red.apply_factored(Kx, Qx) - red.b
-        mu = lam - rho * c
-        mu = np.where(ineq, np.maximum(mu, 0.0), mu) * mask
-        f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam * mask, lam)) / (2 * rho)
-        B = np.einsum("nt,ntr->nr", mu, red.A)  # (n, r_a)
-        gK = Kx - B.T @ (red.Z @ Qx)
-        gQ = Qx - red.Z.T @ (B @ Kx)
-        return float(f), np.concatenate([gK.ravel(), gQ.ravel()])
-
     x = np.concatenate([K.ravel(), Q.ravel()])
     n_inner = 0
     best: _ALMResult | None = None
@@ -135,7 +118,7 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
                 x, nit = lbfgs(fg, x, gtol=gtol, max_iter=inner_max, memory=opt.lbfgs_memory,
                                 max_halvings=opt.lbfgs_max_halvings)
             else:  # large subproblems: the evaluation dominates, and scipy's line search is the safer one
-                res = minimize(fg_nt, x, jac=True, method="L-BFGS-B",
+                res = minimize(fg, x, jac=True, method="L-BFGS-B",
                                options={"maxiter": inner_max, "maxcor": opt.lbfgs_memory, "gtol": gtol, "ftol": 1e-16})
                 x, nit = res.x, int(res.nit)
             n_inner += nit

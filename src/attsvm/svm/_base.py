@@ -24,7 +24,73 @@ from numpy.typing import NDArray
 from ..problem import AttentionProblem
 from ..tokens import pair_differences
 
-__all__ = ["ConstraintSet", "att_svm_constraints", "Subspaces", "RawSolution", "SolverStatus"]
+__all__ = ["ConstraintSet", "Operator", "att_svm_constraints", "Subspaces", "RawSolution", "SolverStatus"]
+
+
+# ---------------------------------------------------------------- the one operator implementation
+def margins(A: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``a_itᵀ u_i`` (n, T) from features A (n, T, r) and per-sequence vectors U (n, r) (``u_i = M z_i``)."""
+    return np.einsum("ntr,nr->nt", A, U)
+
+
+def weighted_features(A: NDArray[np.float64], L: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``Σ_t λ_it a_it`` (n, r) from features A (n, T, r) and weights L (n, T)."""
+    return np.einsum("nt,ntr->nr", L, A)
+
+
+class Operator:
+    """``𝒜(M)_it = a_itᵀ M z_i`` and ``𝒜*(λ) = Σ λ_it a_it z_iᵀ`` — written once, used by every solver.
+
+    On the (n, T) layout (:meth:`apply`, :meth:`adjoint`, :meth:`apply_factored` for ``M = KQᵀ``)
+    and on flat K-vectors over the masked pairs in row-major order (:meth:`apply_flat`,
+    :meth:`adjoint_flat`). Cost O(n·T·r_a + n·r_a·r_z) per call; the K × K Gram matrix is formed
+    only on request (:meth:`gram`). Rows where ``mask`` is False must have zero features.
+    """
+
+    def __init__(self, A: NDArray[np.float64], Z: NDArray[np.float64], mask: NDArray[np.bool_]) -> None:
+        self.A = A  # (n, T, r_a)
+        self.Z = Z  # (n, r_z)
+        self.mask = mask
+        self.n, self.T = mask.shape
+        self.idx = np.flatnonzero(mask.ravel())
+        self.K = self.idx.size
+
+    def apply(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
+        """(n, T) margins of M (r_a, r_z)."""
+        return margins(self.A, self.Z @ M.T)
+
+    def apply_factored(self, K: NDArray[np.float64], Q: NDArray[np.float64]) -> NDArray[np.float64]:
+        """(n, T) margins of ``M = K Qᵀ`` without forming M."""
+        return margins(self.A, (self.Z @ Q) @ K.T)
+
+    def adjoint(self, L: NDArray[np.float64]) -> NDArray[np.float64]:
+        """(r_a, r_z) ``Σ λ_it a_it z_iᵀ`` from λ (n, T)."""
+        return weighted_features(self.A, L).T @ self.Z
+
+    def to_nt(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        out = np.zeros(self.n * self.T)
+        out[self.idx] = lam
+        return out.reshape(self.n, self.T)
+
+    def apply_flat(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
+        return self.apply(M).ravel()[self.idx]
+
+    def adjoint_flat(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        return self.adjoint(self.to_nt(lam))
+
+    def _flat_rows(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.A.reshape(-1, self.A.shape[-1])[self.idx], self.Z[self.idx // self.T]
+
+    def gram(self) -> NDArray[np.float64]:
+        """``G_kl = (a_kᵀa_l)(z_kᵀz_l)`` (K, K) over the masked pairs."""
+        Af, Zf = self._flat_rows()
+        G = Af @ Af.T
+        G *= Zf @ Zf.T
+        return G
+
+    def gram_diag_flat(self) -> NDArray[np.float64]:
+        Af, Zf = self._flat_rows()
+        return (Af ** 2).sum(1) * (Zf ** 2).sum(1)
 
 
 @dataclass(frozen=True)
@@ -108,14 +174,29 @@ class ConstraintSet:
         return self.mask & ~self.equality
 
     # ---------------------------------------------------------------- operator and adjoint
+    @property
+    def operator(self) -> Operator:
+        """The :class:`Operator` of these constraints (built once)."""
+        op = self.__dict__.get("_operator")
+        if op is None:
+            op = Operator(self.A, self.Z, self.mask)
+            object.__setattr__(self, "_operator", op)
+        return op
+
     def apply(self, W: NDArray[np.float64]) -> NDArray[np.float64]:
         """``𝒜(W)_it = a_itᵀ W z_i`` of shape (n, T) (0 where masked). ``W`` may be (R, d, d)."""
+        W = np.asarray(W)
+        if W.ndim == 2:
+            return self.operator.apply(W)  # (features are zero where masked)
         U = np.einsum("...de,ne->...nd", W, self.Z)  # W z_i, (..., n, d)
-        return np.einsum("ntd,...nd->...nt", self.A, U) * self.mask
+        return np.einsum("ntd,...nd->...nt", self.A, U)
 
     def adjoint(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
         """``𝒜*(λ) = Σ_it λ_it a_it z_iᵀ`` of shape (d, d). ``lam`` may be (R, n, T) → (R, d, d)."""
-        B = np.einsum("...nt,ntd->...nd", lam * self.mask, self.A)  # Σ_t λ_it a_it, (..., n, d)
+        lam = np.asarray(lam)
+        if lam.ndim == 2:
+            return self.operator.adjoint(lam)  # (features are zero where masked)
+        B = np.einsum("...nt,ntd->...nd", lam, self.A)  # Σ_t λ_it a_it, (..., n, d)
         return np.einsum("...nd,ne->...de", B, self.Z)
 
     def gram_diag(self) -> NDArray[np.float64]:
@@ -127,11 +208,7 @@ class ConstraintSet:
 
         Only for small K (it is K² memory); matrix-free solvers use :meth:`apply`/:meth:`adjoint`.
         """
-        idx = np.flatnonzero(self.mask.ravel())
-        Af = self.A.reshape(-1, self.d)[idx]
-        seq = idx // self.T
-        Zf = self.Z[seq]
-        return (Af @ Af.T) * (Zf @ Zf.T)
+        return self.operator.gram()
 
     def violation(self, W: NDArray[np.float64]) -> float:
         """Max constraint violation: ``max(b − m)_+`` over inequalities and ``|m − b|`` over equalities."""

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._validation import check_choice, check_finite_scalar, check_positive_int
+from ._base import margins, weighted_features
 from .reduction import Reduction
 
 __all__ = ["NuclearOptions", "balanced_factors"]
@@ -99,17 +100,15 @@ class _Reduced:
     mask: NDArray[np.bool_]     # (n, T) active constraints (non-zero features)
     scale: NDArray[np.float64]  # (n, T) ‖a_it‖ ‖z_i‖ (1 where masked out)
 
+    # 𝒜, 𝒜* are the shared ones of :class:`~attsvm.svm._base.Operator`
     def apply(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
-        Mz = self.Z @ M.T  # (n, r_a): M z_i
-        return np.einsum("ntr,nr->nt", self.A, Mz)
+        return margins(self.A, self.Z @ M.T)
 
     def apply_factored(self, K: NDArray[np.float64], Q: NDArray[np.float64]) -> NDArray[np.float64]:
-        Mz = (self.Z @ Q) @ K.T  # (n, r_a): K Qᵀ z_i
-        return np.einsum("ntr,nr->nt", self.A, Mz)
+        return margins(self.A, (self.Z @ Q) @ K.T)
 
     def adjoint(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
-        B = np.einsum("nt,ntr->nr", lam, self.A)  # (n, r_a)
-        return B.T @ self.Z  # (r_a, r_z)
+        return weighted_features(self.A, lam).T @ self.Z
 
     def violation(self, m: NDArray[np.float64]) -> float:
         """Max violation in the *original* (unscaled) units."""

@@ -122,47 +122,6 @@ class FrobeniusOptions:
 DENSE_MAX = FrobeniusOptions.dense_max
 
 
-class _Operator:
-    """The reduced constraint operator on flat K-vectors of multipliers (row-major masked pairs)."""
-
-    def __init__(self, cs: ConstraintSet) -> None:
-        self.cs = cs
-        self.n, self.T = cs.mask.shape
-        self.idx = np.flatnonzero(cs.mask.ravel())
-        self.A = cs.A  # (n, T, r_a)
-        self.Z = cs.Z  # (n, r_z)
-        self.K = self.idx.size
-
-    def to_nt(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
-        out = np.zeros(self.n * self.T)
-        out[self.idx] = lam
-        return out.reshape(self.n, self.T)
-
-    def adjoint(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``M = Σ_k λ_k a_k z_kᵀ`` (r_a, r_z)."""
-        L = self.to_nt(lam)
-        B = np.matmul(L[:, None, :], self.A)[:, 0, :]  # (n, r_a): Σ_t λ_it a_it
-        return B.T @ self.Z
-
-    def apply(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Margins ``a_kᵀ M z_k`` as a flat K-vector."""
-        Uz = self.Z @ M.T  # (n, r_a): M z_i
-        m = np.matmul(self.A, Uz[:, :, None])[:, :, 0]  # (n, T)
-        return m.ravel()[self.idx]
-
-    def gram(self) -> NDArray[np.float64]:
-        Af = self.A.reshape(-1, self.A.shape[-1])[self.idx]
-        Zf = self.Z[self.idx // self.T]
-        G = Af @ Af.T
-        G *= Zf @ Zf.T
-        return G
-
-    def gram_diag(self) -> NDArray[np.float64]:
-        Af = self.A.reshape(-1, self.A.shape[-1])[self.idx]
-        Zf = self.Z[self.idx // self.T]
-        return (Af ** 2).sum(1) * (Zf ** 2).sum(1)
-
-
 def _pcg(matvec, rhs: NDArray[np.float64], precond: NDArray[np.float64], rtol: float, maxiter: int
          ) -> tuple[NDArray[np.float64], int]:
     """Preconditioned conjugate gradients for an SPD operator; returns (x, iterations)."""
@@ -375,7 +334,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
     # matrix-free path on the reduced problem W = U M Vᵀ
     sub = None if dense else cs.subspaces()
     red = cs if sub is None else cs.restrict(sub)
-    op = _Operator(red)
+    op = red.operator
     info: dict = {"backend": "frobenius", "K": K, "path": "dense" if dense else "matrix_free"}
     if sub is not None:
         info.update(r_a=sub.U.shape[1], r_z=sub.V.shape[1])
@@ -383,7 +342,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
         info.update(path="trivial", time=time.perf_counter() - t0)
         return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), "optimal", 0, info)
     G = op.gram() if dense else None
-    diag = op.gram_diag() if G is None else G.diagonal().copy()
+    diag = op.gram_diag_flat() if G is None else G.diagonal().copy()
     if diag.max() <= 0 or (sub is not None and (sub.U.shape[1] == 0 or sub.V.shape[1] == 0)):
         # every feature a_k z_kᵀ is zero: W = 0 is the only candidate; a constraint it violates is
         # itself the certificate (e_k, with 𝒜*(e_k) = 0 and b_k e_k > 0)
@@ -411,8 +370,8 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
             m = G @ lam
             wsq = float(lam @ m)
             return None, m, m - b, 0.5 * wsq - float(b @ lam), wsq
-        M = op.adjoint(lam)
-        m = op.apply(M)
+        M = op.adjoint_flat(lam)
+        m = op.apply_flat(M)
         wsq = float(np.sum(M * M))
         return M, m, m - b, 0.5 * wsq - float(b @ lam), wsq
 
@@ -480,7 +439,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
                 def mv(v: NDArray[np.float64]) -> NDArray[np.float64]:
                     full = np.zeros(K)
                     full[fidx] = v
-                    return op.apply(op.adjoint(full))[fidx] + ridge * v
+                    return op.apply_flat(op.adjoint_flat(full))[fidx] + ridge * v
 
                 rtol = min(1e-2, max(1e-14, 0.1 * float(np.linalg.norm(pg)) / max(1.0, float(np.linalg.norm(b)))))
                 x, k_cg = _pcg(mv, -gF, precond[fidx], rtol, cg_max_iter)
@@ -497,7 +456,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
                 break
             alpha *= 0.5
         if not accepted:  # Newton direction useless here: a projected-gradient (Cauchy) step
-            Gg = G @ np.where(binding, 0.0, g) if G is not None else op.apply(op.adjoint(np.where(binding, 0.0, g)))
+            Gg = G @ np.where(binding, 0.0, g) if G is not None else op.apply_flat(op.adjoint_flat(np.where(binding, 0.0, g)))
             gg = float(g[~binding] @ g[~binding])
             step = gg / max(float(np.where(binding, 0.0, g) @ Gg), np.finfo(float).tiny)
             cand = project(lam - step * np.where(binding, 0.0, g))
@@ -511,13 +470,13 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
     dual = op.to_nt(lam)
     if status == "infeasible":
         cert = dual / np.abs(dual).sum()
-        info["certificate_residual"] = float(np.linalg.norm(op.adjoint(lam))) / float(np.abs(lam).sum())
+        info["certificate_residual"] = float(np.linalg.norm(op.adjoint_flat(lam))) / float(np.abs(lam).sum())
         return RawSolution(None, cert, "infeasible", pdas_iter + it, info)
     if status == "max_iter":
         log.warning("frobenius solver stopped after max_iter=%d iterations (violation %.2e, gap %.2e)",
                     max_iter, viol, gap)
     if M is None:
-        M = op.adjoint(lam)
+        M = op.adjoint_flat(lam)
     return RawSolution(M if sub is None else sub.lift(M), dual, status, pdas_iter + it, info)
 
 
