@@ -235,7 +235,7 @@ class ConstraintSet:
         return ConstraintSet(sub.A, sub.Z, self.mask, self.rhs, self.equality)
 
 
-SolverStatus = str  # "optimal" | "optimal_inaccurate" | "infeasible" | "max_iter" | "error"
+SolverStatus = str  # one of attsvm.svm.status.Status (a str enum)
 
 
 @dataclass

@@ -194,6 +194,6 @@ def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solve
         lam = red.lift_farkas(np.where(ineq, np.abs(dual), 0.0))
         s = lam.sum()
         return RawSolution(None, lam / s if s > 0 else lam, status, n_iter, info)
-    if status == "max_iter":
+    if status == MAX_ITER:
         info["message"] = f"{solver} stopped at the time limit ({time_limit} s) without a solution"
     return RawSolution(None, dual, ERROR if status != MAX_ITER else status, n_iter, info)

@@ -94,8 +94,8 @@ class AttentionSVM:
         "auto": our solvers (Frobenius: projected Newton on the dual, :mod:`.frobenius`; nuclear:
         augmented Lagrangian on factors, :mod:`.nuclear`). "cvxpy": the vectorised reference.
     tol : float
-        Certificate tolerance: maximal constraint violation (relative to ``max(1, |b|)``) and
-        relative duality gap for status "optimal".
+        Certificate tolerance: maximal relative constraint violation and relative duality gap for
+        status "optimal" (both scale-free; defined in :mod:`attsvm.svm.certificate`).
     max_iter : int, optional
         Iteration cap passed to the backend (None: the backend's default).
     on_infeasible : {"status", "raise"}
@@ -112,7 +112,9 @@ class AttentionSVM:
     dual_coef_ : (n, T) multipliers λ (0 at α_i; ≥ 0 on inequalities).
     margins_ : (n, T) ``a_itᵀ W z_i``; ``+inf`` at α_i (where no constraint exists).
     support_ : (n, T) bool, the tight constraints (support tokens, docs/spec.md §2; equality rows included).
-    max_violation_, duality_gap_, relative_gap_, complementary_slackness_ : the certificate.
+    max_violation_, relative_violation_, duality_gap_, relative_gap_, complementary_slackness_ :
+        the certificate (:mod:`attsvm.svm.certificate`; ``max_violation_`` is in the user's units).
+    dual_ : λ — ``dual_coef_`` after a solve, ``certificate_`` when infeasible.
     status_ : "optimal" | "optimal_inaccurate" | "max_iter" | "infeasible" | "error".
     certificate_, certificate_residual_ : λ and ‖𝒜*(λ)‖_F when infeasible (else None).
     tokens_ : (n,) the selection α (None after :meth:`fit_constraints`).

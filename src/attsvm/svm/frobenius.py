@@ -340,7 +340,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
         info.update(r_a=sub.U.shape[1], r_z=sub.V.shape[1])
     if K == 0:
         info.update(path="trivial", time=time.perf_counter() - t0)
-        return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), "optimal", 0, info)
+        return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), OPTIMAL, 0, info)
     G = op.gram() if dense else None
     diag = op.gram_diag_flat() if G is None else G.diagonal().copy()
     if diag.max() <= 0 or (sub is not None and (sub.U.shape[1] == 0 or sub.V.shape[1] == 0)):
@@ -349,11 +349,11 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
         info.update(path="trivial", time=time.perf_counter() - t0)
         bad = np.where(cs.inequality, cs.rhs > 0, cs.equality & (cs.rhs != 0))
         if not bad.any():
-            return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), "optimal", 0, info)
+            return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), OPTIMAL, 0, info)
         k = np.unravel_index(int(np.argmax(bad)), bad.shape)
         cert = np.zeros((n, T))
         cert[k] = float(np.sign(cs.rhs[k]))
-        return RawSolution(None, cert, "infeasible", 0, info)
+        return RawSolution(None, cert, INFEASIBLE, 0, info)
 
     b = red.rhs.ravel()[op.idx]
     ineq = ~red.equality.ravel()[op.idx]
@@ -468,11 +468,11 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
 
     info.update(time=time.perf_counter() - t0, violation=viol, gap=gap, cg_iterations=cg_total)
     dual = op.to_nt(lam)
-    if status == "infeasible":
+    if status == INFEASIBLE:
         cert = dual / np.abs(dual).sum()
         info["certificate_residual"] = float(np.linalg.norm(op.adjoint_flat(lam))) / float(np.abs(lam).sum())
-        return RawSolution(None, cert, "infeasible", pdas_iter + it, info)
-    if status == "max_iter":
+        return RawSolution(None, cert, INFEASIBLE, pdas_iter + it, info)
+    if status == MAX_ITER:
         log.warning("frobenius solver stopped after max_iter=%d iterations (violation %.2e, gap %.2e)",
                     max_iter, viol, gap)
     if M is None:
@@ -521,7 +521,7 @@ def _working_set(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
         np.put_along_axis(lam, order, np.where(valid, raw.dual, 0.0), axis=1)
         # the full layout puts several invalid slots on the same column: re-zero outside S
         lam = np.where(S, lam, 0.0)
-        if raw.status != "optimal" or raw.W is None:
+        if raw.status != OPTIMAL or raw.W is None:
             break
         m = cs.apply(raw.W)
         viol = np.where(cs.inequality & ~S, (cs.rhs - m) / np.maximum(scale, 1e-300), 0.0)
@@ -539,8 +539,8 @@ def _working_set(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
     info = dict(raw.info)
     info.update(path=f"working_set+{raw.info.get('path')}", rounds=rounds, working_set_size=int(S.sum()),
                 time=time.perf_counter() - t0, K=cs.n_constraints)
-    if raw.status == "infeasible":  # a subset is infeasible: so is the full set
-        return RawSolution(None, lam / np.abs(lam).sum(), "infeasible", total_iter, info)
+    if raw.status == INFEASIBLE:  # a subset is infeasible: so is the full set
+        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, total_iter, info)
     if raw.W is not None:
         info["violation"] = cs.violation(raw.W)
     return RawSolution(raw.W, lam, raw.status, total_iter, info)
