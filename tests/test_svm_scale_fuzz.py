@@ -161,3 +161,20 @@ def test_a_wrong_W_or_lambda_is_rejected_for_every_norm(norm):
     assert not optimality_certificate(cs, svm.W_, 0.9 * svm.dual_coef_, norm).passes(1e-8)  # wrong λ
     # and a wrong Farkas λ is rejected too
     assert not farkas_certificate(cs, np.where(cs.mask, 1.0, 0.0)).valid
+
+
+@pytest.mark.parametrize("c", [1e-6, 1.0, 1e6])
+def test_nuclear_info_is_in_the_users_units(c):
+    """The solvers work in reduced units; what they report (objective, dual bound, the rank
+    solver's comparison with the convex optimum) is lifted back."""
+    from attsvm.svm import solve_nuclear, solve_nuclear_rank
+
+    p = paper_instance(6, 8, 10, seed=0)
+    cs = att_svm_constraints(_rescale(p, np.full(p.n, c), np.ones(p.n)))
+    raw = solve_nuclear(cs)
+    nuc = np.linalg.svd(raw.W, compute_uv=False).sum()
+    assert raw.status == "optimal"
+    assert raw.info["objective"] == pytest.approx(nuc, rel=1e-9)
+    assert raw.info["dual_objective"] == pytest.approx(nuc, rel=1e-8)
+    hi = solve_nuclear_rank(cs, rank=10, convex=raw)
+    assert hi.info["reached_convex_optimum"] and hi.status == "optimal"

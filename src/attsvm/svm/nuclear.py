@@ -224,8 +224,10 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
         warnings.warn(f"solve_nuclear stopped after {res.n_outer} outer iterations with relative gap "
                       f"{res.gap:.2e} > tol={tol:.1e} (violation {res.violation:.1e})", RuntimeWarning,
                       stacklevel=2)
-    objective = res.primal if res.M is not None else _nuclear(M)
-    info.update(objective=objective, dual_objective=res.dual, relative_gap=res.gap,
+    # (the ALM works in the reduced units: ‖W‖_* = g · ‖M‖_*, and the dual bound scales alike)
+    g = reduction.global_scale
+    objective = g * (res.primal if res.M is not None else _nuclear(M))
+    info.update(objective=objective, dual_objective=g * res.dual, relative_gap=res.gap,
                 violation=cs.violation(W), time=time.perf_counter() - t0)
     return RawSolution(W, reduction.lift_dual(_lift_dual(red, res.lam)), status, res.n_outer, info)
 
@@ -288,7 +290,7 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, options: NuclearOptions 
         total_outer += res.n_outer
         M = res.K @ res.Q.T
         Mf = _rescale_only(red, M)
-        obj = _nuclear(Mf)
+        obj = reduction.global_scale * _nuclear(Mf)  # ‖W‖_* in the user's units
         viol = red.violation(red.apply(Mf))
         start_objectives.append(obj)
         key = (viol > 1e-8 * scale_b, obj)
