@@ -205,6 +205,8 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
         info.update(certificate_source=cert.source, certificate_residual=cert.residual)
         return RawSolution(None, cert.lam, INFEASIBLE, raw.n_iter, info)
     W = None if raw.W is None else red.lift_W(raw.W)
+    if W is not None:  # (``gap`` stays in the solver's units; the violation is reported in the user's)
+        info["violation"] = cs.violation(W)
     return RawSolution(W, red.lift_dual(raw.dual, degree=2), raw.status, raw.n_iter, info)
 
 
