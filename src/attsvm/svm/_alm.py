@@ -56,8 +56,7 @@ class _ALMResult:
 def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: NuclearOptions, run: _ALMRun, *,
          rho: float | None = None, lam: NDArray[np.float64] | None = None,
          rng: np.random.Generator | None = None) -> _ALMResult:
-    """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc); one
-    evaluation ``fg`` (on the flattened constraint rows) serves both L-BFGS implementations.
+    """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
     ``run`` says how this run behaves (:class:`_ALMRun`): with ``grow_rank`` the number of columns p
     starts small and doubles (up to min(r_a, r_z)) whenever every column of the current factors is
@@ -102,6 +101,25 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         g[nK:] -= (Zs.T @ (mu[:, None] * FK)).ravel()
         return float(f), g
 
+    def fg_nt(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        # the same function on the (n, T) layout, for scipy's L-BFGS-B on large problems: it uses the
+        # per-sequence structure (z_i shared by the T rows of sequence i), O(n·r·p + K·r) per call
+        # against fg's O(K·r·p) — 4× faster at (100, 20, 100) — while fg's fewer, flat products win on
+        # small problems. Replacing either by the other also moves the L-BFGS path at round-off level,
+        # on which the early polish's success (one outer iteration or two) can hinge.
+        p = x.size // (r_a + r_z)
+        nK = r_a * p
+        Kx = x[:nK].reshape(r_a, p)
+        Qx = x[nK:].reshape(r_z, p)
+        c = red.apply_factored(Kx, Qx) - red.b
+        mu = lam - rho * c
+        mu = np.where(ineq, np.maximum(mu, 0.0), mu) * mask
+        f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam * mask, lam)) / (2 * rho)
+        B = np.einsum("nt,ntr->nr", mu, red.A)  # (n, r_a)
+        gK = Kx - B.T @ (red.Z @ Qx)
+        gQ = Qx - red.Z.T @ (B @ Kx)
+        return float(f), np.concatenate([gK.ravel(), gQ.ravel()])
+
     x = np.concatenate([K.ravel(), Q.ravel()])
     n_inner = 0
     best: _ALMResult | None = None
@@ -118,7 +136,7 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
                 x, nit = lbfgs(fg, x, gtol=gtol, max_iter=inner_max, memory=opt.lbfgs_memory,
                                 max_halvings=opt.lbfgs_max_halvings)
             else:  # large subproblems: the evaluation dominates, and scipy's line search is the safer one
-                res = minimize(fg, x, jac=True, method="L-BFGS-B",
+                res = minimize(fg_nt, x, jac=True, method="L-BFGS-B",
                                options={"maxiter": inner_max, "maxcor": opt.lbfgs_memory, "gtol": gtol, "ftol": 1e-16})
                 x, nit = res.x, int(res.nit)
             n_inner += nit
