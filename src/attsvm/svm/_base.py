@@ -30,12 +30,12 @@ __all__ = ["ConstraintSet", "Operator", "att_svm_constraints", "Subspaces", "Raw
 # ---------------------------------------------------------------- the one operator implementation
 def margins(A: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:
     """``a_itᵀ u_i`` (n, T) from features A (n, T, r) and per-sequence vectors U (n, r) (``u_i = M z_i``)."""
-    return np.einsum("ntr,nr->nt", A, U)
+    return np.matmul(A, U[:, :, None])[:, :, 0]  # batched BLAS: ~1.5× faster than einsum here
 
 
 def weighted_features(A: NDArray[np.float64], L: NDArray[np.float64]) -> NDArray[np.float64]:
     """``Σ_t λ_it a_it`` (n, r) from features A (n, T, r) and weights L (n, T)."""
-    return np.einsum("nt,ntr->nr", L, A)
+    return np.matmul(L[:, None, :], A)[:, 0, :]
 
 
 class Operator:
