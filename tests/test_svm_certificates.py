@@ -155,7 +155,7 @@ def test_cvxpy_solver_failure_becomes_a_status(monkeypatch):
     """A cvxpy SolverError (or any backend exception) is reported as status "error" with its message."""
     cp = pytest.importorskip("cvxpy")
 
-    def boom(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def boom(self, *args, **kwargs):
         raise cp.error.SolverError("solver crashed")
 
     monkeypatch.setattr(cp.Problem, "solve", boom)
@@ -170,7 +170,7 @@ def test_lp_failure_is_not_an_exception(monkeypatch):
 
     from attsvm.svm import find_farkas
 
-    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def broken(*args, **kwargs):
         raise RuntimeError("HiGHS failed")
 
     monkeypatch.setattr(scipy.optimize, "linprog", broken)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.svm import AttentionSVM, NotFittedError, att_svm_constraints, feasible, locally_optimal, solve_cvxpy, solve_frobenius
+from attsvm.svm import (
+    AttentionSVM,
+    NotFittedError,
+    att_svm_constraints,
+    feasible,
+    locally_optimal,
+    solve_cvxpy,
+    solve_frobenius,
+)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +113,7 @@ def test_unfitted_estimator():
     with pytest.raises(NotFittedError, match="not fitted yet"):
         svm.to_dict()
     with pytest.raises(NotFittedError, match="not fitted yet"):
-        svm.W_  # noqa: B018
+        svm.W_
     assert not hasattr(svm, "status_")  # an AttributeError, as scikit-learn's NotFittedError
     assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
 

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.svm import AttentionSVM, ConstraintSet, att_svm_constraints, solve_cvxpy, solve_frobenius
+from attsvm.svm import (
+    AttentionSVM,
+    ConstraintSet,
+    att_svm_constraints,
+    solve_cvxpy,
+    solve_frobenius,
+)
 
 OBJ_RTOL = 1e-6  # objective agreement between implementations (issue #2)
 W_ATOL = 1e-4  # W agreement between implementations (issue #2)
@@ -42,7 +48,7 @@ def test_three_implementations_agree(n, T, d):
     ref = solve_cvxpy(cs, "fro")
     assert ref.status in ("optimal", "optimal_inaccurate")
     W_skl = _sklearn_W(cs)
-    f = lambda W: float(np.linalg.norm(W))  # noqa: E731
+    f = lambda W: float(np.linalg.norm(W))
     assert f(ours.W) == pytest.approx(f(ref.W), rel=OBJ_RTOL)
     assert f(ours.W) == pytest.approx(f(W_skl), rel=OBJ_RTOL)
     np.testing.assert_allclose(ours.W, ref.W, atol=W_ATOL)

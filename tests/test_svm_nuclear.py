@@ -16,9 +16,22 @@ import pytest
 from attsvm import AttentionProblem
 from attsvm.datasets import paper_instance, random_instance
 from attsvm.metrics import matrix_rank
-from attsvm.svm import AttentionSVM, ConstraintSet, att_svm_constraints, feasible, reduce, solve_cvxpy
-from attsvm.svm.nuclear import (CONVEX_OPT_RTOL, NuclearOptions, balanced_factors, infeasibility_certificate, solve_nuclear,
-                                solve_nuclear_rank)
+from attsvm.svm import (
+    AttentionSVM,
+    ConstraintSet,
+    att_svm_constraints,
+    feasible,
+    reduce,
+    solve_cvxpy,
+)
+from attsvm.svm.nuclear import (
+    CONVEX_OPT_RTOL,
+    NuclearOptions,
+    balanced_factors,
+    infeasibility_certificate,
+    solve_nuclear,
+    solve_nuclear_rank,
+)
 
 OBJ_RTOL = 1e-5        # objective agreement with cvxpy (issue #2)
 VIOL_TOL = 1e-8        # max constraint violation
@@ -341,7 +354,7 @@ def test_failed_polish_falls_back_to_more_alm(monkeypatch: pytest.MonkeyPatch) -
     real = _kkt._polish
     calls: list[int] = []
 
-    def flaky(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def flaky(*args, **kwargs):
         calls.append(1)
         return None if len(calls) <= 2 else real(*args, **kwargs)
 
@@ -375,7 +388,7 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
     steps: list[int] = []
     real = _kkt._newton_solver
 
-    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def counting(*args, **kwargs):
         step = real(*args, **kwargs)
 
         def counted(F: np.ndarray) -> np.ndarray:
@@ -508,7 +521,7 @@ def test_infeasible_primal_is_never_reported_optimal(monkeypatch: pytest.MonkeyP
     import attsvm.svm.nuclear as nuclear
     from attsvm.svm import _alm
 
-    zeros = lambda red, p, *args, **kwargs: (np.zeros((red.A.shape[2], p)), np.zeros((red.Z.shape[1], p)))  # noqa: E731
+    zeros = lambda red, p, *args, **kwargs: (np.zeros((red.A.shape[2], p)), np.zeros((red.Z.shape[1], p)))
     monkeypatch.setattr(_alm, "_escape_origin", lambda red, lam, rho, p: zeros(red, p))
     # both paths (the lean one and scipy's, which solve_nuclear falls back to) start on the saddle
     monkeypatch.setattr(nuclear, "_initial_factors", zeros)

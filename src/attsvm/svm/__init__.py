@@ -14,11 +14,25 @@ Public entry points: :class:`AttentionSVM` (the estimator over every backend),
 from __future__ import annotations
 
 from ._base import ConstraintSet, RawSolution, Subspaces, att_svm_constraints
-from .certificate import (FarkasCertificate, OptimalityCertificate, farkas_certificate, find_farkas,
-                          optimality_certificate)
+from .certificate import (
+                          FarkasCertificate,
+                          OptimalityCertificate,
+                          farkas_certificate,
+                          find_farkas,
+                          optimality_certificate,
+)
 from .cvxpy_backend import solve_cvxpy
-from .equivalence import (SELECT_EPS, Decomposition, MixtureResult, decomposition, equivalence_constraints,
-                          optimal_mixture, selected_sets, svm_eq, w_fin)
+from .equivalence import (
+                          SELECT_EPS,
+                          Decomposition,
+                          MixtureResult,
+                          decomposition,
+                          equivalence_constraints,
+                          optimal_mixture,
+                          selected_sets,
+                          svm_eq,
+                          w_fin,
+)
 from .estimator import AttentionSVM, InfeasibleSVMError, NotFittedError
 from .feasibility import FeasibilityReport, feasible, feasible_constraints
 from .frobenius import FrobeniusOptions, solve_frobenius
@@ -26,8 +40,18 @@ from .local import locally_optimal
 from .norms import FROBENIUS, NUCLEAR, Norm, get_norm
 from .nuclear import NuclearOptions, balanced_factors, solve_nuclear, solve_nuclear_rank
 from .reduction import Reduction, reduce
-from .status import (ALL_STATUSES, CERTIFIED, ERROR, FAILED, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE,
-                     SOLUTION_PRESENT, Status)
+from .status import (
+                          ALL_STATUSES,
+                          CERTIFIED,
+                          ERROR,
+                          FAILED,
+                          INFEASIBLE,
+                          MAX_ITER,
+                          OPTIMAL,
+                          OPTIMAL_INACCURATE,
+                          SOLUTION_PRESENT,
+                          Status,
+)
 
 __all__ = ["AttentionSVM", "InfeasibleSVMError", "NotFittedError", "feasible", "feasible_constraints",
            "FeasibilityReport", "locally_optimal", "ConstraintSet", "att_svm_constraints", "Subspaces", "RawSolution",

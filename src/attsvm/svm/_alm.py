@@ -15,7 +15,14 @@ from numpy.typing import NDArray
 from scipy.optimize import minimize
 
 from . import _kkt
-from ._factored import (NuclearOptions, _dual_bound, _make_feasible, _nuclear, _Reduced, balanced_factors)
+from ._factored import (
+    NuclearOptions,
+    _dual_bound,
+    _make_feasible,
+    _nuclear,
+    _Reduced,
+    balanced_factors,
+)
 from ._lbfgs import lbfgs
 
 __all__: list[str] = []

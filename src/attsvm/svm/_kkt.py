@@ -88,10 +88,10 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
     # LAPACK's LU directly: scipy's wrappers cost more than the factorisation at these sizes
     lu, piv, info = dgetrf(Jr, overwrite_a=1)
     if info == 0:
-        solve = lambda b: dgetrs(lu, piv, b)[0]  # noqa: E731
+        solve = lambda b: dgetrs(lu, piv, b)[0]
     else:  # pragma: no cover - singular reduced system
         pinv = np.linalg.pinv(Jr)
-        solve = lambda b: pinv @ b  # noqa: E731
+        solve = lambda b: pinv @ b
 
     def step(F: NDArray[np.float64]) -> NDArray[np.float64]:
         fu, fw, fa, fb = to_xi(-F[:nK].reshape(r_a, r), -F[nK:nK + nQ].reshape(r_z, r))

@@ -28,7 +28,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._linalg import correlation
-from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
+from .._validation import (
+    as_float_array,
+    check_choice,
+    check_finite_scalar,
+    check_positive_int,
+)
 from ..problem import AttentionProblem
 from ._base import ConstraintSet
 

@@ -57,24 +57,24 @@ class _Frobenius(Norm):
     name: str = "fro"
     degree: int = 2
 
-    def value(self, W, svals=None) -> float:  # noqa: ANN001
+    def value(self, W, svals=None) -> float:
         return float(np.sqrt(np.sum(W * W)))
 
-    def dual_norm(self, Y) -> float:  # noqa: ANN001
+    def dual_norm(self, Y) -> float:
         return float(np.sqrt(np.sum(Y * Y)))
 
-    def objective(self, W, svals=None) -> float:  # noqa: ANN001
+    def objective(self, W, svals=None) -> float:
         return 0.5 * float(np.sum(W * W))
 
-    def dual_objective(self, bl, Y) -> float:  # noqa: ANN001
+    def dual_objective(self, bl, Y) -> float:
         # max_W bᵀλ + ⟨Y, W⟩ − ... : min ½‖W‖² − ⟨Y, W⟩ at W = Y gives bᵀλ − ½‖Y‖²
         return float(bl) - 0.5 * float(np.sum(Y * Y))
 
-    def prox(self, Y, t) -> NDArray[np.float64]:  # noqa: ANN001
+    def prox(self, Y, t) -> NDArray[np.float64]:
         nrm = self.value(Y)
         return Y * max(0.0, 1.0 - t / nrm) if nrm > 0 else Y.copy()
 
-    def subgradient(self, W) -> NDArray[np.float64]:  # noqa: ANN001
+    def subgradient(self, W) -> NDArray[np.float64]:
         nrm = self.value(W)
         return W / nrm if nrm > 0 else np.zeros_like(W)
 
@@ -84,27 +84,27 @@ class _Nuclear(Norm):
     name: str = "nuc"
     degree: int = 1
 
-    def value(self, W, svals=None) -> float:  # noqa: ANN001
+    def value(self, W, svals=None) -> float:
         if W.size == 0:
             return 0.0
         s = np.linalg.svd(W, compute_uv=False) if svals is None else svals
         return float(s.sum())
 
-    def dual_norm(self, Y) -> float:  # noqa: ANN001
+    def dual_norm(self, Y) -> float:
         return float(np.linalg.norm(Y, 2)) if Y.size else 0.0
 
-    def objective(self, W, svals=None) -> float:  # noqa: ANN001
+    def objective(self, W, svals=None) -> float:
         return self.value(W, svals)
 
-    def dual_objective(self, bl, Y) -> float:  # noqa: ANN001
+    def dual_objective(self, bl, Y) -> float:
         # λ / max(1, ‖Y‖₂) is dual feasible (‖𝒜*(·)‖₂ ≤ 1): weak duality gives this bound
         return float(bl) / max(1.0, self.dual_norm(Y))
 
-    def prox(self, Y, t) -> NDArray[np.float64]:  # noqa: ANN001
+    def prox(self, Y, t) -> NDArray[np.float64]:
         U, s, Vt = np.linalg.svd(Y, full_matrices=False)
         return (U * np.maximum(s - t, 0.0)) @ Vt
 
-    def subgradient(self, W) -> NDArray[np.float64]:  # noqa: ANN001
+    def subgradient(self, W) -> NDArray[np.float64]:
         U, s, Vt = np.linalg.svd(W, full_matrices=False)
         r = int((s > 1e-12 * s[0]).sum()) if s.size and s[0] > 0 else 0
         return U[:, :r] @ Vt[:r]

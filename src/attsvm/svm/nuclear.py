@@ -68,13 +68,21 @@ from numpy.typing import NDArray
 from .._validation import check_positive_int
 from ._alm import _alm, _ALMResult, _ALMRun, _better, _initial_factors
 from ._base import ConstraintSet, RawSolution
-from ._factored import (NuclearOptions, _make_feasible, _nuclear, _options, _reduce, _Reduced, _rescale_only,
-                        balanced_factors)
+from ._factored import (
+    NuclearOptions,
+    _make_feasible,
+    _nuclear,
+    _options,
+    _reduce,
+    _Reduced,
+    _rescale_only,
+    balanced_factors,
+)
 from .certificate import find_farkas, relative_violation
 from .reduction import Reduction, reduce
 from .status import INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
-__all__ = ["solve_nuclear", "solve_nuclear_rank", "NuclearOptions",  # noqa: RUF022
+__all__ = ["solve_nuclear", "solve_nuclear_rank", "NuclearOptions",
            "infeasibility_certificate", "balanced_factors",
            "NUCLEAR_GAP_TOL", "CONVEX_OPT_RTOL"]
 
