@@ -13,7 +13,7 @@ constraint violations. Timings on a shared machine are noisy: compare ratios wit
 sides are warmed up on a tiny instance first, and solves under 2 s are timed best-of-``--repeat``
 (at least; short ones are repeated until 0.5 s was spent on them).
 
-    .venv/bin/python benchmarks/bench_nuclear.py                 # the issue's five sizes
+    .venv/bin/python benchmarks/bench_nuclear.py                 # the five default sizes
     .venv/bin/python benchmarks/bench_nuclear.py --sizes 50,20,50 --cap 120
 """
 
@@ -66,7 +66,7 @@ def _timed(fn, repeat: int):  # noqa: ANN001, ANN202
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="*", action="extend", default=None,
-                    help="n,T,d triples (the flag may be repeated; default: the issue's five sizes)")
+                    help="n,T,d triples (the flag may be repeated; default: the five sizes of the README table)")
     ap.add_argument("--cap", type=float, default=300.0, help="time cap per cvxpy solve, seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--solvers", default="SCS,CLARABEL", help="cvxpy solvers to time")

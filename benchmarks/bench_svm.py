@@ -1,4 +1,4 @@
-"""Speed of our attention-SVM solvers against cvxpy, measured in the same run (issue #2).
+"""Speed of our attention-SVM solvers against cvxpy, measured in the same run.
 
 For each size (n, T, d) of the published data recipe (``paper_instance``, seed 0, cross-attention,
 optimal tokens) it times
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cap", type=float, default=300.0, help="wall-clock cap per cvxpy solve in seconds (default 300)")
     ap.add_argument("--skip-large", action="store_true", help="skip the n·T = 100,000 case")
     ap.add_argument("--sizes", nargs="*", action="extend", default=None, metavar="n,T,d",
-                    help="only these sizes (n,T,d triples) instead of the issue's list (or --quick's)")
+                    help="only these sizes (n,T,d triples) instead of the default list (or --quick's)")
     ap.add_argument("--write", type=Path, nargs="?", const=Path(__file__).with_name("README_svm_table.md"),
                     default=None, help="write the markdown table (default benchmarks/README_svm_table.md)")
     args = ap.parse_args(argv)

@@ -7,7 +7,13 @@ import pytest
 
 from attsvm.datasets import paper_instance, random_instance
 from attsvm.problem import AttentionProblem
-from attsvm.svm import AttentionSVM, ConstraintSet, InfeasibleSVMError, att_svm_constraints, feasible
+from attsvm.svm import (
+    AttentionSVM,
+    ConstraintSet,
+    InfeasibleSVMError,
+    att_svm_constraints,
+    feasible,
+)
 from attsvm.svm.feasibility import farkas_lp, feasible_constraints
 
 CERT_TOL = 1e-8  # ‖Σ λ_k a_k z_kᵀ‖_F of a valid certificate (unit-norm data)

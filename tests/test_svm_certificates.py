@@ -149,3 +149,33 @@ def test_to_dict_and_summary_are_complete():
     for word in ("objective", "support", "violation", "duality gap", "time"):
         assert word in s
     assert "fitted: optimal" in repr(svm)
+
+
+def test_cvxpy_solver_failure_becomes_a_status(monkeypatch):
+    """A cvxpy SolverError (or any backend exception) is reported as status "error" with its message."""
+    cp = pytest.importorskip("cvxpy")
+
+    def boom(self, *args, **kwargs):
+        raise cp.error.SolverError("solver crashed")
+
+    monkeypatch.setattr(cp.Problem, "solve", boom)
+    with pytest.warns(RuntimeWarning, match="returned no solution"):
+        svm = AttentionSVM(backend="cvxpy").fit(paper_instance(4, 5, 6, seed=0))
+    assert svm.status_ == "error" and "solver crashed" in svm.info_["message"]
+
+
+def test_lp_failure_is_not_an_exception(monkeypatch):
+    """HiGHS failing inside the Farkas LP yields no certificate (never an escaping exception)."""
+    import scipy.optimize
+
+    from attsvm.svm import find_farkas
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("HiGHS failed")
+
+    monkeypatch.setattr(scipy.optimize, "linprog", broken)
+    p = paper_instance(6, 8, 3, seed=1)  # infeasible (d too small)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    assert find_farkas(cs) is None
+    svm = AttentionSVM().fit(p, p.optimal_tokens(ties="first"))  # the Frobenius ray still certifies it
+    assert svm.status_ == "infeasible" and svm.certificate_ is not None

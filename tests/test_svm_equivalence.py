@@ -11,8 +11,15 @@ import pytest
 
 from attsvm import AttentionProblem
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.svm.equivalence import (SELECT_EPS, decomposition, equivalence_constraints, optimal_mixture,
-                                    selected_sets, svm_eq, w_fin)
+from attsvm.svm.equivalence import (
+    SELECT_EPS,
+    decomposition,
+    equivalence_constraints,
+    optimal_mixture,
+    selected_sets,
+    svm_eq,
+    w_fin,
+)
 
 VIOL_TOL = 1e-8     # constraint violations of the certified solutions
 GAP_RTOL = 1e-8     # relative duality gap

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.svm import AttentionSVM, att_svm_constraints, feasible, locally_optimal, solve_cvxpy, solve_frobenius
+from attsvm.svm import (
+    AttentionSVM,
+    NotFittedError,
+    att_svm_constraints,
+    feasible,
+    locally_optimal,
+    solve_cvxpy,
+    solve_frobenius,
+)
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +108,14 @@ def test_backend_arguments():
 def test_unfitted_estimator():
     svm = AttentionSVM("nuc", tol=1e-6)
     assert repr(svm) == "AttentionSVM(norm='nuc', tol=1e-06)"
-    with pytest.raises(RuntimeError, match="not fitted yet"):
+    with pytest.raises(NotFittedError, match="not fitted yet"):
         svm.summary()
-    with pytest.raises(RuntimeError, match="not fitted yet"):
+    with pytest.raises(NotFittedError, match="not fitted yet"):
         svm.to_dict()
+    with pytest.raises(NotFittedError, match="not fitted yet"):
+        svm.W_
+    assert not hasattr(svm, "status_")  # an AttributeError, as scikit-learn's NotFittedError
+    assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [

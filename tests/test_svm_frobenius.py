@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.svm import AttentionSVM, ConstraintSet, att_svm_constraints, solve_cvxpy, solve_frobenius
+from attsvm.svm import (
+    AttentionSVM,
+    ConstraintSet,
+    att_svm_constraints,
+    solve_cvxpy,
+    solve_frobenius,
+)
 
 OBJ_RTOL = 1e-6  # objective agreement between implementations (issue #2)
 W_ATOL = 1e-4  # W agreement between implementations (issue #2)
@@ -42,7 +48,7 @@ def test_three_implementations_agree(n, T, d):
     ref = solve_cvxpy(cs, "fro")
     assert ref.status in ("optimal", "optimal_inaccurate")
     W_skl = _sklearn_W(cs)
-    f = lambda W: float(np.linalg.norm(W))  # noqa: E731
+    f = lambda W: float(np.linalg.norm(W))
     assert f(ours.W) == pytest.approx(f(ref.W), rel=OBJ_RTOL)
     assert f(ours.W) == pytest.approx(f(W_skl), rel=OBJ_RTOL)
     np.testing.assert_allclose(ours.W, ref.W, atol=W_ATOL)
@@ -175,14 +181,14 @@ def test_stalled_newton_instance_is_solved_exactly():
 @pytest.mark.parametrize("seed", range(4))
 def test_ldp_route_matches_cvxpy(seed):
     """The NNLS least-distance route on its own, with equality rows (SPEC §5 shape)."""
-    from attsvm.svm.frobenius import _ldp_nnls
+    from attsvm.svm.frobenius import FrobeniusOptions, _ldp_nnls
 
     p = random_instance(4, 5, 6, seed=seed)
     cs = att_svm_constraints(p)
     eq = np.zeros_like(cs.mask)
     eq[0] = cs.mask[0]  # every constraint of sequence 0 becomes an equality
     cs = ConstraintSet(cs.A, cs.Z, cs.mask, cs.rhs, eq)
-    raw = _ldp_nnls(cs, tol=1e-12)
+    raw = _ldp_nnls(cs, FrobeniusOptions(tol=1e-12))
     ref = solve_cvxpy(cs, "fro")
     assert raw is not None and raw.status == "optimal"
     assert cs.violation(raw.W) <= 1e-9
@@ -195,19 +201,18 @@ PDAS_CASES = [(6, 8, 10, 0), (6, 8, 10, 5), (15, 15, 20, 1), (12, 6, 9, 7), (20,
 
 
 @pytest.mark.parametrize("n,T,d,seed", PDAS_CASES)
-def test_pdas_warm_start_matches_cold_start_and_cvxpy(monkeypatch, n, T, d, seed):
+def test_pdas_warm_start_matches_cold_start_and_cvxpy(n, T, d, seed):
     """The primal-dual active-set warm start lands on the exact optimum (the Newton loop only
     certifies it), and agrees with the cold-started projected Newton and with Clarabel."""
-    import attsvm.svm.frobenius as frobenius
+    from attsvm.svm.frobenius import FrobeniusOptions
 
     p = paper_instance(n, T, d, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     warm = solve_frobenius(cs)
     assert warm.status == "optimal"
-    assert 1 <= warm.info["pdas_iterations"] < frobenius.PDAS_MAX_ITER  # the face settled ...
+    assert 1 <= warm.info["pdas_iterations"] < FrobeniusOptions().pdas_max_iter  # the face settled ...
     assert warm.n_iter == warm.info["pdas_iterations"] + 1  # ... and was certified at once
-    monkeypatch.setattr(frobenius, "PDAS_MAX_K", 0)  # cold start from λ = 0
-    cold = solve_frobenius(cs)
+    cold = solve_frobenius(cs, FrobeniusOptions(pdas_max_k=0))  # cold start from λ = 0
     assert "pdas_iterations" not in cold.info and cold.status == "optimal"
     np.testing.assert_allclose(warm.W, cold.W, atol=PATH_TOL * max(1.0, np.abs(cold.W).max()))
     ref = solve_cvxpy(cs, "fro")
@@ -219,13 +224,14 @@ def test_pdas_warm_start_matches_cold_start_and_cvxpy(monkeypatch, n, T, d, seed
 def test_pdas_that_does_not_settle_falls_back_to_projected_newton(seed):
     """d = 4 with K > r_a·r_z: the Gram matrix is singular and the active-set guess cycles; the
     projected Newton iteration must then take over from λ = 0 and still return the optimum."""
-    import attsvm.svm.frobenius as frobenius
+    from attsvm.svm.frobenius import FrobeniusOptions
 
     p = paper_instance(10, 6, 4, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     raw = solve_frobenius(cs)
-    assert raw.info["pdas_iterations"] == frobenius.PDAS_MAX_ITER  # the warm start gave up
-    assert raw.n_iter > frobenius.PDAS_MAX_ITER + 1
+    pdas_max_iter = FrobeniusOptions().pdas_max_iter
+    assert raw.info["pdas_iterations"] == pdas_max_iter  # the warm start gave up
+    assert raw.n_iter > pdas_max_iter + 1
     ref = solve_cvxpy(cs, "fro")
     assert raw.status == "optimal" and cs.violation(raw.W) <= CERT_TOL
     assert float(np.linalg.norm(raw.W)) == pytest.approx(float(np.linalg.norm(ref.W)), rel=OBJ_RTOL)

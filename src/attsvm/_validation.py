@@ -7,12 +7,14 @@ came, so that no user ever sees a numpy traceback from deep inside a solver (STY
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["as_float_array", "check_choice", "check_positive_int", "check_finite_scalar"]
+__all__ = ["as_float_array", "check_choice", "check_positive_int", "check_finite_scalar", "Choice", "Integer",
+           "Real", "ParamSpec", "check_param"]
 
 
 def as_float_array(value: Any, name: str, *, ndim: int | None = None,
@@ -73,3 +75,86 @@ def check_finite_scalar(value: Any, name: str, *, positive: bool = False) -> flo
     if positive and value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}")
     return value
+
+
+# ---------------------------------------------------------------- declarative parameter specs
+# (sklearn's ``_parameter_constraints`` habit: an estimator lists one spec per parameter and
+# :func:`check_param` checks a value against it with a uniform message
+# "{name} must be {expected}; got {value!r}" — TypeError for a wrong type, ValueError otherwise.)
+
+
+class ParamSpec:
+    """Base class of the parameter specs below."""
+
+    expected: str = ""
+
+    def wrong_type(self, value: Any) -> bool:
+        return False
+
+    def ok(self, value: Any) -> bool:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Choice(ParamSpec):
+    """One of a fixed set of values (compared with ``==`` and of the same type)."""
+
+    options: tuple[Any, ...]
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return "one of " + ", ".join(repr(o) for o in self.options)
+
+    def ok(self, value: Any) -> bool:
+        return any(value is o or (type(value) is type(o) and value == o) for o in self.options)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class Integer(ParamSpec):
+    """An integer ``>= minimum`` (or None when ``optional``)."""
+
+    minimum: int = 1
+    optional: bool = False
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return ("None or " if self.optional else "") + f"an integer >= {self.minimum}"
+
+    def wrong_type(self, value: Any) -> bool:
+        return not (_is_int(value) or (self.optional and value is None))
+
+    def ok(self, value: Any) -> bool:
+        return (self.optional and value is None) or (_is_int(value) and value >= self.minimum)
+
+
+@dataclass(frozen=True)
+class Real(ParamSpec):
+    """A finite real number (``> 0`` when ``positive``)."""
+
+    positive: bool = True
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return "a finite number > 0" if self.positive else "a finite number"
+
+    def wrong_type(self, value: Any) -> bool:
+        return not _is_real(value)
+
+    def ok(self, value: Any) -> bool:
+        return _is_real(value) and bool(np.isfinite(value)) and (not self.positive or value > 0)
+
+
+def check_param(value: Any, name: str, spec: ParamSpec) -> Any:
+    """Check ``value`` against ``spec``; raise naming ``name``, the expectation and the value."""
+    if spec.ok(value):
+        return value
+    exc = TypeError if spec.wrong_type(value) else ValueError
+    raise exc(f"{name} must be {spec.expected}; got {value!r}")

@@ -1,34 +1,65 @@
-"""Attention SVMs (SPEC §3, §5): constraint sets, certified solvers, feasibility, local optimality.
+"""Attention SVMs (docs/spec.md §3, §5): constraint sets, certified solvers, feasibility, local optimality.
+
+One path from problem to answer: a :class:`ConstraintSet` goes through the one reduction
+(:mod:`.reduction`: row normalisation, subspaces, global scale), a solver (:mod:`.frobenius`:
+exact projected Newton; :mod:`.nuclear`: augmented Lagrangian on factors; :mod:`.cvxpy_backend`:
+the vectorised cvxpy reference), the lift back, and the one certificate check (:mod:`.certificate`).
+Norm-specific pieces live in :mod:`.norms`, statuses in :mod:`.status`.
 
 Public entry points: :class:`AttentionSVM` (the estimator over every backend),
 :func:`feasible` / :class:`FeasibilityReport`, :func:`locally_optimal`, and the constraint data
-:class:`ConstraintSet` / :func:`att_svm_constraints`. The backends live in private-ish modules:
-:mod:`.frobenius` (exact projected Newton), :mod:`.nuclear` (augmented Lagrangian on factors),
-:mod:`.cvxpy_backend` (the vectorised cvxpy reference).
+:class:`ConstraintSet` / :func:`att_svm_constraints`.
 """
 
 from __future__ import annotations
 
 from ._base import ConstraintSet, RawSolution, Subspaces, att_svm_constraints
+from .certificate import (
+                          FarkasCertificate,
+                          OptimalityCertificate,
+                          farkas_certificate,
+                          find_farkas,
+                          optimality_certificate,
+)
 from .cvxpy_backend import solve_cvxpy
-from .estimator import AttentionSVM, InfeasibleSVMError
+from .equivalence import (
+                          SELECT_EPS,
+                          Decomposition,
+                          MixtureResult,
+                          decomposition,
+                          equivalence_constraints,
+                          optimal_mixture,
+                          selected_sets,
+                          svm_eq,
+                          w_fin,
+)
+from .estimator import AttentionSVM, InfeasibleSVMError, NotFittedError
 from .feasibility import FeasibilityReport, feasible, feasible_constraints
-from .frobenius import solve_frobenius
+from .frobenius import FrobeniusOptions, solve_frobenius
 from .local import locally_optimal
-from .nuclear import balanced_factors, solve_nuclear, solve_nuclear_rank
+from .norms import FROBENIUS, NUCLEAR, Norm, get_norm
+from .nuclear import NuclearOptions, balanced_factors, solve_nuclear, solve_nuclear_rank
+from .reduction import Reduction, reduce
+from .status import (
+                          ALL_STATUSES,
+                          CERTIFIED,
+                          ERROR,
+                          FAILED,
+                          INFEASIBLE,
+                          MAX_ITER,
+                          OPTIMAL,
+                          OPTIMAL_INACCURATE,
+                          SOLUTION_PRESENT,
+                          Status,
+)
 
-__all__ = ["AttentionSVM", "InfeasibleSVMError", "feasible", "feasible_constraints", "FeasibilityReport",
-           "locally_optimal", "ConstraintSet", "att_svm_constraints", "Subspaces", "RawSolution",
-           "solve_frobenius", "solve_cvxpy", "solve_nuclear", "solve_nuclear_rank", "balanced_factors"]
-
-import importlib as _importlib
-
-try:  # SPEC §5 (SVM-NUCLEAR's module); optional until it lands
-    _equivalence = _importlib.import_module(f"{__name__}.equivalence")
-except ModuleNotFoundError as _exc:  # pragma: no cover - only while equivalence.py is missing
-    if _exc.name != f"{__name__}.equivalence":
-        raise
-else:
-    for _name in getattr(_equivalence, "__all__", []):
-        globals()[_name] = getattr(_equivalence, _name)
-        __all__.append(_name)
+__all__ = ["AttentionSVM", "InfeasibleSVMError", "NotFittedError", "feasible", "feasible_constraints",
+           "FeasibilityReport", "locally_optimal", "ConstraintSet", "att_svm_constraints", "Subspaces", "RawSolution",
+           "solve_frobenius", "FrobeniusOptions", "solve_cvxpy", "solve_nuclear", "solve_nuclear_rank",
+           "NuclearOptions", "balanced_factors",
+           "selected_sets", "svm_eq", "w_fin", "decomposition", "optimal_mixture", "equivalence_constraints",
+           "Decomposition", "MixtureResult", "SELECT_EPS",
+           "Reduction", "reduce", "OptimalityCertificate", "FarkasCertificate", "optimality_certificate",
+           "farkas_certificate", "find_farkas", "Norm", "FROBENIUS", "NUCLEAR", "get_norm",
+           "Status", "OPTIMAL", "OPTIMAL_INACCURATE", "INFEASIBLE", "MAX_ITER", "ERROR", "SOLUTION_PRESENT",
+           "CERTIFIED", "FAILED", "ALL_STATUSES"]

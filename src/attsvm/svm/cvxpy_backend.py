@@ -1,4 +1,4 @@
-"""cvxpy reference backend for the attention SVMs (SPEC §3, §5).
+"""cvxpy reference backend for the attention SVMs (docs/spec.md §3, §5).
 
 Two formulations of the same problem ``min ‖W‖ s.t. a_kᵀ W z_k (≥ | =) b_k``:
 
@@ -9,7 +9,7 @@ Two formulations of the same problem ``min ‖W‖ s.t. a_kᵀ W z_k (≥ | =) b
   that ``benchmarks/bench_svm.py`` can time it; never use it for real work.
 
 Frobenius: ``min ½‖W‖_F²`` (a QP; Clarabel by default), whose multipliers are exactly the λ of
-SPEC §3 (``W = Σ λ_k a_k z_kᵀ``). Nuclear: ``min ‖W‖_*`` (an SDP; Clarabel by default, SCS on
+docs/spec.md §3 (``W = Σ λ_k a_k z_kᵀ``). Nuclear: ``min ‖W‖_*`` (an SDP; Clarabel by default, SCS on
 request), whose multipliers satisfy ``‖Σ λ_k a_k z_kᵀ‖₂ ≤ 1``. Duals come back in the (n, T) layout,
 ``λ ≥ 0`` on inequalities and free on equalities, with the sign fixed so that stationarity reads
 ``∂‖W‖ ∋ 𝒜*(λ)``. The solver status is mapped, never swallowed (see :data:`STATUS_MAP`).
@@ -27,6 +27,8 @@ from numpy.typing import NDArray
 
 from .._validation import check_choice, check_finite_scalar
 from ._base import ConstraintSet, RawSolution
+from .reduction import reduce as reduce_constraints
+from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE, Status
 
 __all__ = ["solve_cvxpy", "NORMS", "FORMULATIONS", "STATUS_MAP"]
 
@@ -38,15 +40,15 @@ SOLVERS: tuple[str, ...] = ("CLARABEL", "SCS")
 DEFAULT_SOLVER: dict[str, str] = {"fro": "CLARABEL", "nuc": "CLARABEL"}
 
 # cvxpy status -> ours ("optimal" | "optimal_inaccurate" | "infeasible" | "max_iter" | "error")
-STATUS_MAP: dict[str, str] = {
-    "optimal": "optimal",
-    "optimal_inaccurate": "optimal_inaccurate",
-    "infeasible": "infeasible",
-    "infeasible_inaccurate": "infeasible",
-    "unbounded": "error",
-    "unbounded_inaccurate": "error",
-    "infeasible_or_unbounded": "error",
-    "user_limit": "max_iter",
+STATUS_MAP: dict[str, Status] = {
+    "optimal": OPTIMAL,
+    "optimal_inaccurate": OPTIMAL_INACCURATE,
+    "infeasible": INFEASIBLE,
+    "infeasible_inaccurate": INFEASIBLE,
+    "unbounded": ERROR,
+    "unbounded_inaccurate": ERROR,
+    "infeasible_or_unbounded": ERROR,
+    "user_limit": MAX_ITER,
 }
 
 
@@ -77,7 +79,7 @@ def _solver_options(solver: str, time_limit: float | None, verbose: bool) -> dic
 def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solver: str | None = None,
                 formulation: Literal["aux", "loop"] = "aux", time_limit: float | None = None,
                 reduce: bool = False, verbose: bool = False) -> RawSolution:
-    """Solve ``min ‖W‖ s.t. 𝒜(W) (≥ | =) b`` with cvxpy (SPEC §3; the reference backend).
+    """Solve ``min ‖W‖ s.t. 𝒜(W) (≥ | =) b`` with cvxpy (docs/spec.md §3; the reference backend).
 
     Parameters
     ----------
@@ -92,7 +94,9 @@ def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solve
     time_limit : float, optional
         Seconds given to the solver; a run cut short gets status ``"max_iter"`` (or ``"error"``).
     reduce : bool
-        Solve for ``M`` in ``W = U M Vᵀ`` (``cs.subspaces()``) instead of the full d × d W.
+        Also apply the subspace step of :func:`~attsvm.svm.reduction.reduce` (solve for ``M`` in
+        ``W = U M Vᵀ``) instead of the full d × d W. Row normalisation and the global scale are
+        always applied (and undone).
 
     Returns
     -------
@@ -112,8 +116,10 @@ def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solve
         raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
 
     t0 = time.perf_counter()
-    sub = cs.subspaces() if reduce else None
-    work = cs.restrict(sub) if sub is not None else cs
+    # the one reduction (row normalisation, global scale, optionally the subspaces W = U M Vᵀ):
+    # the solver sees well-scaled data whatever the units of X and Z
+    red = reduce_constraints(cs, subspace=reduce)
+    work = red.problem
     n, T, d = work.A.shape
     rd = work.Z.shape[1]
     W = cp.Variable((d, rd), name="W")
@@ -140,18 +146,22 @@ def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solve
     objective = 0.5 * cp.sum_squares(W) if norm == "fro" else cp.normNuc(W)
     prob = cp.Problem(cp.Minimize(objective), constraints)
     info: dict = {"backend": "cvxpy", "solver": solver, "formulation": formulation, "reduce": reduce}
+    if red.unattainable.any():  # 0 ≥ b > 0 on a zero row: nothing for the solver to do
+        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
+        info.update(cvxpy_status="infeasible", time=time.perf_counter() - t0, reason="zero feature row")
+        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info)
     try:
         prob.solve(solver=solver, **_solver_options(solver, time_limit, verbose))
-    except cp.error.SolverError as exc:
+    except Exception as exc:  # SolverError and anything else: a status with info, never an escaping exception
         info.update(cvxpy_status="solver_error", message=str(exc), time=time.perf_counter() - t0)
         log.warning("cvxpy %s failed: %s", solver, exc)
-        return RawSolution(None, np.zeros((cs.n, cs.T)), "error", 0, info)
+        return RawSolution(None, np.zeros((cs.n, cs.T)), ERROR, 0, info)
     elapsed = time.perf_counter() - t0
     stats = prob.solver_stats
     info.update(cvxpy_status=prob.status, time=elapsed,
                 solve_time=getattr(stats, "solve_time", None),
                 setup_time=getattr(stats, "setup_time", None))
-    status = STATUS_MAP.get(prob.status, "error")
+    status = STATUS_MAP.get(prob.status, ERROR)
     n_iter = int(getattr(stats, "num_iters", 0) or 0)
 
     def _collect(cons: list, rows: NDArray[np.bool_]) -> NDArray[np.float64]:
@@ -173,15 +183,17 @@ def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solve
     if not np.all(np.isfinite(dual)):
         dual = np.nan_to_num(dual)
         info["dual_missing"] = True
-    if status in ("optimal", "optimal_inaccurate", "max_iter") and W.value is not None:
+    info["global_scale"] = red.global_scale
+    if status in (OPTIMAL, OPTIMAL_INACCURATE, MAX_ITER) and W.value is not None:
         Wv = np.asarray(W.value, dtype=float)
-        W_full = sub.lift(Wv) if sub is not None else Wv
-        return RawSolution(W_full, dual, status, n_iter, info)
-    if status == "infeasible":
-        # cvxpy stores a Farkas ray in the duals when the solver gives one; normalise to 1ᵀλ = 1
-        lam = np.where(ineq, np.abs(dual), 0.0)
+        return RawSolution(red.lift_W(Wv), red.lift_dual(dual, degree=2 if norm == "fro" else 1), status,
+                           n_iter, info)
+    if status == INFEASIBLE:
+        # cvxpy stores a Farkas ray in the duals when the solver gives one; normalise to 1ᵀ|λ| = 1
+        # (the estimator accepts it only after .certificate has verified it)
+        lam = red.lift_farkas(np.where(ineq, np.abs(dual), 0.0))
         s = lam.sum()
         return RawSolution(None, lam / s if s > 0 else lam, status, n_iter, info)
-    if status == "max_iter":
+    if status == MAX_ITER:
         info["message"] = f"{solver} stopped at the time limit ({time_limit} s) without a solution"
-    return RawSolution(None, dual, "error" if status != "max_iter" else status, n_iter, info)
+    return RawSolution(None, dual, ERROR if status != MAX_ITER else status, n_iter, info)

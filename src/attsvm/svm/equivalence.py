@@ -1,4 +1,4 @@
-"""SVM-equivalence for nonlinear and multiclass heads (SPEC §5).
+"""SVM-equivalence for nonlinear and multiclass heads (docs/spec.md §5).
 
 After training, attention may keep several tokens per sequence. With the selected sets
 ``O_i = {t : s_it ≥ ε}`` the trained ``W(k)`` is predicted to decompose as ``R·W^eq + W_fin``:
@@ -28,7 +28,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._linalg import correlation
-from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
+from .._validation import (
+    as_float_array,
+    check_choice,
+    check_finite_scalar,
+    check_positive_int,
+)
 from ..problem import AttentionProblem
 from ._base import ConstraintSet
 
@@ -37,7 +42,7 @@ __all__ = ["SELECT_EPS", "selected_sets", "equivalence_constraints", "svm_eq", "
 
 logger = logging.getLogger(__name__)
 
-# Default probability threshold defining the selected sets O_i (SPEC §5).
+# Default probability threshold defining the selected sets O_i (docs/spec.md §5).
 SELECT_EPS = 1e-3
 # Mixture weights at or above this count as the support of the optimal mixture.
 MIXTURE_SUPPORT_TOL = 1e-6
@@ -59,7 +64,7 @@ def _check_probs(probs: ArrayLike, problem: AttentionProblem | None = None) -> N
 
 
 def selected_sets(probs: ArrayLike, eps: float = SELECT_EPS) -> NDArray[np.bool_]:
-    """``O_i = {t : s_it ≥ ε}`` (SPEC §5), a boolean array of shape (n, T) (or (R, n, T)).
+    """``O_i = {t : s_it ≥ ε}`` (docs/spec.md §5), a boolean array of shape (n, T) (or (R, n, T)).
 
     ``probs`` are attention probabilities. The most probable token of each sequence is always
     included, so every ``O_i`` is non-empty whatever ``ε``.
@@ -110,7 +115,7 @@ def _reference(O: NDArray[np.bool_], probs: NDArray[np.float64] | None,
 
 def equivalence_constraints(problem: AttentionProblem, sets: ArrayLike, probs: ArrayLike | None = None, *,
                             reference: ArrayLike | None = None) -> tuple[ConstraintSet, ConstraintSet | None]:
-    """The constraint sets of ``W^eq`` and ``W_fin`` (SPEC §5) with reference tokens ``r_i ∈ O_i``.
+    """The constraint sets of ``W^eq`` and ``W_fin`` (docs/spec.md §5) with reference tokens ``r_i ∈ O_i``.
 
     Returns ``(cs_eq, cs_fin)``: ``cs_eq`` has equalities ``(x_ir − x_it)ᵀ W z_i = 0`` for
     ``t ∈ O_i \\ {r_i}`` and inequalities ``(x_ir − x_iτ)ᵀ W z_i ≥ 1`` for ``τ ∉ O_i``; ``cs_fin``
@@ -147,7 +152,7 @@ def _fit(cs: ConstraintSet, norm: str, tol: float):  # -> AttentionSVM
 
 def svm_eq(problem: AttentionProblem, sets: ArrayLike, *, norm: Literal["fro", "nuc"] = "fro",
            probs: ArrayLike | None = None, reference: ArrayLike | None = None, tol: float = 1e-9):
-    """Solve the SVM-equivalence problem ``W^eq`` of SPEC §5 for the selected sets ``sets`` (n, T).
+    """Solve the SVM-equivalence problem ``W^eq`` of docs/spec.md §5 for the selected sets ``sets`` (n, T).
 
     Returns the fitted, certified :class:`~attsvm.svm.AttentionSVM` (``W_``, ``status_``,
     ``max_violation_``, ``duality_gap_``, ...). ``probs`` only chooses the reference tokens
@@ -160,7 +165,7 @@ def svm_eq(problem: AttentionProblem, sets: ArrayLike, *, norm: Literal["fro", "
 
 def w_fin(problem: AttentionProblem, sets: ArrayLike, probs: ArrayLike, *, norm: Literal["fro", "nuc"] = "fro",
           reference: ArrayLike | None = None, tol: float = 1e-9):
-    """Solve the finite component ``W_fin`` of SPEC §5: logit gaps inside ``O_i`` equal ``log(s_it/s_iτ)``.
+    """Solve the finite component ``W_fin`` of docs/spec.md §5: logit gaps inside ``O_i`` equal ``log(s_it/s_iτ)``.
 
     Returns the fitted :class:`~attsvm.svm.AttentionSVM`. When every ``O_i`` is a single token
     there is no constraint and ``W_fin = 0``.
@@ -176,7 +181,7 @@ def w_fin(problem: AttentionProblem, sets: ArrayLike, probs: ArrayLike, *, norm:
 # ----------------------------------------------------------------------------- decomposition
 @dataclass(frozen=True)
 class Decomposition:
-    """Fit of a trained ``W`` by ``R·W^eq + W_fin`` (SPEC §5).
+    """Fit of a trained ``W`` by ``R·W^eq + W_fin`` (docs/spec.md §5).
 
     Attributes
     ----------
@@ -197,7 +202,7 @@ class Decomposition:
 
 
 def decomposition(W: ArrayLike, W_eq: ArrayLike, W_fin: ArrayLike | None = None) -> Decomposition:
-    """Least-squares scale R of ``W ≈ R·W^eq + W_fin`` and the correlations of SPEC §5.
+    """Least-squares scale R of ``W ≈ R·W^eq + W_fin`` and the correlations of docs/spec.md §5.
 
     ``W_fin=None`` means no finite component (all sets are single tokens).
     """
@@ -218,7 +223,7 @@ def decomposition(W: ArrayLike, W_eq: ArrayLike, W_fin: ArrayLike | None = None)
 # ----------------------------------------------------------------------------- optimal mixture
 @dataclass(frozen=True)
 class MixtureResult:
-    """The optimal attention mixture of every sequence (SPEC §5, convex heads).
+    """The optimal attention mixture of every sequence (docs/spec.md §5, convex heads).
 
     Attributes
     ----------
@@ -263,7 +268,7 @@ def _ce_and_grad(S: NDArray[np.float64], B: NDArray[np.float64], y: NDArray[np.i
 
 def optimal_mixture(problem: AttentionProblem, *, tol: float = 1e-10, max_iter: int = 50_000,
                     support_tol: float = MIXTURE_SUPPORT_TOL) -> MixtureResult:
-    """The best attention mixture per sequence: ``s*_i = argmin_{s ∈ Δ_T} CE(Vᵀ X_iᵀ s, y_i)`` (SPEC §5).
+    """The best attention mixture per sequence: ``s*_i = argmin_{s ∈ Δ_T} CE(Vᵀ X_iᵀ s, y_i)`` (docs/spec.md §5).
 
     For the linear multiclass head the per-sequence cross-entropy is convex in the attention
     weights, so this is a convex program over the simplex. Solved for all sequences at once by

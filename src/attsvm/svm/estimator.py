@@ -1,17 +1,17 @@
-"""``AttentionSVM``: the sklearn-style estimator over every attention-SVM backend (SPEC §2–3, §5).
+"""``AttentionSVM``: the sklearn-style estimator over every attention-SVM backend (docs/spec.md §2–3, §5).
 
-``fit(problem, tokens)`` builds ``Att-SVM(α)`` (SPEC §3) and hands it to :meth:`fit_constraints`,
-which accepts any :class:`ConstraintSet` (SPEC §5's SVM-eq and W_fin too). Whatever backend solved
-the problem, the certificate is recomputed here, uniformly, from ``(constraints, W, λ)``:
+``fit(problem, tokens)`` builds ``Att-SVM(α)`` (docs/spec.md §3) and hands it to
+:meth:`fit_constraints`, which accepts any :class:`ConstraintSet` (docs/spec.md §5's SVM-eq and
+W_fin too). Whatever backend solved the problem, its answer goes through the one certificate
+module, :mod:`.certificate`: the optimality certificate is recomputed from ``(constraints, W, λ)``
+and an infeasibility claim is accepted only with a verified Farkas certificate. ``status_`` is
+"optimal" only when the relative violation and the relative duality gap (both defined there, both
+independent of the units of X and Z) are at most ``tol``.
 
-* primal feasibility: ``max_violation_``;
-* duality gap ``duality_gap_`` = primal − dual objective, where the dual objective is evaluated at
-  the backend's multipliers made dual feasible (λ_I clipped at 0):
-  Frobenius ``½‖W‖² − (bᵀλ − ½‖𝒜*λ‖²)``; nuclear ``‖W‖_* − bᵀλ / max(1, ‖𝒜*λ‖₂)``;
-* ``complementary_slackness_`` ``max_k |λ_k (m_k − b_k)|`` and the support set.
-
-``status_`` is "optimal" only when ``max_violation_ ≤ tol·max(1, |b|_∞)`` and
-``relative_gap_ ≤ tol``; a solution that misses them is "optimal_inaccurate" (or "max_iter").
+The estimator follows scikit-learn's protocol: ``__init__`` only stores, ``get_params`` /
+``set_params`` / ``sklearn.base.clone`` work, parameters are checked against one declarative
+table (:data:`_PARAMETERS`) with the shared validators, and reading a fitted attribute before
+``fit`` raises :class:`NotFittedError`.
 """
 
 from __future__ import annotations
@@ -24,22 +24,22 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._linalg import RANK_TOL
-from .._validation import check_choice, check_finite_scalar, check_positive_int
+from .._validation import Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
-from ..tokens import SUPPORT_TOL
 from ._base import ConstraintSet, RawSolution, att_svm_constraints
+from .certificate import FARKAS_RTOL, find_farkas, optimality_certificate
+from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
-__all__ = ["AttentionSVM", "InfeasibleSVMError", "CERTIFICATE_RTOL"]
+__all__ = ["AttentionSVM", "InfeasibleSVMError", "NotFittedError", "CERTIFICATE_RTOL"]
 
 log = logging.getLogger(__name__)
 
-# A backend's infeasibility certificate is accepted when ‖𝒜*(λ)‖_F ≤ this × max_k ‖a_k‖‖z_k‖.
-CERTIFICATE_RTOL = 1e-9
+# A Farkas certificate is accepted when ‖𝒜*(λ)‖_F ≤ this × Σ|λ_k|‖a_k‖‖z_k‖ (see .certificate).
+CERTIFICATE_RTOL = FARKAS_RTOL
 
 
 class InfeasibleSVMError(ValueError):
-    """Raised by ``AttentionSVM(on_infeasible="raise")`` when the SVM has no feasible point (SPEC §3).
+    """Raised by ``AttentionSVM(on_infeasible="raise")`` when the SVM has no feasible point (docs/spec.md §3).
 
     Attributes: ``certificate`` (n, T) λ ≥ 0 with ``1ᵀλ = 1`` and ``Σ λ_k a_k z_kᵀ ≈ 0``,
     ``residual`` its ``‖𝒜*(λ)‖_F``, ``tokens`` the selection α (None for a raw ConstraintSet).
@@ -53,48 +53,35 @@ class InfeasibleSVMError(ValueError):
         self.tokens = tokens
 
 
-def _is_rank(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1)
+class NotFittedError(ValueError, AttributeError):
+    """A fitted attribute (or :meth:`AttentionSVM.summary`) was read before ``fit``.
+
+    Subclasses ValueError and AttributeError, as scikit-learn's ``NotFittedError`` does, so that
+    ``hasattr(svm, "W_")`` is False on an unfitted estimator."""
 
 
-def _is_pos_float(value: Any) -> bool:
-    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-            and np.isfinite(value) and value > 0)
-
-
-def _is_pos_int_or_none(value: Any) -> bool:
-    return value is None or _is_rank(value)
-
-
-def _is_seed(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
-
-
-# Declarative table of the allowed parameter values (checked in one place, in fit).
-_PARAMETERS: dict[str, tuple[tuple[Any, ...] | Any, str]] = {
-    "norm": (("fro", "nuc"), "one of 'fro', 'nuc'"),
-    "backend": (("auto", "cvxpy"), "one of 'auto', 'cvxpy'"),
-    "on_infeasible": (("status", "raise"), "one of 'status', 'raise'"),
-    "rank": (_is_rank, "None or an integer >= 1"),
-    "tol": (_is_pos_float, "a finite number > 0"),
-    "max_iter": (_is_pos_int_or_none, "None or an integer >= 1"),
-    "seed": (_is_seed, "an integer >= 0"),
-    "solver": ((None, "CLARABEL", "SCS"), "None, 'CLARABEL' or 'SCS' (backend='cvxpy' only)"),
+# Declarative table of the parameters and their allowed values (checked in one place, with the
+# shared validators of attsvm._validation).
+_PARAMETERS: dict[str, ParamSpec] = {
+    "norm": Choice(("fro", "nuc")),
+    "rank": Integer(1, optional=True),
+    "backend": Choice(("auto", "cvxpy")),
+    "tol": Real(positive=True),
+    "max_iter": Integer(1, optional=True),
+    "on_infeasible": Choice(("status", "raise")),
+    "seed": Integer(0),
+    "solver": Choice((None, "CLARABEL", "SCS")),
 }
 
-_is_int = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool)  # noqa: E731
-_is_real = lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)  # noqa: E731
-# Values of the wrong type get a TypeError (a right type with a bad value gets a ValueError).
-_WRONG_TYPE: dict[str, Any] = {
-    "rank": lambda v: v is not None and not _is_int(v),
-    "max_iter": lambda v: v is not None and not _is_int(v),
-    "seed": lambda v: not _is_int(v),
-    "tol": lambda v: not _is_real(v),
-}
+# Attributes set by fit (reading one before fit raises NotFittedError).
+_FITTED = ("status_", "W_", "objective_", "dual_coef_", "dual_", "margins_", "support_", "max_violation_",
+           "relative_violation_", "duality_gap_", "relative_gap_", "complementary_slackness_", "rank_",
+           "certificate_", "certificate_residual_", "tokens_", "n_iter_", "solve_time_", "backend_",
+           "reached_convex_optimum_", "constraints_", "info_", "factors_")
 
 
 class AttentionSVM:
-    """Certified solver of the attention SVMs (SPEC §3): ``min ‖W‖ s.t. (x_{iα_i} − x_it)ᵀ W z_i ≥ 1``.
+    """Certified solver of the attention SVMs (docs/spec.md §3): ``min ‖W‖ s.t. (x_{iα_i} − x_it)ᵀ W z_i ≥ 1``.
 
     Parameters
     ----------
@@ -107,8 +94,8 @@ class AttentionSVM:
         "auto": our solvers (Frobenius: projected Newton on the dual, :mod:`.frobenius`; nuclear:
         augmented Lagrangian on factors, :mod:`.nuclear`). "cvxpy": the vectorised reference.
     tol : float
-        Certificate tolerance: maximal constraint violation (relative to ``max(1, |b|)``) and
-        relative duality gap for status "optimal".
+        Certificate tolerance: maximal relative constraint violation and relative duality gap for
+        status "optimal" (both scale-free; defined in :mod:`attsvm.svm.certificate`).
     max_iter : int, optional
         Iteration cap passed to the backend (None: the backend's default).
     on_infeasible : {"status", "raise"}
@@ -124,8 +111,10 @@ class AttentionSVM:
     W_ : (d, d) solution (None when infeasible). ``objective_``: ‖W‖_F or ‖W‖_*.
     dual_coef_ : (n, T) multipliers λ (0 at α_i; ≥ 0 on inequalities).
     margins_ : (n, T) ``a_itᵀ W z_i``; ``+inf`` at α_i (where no constraint exists).
-    support_ : (n, T) bool, the tight constraints (support tokens, SPEC §2; equality rows included).
-    max_violation_, duality_gap_, relative_gap_, complementary_slackness_ : the certificate.
+    support_ : (n, T) bool, the tight constraints (support tokens, docs/spec.md §2; equality rows included).
+    max_violation_, relative_violation_, duality_gap_, relative_gap_, complementary_slackness_ :
+        the certificate (:mod:`attsvm.svm.certificate`; ``max_violation_`` is in the user's units).
+    dual_ : λ — ``dual_coef_`` after a solve, ``certificate_`` when infeasible.
     status_ : "optimal" | "optimal_inaccurate" | "max_iter" | "infeasible" | "error".
     certificate_, certificate_residual_ : λ and ‖𝒜*(λ)‖_F when infeasible (else None).
     tokens_ : (n,) the selection α (None after :meth:`fit_constraints`).
@@ -147,18 +136,33 @@ class AttentionSVM:
         self.solver = solver
 
     # ------------------------------------------------------------------ parameters
-    def get_params(self) -> dict[str, Any]:
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor parameters (``deep`` is accepted for scikit-learn; there are no
+        nested estimators)."""
         return {k: getattr(self, k) for k in _PARAMETERS}
 
+    def set_params(self, **params: Any) -> AttentionSVM:
+        """Set constructor parameters (scikit-learn protocol); each value is checked against the
+        parameter table, combinations of parameters are checked by ``fit``."""
+        for name, value in params.items():
+            if name not in _PARAMETERS:
+                raise ValueError(f"invalid parameter {name!r} for AttentionSVM; valid parameters are "
+                                 f"{', '.join(_PARAMETERS)}")
+            check_param(value, name, _PARAMETERS[name])
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup fails: a fitted attribute read before fit
+        if name in _FITTED:
+            raise NotFittedError(f"this AttentionSVM is not fitted yet (no attribute {name!r}): call "
+                                 "fit(problem) or fit_constraints(cs) first")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def _validate_params(self) -> None:
-        for name, (allowed, expected) in _PARAMETERS.items():
-            value = getattr(self, name)
-            if callable(allowed):
-                if not allowed(value):
-                    wrong_type = _WRONG_TYPE[name](value) if name in _WRONG_TYPE else False
-                    raise (TypeError if wrong_type else ValueError)(f"{name} must be {expected}; got {value!r}")
-            else:
-                check_choice(value, name, allowed)
+        for name, spec in _PARAMETERS.items():
+            check_param(getattr(self, name), name, spec)
         if self.rank is not None and self.norm != "nuc":
             raise ValueError(f"rank={self.rank} is only defined for norm='nuc' (the rank-constrained "
                              f"Att-SVM*); got norm={self.norm!r}")
@@ -169,7 +173,7 @@ class AttentionSVM:
 
     # ------------------------------------------------------------------ fitting
     def fit(self, problem: AttentionProblem, tokens: ArrayLike | None = None) -> AttentionSVM:
-        """Solve Att-SVM(α) for the selection ``tokens`` (default: the optimal tokens, SPEC §2)."""
+        """Solve Att-SVM(α) for the selection ``tokens`` (default: the optimal tokens, docs/spec.md §2)."""
         self._validate_params()
         if not isinstance(problem, AttentionProblem):
             raise TypeError(f"problem must be an AttentionProblem, got {type(problem).__name__}")
@@ -178,7 +182,7 @@ class AttentionSVM:
         return self._fit(cs, alpha)
 
     def fit_constraints(self, cs: ConstraintSet) -> AttentionSVM:
-        """Solve ``min ‖W‖ s.t. cs`` for any constraint set (e.g. SPEC §5's SVM-eq / W_fin)."""
+        """Solve ``min ‖W‖ s.t. cs`` for any constraint set (e.g. docs/spec.md §5's SVM-eq / W_fin)."""
         self._validate_params()
         if not isinstance(cs, ConstraintSet):
             raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
@@ -189,7 +193,11 @@ class AttentionSVM:
         if self.backend == "cvxpy":
             from .cvxpy_backend import solve_cvxpy
 
-            raw = solve_cvxpy(cs, self.norm, solver=self.solver)  # type: ignore[arg-type]
+            try:
+                raw = solve_cvxpy(cs, self.norm, solver=self.solver)  # type: ignore[arg-type]
+            except Exception as exc:  # a solver failure is a status with info, never an escaping exception
+                raw = RawSolution(None, np.zeros(cs.mask.shape), ERROR, 0,
+                                  {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"})
             return raw, f"cvxpy:{raw.info.get('solver', '?')}"
         if self.norm == "fro":
             from .frobenius import solve_frobenius
@@ -214,10 +222,10 @@ class AttentionSVM:
         self.tokens_ = alpha
         self.constraints_ = cs
         self.reached_convex_optimum_ = raw.info.get("reached_convex_optimum") if self.rank is not None else None
-        if raw.status == "infeasible":
+        if raw.status == INFEASIBLE:
             return self._set_infeasible(cs, raw)
         if raw.W is None:  # the backend failed: report it, never hide it
-            self._clear(status="error" if raw.status != "max_iter" else "max_iter")
+            self._clear(status=MAX_ITER if raw.status == MAX_ITER else ERROR)
             msg = raw.info.get("message", raw.info.get("cvxpy_status", raw.status))
             warnings.warn(f"AttentionSVM: backend {backend} returned no solution ({msg})", RuntimeWarning,
                           stacklevel=3)
@@ -228,100 +236,71 @@ class AttentionSVM:
     def _clear(self, status: str) -> None:
         self.status_ = status
         for name in ("W_", "objective_", "dual_coef_", "margins_", "support_", "max_violation_",
-                     "duality_gap_", "relative_gap_", "complementary_slackness_", "rank_",
+                     "relative_violation_", "duality_gap_", "relative_gap_", "complementary_slackness_", "rank_",
                      "certificate_", "certificate_residual_"):
             setattr(self, name, None)
 
-    def _set_infeasible(self, cs: ConstraintSet, raw: RawSolution) -> AttentionSVM:
-        self._clear("infeasible")
-        lam = np.where(cs.inequality, np.maximum(raw.dual, 0.0), np.where(cs.mask, raw.dual, 0.0))
-        s = float(np.abs(lam).sum())
-        scale = float(np.sqrt(cs.gram_diag().max(initial=0.0))) or 1.0
-        resid = float(np.linalg.norm(cs.adjoint(lam / s))) if s > 0 else np.inf
-        if not (s > 0 and resid <= CERTIFICATE_RTOL * scale and float((cs.rhs * lam).sum()) > 0):
-            from .feasibility import farkas_lp  # the backend's ray is not a valid certificate
+    @property
+    def dual_(self) -> NDArray[np.float64] | None:
+        """The multipliers λ (n, T): ``dual_coef_`` after a solve, the Farkas certificate when infeasible."""
+        if "status_" not in self.__dict__:
+            raise NotFittedError("this AttentionSVM is not fitted yet (no attribute 'dual_'): call fit first")
+        return self.certificate_ if self.status_ == INFEASIBLE else self.dual_coef_
 
-            cert = farkas_lp(cs)
-            if cert is None:
-                self._clear("error")
-                warnings.warn(f"AttentionSVM: backend {self.backend_} reported infeasible but the "
-                              "feasibility LP finds the SVM feasible", RuntimeWarning, stacklevel=3)
-                return self
-            lam, s = cert, 1.0
-            resid = float(np.linalg.norm(cs.adjoint(cert)))
-        self.certificate_ = lam / s
-        self.certificate_residual_ = resid
+    def _set_infeasible(self, cs: ConstraintSet, raw: RawSolution) -> AttentionSVM:
+        """Accept an infeasibility claim only with a verified Farkas certificate (.certificate)."""
+        self._clear(INFEASIBLE)
+        cert = find_farkas(cs, candidates=((f"{self.backend_} certificate", raw.dual),))
+        if cert is None:
+            self._clear(ERROR)
+            warnings.warn(f"AttentionSVM: backend {self.backend_} reported infeasible but no Farkas certificate "
+                          "verifies it (the feasibility LP finds none)", RuntimeWarning, stacklevel=3)
+            return self
+        self.certificate_ = cert.lam
+        self.certificate_residual_ = cert.residual
+        self.info_["certificate_source"] = cert.source
         if self.on_infeasible == "raise":
             where = "" if self.tokens_ is None else f" for tokens {self.tokens_.tolist()[:20]}"
             raise InfeasibleSVMError(
                 f"the attention SVM is infeasible{where}: λ ≥ 0 with 1ᵀλ = 1 and ‖Σ λ_k a_k z_kᵀ‖_F = "
-                f"{resid:.1e} certifies it (SPEC §3); see .certificate", self.certificate_, resid, self.tokens_)
+                f"{cert.residual:.1e} certifies it (docs/spec.md §3); see .certificate", self.certificate_,
+                cert.residual, self.tokens_)
         return self
 
     def _set_certificate(self, cs: ConstraintSet, raw: RawSolution) -> None:
-        """The certificate of the module doc from ``(cs, W, λ)``; one operator call, one adjoint and
-        one SVD of W (shared by the nuclear objective and the rank), so that the certificate costs
-        little next to the solve even on tiny instances."""
+        """The optimality certificate of :mod:`.certificate` from ``(cs, W, λ)``."""
         assert raw.W is not None
-        W = np.asarray(raw.W, dtype=np.float64)
-        ineq = cs.inequality
-        lam = np.where(ineq, np.maximum(raw.dual, 0.0), np.where(cs.mask, raw.dual, 0.0))
-        m = cs.apply(W)  # (n, T), 0 where masked
-        b = cs.rhs
-        AtL = cs.adjoint(lam)
-        svals = np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)
-        bl = float((b * lam).sum())
-        if self.norm == "fro":
-            primal = 0.5 * float(np.sum(W * W))
-            dual = bl - 0.5 * float(np.sum(AtL * AtL))
-            objective = float(np.sqrt(2.0 * primal))
-        else:
-            primal = float(svals.sum())
-            spec = float(np.linalg.norm(AtL, 2)) if AtL.size else 0.0
-            dual = bl / max(1.0, spec)
-            objective = primal
-        gap = primal - dual
-        bscale = max(1.0, float(np.abs(b).max(initial=0.0)))
-        self.W_ = W
-        self.objective_ = objective
-        self.dual_coef_ = lam
-        self.margins_ = np.where(cs.mask, m, np.inf)
-        r = m - b
-        has_eq = bool(cs.equality.any())
-        if not has_eq and not np.any(cs.mask & (b != 1.0)):
-            # = support_tokens(self.margins_) (SPEC §2), without re-reading the +inf entries
-            self.support_ = cs.mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
-        else:
-            tight = np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(b))
-            self.support_ = cs.mask & (tight | cs.equality)
-        # = cs.violation(W), from the margins already at hand
-        viol = float(np.where(ineq, -r, 0.0).max(initial=0.0)) + 0.0  # + 0.0: never print -0.0
-        if has_eq:
-            viol = max(viol, float(np.where(cs.equality, np.abs(r), 0.0).max(initial=0.0)))
-        self.max_violation_ = viol
-        self.duality_gap_ = float(gap)
-        self.relative_gap_ = float(abs(gap) / max(1.0, abs(primal)))
-        self.complementary_slackness_ = float(np.abs(lam * r).max(initial=0.0))  # λ = 0 where masked
-        self.rank_ = int((svals > RANK_TOL * svals[0]).sum()) if svals.size and svals[0] > 0 else 0  # matrix_rank
+        cert = optimality_certificate(cs, raw.W, raw.dual, self.norm)
+        self.W_ = np.asarray(raw.W, dtype=np.float64)
+        self.objective_ = cert.objective
+        self.dual_coef_ = cert.lam
+        self.margins_ = np.where(cs.mask, cert.margins, np.inf)
+        self.support_ = cert.support
+        self.max_violation_ = cert.violation
+        self.relative_violation_ = cert.relative_violation
+        self.duality_gap_ = cert.gap
+        self.relative_gap_ = cert.relative_gap
+        self.complementary_slackness_ = cert.complementarity
+        self.rank_ = cert.rank
         self.certificate_ = None
         self.certificate_residual_ = None
-        ok = self.max_violation_ <= self.tol * bscale and self.relative_gap_ <= self.tol
+        ok = cert.passes(self.tol)
         if self.rank is not None:
             # non-convex problem: the convex dual bound certifies only when the convex optimum is reached
-            ok = self.max_violation_ <= self.tol * bscale and bool(self.reached_convex_optimum_)
+            ok = cert.relative_violation <= self.tol and bool(self.reached_convex_optimum_)
         if ok:
-            self.status_ = "optimal"
+            self.status_ = OPTIMAL
         else:
-            self.status_ = "max_iter" if raw.status == "max_iter" else "optimal_inaccurate"
-            if raw.status == "max_iter":
+            self.status_ = MAX_ITER if raw.status == MAX_ITER else OPTIMAL_INACCURATE
+            if raw.status == MAX_ITER:
                 warnings.warn(f"AttentionSVM: the {self.backend_} backend hit its iteration limit "
                               f"(violation {self.max_violation_:.1e}, relative gap {self.relative_gap_:.1e})",
                               RuntimeWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:
-        if not hasattr(self, "status_"):
-            raise RuntimeError("this AttentionSVM is not fitted yet: call fit(problem) or fit_constraints(cs) first")
+        if "status_" not in self.__dict__:
+            raise NotFittedError("this AttentionSVM is not fitted yet: call fit(problem) or fit_constraints(cs) first")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready result: parameters, status, certificate, W, λ, margins (``None`` at α_i)."""
@@ -348,6 +327,7 @@ class AttentionSVM:
             "backend": self.backend_,
             "objective": finite_or_none(self.objective_),
             "max_violation": finite_or_none(self.max_violation_),
+            "relative_violation": finite_or_none(self.relative_violation_),
             "duality_gap": finite_or_none(self.duality_gap_),
             "relative_gap": finite_or_none(self.relative_gap_),
             "complementary_slackness": finite_or_none(self.complementary_slackness_),
@@ -374,7 +354,7 @@ class AttentionSVM:
                 f"{'' if self.rank is None else f', rank <= {self.rank}'}) via {self.backend_}: "
                 f"status {self.status_}")
         lines = [head, f"  constraints   {cs.n_constraints} (n={cs.n}, T={cs.T}, d={cs.d})"]
-        if self.status_ == "infeasible":
+        if self.status_ == INFEASIBLE:
             lines.append(f"  certificate   lambda >= 0, sum 1, ||A*(lambda)||_F = {self.certificate_residual_:.2e}")
         elif self.W_ is not None:
             per_seq = self.support_.sum(axis=1)
@@ -382,7 +362,7 @@ class AttentionSVM:
                 f"  objective     {self.objective_:.10g}   (rank {self.rank_})",
                 f"  support       {int(self.support_.sum())} tight constraints; per sequence "
                 f"min {int(per_seq.min())} / mean {per_seq.mean():.2f} / max {int(per_seq.max())}",
-                f"  violation     {self.max_violation_:.2e}",
+                f"  violation     {self.max_violation_:.2e} (relative {self.relative_violation_:.2e})",
                 f"  duality gap   {self.duality_gap_:.2e} (relative {self.relative_gap_:.2e})",
                 f"  compl. slack. {self.complementary_slackness_:.2e}",
             ]
@@ -395,7 +375,7 @@ class AttentionSVM:
         defaults = AttentionSVM().get_params()
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items() if v != defaults[k])
         base = f"AttentionSVM({args})"
-        if hasattr(self, "status_"):
+        if "status_" in self.__dict__:
             obj = "" if self.objective_ is None else f", objective={self.objective_:.6g}"
             base += f"  # fitted: {self.status_}{obj}"
         return base

@@ -1,4 +1,4 @@
-"""Our exact Frobenius attention-SVM solver (SPEC §3): no modelling layer in the hot path.
+"""Our exact Frobenius attention-SVM solver (docs/spec.md §3): no modelling layer in the hot path.
 
 Problem (any :class:`ConstraintSet`: inequalities ``≥ b`` and equality rows ``= b``)::
 
@@ -9,7 +9,8 @@ It is solved through its dual, the bound-constrained QP
     min_λ  q(λ) = ½‖𝒜*(λ)‖_F² − bᵀλ = ½ λᵀGλ − bᵀλ,     λ_I ≥ 0, λ_E free,
 
 with ``G_kl = (a_kᵀa_l)(z_kᵀz_l)`` and ``W = 𝒜*(λ) = Σ λ_k a_k z_kᵀ``. Everything runs on the reduced
-problem ``W = U M Vᵀ`` of :meth:`ConstraintSet.subspaces` (d × d → r_a × r_z).
+problem of the one reduction, :func:`~attsvm.svm.reduction.reduce` (rows normalised, ``W = U M Vᵀ``,
+d × d → r_a × r_z, right-hand sides O(1)), and the answer is lifted back.
 
 Method: Bertsekas' projected Newton method with ε-active sets. Each iteration fixes the ε-binding
 multipliers (``λ_k ≈ 0`` with positive gradient) at zero and takes a Newton step on the free face,
@@ -22,103 +23,103 @@ guessed face until the face repeats, :func:`_pdas`), which on the Att-SVM data i
 optimum, so the Newton loop only certifies it; a wrong guess merely changes the starting point.
 Two linear-algebra paths:
 
-* dense (K ≤ ``dense_max``): the K × K Gram matrix and a Cholesky factorisation of ``G_FF``;
+* dense (K ≤ ``FrobeniusOptions.dense_max``): the K × K Gram matrix and a Cholesky factorisation of ``G_FF``;
 * matrix-free (large K): conjugate gradients on ``G_FF`` with a Jacobi preconditioner, every product
   being one adjoint ``𝒜*`` and one operator ``𝒜`` call, O(n·T·r_a + n·r_a·r_z) — the K × K Gram
   matrix is never formed.
 
-Constraint generation (K > ``WORKING_SET_MIN``): the support is usually a small part of K, so the
-method runs on a working set — the ``WORKING_SET_START`` hardest constraints of each sequence (smallest
-``‖a_k‖‖z_k‖``) — then adds the most violated of the others and re-solves, warm-started, until no
+Constraint generation (K > ``FrobeniusOptions.working_set_min``): the support is usually a small part
+of K, so the method runs on a working set — the ``working_set_start`` hardest constraints of each
+sequence (largest ``b_k/(‖a_k‖‖z_k‖)``) — then adds the most violated of the others and re-solves, warm-started, until no
 constraint is violated. The last sub-problem's solution is then optimal for the full problem (its
 multipliers, padded with zeros, satisfy every KKT condition), so the answer stays exact.
 
 ``G`` may be singular (more constraints than ``r_a·r_z``): the Newton systems get a ridge of relative
-size ``RIDGE``, which makes each step a proximal-point step; W is unique even when λ is not.
+size ``FrobeniusOptions.ridge``, which makes each step a proximal-point step; W is unique even when λ is not.
 
-Infeasibility (SPEC §3): the dual is then unbounded below along some ``λ ≥ 0`` with ``𝒜*(λ) = 0``,
+Infeasibility (docs/spec.md §3): the dual is then unbounded below along some ``λ ≥ 0`` with ``𝒜*(λ) = 0``,
 ``bᵀλ > 0``; the iterates run off along it, and as soon as ``λ/‖λ‖₁`` is such a direction to
-round-off the solver stops with status ``"infeasible"`` and that certificate (``1ᵀ|λ| = 1``).
+round-off the solver stops with status ``"infeasible"`` and that certificate (``1ᵀ|λ| = 1``), once
+:func:`~attsvm.svm.certificate.find_farkas` has verified it (else the exact LP decides).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
 from numpy.typing import NDArray
 from scipy.linalg.lapack import dposv as _dposv
 
-from .._validation import check_finite_scalar, check_positive_int
+from .._validation import check_choice, check_finite_scalar, check_positive_int
 from ._base import ConstraintSet, RawSolution
+from .certificate import ROW_FLOOR, find_farkas, relative_violation
+from .reduction import reduce
+from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL
 
-__all__ = ["solve_frobenius", "DENSE_MAX"]
+__all__ = ["solve_frobenius", "FrobeniusOptions", "DENSE_MAX"]
 
 log = logging.getLogger(__name__)
 
-# Largest number of constraints K for which the dense path (K × K Gram + Cholesky) is used.
-DENSE_MAX = 300
-# Ridge added to Newton systems, relative to the mean Gram diagonal.
-RIDGE = 1e-13
-# A normalised dual direction whose adjoint is below this (relative to max ‖a_k‖‖z_k‖) certifies
-# infeasibility.
-INFEASIBLE_RTOL = 1e-9
-# Armijo sufficient-decrease constant and maximal number of step halvings.
-ARMIJO = 1e-4
-MAX_HALVINGS = 40
-# Constraint generation is used above this many constraints; it starts from the WORKING_SET_START
-# hardest constraints (smallest ‖a_k‖‖z_k‖) of each sequence and adds at most max(WORKING_SET_CHUNK,
-# current size) of the most violated constraints per round.
-WORKING_SET_MIN = 4000
-WORKING_SET_START = 8
-WORKING_SET_CHUNK = 2000
-# Dense problems with at most PDAS_MAX_K constraints start from a primal-dual active-set guess
-# (:func:`_pdas`, at most PDAS_MAX_ITER Cholesky solves) instead of λ = 0.
-PDAS_MAX_K = DENSE_MAX
-PDAS_MAX_ITER = 10
+
+@dataclass(frozen=True)
+class FrobeniusOptions:
+    """Options of :func:`solve_frobenius` (all tolerances in the normalised units of :mod:`.reduction`).
+
+    tol : stop when every row's violation ≤ tol·max(|b_k|, ROW_FLOOR·‖W‖_F) and the duality gap
+        ``‖W‖² − bᵀλ`` ≤ tol·‖W‖².
+    max_iter : linear solves (the PDAS warm start's and the projected-Newton iterations').
+    method : "auto" | "dense" | "matrix_free": the linear algebra of the Newton steps ("auto" is
+        dense for K ≤ dense_max).
+    cg_max_iter : conjugate-gradient iterations per Newton step (matrix-free path).
+    working_set : constraint generation (None: for K > working_set_min, or when the matrix-free path
+        would face a singular Gram matrix).
+    ridge : ridge of the Newton systems, relative to the mean Gram diagonal.
+    infeasible_rtol : a normalised dual direction whose adjoint is below this certifies infeasibility.
+    armijo, max_halvings : the projected Armijo search.
+    working_set_min, working_set_start, working_set_chunk : constraint generation above
+        working_set_min constraints, from the working_set_start hardest rows of each sequence (largest
+        normalised rhs), adding at most max(working_set_chunk, current size) violated rows per round.
+    pdas_max_k, pdas_max_iter : dense problems with at most pdas_max_k rows start from a
+        primal-dual active-set guess of at most pdas_max_iter Cholesky solves (0 disables it).
+    ldp_max_k, ldp_min_iter, ldp_max_features : the LDP/NNLS fallback (after a stalled Newton run
+        with a real budget, max_iter ≥ ldp_min_iter) on problems up to that size.
+    """
+
+    tol: float = 1e-10
+    max_iter: int = 200
+    method: str = "auto"
+    dense_max: int = 300
+    cg_max_iter: int = 2000
+    working_set: bool | None = None
+    ridge: float = 1e-13
+    infeasible_rtol: float = 1e-9
+    armijo: float = 1e-4
+    max_halvings: int = 40
+    working_set_min: int = 4000
+    working_set_start: int = 8
+    working_set_chunk: int = 2000
+    pdas_max_k: int = 300
+    pdas_max_iter: int = 10
+    ldp_max_k: int = 20_000
+    ldp_min_iter: int = 20
+    ldp_max_features: int = 4_000
+
+    def __post_init__(self) -> None:
+        check_finite_scalar(self.tol, "tol", positive=True)
+        check_positive_int(self.max_iter, "max_iter")
+        check_choice(self.method, "method", ("auto", "dense", "matrix_free"))
+        check_positive_int(self.dense_max, "dense_max", minimum=0)
+        check_positive_int(self.cg_max_iter, "cg_max_iter")
+        check_positive_int(self.pdas_max_k, "pdas_max_k", minimum=0)
+        check_positive_int(self.pdas_max_iter, "pdas_max_iter", minimum=0)
 
 
-class _Operator:
-    """The reduced constraint operator on flat K-vectors of multipliers (row-major masked pairs)."""
-
-    def __init__(self, cs: ConstraintSet) -> None:
-        self.cs = cs
-        self.n, self.T = cs.mask.shape
-        self.idx = np.flatnonzero(cs.mask.ravel())
-        self.A = cs.A  # (n, T, r_a)
-        self.Z = cs.Z  # (n, r_z)
-        self.K = self.idx.size
-
-    def to_nt(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
-        out = np.zeros(self.n * self.T)
-        out[self.idx] = lam
-        return out.reshape(self.n, self.T)
-
-    def adjoint(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``M = Σ_k λ_k a_k z_kᵀ`` (r_a, r_z)."""
-        L = self.to_nt(lam)
-        B = np.matmul(L[:, None, :], self.A)[:, 0, :]  # (n, r_a): Σ_t λ_it a_it
-        return B.T @ self.Z
-
-    def apply(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Margins ``a_kᵀ M z_k`` as a flat K-vector."""
-        Uz = self.Z @ M.T  # (n, r_a): M z_i
-        m = np.matmul(self.A, Uz[:, :, None])[:, :, 0]  # (n, T)
-        return m.ravel()[self.idx]
-
-    def gram(self) -> NDArray[np.float64]:
-        Af = self.A.reshape(-1, self.A.shape[-1])[self.idx]
-        Zf = self.Z[self.idx // self.T]
-        G = Af @ Af.T
-        G *= Zf @ Zf.T
-        return G
-
-    def gram_diag(self) -> NDArray[np.float64]:
-        Af = self.A.reshape(-1, self.A.shape[-1])[self.idx]
-        Zf = self.Z[self.idx // self.T]
-        return (Af ** 2).sum(1) * (Zf ** 2).sum(1)
+DENSE_MAX = FrobeniusOptions.dense_max
 
 
 def _pcg(matvec, rhs: NDArray[np.float64], precond: NDArray[np.float64], rtol: float, maxiter: int
@@ -149,72 +150,86 @@ def _pcg(matvec, rhs: NDArray[np.float64], precond: NDArray[np.float64], rtol: f
     return x, maxiter
 
 
-def solve_frobenius(cs: ConstraintSet, *, tol: float = 1e-10, max_iter: int = 200,
-                    method: str = "auto", dense_max: int = DENSE_MAX, cg_max_iter: int = 2000,
-                    working_set: bool | None = None
-                    ) -> RawSolution:
-    """Solve the Frobenius attention SVM ``min ½‖W‖_F² s.t. 𝒜(W) (≥ | =) b`` exactly (SPEC §3).
+def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, **overrides: Any) -> RawSolution:
+    """Solve the Frobenius attention SVM ``min ½‖W‖_F² s.t. 𝒜(W) (≥ | =) b`` exactly (docs/spec.md §3).
 
     Parameters
     ----------
     cs : ConstraintSet
-        Constraints; equality rows get free-sign multipliers (SPEC §5's SVM-eq and W_fin).
-    tol : float
-        Stop when the max constraint violation ≤ ``tol·max(1, |b|_∞)`` and the duality gap
-        ``‖W‖² − bᵀλ`` ≤ ``tol·max(1, ‖W‖²)``.
-    max_iter : int
-        Linear solves: those of the primal-dual active-set warm start (dense path, :func:`_pdas`)
-        plus the projected-Newton iterations (each one linear solve); typically 2–30 are used.
-    method : {"auto", "dense", "matrix_free"}
-        Linear algebra of the Newton steps; "auto" is dense for K ≤ ``dense_max``.
-    cg_max_iter : int
-        Cap on conjugate-gradient iterations per Newton step (matrix-free path).
-    working_set : bool, optional
-        Constraint generation: solve on a working set of constraints (the hardest few per sequence),
-        add the violated ones, repeat until none is violated — exact, and much faster when the
-        support is a small part of K. None (default) uses it for K > ``WORKING_SET_MIN`` and when
-        the matrix-free path would face a singular Gram matrix (K > d·min(d, n)).
+        Constraints; equality rows get free-sign multipliers (docs/spec.md §5's SVM-eq and W_fin).
+    options : FrobeniusOptions, optional
+        Solver options (tolerance, iteration cap, linear-algebra path, ...); see
+        :class:`FrobeniusOptions`.
+    **overrides
+        Fields of :class:`FrobeniusOptions` to replace (e.g. ``tol=1e-8, max_iter=50``).
+
+    The instance goes through :func:`~attsvm.svm.reduction.reduce` (row normalisation, subspaces,
+    global scale) and the answer is lifted back, so it does not depend on the units of X and Z.
 
     Returns
     -------
     RawSolution
         ``W`` (d, d) = ``𝒜*(λ)``, ``dual`` λ (n, T), status "optimal" (tolerances met),
-        "max_iter" (not met within ``max_iter``) or "infeasible" (``dual`` is then the certificate).
+        "max_iter" (not met within ``max_iter``) or "infeasible" (``dual`` is then a Farkas
+        certificate verified by :func:`~attsvm.svm.certificate.farkas_certificate`).
         ``info`` holds the path used, the final violation and gap, and CG iteration counts.
     """
     if not isinstance(cs, ConstraintSet):
         raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
-    tol = check_finite_scalar(tol, "tol", positive=True)
-    max_iter = check_positive_int(max_iter, "max_iter")
-    if method not in ("auto", "dense", "matrix_free"):
-        raise ValueError(f"method must be one of 'auto', 'dense', 'matrix_free'; got {method!r}")
+    opt = options if options is not None else FrobeniusOptions()
+    if not isinstance(opt, FrobeniusOptions):
+        raise TypeError(f"options must be a FrobeniusOptions, got {type(opt).__name__}")
+    if overrides:
+        unknown = sorted(set(overrides) - {f.name for f in fields(FrobeniusOptions)})
+        if unknown:
+            raise TypeError(f"solve_frobenius got unknown option(s) {unknown}; see FrobeniusOptions")
+        opt = replace(opt, **overrides)
+    t0 = time.perf_counter()
+    # (rows normalised and scaled here; the subspace step is taken inside, where it pays: the
+    # matrix-free and LDP paths reduce, the dense path works on the K × K Gram matrix)
+    red = reduce(cs, subspace=False)
+    n, T = cs.mask.shape
+    if red.unattainable.any():
+        cert = find_farkas(cs, red=red, lp=False)
+        assert cert is not None
+        return RawSolution(None, cert.lam, INFEASIBLE, 0,
+                           {"backend": "frobenius", "path": "trivial", "reason": "zero feature, rhs unattainable",
+                            "time": time.perf_counter() - t0})
+    raw = _solve_reduced(red.problem, opt)
+    info = dict(raw.info, time=time.perf_counter() - t0, global_scale=red.global_scale)
+    if raw.status == INFEASIBLE:
+        cert = find_farkas(cs, candidates=(("frobenius dual ray", red.lift_farkas(raw.dual)),), red=red)
+        if cert is None:  # the ray did not verify and the exact LP finds the constraints feasible
+            info["reason"] = "dual ray failed the Farkas check; the LP finds no certificate"
+            return RawSolution(None, np.zeros((n, T)), ERROR, raw.n_iter, info)
+        info.update(certificate_source=cert.source, certificate_residual=cert.residual)
+        return RawSolution(None, cert.lam, INFEASIBLE, raw.n_iter, info)
+    W = None if raw.W is None else red.lift_W(raw.W)
+    if W is not None:  # (``gap`` stays in the solver's units; the violation is reported in the user's)
+        info["violation"] = cs.violation(W)
+    return RawSolution(W, red.lift_dual(raw.dual, degree=2), raw.status, raw.n_iter, info)
+
+
+def _solve_reduced(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
+    """The solver on an already reduced, normalised instance (see :func:`solve_frobenius`)."""
     K = cs.n_constraints
     # a Gram matrix of rank < K (more constraints than r_a·r_z) slows the Newton-CG steps down:
     # constraint generation keeps the sub-problems small and well posed
     rank_bound = min(cs.d, K) * min(cs.Z.shape[1], cs.n)
-    auto_ws = K > WORKING_SET_MIN or (K > dense_max and K > rank_bound)
-    use_ws = auto_ws if working_set is None else bool(working_set)
-    kw = dict(tol=tol, max_iter=max_iter, method=method, dense_max=dense_max, cg_max_iter=cg_max_iter)
-    raw = _working_set(cs, **kw) if (use_ws and K > 0) else _projected_newton(cs, None, **kw)
-    if raw.status == "max_iter" and K <= LDP_MAX_K and max_iter >= LDP_MIN_ITER:
+    auto_ws = K > opt.working_set_min or (K > opt.dense_max and K > rank_bound)
+    use_ws = auto_ws if opt.working_set is None else bool(opt.working_set)
+    raw = _working_set(cs, opt) if (use_ws and K > 0) else _projected_newton(cs, None, opt)
+    if raw.status == MAX_ITER and K <= opt.ldp_max_k and opt.max_iter >= opt.ldp_min_iter:
         # Ill-conditioned instances (a singular Gram matrix with near-degenerate faces) can stall
         # the Newton iteration; the finite active-set LDP/NNLS route is exact there.
-        ldp = _ldp_nnls(cs, tol=tol)
+        ldp = _ldp_nnls(cs, opt)
         if ldp is not None:
             ldp.info["fallback_from"] = dict(raw.info, status=raw.status, n_iter=raw.n_iter)
             return ldp
     return raw
 
 
-# Largest K (and reduced feature count) for the LDP/NNLS fallback: its dense (p+1) × K matrix.
-LDP_MAX_K = 20_000
-# The fallback runs only when Newton had a real budget: a caller capping ``max_iter`` below this
-# asks for a cheap, possibly inexact answer and gets status "max_iter".
-LDP_MIN_ITER = 20
-LDP_MAX_FEATURES = 4_000
-
-
-def _ldp_nnls(cs: ConstraintSet, *, tol: float) -> RawSolution | None:
+def _ldp_nnls(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution | None:
     """Least-distance programming by NNLS (Lawson & Hanson, 1974, ch. 23) on the reduced problem.
 
     ``min ½‖w‖² s.t. F w ≥ b`` (equalities as two opposite inequalities) is solved by
@@ -230,7 +245,8 @@ def _ldp_nnls(cs: ConstraintSet, *, tol: float) -> RawSolution | None:
     sub = cs.subspaces()
     rc = cs.restrict(sub)
     ra, rz = rc.A.shape[-1], rc.Z.shape[-1]
-    if ra * rz > LDP_MAX_FEATURES:
+    tol = opt.tol
+    if ra * rz > opt.ldp_max_features:
         return None
     idx = np.flatnonzero(rc.mask.ravel())
     Af = rc.A.reshape(-1, ra)[idx]
@@ -249,23 +265,35 @@ def _ldp_nnls(cs: ConstraintSet, *, tol: float) -> RawSolution | None:
     n, T = cs.mask.shape
     info = {"path": "ldp-nnls", "time": time.perf_counter() - t0, "residual_last": float(r[-1])}
     denom = 1.0 - float(bs @ u)
-    if denom <= tol * max(1.0, float(np.abs(u).sum())):  # r ≈ 0: infeasible, u is the certificate
-        lam_k = u[: idx.size].copy()
-        lam_k[eq] -= u[idx.size:]
-        cert = np.zeros(n * T)
-        cert[idx] = lam_k / max(np.abs(lam_k).sum(), np.finfo(float).tiny)
-        return RawSolution(None, cert.reshape(n, T), "infeasible", 1, info)
-    lam_s = u / (denom * scale ** 2)  # multipliers of the unscaled constraints (w = w'/scale)
-    lam_k = lam_s[: idx.size].copy()
-    lam_k[eq] -= lam_s[idx.size:]
-    M = (F.T @ lam_k).reshape(ra, rz)
-    lam = np.zeros(n * T)
-    lam[idx] = lam_k
-    return RawSolution(sub.lift(M), lam.reshape(n, T), "optimal", 1, info)
+    if denom > 0:
+        # (the denominator is 1/(1 + ‖w‖²)-sized: tiny for a large ‖W‖, and 1 − bᵀu then carries a
+        # large relative error. w lies along Fᵀu: with homogeneous equalities its length is fixed
+        # exactly by the tightest row, b_k / (F Fᵀu)_k, instead of by the denominator)
+        u_k = u[: idx.size].copy()
+        u_k[eq] -= u[idx.size:]
+        D = F.T @ u_k
+        m = F @ D
+        pos = ~eq & (b > 0)
+        if not np.any(eq & (b != 0)) and pos.any() and np.all(m[pos] > 0):
+            t = float(np.max(b[pos] / m[pos]))
+        else:
+            t = 1.0 / (denom * scale ** 2)
+        lam = np.zeros(n * T)
+        lam[idx] = t * u_k
+        M = (t * D).reshape(ra, rz)
+        if np.all(np.isfinite(M)) and relative_violation(rc, M) <= max(tol, 1e-9):
+            return RawSolution(sub.lift(M), lam.reshape(n, T), OPTIMAL, 1, info)
+    # r ≈ 0: u is a candidate Farkas certificate (the caller verifies it)
+    lam_k = u[: idx.size].copy()
+    lam_k[eq] -= u[idx.size:]
+    cert = np.zeros(n * T)
+    cert[idx] = lam_k / max(np.abs(lam_k).sum(), np.finfo(float).tiny)
+    return RawSolution(None, cert.reshape(n, T), INFEASIBLE, 1, info)
+
 
 
 def _pdas(G: NDArray[np.float64], b: NDArray[np.float64], ineq: NDArray[np.bool_], ridge: float,
-          max_iter: int = PDAS_MAX_ITER) -> tuple[NDArray[np.float64] | None, int]:
+          max_iter: int = FrobeniusOptions.pdas_max_iter) -> tuple[NDArray[np.float64] | None, int]:
     """Primal-dual active-set warm start for the dense dual QP (Hintermüller, Ito & Kunisch, 2002).
 
     Iterates ``A = {k ∈ I : λ_k − c·(Gλ − b)_k ≤ 0}``, ``λ_A = 0``, ``(Gλ − b)_F = 0`` on the rest
@@ -296,10 +324,10 @@ def _pdas(G: NDArray[np.float64], b: NDArray[np.float64], ineq: NDArray[np.bool_
     return None, max_iter
 
 
-def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, tol: float, max_iter: int,
-                      method: str, dense_max: int, cg_max_iter: int) -> RawSolution:
+def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: FrobeniusOptions) -> RawSolution:
     """The projected Newton method on the dual (module doc), warm-started from ``lam0`` (n, T)."""
     t0 = time.perf_counter()
+    tol, max_iter, method, dense_max, cg_max_iter = opt.tol, opt.max_iter, opt.method, opt.dense_max, opt.cg_max_iter
     n, T, d = cs.A.shape
     dz = cs.Z.shape[1]
     K = cs.n_constraints
@@ -308,32 +336,31 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, to
     # matrix-free path on the reduced problem W = U M Vᵀ
     sub = None if dense else cs.subspaces()
     red = cs if sub is None else cs.restrict(sub)
-    op = _Operator(red)
+    op = red.operator
     info: dict = {"backend": "frobenius", "K": K, "path": "dense" if dense else "matrix_free"}
     if sub is not None:
         info.update(r_a=sub.U.shape[1], r_z=sub.V.shape[1])
     if K == 0:
         info.update(path="trivial", time=time.perf_counter() - t0)
-        return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), "optimal", 0, info)
+        return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), OPTIMAL, 0, info)
     G = op.gram() if dense else None
-    diag = op.gram_diag() if G is None else G.diagonal().copy()
+    diag = op.gram_diag_flat() if G is None else G.diagonal().copy()
     if diag.max() <= 0 or (sub is not None and (sub.U.shape[1] == 0 or sub.V.shape[1] == 0)):
         # every feature a_k z_kᵀ is zero: W = 0 is the only candidate; a constraint it violates is
         # itself the certificate (e_k, with 𝒜*(e_k) = 0 and b_k e_k > 0)
         info.update(path="trivial", time=time.perf_counter() - t0)
         bad = np.where(cs.inequality, cs.rhs > 0, cs.equality & (cs.rhs != 0))
         if not bad.any():
-            return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), "optimal", 0, info)
+            return RawSolution(np.zeros((d, dz)), np.zeros((n, T)), OPTIMAL, 0, info)
         k = np.unravel_index(int(np.argmax(bad)), bad.shape)
         cert = np.zeros((n, T))
         cert[k] = float(np.sign(cs.rhs[k]))
-        return RawSolution(None, cert, "infeasible", 0, info)
+        return RawSolution(None, cert, INFEASIBLE, 0, info)
 
     b = red.rhs.ravel()[op.idx]
     ineq = ~red.equality.ravel()[op.idx]
-    bscale = max(1.0, float(np.abs(b).max()))
     feat_scale = float(np.sqrt(diag.max()))
-    ridge = RIDGE * max(float(diag.sum()) / K, np.finfo(float).tiny)
+    ridge = opt.ridge * max(float(diag.sum()) / K, np.finfo(float).tiny)
     precond = None if dense else np.maximum(diag, ridge) + ridge
 
     def project(lam: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -345,39 +372,45 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, to
             m = G @ lam
             wsq = float(lam @ m)
             return None, m, m - b, 0.5 * wsq - float(b @ lam), wsq
-        M = op.adjoint(lam)
-        m = op.apply(M)
+        M = op.adjoint_flat(lam)
+        m = op.apply_flat(M)
         wsq = float(np.sum(M * M))
         return M, m, m - b, 0.5 * wsq - float(b @ lam), wsq
 
     # the warm start's solves count towards max_iter, leaving at least one iteration to certify
     pdas_iter = 0
-    pdas_budget = min(PDAS_MAX_ITER, max_iter - 1)
-    if lam0 is None and G is not None and K <= PDAS_MAX_K and pdas_budget >= 1:
+    pdas_budget = min(opt.pdas_max_iter, max_iter - 1)
+    if lam0 is None and G is not None and K <= opt.pdas_max_k and pdas_budget >= 1:
         lam0_flat, pdas_iter = _pdas(G, b, ineq, ridge, pdas_budget)
         info["pdas_iterations"] = pdas_iter
         lam = np.zeros(K) if lam0_flat is None else lam0_flat
     else:
         lam = np.zeros(K) if lam0 is None else project(lam0.ravel()[op.idx].astype(np.float64))
     M, m, g, q, wsq = evaluate(lam)
-    status = "max_iter"
+    status = MAX_ITER
     cg_total = 0
     it = 0
     viol = gap = np.inf
     for it in range(1, max_iter - pdas_iter + 1):
         # certificate of the current iterate (W = 𝒜*(λ) is its own primal point)
+        # (rows are normalised, ‖a_k z_kᵀ‖ = 1: each row's violation relative to max(|b_k|, ROW_FLOOR·‖W‖))
         res = b - m
-        viol = float(max(np.where(ineq, np.maximum(res, 0.0), np.abs(res)).max(initial=0.0), 0.0))
+        sigma = np.maximum(np.abs(b), ROW_FLOOR * np.sqrt(max(wsq, 0.0)))
+        rv = np.where(ineq, np.maximum(res, 0.0), np.abs(res))
+        viol = float(max(rv.max(initial=0.0), 0.0))
+        rel_viol = float(np.where(rv > 0, rv / np.where(sigma > 0, sigma, np.inf), 0.0).max(initial=0.0))
+        if not np.isfinite(rel_viol) or np.any((rv > 0) & (sigma == 0)):
+            rel_viol = np.inf
         gap = wsq - float(b @ lam)
-        if viol <= tol * bscale and abs(gap) <= tol * max(1.0, wsq):
-            status = "optimal"
+        if rel_viol <= tol and abs(gap) <= tol * max(wsq, np.finfo(float).tiny):
+            status = OPTIMAL
             break
         # infeasibility: λ/‖λ‖₁ with 𝒜*(·) ≈ 0 and bᵀ(·) > 0 (a ray of the unbounded dual)
         s = float(np.abs(lam).sum())
         if s > 0 and float(b @ lam) > 0:
             resid = float(np.sqrt(max(wsq, 0.0))) / s
-            if resid <= INFEASIBLE_RTOL * feat_scale:
-                status = "infeasible"
+            if resid <= opt.infeasible_rtol * feat_scale:
+                status = INFEASIBLE
                 break
         # ε-binding set (Bertsekas): λ_k ≤ ε with positive gradient
         pg = np.where(ineq, lam - np.maximum(lam - g, 0.0), g)
@@ -408,7 +441,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, to
                 def mv(v: NDArray[np.float64]) -> NDArray[np.float64]:
                     full = np.zeros(K)
                     full[fidx] = v
-                    return op.apply(op.adjoint(full))[fidx] + ridge * v
+                    return op.apply_flat(op.adjoint_flat(full))[fidx] + ridge * v
 
                 rtol = min(1e-2, max(1e-14, 0.1 * float(np.linalg.norm(pg)) / max(1.0, float(np.linalg.norm(b)))))
                 x, k_cg = _pcg(mv, -gF, precond[fidx], rtol, cg_max_iter)
@@ -417,15 +450,15 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, to
         # projected Armijo search along λ(α) = P(λ + α d)
         alpha = 1.0
         accepted = False
-        for _ in range(MAX_HALVINGS):
+        for _ in range(opt.max_halvings):
             cand = project(lam + alpha * dvec)
             Mc, mc, gc, qc, wsqc = evaluate(cand)
-            if qc <= q + ARMIJO * float(g @ (cand - lam)):
+            if qc <= q + opt.armijo * float(g @ (cand - lam)):
                 accepted = True
                 break
             alpha *= 0.5
         if not accepted:  # Newton direction useless here: a projected-gradient (Cauchy) step
-            Gg = G @ np.where(binding, 0.0, g) if G is not None else op.apply(op.adjoint(np.where(binding, 0.0, g)))
+            Gg = G @ np.where(binding, 0.0, g) if G is not None else op.apply_flat(op.adjoint_flat(np.where(binding, 0.0, g)))
             gg = float(g[~binding] @ g[~binding])
             step = gg / max(float(np.where(binding, 0.0, g) @ Gg), np.finfo(float).tiny)
             cand = project(lam - step * np.where(binding, 0.0, g))
@@ -437,15 +470,15 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, *, to
 
     info.update(time=time.perf_counter() - t0, violation=viol, gap=gap, cg_iterations=cg_total)
     dual = op.to_nt(lam)
-    if status == "infeasible":
+    if status == INFEASIBLE:
         cert = dual / np.abs(dual).sum()
-        info["certificate_residual"] = float(np.linalg.norm(op.adjoint(lam))) / float(np.abs(lam).sum())
-        return RawSolution(None, cert, "infeasible", pdas_iter + it, info)
-    if status == "max_iter":
+        info["certificate_residual"] = float(np.linalg.norm(op.adjoint_flat(lam))) / float(np.abs(lam).sum())
+        return RawSolution(None, cert, INFEASIBLE, pdas_iter + it, info)
+    if status == MAX_ITER:
         log.warning("frobenius solver stopped after max_iter=%d iterations (violation %.2e, gap %.2e)",
                     max_iter, viol, gap)
     if M is None:
-        M = op.adjoint(lam)
+        M = op.adjoint_flat(lam)
     return RawSolution(M if sub is None else sub.lift(M), dual, status, pdas_iter + it, info)
 
 
@@ -462,17 +495,16 @@ def _compact(cs: ConstraintSet, S: NDArray[np.bool_]) -> tuple[ConstraintSet, ND
     return ConstraintSet(A, cs.Z, valid, rhs, eq & valid), order, valid
 
 
-def _working_set(cs: ConstraintSet, *, tol: float, max_iter: int, method: str, dense_max: int,
-                 cg_max_iter: int) -> RawSolution:
+def _working_set(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
     """Constraint generation around :func:`_projected_newton` (exact: it stops only when the
     sub-problem's solution violates no constraint of the full set, so that solution and its
     multipliers, padded with zeros, are optimal for the full problem)."""
     t0 = time.perf_counter()
     n, T, _ = cs.A.shape
-    bscale = max(1.0, float(np.abs(cs.rhs).max()))
     scale = np.sqrt(cs.gram_diag())  # ‖a_k‖‖z_k‖: violations are compared as distances
-    hard = np.where(cs.inequality, scale, np.inf)
-    k0 = min(T, WORKING_SET_START)
+    # the hardest rows have the largest rhs per unit of feature, b_k/(‖a_k‖‖z_k‖)
+    hard = np.where(cs.inequality, -cs.rhs / np.maximum(scale, 1e-300), np.inf)
+    k0 = min(T, opt.working_set_start)
     S = cs.equality.copy()
     first = np.argsort(hard, axis=1, kind="stable")[:, :k0]
     np.put_along_axis(S, first, True, axis=1)
@@ -485,21 +517,22 @@ def _working_set(cs: ConstraintSet, *, tol: float, max_iter: int, method: str, d
         rounds += 1
         sub, order, valid = _compact(cs, S)
         lam0 = np.where(valid, np.take_along_axis(lam, order, axis=1), 0.0)
-        raw = _projected_newton(sub, lam0, tol=tol, max_iter=max_iter, method=method, dense_max=dense_max,
-                                cg_max_iter=cg_max_iter)
+        raw = _projected_newton(sub, lam0, opt)
         total_iter += raw.n_iter
         lam = np.zeros((n, T))
         np.put_along_axis(lam, order, np.where(valid, raw.dual, 0.0), axis=1)
         # the full layout puts several invalid slots on the same column: re-zero outside S
         lam = np.where(S, lam, 0.0)
-        if raw.status != "optimal" or raw.W is None:
+        if raw.status != OPTIMAL or raw.W is None:
             break
         m = cs.apply(raw.W)
         viol = np.where(cs.inequality & ~S, (cs.rhs - m) / np.maximum(scale, 1e-300), 0.0)
         bad = viol > 0
-        if not np.any(np.where(cs.inequality & ~S, cs.rhs - m, 0.0) > tol * bscale):
+        wn = float(np.sqrt(np.sum(raw.W * raw.W)))
+        sigma = np.maximum(np.abs(cs.rhs), ROW_FLOOR * scale * wn)
+        if not np.any(np.where(cs.inequality & ~S, cs.rhs - m, 0.0) > opt.tol * sigma):
             break
-        chunk = max(WORKING_SET_CHUNK, int(S.sum()))
+        chunk = max(opt.working_set_chunk, int(S.sum()))
         flat = np.flatnonzero(bad.ravel())
         if flat.size > chunk:
             flat = flat[np.argpartition(-viol.ravel()[flat], chunk)[:chunk]]
@@ -508,8 +541,8 @@ def _working_set(cs: ConstraintSet, *, tol: float, max_iter: int, method: str, d
     info = dict(raw.info)
     info.update(path=f"working_set+{raw.info.get('path')}", rounds=rounds, working_set_size=int(S.sum()),
                 time=time.perf_counter() - t0, K=cs.n_constraints)
-    if raw.status == "infeasible":  # a subset is infeasible: so is the full set
-        return RawSolution(None, lam / np.abs(lam).sum(), "infeasible", total_iter, info)
+    if raw.status == INFEASIBLE:  # a subset is infeasible: so is the full set
+        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, total_iter, info)
     if raw.W is not None:
         info["violation"] = cs.violation(raw.W)
     return RawSolution(raw.W, lam, raw.status, total_iter, info)

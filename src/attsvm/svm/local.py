@@ -1,4 +1,4 @@
-"""Local optimality of a token selection (SPEC §2).
+"""Local optimality of a token selection (docs/spec.md §2).
 
 ``α`` is locally optimal iff ``Att-SVM(α)`` is feasible and every support token ``t ∈ T_i(α)``
 scores strictly below the selected one, ``γ_{iα_i} > γ_it``. The solve is done here (the exact
@@ -12,13 +12,14 @@ from numpy.typing import ArrayLike
 from ..problem import AttentionProblem
 from ..tokens import LocalOptimalityReport, local_optimality_report
 from .estimator import AttentionSVM
+from .status import INFEASIBLE, SOLUTION_PRESENT
 
 __all__ = ["locally_optimal"]
 
 
 def locally_optimal(problem: AttentionProblem, tokens: ArrayLike | None = None, *, tol: float = 1e-9
                     ) -> LocalOptimalityReport:
-    """Is the selection ``tokens`` (default: the optimal tokens) locally optimal? (SPEC §2).
+    """Is the selection ``tokens`` (default: the optimal tokens) locally optimal? (docs/spec.md §2).
 
     Returns a :class:`~attsvm.tokens.LocalOptimalityReport`: feasibility, the support tokens of
     ``W^α_mm``, per-sequence pass/fail and the offending support tokens.
@@ -27,8 +28,8 @@ def locally_optimal(problem: AttentionProblem, tokens: ArrayLike | None = None, 
         raise TypeError(f"problem must be an AttentionProblem, got {type(problem).__name__}")
     alpha = problem.check_tokens(tokens)
     svm = AttentionSVM("fro", tol=tol).fit(problem, alpha)
-    if svm.status_ == "infeasible":
+    if svm.status_ == INFEASIBLE:
         return local_optimality_report(problem, alpha, None, feasible=False)
-    if svm.status_ not in ("optimal", "optimal_inaccurate"):
+    if svm.status_ not in SOLUTION_PRESENT:
         raise RuntimeError(f"the Frobenius SVM of the selection did not solve (status {svm.status_!r})")
     return local_optimality_report(problem, alpha, svm.support_, feasible=True)

@@ -1,0 +1,255 @@
+"""The one certificate module: every solver's answer is produced *and* checked here.
+
+Two certificates (docs/spec.md §3), both judged relative to the problem's own scale so that a
+verdict never depends on the units of X or Z:
+
+**Optimality** of ``(W, λ)`` for ``min ‖W‖ s.t. a_kᵀ W z_k ≥ b_k (k ∈ I), = b_k (k ∈ E)``
+(:func:`optimality_certificate`):
+
+* primal feasibility, row by row: ``v_k = (b_k − m_k)_+`` (k ∈ I), ``|m_k − b_k|`` (k ∈ E), with
+  ``m_k = a_kᵀ W z_k``. Row k's scale is ``σ_k = max(|b_k|, ROW_FLOOR · ‖a_k‖‖z_k‖‖W‖_F)``: its
+  right-hand side, floored at a small fraction of the largest margin W can produce on that row (so
+  that rows with ``b_k = 0`` and round-off are judged fairly). ``relative_violation = max_k v_k/σ_k``.
+  After the row normalisation of :mod:`.reduction` this is the violation relative to the
+  normalised rhs ``b_k/(‖a_k‖‖z_k‖)``, and it is invariant to any positive rescaling of a row, of
+  a sequence or of the whole instance.
+* dual feasibility: λ is clipped to λ_I ≥ 0 before use, and the norm's dual objective
+  (:class:`~attsvm.svm.norms.Norm.dual_objective`) is a valid lower bound at any λ;
+* duality gap ``primal − dual`` with ``relative_gap = |gap| / (|primal| + |dual|)`` (never an
+  absolute test below an objective of 1);
+* complementarity ``max_k |λ_k (m_k − b_k)|`` and the support (tight rows).
+
+``status = "optimal"`` requires ``relative_violation ≤ tol`` and ``relative_gap ≤ tol``.
+
+**Infeasibility** (Farkas, theorem of alternatives; :func:`farkas_certificate`): λ (n, T) with
+λ_I ≥ 0, normalised to ``Σ_k |λ_k| = 1``, is accepted when
+
+* ``‖𝒜*(λ)‖_F ≤ FARKAS_RTOL · Σ_k |λ_k| ‖a_k‖‖z_k‖`` (the residual relative to the size of the
+  features it combines), and
+* ``bᵀλ ≥ FARKAS_BMIN · Σ_k |λ_k||b_k| > 0``.
+
+Then every W with ``‖W‖_F < bᵀλ / ‖𝒜*(λ)‖_F`` violates some row, since for a feasible W,
+``bᵀλ ≤ λᵀ𝒜(W) = ⟨𝒜*(λ), W⟩``. Both tests are invariant to rescaling rows and the instance.
+:func:`find_farkas` is the one route that *produces* such a λ: candidate rays offered by the
+solvers, an unattainable zero row, or a linear program (HiGHS) in the normalised units of
+:mod:`.reduction`; whatever it returns has passed :func:`farkas_certificate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+
+from .._linalg import RANK_TOL
+from ..tokens import SUPPORT_TOL
+from ._base import ConstraintSet
+from .norms import Norm, get_norm
+from .reduction import Reduction, reduce
+
+__all__ = ["OptimalityCertificate", "FarkasCertificate", "optimality_certificate", "farkas_certificate",
+           "find_farkas", "ROW_FLOOR", "FARKAS_RTOL", "FARKAS_BMIN"]
+
+log = logging.getLogger(__name__)
+
+# Floor of a row's scale, relative to the largest margin ‖a_k‖‖z_k‖‖W‖_F that W can produce there.
+ROW_FLOOR = 1e-3
+# A Farkas λ is accepted when ‖𝒜*(λ)‖_F ≤ FARKAS_RTOL · Σ|λ_k|‖a_k‖‖z_k‖ ...
+FARKAS_RTOL = 1e-9
+# ... and bᵀλ ≥ FARKAS_BMIN · Σ|λ_k||b_k|.
+FARKAS_BMIN = 1e-9
+
+
+@dataclass(frozen=True)
+class OptimalityCertificate:
+    """Optimality certificate of ``(W, λ)`` (module doc); arrays have the (n, T) layout."""
+
+    norm: str
+    objective: float          # ‖W‖
+    primal: float             # φ(W), the solver objective (½‖W‖_F² or ‖W‖_*)
+    dual: float               # the norm's dual objective at λ
+    gap: float                # primal − dual
+    relative_gap: float       # |gap| / (|primal| + |dual|)
+    violation: float          # max_k v_k, absolute
+    relative_violation: float  # max_k v_k / σ_k
+    complementarity: float    # max_k |λ_k (m_k − b_k)|
+    dual_norm: float          # ‖𝒜*(λ)‖° (≤ 1 for a nuclear dual-feasible λ)
+    lam: NDArray[np.float64]  # λ made sign-feasible (λ_I ≥ 0, 0 where masked)
+    margins: NDArray[np.float64]  # m_k (0 where masked)
+    support: NDArray[np.bool_]    # tight rows (equalities included)
+    rank: int                 # numerical rank of W (relative RANK_TOL)
+
+    def passes(self, tol: float) -> bool:
+        """``relative_violation ≤ tol`` and ``relative_gap ≤ tol``."""
+        return bool(self.relative_violation <= tol and self.relative_gap <= tol)
+
+
+def _row_violation(cs: ConstraintSet, m: NDArray[np.float64]) -> NDArray[np.float64]:
+    r = m - cs.rhs
+    v = np.where(cs.inequality, np.maximum(-r, 0.0), 0.0)
+    return np.where(cs.equality, np.abs(r), v) + 0.0
+
+
+def relative_violation(cs: ConstraintSet, W: NDArray[np.float64], m: NDArray[np.float64] | None = None,
+                       v: NDArray[np.float64] | None = None) -> float:
+    """``max_k v_k / σ_k`` of the module doc (0 when no row is violated)."""
+    if v is None:
+        v = _row_violation(cs, cs.apply(W) if m is None else m)
+    ii, tt = np.nonzero(v > 0)  # only the violated rows need their scale
+    if ii.size == 0:
+        return 0.0
+    wn = float(np.sqrt(np.sum(W * W)))
+    feat = np.sqrt((cs.A[ii, tt] ** 2).sum(-1) * (cs.Z[ii] ** 2).sum(-1))
+    sigma = np.maximum(np.abs(cs.rhs[ii, tt]), ROW_FLOOR * feat * wn)
+    vk = v[ii, tt]
+    if np.any(sigma <= 0):
+        return float("inf")
+    return float((vk / sigma).max())
+
+
+def optimality_certificate(cs: ConstraintSet, W: NDArray[np.float64], lam: NDArray[np.float64],
+                           norm: str | Norm) -> OptimalityCertificate:
+    """Compute the optimality certificate of ``(W, λ)`` for ``min ‖W‖ s.t. cs`` (module doc).
+
+    One operator call, one adjoint and one SVD of W (shared by the nuclear value and the rank).
+    """
+    nm = get_norm(norm)
+    W = np.asarray(W, dtype=np.float64)
+    lam = np.where(cs.inequality, np.maximum(lam, 0.0), np.where(cs.mask, lam, 0.0))
+    m = cs.apply(W)
+    b = cs.rhs
+    Y = cs.adjoint(lam)
+    svals = np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)
+    bl = float((b * lam).sum())
+    primal = nm.objective(W, svals)
+    dual = nm.dual_objective(bl, Y)
+    gap = primal - dual
+    den = abs(primal) + abs(dual)
+    rel_gap = abs(gap) / den if den > 0 else (0.0 if gap == 0 else np.inf)
+    v = _row_violation(cs, m)
+    r = m - b
+    if not cs.equality.any() and not np.any(cs.mask & (b != 1.0)):
+        # = support_tokens(margins) (docs/spec.md §2), without re-reading the +inf entries
+        support = cs.mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
+    else:
+        support = cs.mask & ((np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(b))) | cs.equality)
+    rank = int((svals > RANK_TOL * svals[0]).sum()) if svals.size and svals[0] > 0 else 0
+    return OptimalityCertificate(
+        norm=nm.name, objective=nm.value(W, svals), primal=float(primal), dual=float(dual), gap=float(gap),
+        relative_gap=float(rel_gap), violation=float(v.max(initial=0.0)) + 0.0,
+        relative_violation=relative_violation(cs, W, m, v), complementarity=float(np.abs(lam * r).max(initial=0.0)),
+        dual_norm=nm.dual_norm(Y), lam=lam, margins=m, support=support, rank=rank)
+
+
+@dataclass(frozen=True)
+class FarkasCertificate:
+    """An infeasibility certificate (module doc): λ normalised to ``Σ|λ_k| = 1``."""
+
+    lam: NDArray[np.float64]
+    residual: float            # ‖𝒜*(λ)‖_F
+    relative_residual: float   # residual / Σ|λ_k|‖a_k‖‖z_k‖ (0 when both vanish)
+    b_ratio: float             # bᵀλ / Σ|λ_k||b_k|
+    valid: bool
+    source: str = ""
+    info: dict = field(default_factory=dict)
+
+
+def farkas_certificate(cs: ConstraintSet, lam: NDArray[np.float64] | None, source: str = "") -> FarkasCertificate:
+    """Check a candidate Farkas direction λ (any positive scale) and normalise it (module doc)."""
+    n, T = cs.mask.shape
+    if lam is None or not np.all(np.isfinite(lam)):
+        return FarkasCertificate(np.zeros((n, T)), np.inf, np.inf, 0.0, False, source)
+    lam = np.where(cs.mask, np.asarray(lam, dtype=np.float64), 0.0)
+    sign_ok = bool(np.all(lam[cs.inequality] >= 0))
+    lam = np.where(cs.inequality, np.maximum(lam, 0.0), lam)
+    s = float(np.abs(lam).sum())
+    if s == 0 or not np.isfinite(s):
+        return FarkasCertificate(np.zeros((n, T)), np.inf, np.inf, 0.0, False, source)
+    lam = lam / s
+    resid = float(np.linalg.norm(cs.adjoint(lam)))
+    size = float((np.abs(lam) * np.sqrt(cs.gram_diag())).sum())
+    rel = resid / size if size > 0 else (0.0 if resid == 0 else np.inf)
+    bl = float((cs.rhs * lam).sum())
+    bs = float((np.abs(cs.rhs) * np.abs(lam)).sum())
+    ratio = bl / bs if bs > 0 else 0.0
+    valid = sign_ok and rel <= FARKAS_RTOL and bl > 0 and ratio >= FARKAS_BMIN
+    return FarkasCertificate(lam, resid, float(rel), float(ratio), bool(valid), source)
+
+
+def _farkas_lp(red: Reduction) -> tuple[NDArray[np.float64] | None, dict]:
+    """Solve ``λ̂_I ≥ 0, 𝒜̂*(λ̂) = 0, b̂ᵀλ̂ = 1`` (min Σ_I λ̂) on the reduced, normalised rows.
+
+    Auxiliary ``B_i = Σ_t λ̂_it â_it`` (n, r_a) with ``ẐᵀB = 0`` keeps the LP sparse:
+    O(K·r_a + n·r_a·r_z) nonzeros. Returns the λ̂ (n, T) or None, and what HiGHS said.
+    """
+    from scipy.optimize import linprog
+
+    cs = red.problem
+    n, T, ra = cs.A.shape
+    rz = cs.Z.shape[1]
+    idx = np.flatnonzero(cs.mask.ravel())
+    K = idx.size
+    if K == 0:
+        return None, {"lp": "no rows"}
+    b = cs.rhs.ravel()[idx]
+    ineq = ~cs.equality.ravel()[idx]
+    seq = idx // T
+    Af = cs.A.reshape(-1, ra)[idx]
+    rows1 = (seq[:, None] * ra + np.arange(ra)[None, :]).ravel()
+    cols1 = np.repeat(np.arange(K), ra)
+    E1 = sp.hstack([sp.csr_matrix((Af.ravel(), (rows1, cols1)), shape=(n * ra, K)),
+                    -sp.identity(n * ra, format="csr")])
+    E2 = sp.hstack([sp.csr_matrix((rz * ra, K)), sp.kron(sp.csr_matrix(cs.Z.T), sp.identity(ra))])
+    E3 = sp.hstack([sp.csr_matrix(b[None, :]), sp.csr_matrix((1, n * ra))])
+    A_eq = sp.vstack([E1, E2, E3]).tocsc()
+    b_eq = np.zeros(A_eq.shape[0])
+    b_eq[-1] = 1.0
+    lo = np.concatenate([np.where(ineq, 0.0, -np.inf), np.full(n * ra, -np.inf)])
+    c = np.concatenate([np.where(ineq, 1.0, 0.0), np.zeros(n * ra)])
+    try:
+        res = linprog(c, A_eq=A_eq, b_eq=b_eq, bounds=np.column_stack([lo, np.full(lo.size, np.inf)]),
+                      method="highs")
+    except Exception as exc:  # a solver failure is a status, never an escaping exception
+        return None, {"lp": "exception", "lp_message": f"{type(exc).__name__}: {exc}"}
+    info = {"lp": int(res.status), "lp_message": str(res.message)}
+    if res.status != 0 or res.x is None:
+        return None, info
+    out = np.zeros(n * T)
+    out[idx] = res.x[:K]
+    return out.reshape(n, T), info
+
+
+def find_farkas(cs: ConstraintSet, *, candidates: tuple[tuple[str, NDArray[np.float64] | None], ...] = (),
+                red: Reduction | None = None, lp: bool = True) -> FarkasCertificate | None:
+    """The one route to an infeasibility certificate: the first *verified* λ among the solvers'
+    ``candidates`` (name, λ), an unattainable zero row, or the LP of :func:`_farkas_lp`. None when
+    no verified certificate exists (the constraints are then treated as feasible)."""
+    for name, lam in candidates:
+        cert = farkas_certificate(cs, lam, name)
+        if cert.valid:
+            return cert
+    red = reduce(cs) if red is None else red
+    bad = red.unattainable
+    if bad.any():
+        n, T = cs.mask.shape
+        k = np.flatnonzero(bad.ravel())[0]
+        lam = np.zeros(n * T)
+        lam[k] = np.sign(cs.rhs.ravel()[k])
+        cert = farkas_certificate(cs, lam.reshape(n, T), "zero row")
+        if cert.valid:
+            return cert
+    if not lp:
+        return None
+    lam_hat, info = _farkas_lp(red)
+    if lam_hat is None:
+        log.debug("find_farkas: no LP certificate (%s)", info)
+        return None
+    cert = farkas_certificate(cs, red.lift_farkas(lam_hat), "lp")
+    if not cert.valid:
+        log.debug("find_farkas: the LP's λ fails the check (relative residual %.1e, b ratio %.1e)",
+                  cert.relative_residual, cert.b_ratio)
+        return None
+    return FarkasCertificate(cert.lam, cert.residual, cert.relative_residual, cert.b_ratio, True, "lp", info)

@@ -1,0 +1,132 @@
+"""The one reduction every solver goes through: ``ConstraintSet → reduced problem + lift``.
+
+A solver never sees the user's units. :func:`reduce` rewrites ``min ‖W‖ s.t. a_kᵀ W z_k (≥ | =) b_k``
+(docs/spec.md §3) as an equivalent, well-scaled problem in three exact steps, and
+:meth:`Reduction.lift_W` / :meth:`Reduction.lift_dual` undo them:
+
+1. **Row normalisation.** Row k is divided by ``s_k = ‖a_k‖‖z_k‖``: ``â_k = a_k/‖a_k‖``,
+   ``ẑ_i = z_i/‖z_i‖``, ``b̂_k = b_k/s_k``. The feasible set is unchanged, so results do not
+   depend on the units of X or Z, globally or per sequence. Rows whose feature vanishes (a
+   duplicate token, a zero query; tested *per sequence*, relative to that sequence's own
+   features) are set aside in :attr:`Reduction.zero`: they read ``0 (≥ | =) b_k``.
+2. **Subspaces** (docs/spec.md §3 "Structure"): ``W = U M Vᵀ`` with U spanning {â_k} and V
+   spanning {ẑ_i}; computed on the normalised rows when the row norms spread over more than
+   ``SPREAD_MAX``, so a sequence with tiny tokens keeps its directions.
+3. **Global scale.** ``b̂`` is divided by ``g``, the power of two with the (upper) median ``|b̂_k|/g ∈ (½, 1]``
+   (exact in floating point), so the right-hand sides are O(1) and the solvers' absolute
+   thresholds mean the same thing on every instance.
+
+Lifting: ``W = g · U M Vᵀ``. For a solver of ``min φ(W)`` with φ positively homogeneous of degree
+``p`` (``p = 1`` for a norm, ``p = 2`` for ``½‖W‖_F²``), stationarity ``𝒜*(λ) ∈ ∂φ(W)`` gives
+``λ_k = g^{p−1} · λ̂_k / s_k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._base import ConstraintSet, Subspaces, _orth
+
+__all__ = ["Reduction", "reduce", "ZERO_ROW_RTOL", "SPREAD_MAX"]
+
+# A feature a_k is zero when ‖a_k‖ ≤ ZERO_ROW_RTOL · max_t ‖a_it‖ of its own sequence (duplicate
+# tokens leave round-off of this order); a query is zero when it is exactly zero.
+ZERO_ROW_RTOL = 1e-13
+# Step 2 takes its bases from the user's rows while ‖a_k‖ (and ‖z_i‖) vary by at most this factor,
+# else from the normalised rows.
+SPREAD_MAX = 1e6
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """An instance in solver units and the maps back (see module doc).
+
+    Attributes
+    ----------
+    original : the user's :class:`ConstraintSet`.
+    problem : the reduced, normalised :class:`ConstraintSet` (features (n, T, r_a), queries (n, r_z)),
+        with the zero rows masked out.
+    sub : the bases U (d, r_a), V (d, r_z) of step 2.
+    row_scale : (n, T) ``s_k = ‖a_k‖‖z_k‖`` (1 where masked or zero).
+    global_scale : ``g``.
+    zero : (n, T) bool, constraint rows whose feature vanishes.
+    """
+
+    original: ConstraintSet
+    problem: ConstraintSet
+    sub: Subspaces
+    row_scale: NDArray[np.float64]
+    global_scale: float
+    zero: NDArray[np.bool_]
+
+    @property
+    def unattainable(self) -> NDArray[np.bool_]:
+        """Zero rows that no W satisfies: ``0 ≥ b > 0`` or ``0 = b ≠ 0``."""
+        cs = self.original
+        return self.zero & ((cs.inequality & (cs.rhs > 0)) | (cs.equality & (cs.rhs != 0)))
+
+    def lift_W(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``W = g · U M Vᵀ`` (d, d) from a reduced solution M (r_a, r_z)."""
+        return self.global_scale * self.sub.lift(M)
+
+    def reduce_W(self, W: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The inverse of :meth:`lift_W` on its range: ``M = Uᵀ W V / g``."""
+        return self.sub.U.T @ W @ self.sub.V / self.global_scale
+
+    def lift_dual(self, lam: NDArray[np.float64], degree: int = 1) -> NDArray[np.float64]:
+        """Multipliers of the original rows from those of the reduced rows (module doc)."""
+        return np.where(self.problem.mask, lam * self.global_scale ** (degree - 1) / self.row_scale, 0.0)
+
+    def reduce_dual(self, lam: NDArray[np.float64], degree: int = 1) -> NDArray[np.float64]:
+        """The inverse of :meth:`lift_dual`."""
+        return np.where(self.problem.mask, lam * self.row_scale / self.global_scale ** (degree - 1), 0.0)
+
+    def lift_farkas(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        """A Farkas direction of the reduced rows → one of the original rows (any positive scale)."""
+        return np.where(self.problem.mask, lam / self.row_scale, 0.0)
+
+
+def _pow2(x: float) -> float:
+    """The power of two ``g`` with ``x/g ∈ (1/2, 1]`` (1 for the unit-norm data of most instances)."""
+    return float(2.0 ** int(np.ceil(np.log2(x)))) if x > 0 and np.isfinite(x) else 1.0
+
+
+def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> Reduction:
+    """Reduce ``cs`` to solver units (module doc). ``subspace=False`` skips step 2 (U = V = I)."""
+    if not isinstance(cs, ConstraintSet):
+        raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
+    n, T, d = cs.A.shape
+    na = np.sqrt((cs.A ** 2).sum(-1))  # (n, T)
+    nz = np.sqrt((cs.Z ** 2).sum(-1))  # (n,)
+    seq_scale = np.where(cs.mask, na, 0.0).max(axis=1, initial=0.0)  # (n,)
+    zero = cs.mask & ((na <= ZERO_ROW_RTOL * seq_scale[:, None]) | (na == 0) | (nz == 0)[:, None])
+    mask = cs.mask & ~zero
+    sa = np.where(mask, na, 1.0)
+    sz = np.where(nz > 0, nz, 1.0)
+    A = np.where(mask[..., None], cs.A / sa[..., None], 0.0)
+    Z = cs.Z / sz[:, None]
+    s = sa * sz[:, None]
+    b = np.where(mask, cs.rhs / s, 0.0)
+    nzb = np.abs(b[mask & (b != 0)])
+    g = _pow2(float(np.partition(nzb, nzb.size // 2)[nzb.size // 2])) if nzb.size else 1.0  # (upper) median
+    norm = ConstraintSet(A, Z, mask, b / g, cs.equality & mask)
+    if subspace:
+        # bases from the user's rows when their norms are within SPREAD_MAX of each other (the same
+        # bases, up to round-off, under any global change of units), else from the normalised rows,
+        # so that a sequence with tiny tokens keeps its directions
+        def spread(v: NDArray[np.float64]) -> float:
+            return float(v.max() / v.min()) if v.size and v.min() > 0 else np.inf
+
+        rows = cs.A[mask] if spread(na[mask]) <= SPREAD_MAX else A[mask]
+        used = mask.any(axis=1)
+        zs = cs.Z[used] if spread(nz[used]) <= SPREAD_MAX else Z[used]
+        U, V = _orth(rows, rtol), _orth(zs, rtol)
+        sub = Subspaces(U=U, V=V, A=A @ U, Z=Z @ V)
+        problem = norm.restrict(sub)
+    else:
+        sub = Subspaces(U=np.eye(d), V=np.eye(Z.shape[1]), A=A, Z=Z)
+        problem = norm
+    return Reduction(original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero)

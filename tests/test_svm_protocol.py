@@ -1,0 +1,66 @@
+"""AttentionSVM follows scikit-learn's estimator protocol (get_params/set_params/clone, NotFittedError)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attsvm.datasets import paper_instance
+from attsvm.svm import AttentionSVM, NotFittedError
+
+sklearn_base = pytest.importorskip("sklearn.base")
+
+
+def test_clone_round_trips():
+    svm = AttentionSVM("nuc", tol=1e-7, max_iter=50, seed=3)
+    twin = sklearn_base.clone(svm)
+    assert twin is not svm and twin.get_params() == svm.get_params()
+    assert twin.get_params(deep=True) == svm.get_params(deep=False)
+    p = paper_instance(6, 8, 10, seed=0)
+    svm.fit(p)
+    fresh = sklearn_base.clone(svm)  # clone drops fitted state
+    with pytest.raises(NotFittedError):
+        fresh.status_
+    assert fresh.get_params() == svm.get_params()
+
+
+def test_grid_search_style_set_params():
+    p = paper_instance(6, 8, 10, seed=0)
+    base = AttentionSVM()
+    objectives = {}
+    for params in ({"norm": "fro"}, {"norm": "nuc", "tol": 1e-8}, {"norm": "nuc", "rank": 10}):
+        est = sklearn_base.clone(base).set_params(**params)
+        assert all(est.get_params()[k] == v for k, v in params.items())
+        est.fit(p)
+        assert est.status_ == "optimal"
+        objectives[tuple(sorted(params.items()))] = est.objective_
+    nuc = objectives[(("norm", "nuc"), ("tol", 1e-8))]
+    assert objectives[(("norm", "nuc"), ("rank", 10))] == pytest.approx(nuc, rel=1e-6)
+
+
+@pytest.mark.parametrize("params,exc,match", [
+    ({"norm": "l1"}, ValueError, "norm must be one of 'fro', 'nuc'; got 'l1'"),
+    ({"tol": "small"}, TypeError, "tol must be a finite number > 0; got 'small'"),
+    ({"rank": 0}, ValueError, "rank must be None or an integer >= 1; got 0"),
+    ({"max_iter": 2.5}, TypeError, "max_iter must be None or an integer >= 1; got 2.5"),
+    ({"C": 1.0}, ValueError, "invalid parameter 'C' for AttentionSVM"),
+])
+def test_set_params_validates(params, exc, match):
+    svm = AttentionSVM()
+    with pytest.raises(exc, match=match):
+        svm.set_params(**params)
+    assert svm.get_params() == AttentionSVM().get_params()  # nothing was set
+
+
+def test_not_fitted_error_is_value_and_attribute_error():
+    svm = AttentionSVM()
+    for name in ("W_", "objective_", "support_", "rank_", "certificate_", "dual_", "status_"):
+        with pytest.raises(NotFittedError, match="not fitted yet"):
+            getattr(svm, name)
+        assert not hasattr(svm, name)
+    with pytest.raises(ValueError):
+        svm.summary()
+    with pytest.raises(AttributeError, match="no attribute 'bogus'"):
+        svm.bogus
+    svm.fit(paper_instance(4, 5, 6, seed=0))
+    assert np.isfinite(svm.objective_) and svm.dual_ is svm.dual_coef_
