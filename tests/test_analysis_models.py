@@ -134,7 +134,6 @@ def test_nuclear_svm_of_real_head_selections_is_certified_optimal(minilm):
     over to scipy's L-BFGS-B and certify, and agree with the reference path run alone."""
     import warnings
 
-    import attsvm.svm.nuclear as nuclear
     from attsvm.analysis.svm_view import collect_pairs
     from attsvm.svm import AttentionSVM
     from attsvm.svm._base import ConstraintSet
@@ -150,9 +149,8 @@ def test_nuclear_svm_of_real_head_selections_is_certified_optimal(minilm):
         svm = AttentionSVM("nuc").fit_constraints(cs)
     assert svm.status_ == "optimal" and svm.relative_gap_ <= NUC_GAP_TOL and svm.max_violation_ <= 1e-8
     # the reference path alone (scipy's L-BFGS-B for every size) reaches the same certified optimum
-    red, _, _ = nuclear._reduce(cs)
-    p0 = min(red.A.shape[2], red.Z.shape[1], max(nuclear._P0, int(round(0.5 * np.sqrt(red.mask.sum())))))
-    K0, Q0 = nuclear._initial_factors(red, p0, np.random.default_rng(0))
-    ref = nuclear._alm(red, K0, Q0, tol=NUC_GAP_TOL, max_iter=60, grow_rank=True, lean=False)
-    assert ref.converged
-    assert abs(svm.objective_ - ref.primal) <= 1e-8 * ref.primal
+    from attsvm.svm import NuclearOptions, solve_nuclear
+
+    ref = solve_nuclear(cs, NuclearOptions(tol=NUC_GAP_TOL, path="scipy"))
+    assert ref.status == "optimal" and ref.info["path"] == "scipy"
+    assert abs(svm.objective_ - ref.info["objective"]) <= 1e-8 * ref.info["objective"]
