@@ -259,8 +259,8 @@ class LlamaLMConfig:
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head must be divisible by n_kv_head, got n_head={self.n_head}, "
                              f"n_kv_head={self.n_kv_head}")
-        if not 16 <= self.min_len <= self.max_len:
-            raise ValueError(f"min_len must be in [16, max_len={self.max_len}], got {self.min_len}")
+        if not 32 <= self.min_len <= self.max_len:
+            raise ValueError(f"min_len must be in [32, max_len={self.max_len}], got {self.min_len}")
         if self.max_len + 64 > self.max_position_embeddings:
             raise ValueError(f"max_len + 64 must be <= max_position_embeddings={self.max_position_embeddings}, "
                              f"got max_len={self.max_len}")
@@ -333,19 +333,21 @@ def _task_batch(tok: Any, rng: Any, words: Any, n_tokens: int, batch: int, drill
                 repeat: float = 0.3) -> tuple[Any, Any, Any]:
     """``(ids, labels, answer_mask)`` of ``batch`` training sequences (B, T); labels -100 on padding.
 
-    A share ``repeat`` of the sequences are a pydoc window written twice (the second copy is predictable by
-    induction), a share ``drill`` are recall drills (:func:`_drill`), the others task examples (context,
+    A share ``repeat`` of the sequences are random key/value codes written twice (the second copy is predictable
+    by induction only), a share ``drill`` are recall drills (:func:`_drill`), the others task examples (context,
     question, answer prefix, answer, ``</s>``); the answer mask marks the tokens to retrieve."""
+    import numpy as np
     import torch
 
-    from .tasks import TASKS, _haystack, sample_example
+    from .tasks import KEY_CODES, TASKS, VALUE_CODES, sample_example
 
+    code_ids = np.asarray(tok.convert_tokens_to_ids([*KEY_CODES, *VALUE_CODES]))
     seqs, masks = [], []
     for _ in range(batch):
         u = rng.random()
-        if u < repeat:
+        if u < repeat:  # random codes written twice: only induction predicts the second copy
             half = max(2, n_tokens // 2)
-            win = tok.encode(" ".join(_haystack(words, rng, half)), add_special_tokens=False)
+            win = code_ids[rng.integers(0, len(code_ids), size=half)].tolist()
             seqs.append([tok.bos_token_id, *win, *win])
             masks.append([False] * (1 + len(win) + 1) + [True] * (len(win) - 1))
             continue
