@@ -95,7 +95,7 @@ class CompareConfig:
     ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
     tasks: tuple[str, ...] = TASKS
     seeds: tuple[int, ...] = (0, 1, 2)
-    n_samples: int = 4                 # contexts per task and seed
+    n_samples: int = 2                 # contexts per task and seed
     n_tokens: int = 1024               # context length (tokens)
     query_modes: tuple[str, ...] = ("agnostic", "aware")
     methods: tuple[str, ...] | None = None  # None: every available method
@@ -377,7 +377,8 @@ class CompareResult:
 
 def kv_compare(config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | None = None,
                progress: bool = False) -> CompareResult:
-    """Run the grid of :class:`CompareConfig` (module notes); the model is trained or reused first."""
+    """Run the grid of :class:`CompareConfig` (module notes) on the model in ``lm_dir`` (a folder written by
+    :func:`~attsvm.analysis.lm.train_llama_lm`), or on ``config.lm`` trained or reused from the cache."""
     import torch
     from tqdm.auto import tqdm
 
@@ -385,8 +386,7 @@ def kv_compare(config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | 
     if not isinstance(config, CompareConfig):
         raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
     t0 = time.perf_counter()
-    folder = train_llama_lm(lm_dir, config.lm, progress=progress) if lm_dir is None or not (
-        Path(lm_dir) / "attsvm_lm.json").is_file() else Path(lm_dir)
+    folder = train_llama_lm(None, config.lm, progress=progress) if lm_dir is None else Path(lm_dir)
     lm_meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
     model, tok = load_llama_lm(folder)
     t_model = time.perf_counter() - t0

@@ -221,8 +221,12 @@ class LlamaLMConfig:
 
     Each step draws ``tokens_per_step // L`` sequences of context length ``L``; ``L`` grows geometrically from
     ``min_len`` to ``max_len`` over the first ``ramp`` fraction of the steps (then stays in
-    ``[max_len / 2, max_len]``). Every sequence is pydoc text with one task example inserted; the loss is the
-    next-token loss on all tokens plus ``answer_weight`` times the loss on the answer tokens.
+    ``[max_len / 2, max_len]``). A share ``repeat_share`` of the sequences are random key/value codes written
+    twice, ``drill_share`` are recall drills (pydoc text with many needles, then some of them again), the rest
+    pydoc text with one task example of :mod:`attsvm.analysis.tasks`; the loss is the next-token loss on all
+    tokens plus ``answer_weight`` times the loss on the tokens to retrieve. ``init_std`` (larger than Llama's
+    0.02) gives the tiny model non-uniform attention at initialisation, which shortens the plateau before its
+    induction heads form (the retrieval mechanism of every task).
     """
 
     vocab_size: int = 1024
@@ -235,14 +239,17 @@ class LlamaLMConfig:
     max_position_embeddings: int = 4096
     min_len: int = 32
     max_len: int = 1152
-    ramp: float = 0.7
-    tokens_per_step: int = 2048
-    steps: int = 800
+    ramp: float = 0.75
+    tokens_per_step: int = 1024
+    steps: int = 1800
     lr: float = 3e-3
     weight_decay: float = 0.01
-    answer_weight: float = 1.0
+    init_std: float = 0.1
+    answer_weight: float = 3.0
+    repeat_share: float = 0.4
+    drill_share: float = 0.3
     eval_tokens: int = 1024
-    eval_samples: int = 20
+    eval_samples: int = 10
     seed: int = 0
     heldout_every: int = 10
 
@@ -254,6 +261,10 @@ class LlamaLMConfig:
         check_positive_int(self.seed, "seed", minimum=0)
         check_finite_scalar(self.lr, "lr", positive=True)
         check_finite_scalar(self.answer_weight, "answer_weight")
+        check_finite_scalar(self.init_std, "init_std", positive=True)
+        if not (0.0 <= self.repeat_share and 0.0 <= self.drill_share and self.repeat_share + self.drill_share < 1.0):
+            raise ValueError(f"repeat_share and drill_share must be >= 0 with a sum < 1, got {self.repeat_share}, "
+                             f"{self.drill_share}")
         if not 0.0 < self.ramp <= 1.0:
             raise ValueError(f"ramp must be in (0, 1], got {self.ramp}")
         if self.n_head % self.n_kv_head:
@@ -271,7 +282,7 @@ class LlamaLMConfig:
 # the default: 1,024-token tasks; a few minutes on 2 CPU cores
 RETRIEVAL_LM = LlamaLMConfig()
 # kv-compare --quick and the CI: 256-token tasks
-QUICK_RETRIEVAL_LM = LlamaLMConfig(max_len=320, steps=400, tokens_per_step=2048, eval_tokens=256)
+QUICK_RETRIEVAL_LM = LlamaLMConfig(max_len=288, steps=300, eval_tokens=256)
 # the tests' training code path (seconds; learns nothing)
 TINY_RETRIEVAL_LM = LlamaLMConfig(vocab_size=512, n_embd=32, head_dim=8, intermediate_size=64, min_len=32, max_len=64,
                                   tokens_per_step=128, steps=3, eval_tokens=48, eval_samples=2,
@@ -411,7 +422,7 @@ def train_llama_lm(out: str | Path | None = None, config: LlamaLMConfig = RETRIE
                       num_key_value_heads=config.n_kv_head, head_dim=config.head_dim,
                       max_position_embeddings=config.max_position_embeddings,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      tie_word_embeddings=True)
+                      tie_word_embeddings=True, initializer_range=config.init_std)
     model = LlamaForCausalLM(cfg)
     model.config._attn_implementation = "sdpa"  # training only; saved and loaded with eager attention
     model.train()
@@ -422,7 +433,8 @@ def train_llama_lm(out: str | Path | None = None, config: LlamaLMConfig = RETRIE
     losses, ans_losses = [], []
     for step in tqdm(range(config.steps), desc="llama-lm-train", disable=not progress, leave=False):
         L = _curriculum_len(config, step, rng)
-        ids, labels, amask = _task_batch(tok, rng, words, L, max(1, config.tokens_per_step // L))
+        ids, labels, amask = _task_batch(tok, rng, words, L, max(1, config.tokens_per_step // L),
+                                         drill=config.drill_share, repeat=config.repeat_share)
         logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
         ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                                reduction="none", ignore_index=-100).view(labels.shape[0], -1)

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default=None, help="comma-separated compression ratios (default: 0.25,0.5,0.75,0.9)")
     parser.add_argument("--seeds", type=int, default=None, help="number of task seeds (default: 3; quick: 1)")
     parser.add_argument("--samples", type=int, default=None, help="contexts per task and seed")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s; the model is tiny)")
 
 
 def run(args: argparse.Namespace) -> int:
