@@ -95,7 +95,7 @@ class CompareConfig:
     ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
     tasks: tuple[str, ...] = TASKS
     seeds: tuple[int, ...] = (0, 1, 2)
-    n_samples: int = 2                 # contexts per task and seed
+    n_samples: int = 1                 # contexts per task and seed
     n_tokens: int = 1024               # context length (tokens)
     query_modes: tuple[str, ...] = ("agnostic", "aware")
     methods: tuple[str, ...] | None = None  # None: every available method

@@ -219,9 +219,9 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "[UNK]")
 class LlamaLMConfig:
     """Model, tokenizer, curriculum and training settings of the retrieval LM (all seeded by ``seed``).
 
-    Each step draws ``tokens_per_step // L`` sequences of context length ``L``; ``L`` grows geometrically from
-    ``min_len`` to ``max_len`` over the first ``ramp`` fraction of the steps (then stays in
-    ``[max_len / 2, max_len]``). A share ``repeat_share`` of the sequences are random key/value codes written
+    Each step draws ``max(2, tokens_per_step // L)`` sequences of context length ``L``: ``L`` stays in
+    ``[min_len, 2 min_len]`` for the first ``hold`` fraction of the steps, grows geometrically to ``max_len`` by
+    ``ramp``, then stays in ``[max_len / 2, max_len]``. A share ``repeat_share`` of the sequences are random key/value codes written
     twice, ``drill_share`` are recall drills (pydoc text with many needles, then some of them again), the rest
     pydoc text with one task example of :mod:`attsvm.analysis.tasks`; the loss is the next-token loss on all
     tokens plus ``answer_weight`` times the loss on the tokens to retrieve. ``init_std`` (larger than Llama's
@@ -239,15 +239,16 @@ class LlamaLMConfig:
     max_position_embeddings: int = 4096
     min_len: int = 32
     max_len: int = 1152
-    ramp: float = 0.75
+    hold: float = 0.3
+    ramp: float = 0.8
     tokens_per_step: int = 1024
-    steps: int = 1800
+    steps: int = 2400
     lr: float = 3e-3
     weight_decay: float = 0.01
     init_std: float = 0.1
     answer_weight: float = 3.0
-    repeat_share: float = 0.4
-    drill_share: float = 0.3
+    repeat_share: float = 0.1
+    drill_share: float = 0.4
     eval_tokens: int = 1024
     eval_samples: int = 10
     seed: int = 0
@@ -265,13 +266,13 @@ class LlamaLMConfig:
         if not (0.0 <= self.repeat_share and 0.0 <= self.drill_share and self.repeat_share + self.drill_share < 1.0):
             raise ValueError(f"repeat_share and drill_share must be >= 0 with a sum < 1, got {self.repeat_share}, "
                              f"{self.drill_share}")
-        if not 0.0 < self.ramp <= 1.0:
-            raise ValueError(f"ramp must be in (0, 1], got {self.ramp}")
+        if not 0.0 <= self.hold < self.ramp <= 1.0:
+            raise ValueError(f"hold and ramp must satisfy 0 <= hold < ramp <= 1, got hold={self.hold}, ramp={self.ramp}")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head must be divisible by n_kv_head, got n_head={self.n_head}, "
                              f"n_kv_head={self.n_kv_head}")
-        if not 32 <= self.min_len <= self.max_len:
-            raise ValueError(f"min_len must be in [32, max_len={self.max_len}], got {self.min_len}")
+        if not 32 <= 2 * self.min_len <= self.max_len:
+            raise ValueError(f"min_len must be in [32, max_len / 2={self.max_len // 2}], got {self.min_len}")
         if self.max_len + 64 > self.max_position_embeddings:
             raise ValueError(f"max_len + 64 must be <= max_position_embeddings={self.max_position_embeddings}, "
                              f"got max_len={self.max_len}")
@@ -320,9 +321,14 @@ def build_word_tokenizer(texts: list[str], vocab_size: int) -> Any:
 
 
 def _curriculum_len(config: LlamaLMConfig, step: int, rng: Any) -> int:
-    frac = min(1.0, step / max(1.0, config.ramp * config.steps))
-    top = config.min_len * (config.max_len / config.min_len) ** frac
-    return int(rng.integers(max(config.min_len, int(top) // 2), int(top) + 1))
+    """Context length of a step: in ``[min_len, 2 min_len]`` for the first ``hold`` of the steps (while the
+    induction heads form), then a geometric ramp to ``max_len`` reached at ``ramp``, drawn in ``[top / 2, top]``."""
+    lo = config.min_len
+    if step < config.hold * config.steps:
+        return int(rng.integers(lo, 2 * lo + 1))
+    frac = min(1.0, (step - config.hold * config.steps) / max(1.0, (config.ramp - config.hold) * config.steps))
+    top = 2 * lo * (config.max_len / (2 * lo)) ** frac
+    return int(rng.integers(max(lo, int(top) // 2), int(top) + 1))
 
 
 def _drill(rng: Any, words: Any, n_tokens: int) -> tuple[str, list[str]]:
@@ -433,7 +439,7 @@ def train_llama_lm(out: str | Path | None = None, config: LlamaLMConfig = RETRIE
     losses, ans_losses = [], []
     for step in tqdm(range(config.steps), desc="llama-lm-train", disable=not progress, leave=False):
         L = _curriculum_len(config, step, rng)
-        ids, labels, amask = _task_batch(tok, rng, words, L, max(1, config.tokens_per_step // L),
+        ids, labels, amask = _task_batch(tok, rng, words, L, max(2, config.tokens_per_step // L),
                                          drill=config.drill_share, repeat=config.repeat_share)
         logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
         ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
