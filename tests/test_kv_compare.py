@@ -115,3 +115,18 @@ def test_cli_quick_runs_and_bad_ratios_are_named(tiny_lm, tmp_path, capsys):
     assert "kv-compare:" in capsys.readouterr().out
     assert main(["kv-compare", "--quick", "--ratios", "0.5,1.0", "--out", str(tmp_path / "bad")]) == 2
     assert "ratio must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_verdicts_need_enough_contexts_and_separated_intervals():
+    from attsvm.analysis.kv_compare import MIN_VERDICT_CONTEXTS, _verdicts
+
+    def cell(method, acc, lo, hi, n):
+        return {"method": method, "mode": "agnostic", "task": "vt", "ratio": 0.5, "accuracy": acc, "ci_low": lo,
+                "ci_high": hi, "n_contexts": n}
+
+    n = MIN_VERDICT_CONTEXTS
+    assert _verdicts([cell("svm_cache", 1, 1, 1, n), cell("knorm", 0, 0, 0, n)])[0]["verdict"] == "win"
+    assert _verdicts([cell("svm_cache", 0, 0, 0, n), cell("knorm", 1, 1, 1, n)])[0]["verdict"] == "lose"
+    assert _verdicts([cell("svm_cache", .6, .2, .9, n), cell("knorm", .5, .1, .8, n)])[0]["verdict"] == "tie"
+    one = _verdicts([cell("svm_cache", 1, 1, 1, 1), cell("knorm", 0, 0, 0, 1)])
+    assert one[0]["verdict"] == "too few contexts"

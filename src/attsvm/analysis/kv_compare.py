@@ -552,9 +552,13 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
     return paths
 
 
+MIN_VERDICT_CONTEXTS = 3  # fewer contexts in a cell: the bootstrap CI is degenerate, no verdict
+
+
 def _verdicts(summ: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per mode, task, ratio and SV-margin method: its accuracy against the best other compressing method; win /
-    lose when the bootstrap CIs do not overlap, tie otherwise."""
+    lose when the bootstrap CIs do not overlap, tie otherwise; "too few contexts" below
+    :data:`MIN_VERDICT_CONTEXTS` contexts (one context resamples to itself: its CI is a point)."""
     out = []
     keys = sorted({(s["mode"], s["task"], s["ratio"]) for s in summ if s["method"] != "full"},
                   key=lambda k: (k[0], TASKS.index(k[1]) if k[1] in TASKS else 99, k[2]))
@@ -567,7 +571,9 @@ def _verdicts(summ: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for s in cell:
             if s["method"] not in SVM_METHODS:
                 continue
-            if s["ci_low"] > best["ci_high"]:
+            if min(s["n_contexts"], best["n_contexts"]) < MIN_VERDICT_CONTEXTS:
+                verdict = "too few contexts"
+            elif s["ci_low"] > best["ci_high"]:
                 verdict = "win"
             elif s["ci_high"] < best["ci_low"]:
                 verdict = "lose"
@@ -609,8 +615,9 @@ def write_compare_report(out: str | Path) -> Path:
     for v in verdicts:
         lines.append(f"| {v['mode']} | {v['task']} | {v['ratio']} | {v['svm_method']} | {v['svm']:.2f} | "
                      f"{v['best_other']} | {v['other']:.2f} | {v['verdict']} |")
-    counts = {k: sum(v["verdict"] == k for v in verdicts) for k in ("win", "tie", "lose")}
-    lines += ["", f"Totals: {counts['win']} wins, {counts['tie']} ties, {counts['lose']} losses.", "",
+    counts = {k: sum(v["verdict"] == k for v in verdicts) for k in ("win", "tie", "lose", "too few contexts")}
+    lines += ["", f"Totals: {counts['win']} wins, {counts['tie']} ties, {counts['lose']} losses, "
+              f"{counts['too few contexts']} cells with fewer than {MIN_VERDICT_CONTEXTS} contexts (no verdict).", "",
               "## Accuracy (mean [95% CI], n_kept keys per layer and KV head)", ""]
     modes = sorted({s["mode"] for s in summ})
     ratios = sorted({s["ratio"] for s in summ if s["method"] != "full"})
