@@ -54,7 +54,7 @@ def test_bootstrap_ci_resamples_contexts():
         bootstrap_ci(scores, np.arange(5), n_boot=10)
 
 
-def test_every_method_keeps_n_kept_and_ratio_zero_equals_the_full_cache(tiny_lm):
+def test_every_method_keeps_n_kept_and_a_cache_that_never_evicts_equals_the_full_cache(tiny_lm):
     model, tok = load_llama_lm(tiny_lm)
     rows = make_rows("mqar", 1, n_tokens=40, seed=3)
     context = rows["context"][0]
@@ -65,8 +65,13 @@ def test_every_method_keeps_n_kept_and_ratio_zero_equals_the_full_cache(tiny_lm)
     for name in names:
         preds, _, kept = answer_context(model, tok, _method(name, 4), 0.5, context, queries, chunk=8)
         assert kept == compute_n_kept(n, 0.5) and len(preds) == len(queries)
-        same, _, _ = answer_context(model, tok, _method(name, 4), 0.0, context, queries, chunk=8)
-        assert same == full, name  # keeping every key changes nothing
+    from attsvm.analysis.kv_cache import EvictionCache
+
+    for kind, chunk in (("decode", 8), ("decode", 7), ("oneshot", 8)):
+        # a cache that never evicts: the chunked prefill and the decoding path answer exactly as the full cache
+        roomy = Method("roomy", "attsvm", kind, lambda m, r, k: EvictionCache(m, "svm", budget=k + 64))
+        same, _, _ = answer_context(model, tok, roomy, 0.0, context, queries, chunk=chunk)
+        assert same == full, (kind, chunk)
 
 
 def test_a_method_that_keeps_a_different_number_is_refused(tiny_lm):

@@ -200,7 +200,8 @@ def kvpress_available() -> bool:
     """Whether kvpress can be imported (without importing it: importing patches attention globally)."""
     import importlib.util
 
-    return importlib.util.find_spec("kvpress") is not None
+    spec = importlib.util.find_spec("kvpress")
+    return spec is not None and spec.origin is not None  # a namespace package (e.g. a folder named kvpress) is not it
 
 
 def available_methods(requested: Sequence[str] | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
