@@ -32,6 +32,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("analyze", "_analyze"),
     ("kv-bench", "_kv_bench"),
     ("lm-train", "_lm_train"),
+    ("kv-compare", "_kv_compare"),
 )
 
 
