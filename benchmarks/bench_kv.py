@@ -26,7 +26,6 @@ import torch
 
 from attsvm.analysis.kv_cache import cache_kwargs, returned_cache
 
-
 LIMITS = {"gpt2": 1.20, "llama": 1.10, "llama-retrieval": 1.10}
 TITLES = {"gpt2": "tiny GPT-2 LM (4 layers, d=128, MHA)", "llama": "small Llama (4 layers, d=256, GQA 8:2, RoPE)",
           "llama-retrieval": "retrieval-LM-shaped Llama (2 layers, d=64, GQA 4:2, head_dim 32, RoPE)"}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from attsvm.cli import main
-from attsvm.cli._errors import EXIT_BUSY, EXIT_DATA, EXIT_USAGE, EPILOG
+from attsvm.cli._errors import EPILOG, EXIT_BUSY, EXIT_DATA, EXIT_USAGE
 from attsvm.datasets import paper_instance
 
 Q = ["--quick", "--no-progress"]
@@ -22,7 +22,7 @@ LC = ["reproduce", "local-convergence"] + Q
 TINY = ["--set", "runs=1", "--set", "steps=10", "--set", "record_every=10", "--set", "chunk=1"]
 
 
-@pytest.fixture()
+@pytest.fixture
 def files(tmp_path: Path) -> Path:
     paper_instance(3, 4, 5, seed=0).to_npz(tmp_path / "good.npz")
     (tmp_path / "empty.npz").write_bytes(b"")

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.diagnostics import (TAU, convergence_type, convergence_types, correlation_trajectories,
-                                mixture_prediction, svm_equivalence)
+from attsvm.diagnostics import (
+    TAU,
+    convergence_type,
+    convergence_types,
+    correlation_trajectories,
+    mixture_prediction,
+    svm_equivalence,
+)
 from attsvm.svm import AttentionSVM, locally_optimal
 from attsvm.train import train
 

@@ -13,8 +13,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attsvm.experiments import (EXPERIMENTS, TrialStore, apply_overrides, get_experiment, parse_overrides,
-                                plot_run, reproduce)
+from attsvm.experiments import (
+    EXPERIMENTS,
+    TrialStore,
+    apply_overrides,
+    get_experiment,
+    parse_overrides,
+    plot_run,
+    reproduce,
+)
 
 # W^eq / W_fin constraints hold to this
 CONSTRAINT_TOL = 1e-8

@@ -13,8 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attsvm.analysis.kv_cache import (POLICIES, EvictionCache, attention_layout,  # noqa: E402
-                                      cache_kwargs, make_policy, returned_cache)
+from attsvm.analysis.kv_cache import (
+    POLICIES,
+    EvictionCache,
+    attention_layout,
+    cache_kwargs,
+    make_policy,
+    returned_cache,
+)
 
 pytestmark = pytest.mark.models
 

@@ -9,8 +9,14 @@ import torch
 from attsvm import AttentionProblem, Head, TieError, correlation, effective_rank, matrix_rank, nuc_fro_ratio
 from attsvm.datasets import gd_paths_instance, paper_instance, random_instance
 from attsvm.problem import loss_fn
-from attsvm.tokens import (constraint_mask, local_optimality_report, margins, pair_differences,
-                           selected_tokens, support_tokens)
+from attsvm.tokens import (
+    constraint_mask,
+    local_optimality_report,
+    margins,
+    pair_differences,
+    selected_tokens,
+    support_tokens,
+)
 
 EXACT = 1e-12  # float64 identities computed two ways
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from attsvm._folders import LOCK_FILE, FolderLock
 from attsvm.cli import main
 from attsvm.experiments import FolderBusyError, RunFolderError, TrialStore, fingerprint, get_experiment, plot_run
 from attsvm.experiments import reproduce as run_reproduce
-from attsvm._folders import LOCK_FILE, FolderLock
 
 # a tiny local-convergence sweep: 2 trials (W and (K,Q)) of one 20-step run each
 TINY = {"runs": 1, "chunk": 1, "steps": 20, "record_every": 10}
@@ -185,9 +185,8 @@ def test_readers_delete_nothing_and_a_busy_folder_is_not_plotted(tmp_path: Path)
     TrialStore(out / "trials")
     plot_run(out)
     assert stale.exists(), "plot and TrialStore are readers: they never delete"
-    with FolderLock(out, "a running sweep"):
-        with pytest.raises(FolderBusyError):
-            plot_run(out)
+    with FolderLock(out, "a running sweep"), pytest.raises(FolderBusyError):
+        plot_run(out)
     assert stale.exists()
 
 

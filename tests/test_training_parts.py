@@ -16,8 +16,17 @@ import attsvm
 from attsvm.datasets import paper_instance, random_instance
 from attsvm.model import AttentionModel, Batch, FactoredKQ, FullW, parameterization, risk, risk_and_grad
 from attsvm.training import Recording, optim, train
-from attsvm.training.optim import (AddPenalty, MirrorMap, NormalizeByNorm, PolyakStep, StepSize, chain,
-                                   mirror_descent, normalized_gd, polyak)
+from attsvm.training.optim import (
+    AddPenalty,
+    MirrorMap,
+    NormalizeByNorm,
+    PolyakStep,
+    StepSize,
+    chain,
+    mirror_descent,
+    normalized_gd,
+    polyak,
+)
 
 # analytic chain rule vs autograd, relative
 GRAD_RTOL = 1e-12

@@ -15,11 +15,10 @@ torch = pytest.importorskip("torch")
 kvpress = pytest.importorskip("kvpress")
 transformers = pytest.importorskip("transformers")
 
-from kvpress import AdaKVPress, DecodingPress, KeyRerotationPress, PrefillDecodingPress  # noqa: E402
-from kvpress.utils import compute_n_kept as kvpress_n_kept  # noqa: E402
+from kvpress import AdaKVPress, DecodingPress, KeyRerotationPress, PrefillDecodingPress
+from kvpress.utils import compute_n_kept as kvpress_n_kept
 
-from attsvm.integrations.kvpress import (H2ODecodingPress, H2OPress, SVMarginDecodingPress,  # noqa: E402
-                                         SVMarginPress, compute_n_kept)
+from attsvm.integrations.kvpress import H2ODecodingPress, H2OPress, SVMarginDecodingPress, SVMarginPress, compute_n_kept
 
 pytestmark = pytest.mark.kvpress
 

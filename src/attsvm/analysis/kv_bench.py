@@ -22,10 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from .._validation import check_positive_int
-from .kv_cache import (POLICIES, EvictionCache, EvictionPolicy, cache_kwargs, make_policy, returned_cache,
-                       select_keep)
+from .kv_cache import POLICIES, EvictionCache, EvictionPolicy, cache_kwargs, make_policy, returned_cache, select_keep
 
 __all__ = ["BUDGETS", "lm_perplexity", "encoder_forward", "minilm_fidelity", "kv_bench", "KVBenchResult",
            "plot_kv_bench", "write_kv_report"]

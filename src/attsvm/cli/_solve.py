@@ -36,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
     from ..datasets import paper_instance
     from ..problem import AttentionProblem
     from ..svm import AttentionSVM
-
     from ._errors import InputError, UsageError
 
     if args.json is not None and args.json.is_dir():

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..diagnostics import convergence_type
 from ..tokens import margins, support_tokens
 from ._base import Experiment, Headline, Trial, chunks, headline
-from ..diagnostics import convergence_type
 from ._common import fit_svm, optimal_or_none, paper_problems, train_W_reduced
 from ._plotting import save, subplots
 

@@ -189,7 +189,7 @@ class SVMEq(Experiment):
             a = acc[acc.d == d]
             l = last[last.d == d]
             per_d[int(d)] = {
-                "accepted": int(len(a)), "seeds_consumed": int(len(g)),
+                "accepted": len(a), "seeds_consumed": len(g),
                 **{f"dropped: {r}": int((g.reason == r).sum()) for r in DROP_REASONS},
                 "mean 1-corr(W, W^eq)": float((1 - l.corr_eq).mean()),
                 "mean 1-corr(W, W_fin+R W^eq)": float((1 - l.corr_full).mean()),
