@@ -526,7 +526,7 @@ class AttentionModel(nn.Module):
         d = check_positive_int(d, "d")
         runs = check_positive_int(runs, "runs")
         if isinstance(param, str):
-            param = check_choice(param, "param", PARAMS)  # type: ignore[assignment]
+            param = check_choice(param, "param", PARAMS)
             m = None if param == "W" else m
         self.parameterization = parameterization(param, d, m)
         self.param: str = self.parameterization.name

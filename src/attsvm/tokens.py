@@ -119,4 +119,5 @@ def local_optimality_report(problem: AttentionProblem, tokens: ArrayLike, suppor
     g = problem.scores
     bad = support & (g >= g[np.arange(n), alpha][:, None])  # (n, T)
     offending = [np.flatnonzero(bad[i]).tolist() for i in range(n)]
-    return LocalOptimalityReport(alpha, True, support.copy(), ~bad.any(axis=1), offending)
+    passed = np.asarray(~bad.any(axis=1), dtype=bool)
+    return LocalOptimalityReport(alpha, True, support.copy(), passed, offending)

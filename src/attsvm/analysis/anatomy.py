@@ -107,12 +107,12 @@ class AttentionStats:
     delta: float
     n_queries: int = 0
     n_windows: int = 0
-    top1: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    top3: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    top1_content: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    special_mass: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    n_support: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    margin_hist: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
+    top1: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    top3: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    top1_content: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    special_mass: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    n_support: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    margin_hist: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
 
     def __post_init__(self) -> None:
         shape = (self.n_layers, self.n_heads)

@@ -59,7 +59,7 @@ class Executor:
 class SerialExecutor(Executor):
     description = "in-process"
 
-    def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
+    def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         for tag, args in jobs:
             yield tag, fn(*args)
 
@@ -103,7 +103,7 @@ class PoolExecutor(Executor):
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                          initializer=_worker_init, initargs=(os.getpid(),))
 
-    def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
+    def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         futures = {self._pool.submit(fn, *args): tag for tag, args in jobs}
         for fut in as_completed(futures):  # left early (error, interrupt): close(abort=True) stops the rest
             yield futures[fut], fut.result()
@@ -160,7 +160,7 @@ class DaskExecutor(Executor):
                 raise ValueError(f"--scheduler {scheduler!r}: cannot reach a Dask scheduler there ({exc})") from None
             self.description = f"Dask scheduler at {scheduler}"
 
-    def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
+    def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         from distributed import as_completed as dask_as_completed
 
         futures = {}

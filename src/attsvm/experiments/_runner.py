@@ -74,7 +74,7 @@ def execute_trial(name: str, settings: dict[str, Any], trial: dict[str, Any]) ->
         prev = torch.get_num_threads()
         torch.set_num_threads(1)
     except ImportError:  # pragma: no cover
-        torch, prev = None, 0
+        torch, prev = None, 0  # type: ignore[assignment]  # torch is optional here
     # Solver notices (iteration limits, fallbacks) are per-solve: their outcomes are recorded in the
     # trial data (status columns), so during a trial they are silenced below ERROR (warnings → DEBUG).
     svm_log = logging.getLogger("attsvm.svm")

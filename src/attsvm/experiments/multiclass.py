@@ -64,8 +64,8 @@ class Multiclass(Experiment):
                 single = fit_svm(p, np.argmax(S, axis=1), "fro")
                 if eq.W_ is not None:
                     Wh = out.history["W"][r]
-                    c = correlation(Wh, eq.W_)
-                    cs = correlation(Wh, single.W_) if single.W_ is not None else np.full(len(c), np.nan)
+                    c = np.asarray(correlation(Wh, eq.W_))
+                    cs = np.asarray(correlation(Wh, single.W_)) if single.W_ is not None else np.full(len(c), np.nan)
                     traj.append(pd.DataFrame({"seed": seed, "step": steps, "corr_eq": c, "corr_single": cs}))
                     row.update(corr_eq=float(c[-1]), corr_single=float(cs[-1]), viol=num(eq.max_violation_, np.inf))
                 else:

@@ -143,6 +143,7 @@ class SVMEq(Experiment):
                 p, sr = probs[i], S[r]
                 sel = sr > hi
                 cs_eq, cs_fin = equivalence_constraints(p, sel, sr)
+                assert cs_fin is not None  # probs were given
                 eq, wfin = fit_svm(cs_eq, norm="fro"), fit_svm(cs_fin, norm="fro")
                 single = fit_svm(p, np.argmax(sr, axis=1), "fro")
                 if eq.W_ is None or wfin.W_ is None or single.W_ is None:

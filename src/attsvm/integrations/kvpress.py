@@ -289,7 +289,7 @@ def _classes() -> dict[str, type]:
 
         _base_class = H2OPress
 
-    found = {"SVMarginPress": SVMarginPress, "H2OPress": H2OPress, "SVMarginDecodingPress": SVMarginDecodingPress,
+    found: dict[str, type] = {"SVMarginPress": SVMarginPress, "H2OPress": H2OPress, "SVMarginDecodingPress": SVMarginDecodingPress,
              "H2ODecodingPress": H2ODecodingPress}
     for name, cls in found.items():
         cls.__module__, cls.__qualname__ = __name__, name
