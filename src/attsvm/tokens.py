@@ -51,7 +51,7 @@ def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -
     alpha = problem.check_tokens(tokens)
     W = as_float_array(W, "W")
     logits = problem.logits(W)  # (..., n, T)
-    top = np.take_along_axis(logits, np.broadcast_to(alpha[:, None], logits.shape[:-1] + (1,)), axis=-1)
+    top = np.take_along_axis(logits, np.broadcast_to(alpha[:, None], (*logits.shape[:-1], 1)), axis=-1)
     m = top - logits
     mask = constraint_mask(problem.n, problem.T, alpha)
     return np.where(mask, m, np.inf)

@@ -70,7 +70,7 @@ def plot_anatomy(out: str | Path) -> list[Path]:
     axes[0].set_xlabel("margin logit_top − logit_t")
     axes[0].set_ylabel("share of (query, key) pairs")
     axes[0].legend(fontsize=7)
-    ranks, agree, kl = arr["ranks"], arr["top1_agreement"], arr["kl"]
+    ranks, agree = arr["ranks"], arr["top1_agreement"]
     for layer in range(L):
         axes[1].plot(ranks, agree[layer].mean(0), marker="o", label=f"layer {layer}")
     axes[1].set_xlabel("rank r of truncated W_h")

@@ -45,7 +45,7 @@ BUDGETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
 def _budget(frac: float, length: int) -> int:
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"budgets must be fractions in (0, 1], got {frac}")
-    return max(1, int(round(frac * length)))
+    return max(1, round(frac * length))
 
 
 # ---------------------------------------------------------------------------------------- (a) causal LM

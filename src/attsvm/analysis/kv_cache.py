@@ -111,7 +111,7 @@ class EvictionPolicy:
     def protected(self, budget: int) -> tuple[int, int]:
         """``(n_sinks, n_recent)`` protected at this budget; together at most ``budget``."""
         n_sinks = min(self.sinks, budget)
-        n_recent = int(math.floor(self.recent * budget)) if isinstance(self.recent, float) else self.recent
+        n_recent = math.floor(self.recent * budget) if isinstance(self.recent, float) else self.recent
         return n_sinks, max(0, min(n_recent, budget - n_sinks))
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor | None:

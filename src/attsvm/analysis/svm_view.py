@@ -164,7 +164,7 @@ class SVMView:
             f"{self.n_pairs} (sequence, query) pairs, T = {self.T} keys (the last T positions up to the query), "
             f"d + 1 = {self.d + 1} homogeneous features; α = the head's own argmax.", "",
             f"* Frobenius Att-SVM: status {self.fro_status}; certificate {self.fro_certificate}.",
-            f"* Nuclear Att-SVM* ({'rank ≤ %d' % self.nuc_rank if self.nuc_rank else 'convex'}): status {self.nuc_status}; certificate {self.nuc_certificate}"
+            f"* Nuclear Att-SVM* ({f'rank ≤ {self.nuc_rank:d}' if self.nuc_rank else 'convex'}): status {self.nuc_status}; certificate {self.nuc_certificate}"
             + (f" ({self.nuc_note})." if self.nuc_note else "."),
             f"* support keys per query (tight constraints of W_mm): {self.support_per_query:.2f} of {self.T - 1}.", "",
             "| statistic | this head | other heads, same layer | random rank-d_head |", "|---|---|---|---|",

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     raw = parse_overrides(args.overrides)
     common = dict(quick=args.quick, runs=args.runs, workers=args.workers, scheduler=args.scheduler,
-                  progress=not args.no_progress, command=["attsvm"] + sys.argv[1:])
+                  progress=not args.no_progress, command=["attsvm", *sys.argv[1:]])
     if args.name == "all":
         if raw:
             raise ValueError("--set cannot be combined with 'all' (settings differ per experiment)")

@@ -19,6 +19,7 @@ workers at once instead of waiting for their running trials.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -77,10 +78,8 @@ def _worker_init(parent: int) -> None:
 
     tqdm.set_lock(threading.RLock())
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # no prctl: the watchdog below still works
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog below still works
-            pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
@@ -115,10 +114,8 @@ class PoolExecutor(Executor):
         procs = list((getattr(self._pool, "_processes", None) or {}).values())  # private: the live workers
         self._pool.shutdown(wait=False, cancel_futures=True)  # drop the queued trials first
         for proc in procs:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # already gone
                 proc.kill()
-            except (OSError, ValueError):  # pragma: no cover - already gone
-                pass
         for proc in procs:
             proc.join(timeout=5)
         # with the workers gone the pool's manager thread sees a broken pool and ends at once; waiting for

@@ -64,7 +64,7 @@ class NuclearIdentity(Experiment):
         out = []
         for d in s["ds"]:
             for f in s["rank_fracs"]:
-                r = max(1, int(round(f * d)))
+                r = max(1, round(f * d))
                 out.append({"key": f"d{d:03d}-r{r:03d}", "d": d, "r": r})
         # distinct ranks only (small d can map several fractions to one rank)
         seen, uniq = set(), []

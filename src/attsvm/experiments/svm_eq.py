@@ -20,6 +20,7 @@ W^eq and W_fin are the Frobenius programs of docs/spec.md §5
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,7 @@ class SVMEq(Experiment):
         k = max(1, math.ceil((stop - start) / s["chunk"]))
         edges = np.linspace(start, stop, k + 1).round().astype(int)
         return [{"key": f"d{d}-s{a:06d}-{b:06d}", "d": d, "start": int(a), "stop": int(b)}
-                for a, b in zip(edges[:-1], edges[1:]) if b > a]
+                for a, b in itertools.pairwise(edges) if b > a]
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [t for d in s["ds"] for t in self._trials(d, 1, s["first"], s)]

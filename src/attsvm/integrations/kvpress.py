@@ -32,7 +32,8 @@ import torch
 
 from .._extras import require
 
-__all__ = ["SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "compute_n_kept",
+# the presses are built on first access by __getattr__ (kvpress is an optional dependency)
+__all__ = ["SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "compute_n_kept",  # noqa: F822
            "check_compression_ratio", "PRESSES"]
 
 PRESSES: tuple[str, ...] = ("SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress")
