@@ -115,7 +115,8 @@ class GDPaths(Experiment):
                     dv = 1.6 * dv / max(float(np.linalg.norm(dv)), 1e-300)
                     a.annotate("", xy=dv, xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": col, "ls": "--"})
                 a.plot([], [], "k--", label=("$W_{mm}$" if nm == "fro" else "$W^*_{mm}$") + " z (SVM direction)")
-                a.set(title=f"T={T}, {'W' if param == 'W' else '(K,Q)'} vs {'Frobenius' if nm == 'fro' else 'nuclear'} SVM",
+                a.set(title=f"T={T}, {'W' if param == 'W' else '(K,Q)'} vs "
+                      f"{'Frobenius' if nm == 'fro' else 'nuclear'} SVM",
                       xlim=(-2, 2), ylim=(-2, 2), aspect="equal")
                 a.legend(fontsize=5, loc="lower left")
         return save(fig, outdir, "gd_paths")
