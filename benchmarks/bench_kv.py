@@ -102,7 +102,7 @@ def bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
     eager, sdpa = build(kind, "eager"), build(kind, "sdpa")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, eager.config.vocab_size, (args.batch, args.tokens), generator=g)
-    budget = max(1, int(round(args.budget * args.tokens)))
+    budget = max(1, round(args.budget * args.tokens))
     make_cache = {"none (eager)": lambda: None, "none (sdpa)": lambda: None}
     models = {"none (eager)": eager, "none (sdpa)": sdpa}
     for k in POLICIES:

@@ -158,7 +158,7 @@ def test_nuclear_svm_of_real_head_selections_is_certified_optimal(minilm):
     assert svm.status_ == "optimal" and svm.relative_gap_ <= NUC_GAP_TOL and svm.max_violation_ <= 1e-8
     # the reference path alone (scipy's L-BFGS-B for every size) reaches the same certified optimum
     red, _, _ = nuclear._reduce(cs)
-    p0 = min(red.A.shape[2], red.Z.shape[1], max(nuclear._P0, int(round(0.5 * np.sqrt(red.mask.sum())))))
+    p0 = min(red.A.shape[2], red.Z.shape[1], max(nuclear._P0, round(0.5 * np.sqrt(red.mask.sum()))))
     K0, Q0 = nuclear._initial_factors(red, p0, np.random.default_rng(0))
     ref = nuclear._alm(red, K0, Q0, tol=NUC_GAP_TOL, max_iter=60, grow_rank=True, lean=False)
     assert ref.converged

@@ -217,5 +217,5 @@ def test_diagnostics_errors(local_runs):
         mixture_prediction(local_runs)
     with pytest.raises(ValueError, match="needs a convex head"):
         mixture_prediction(train(p, steps=1))
-    with pytest.raises(ValueError, match="eps must be in \\(0, 1\\)|eps must be > 0"):
+    with pytest.raises(ValueError, match=r"eps must be in \(0, 1\)|eps must be > 0"):
         svm_equivalence(local_runs, 0, eps=-1.0)

@@ -106,7 +106,7 @@ def test_nonlinear_scores(rng):
     logits = X @ C
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     np.testing.assert_allclose(m.scores, logp[np.arange(3), :, labels], rtol=1e-10)
-    with pytest.raises(ValueError, match="class indices in 0..2"):
+    with pytest.raises(ValueError, match=r"class indices in 0\.\.2"):
         AttentionProblem(X, np.array([0, 3, 1]), Head.multiclass(C), Z=Z)
 
 

@@ -120,10 +120,12 @@ def test_equal_settings_never_compute_a_trial_twice(tmp_path: Path) -> None:
 def test_the_second_writer_gets_a_message_naming_the_folder_and_the_holder(tmp_path: Path) -> None:
     out = tmp_path / "held"
     out.mkdir()
-    with FolderLock(out, "attsvm reproduce local-convergence (test holder)"):
-        with pytest.raises(FolderBusyError, match=rf"'{out}' is being written by another attsvm process "
-                                                  rf"\(pid {os.getpid()}: attsvm reproduce local-convergence"):
-            run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
+    with (
+        FolderLock(out, "attsvm reproduce local-convergence (test holder)"),
+        pytest.raises(FolderBusyError, match=rf"'{out}' is being written by another attsvm process "
+                                             rf"\(pid {os.getpid()}: attsvm reproduce local-convergence"),
+    ):
+        run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
     assert not (out / "config.json").exists(), "the refused run must write nothing"
 
 

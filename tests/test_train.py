@@ -341,7 +341,7 @@ def test_train_errors():
         train(p, steps=1, init="cone")
     with pytest.raises(ValueError, match="stationary point"):
         train(p, param="KQ", steps=1, init="zeros")
-    with pytest.raises(ValueError, match="init must be one of|init must be"):
+    with pytest.raises(ValueError, match=r"init must be one of|init must be"):
         train(p, steps=1, init="xavier")
     with pytest.raises(ValueError, match="seed must be an integer or 2 non-negative integers"):
         train(p, steps=1, n_init=2, seed=[1, 2, 3])
