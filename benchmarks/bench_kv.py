@@ -26,7 +26,6 @@ import torch
 
 from attsvm.analysis.kv_cache import cache_kwargs, returned_cache
 
-
 LIMITS = {"gpt2": 1.20, "llama": 1.10, "llama-retrieval": 1.10}
 TITLES = {"gpt2": "tiny GPT-2 LM (4 layers, d=128, MHA)", "llama": "small Llama (4 layers, d=256, GQA 8:2, RoPE)",
           "llama-retrieval": "retrieval-LM-shaped Llama (2 layers, d=64, GQA 4:2, head_dim 32, RoPE)"}
@@ -103,7 +102,7 @@ def bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
     eager, sdpa = build(kind, "eager"), build(kind, "sdpa")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, eager.config.vocab_size, (args.batch, args.tokens), generator=g)
-    budget = max(1, int(round(args.budget * args.tokens)))
+    budget = max(1, round(args.budget * args.tokens))
     make_cache = {"none (eager)": lambda: None, "none (sdpa)": lambda: None}
     models = {"none (eager)": eager, "none (sdpa)": sdpa}
     for k in POLICIES:

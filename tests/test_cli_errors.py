@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from attsvm.cli import main
-from attsvm.cli._errors import EXIT_BUSY, EXIT_DATA, EXIT_USAGE, EPILOG
+from attsvm.cli._errors import EPILOG, EXIT_BUSY, EXIT_DATA, EXIT_USAGE
 from attsvm.datasets import paper_instance
 
 Q = ["--quick", "--no-progress"]
-LC = ["reproduce", "local-convergence"] + Q
+LC = ["reproduce", "local-convergence", *Q]
 TINY = ["--set", "runs=1", "--set", "steps=10", "--set", "record_every=10", "--set", "chunk=1"]
 
 
-@pytest.fixture()
+@pytest.fixture
 def files(tmp_path: Path) -> Path:
     paper_instance(3, 4, 5, seed=0).to_npz(tmp_path / "good.npz")
     (tmp_path / "empty.npz").write_bytes(b"")
@@ -49,27 +49,27 @@ def files(tmp_path: Path) -> Path:
 CASES = [
     ("out-is-a-file", LC + TINY + ["--out", "{tmp}/afile"], EXIT_DATA, "is a file, not a folder"),
     ("out-not-creatable", LC + TINY + ["--out", "/proc/attsvm-no/x"], EXIT_DATA, "cannot create the folder"),
-    ("out-of-another-command", ["reproduce", "gd-paths"] + Q + ["--out", "{tmp}/reproduce_run"], EXIT_DATA,
+    ("out-of-another-command", ["reproduce", "gd-paths", *Q, "--out", "{tmp}/reproduce_run"], EXIT_DATA,
      "holds a run of experiment 'local-convergence'"),
     ("input-empty", ["solve", "--input", "{tmp}/empty.npz"], EXIT_DATA, "is not a readable attsvm instance"),
     ("input-truncated", ["solve", "--input", "{tmp}/trunc.npz"], EXIT_DATA, "is not a readable attsvm instance"),
     ("input-directory", ["solve", "--input", "{tmp}/adir.npz"], EXIT_DATA, "is a folder"),
     ("input-missing", ["solve", "--input", "{tmp}/nope.npz"], EXIT_USAGE, "does not exist"),
     ("input-missing-keys", ["solve", "--input", "{tmp}/nokeys.npz"], EXIT_DATA, "missing ['X', 'y']"),
-    ("set-list-empty", ["reproduce", "nuclear-identity"] + Q + ["--set", "ds=[]", "--out", "{tmp}/o"], EXIT_USAGE,
+    ("set-list-empty", ["reproduce", "nuclear-identity", *Q, "--set", "ds=[]", "--out", "{tmp}/o"], EXIT_USAGE,
      "setting 'ds' must be a non-empty list"),
-    ("set-list-repeats", ["reproduce", "nuclear-identity"] + Q + ["--set", "ds=[3,3]", "--out", "{tmp}/o"],
+    ("set-list-repeats", ["reproduce", "nuclear-identity", *Q, "--set", "ds=[3,3]", "--out", "{tmp}/o"],
      EXIT_USAGE, "setting 'ds' has repeated values 3"),
-    ("set-huge-float-for-int", LC + ["--set", "n=1e20", "--out", "{tmp}/o"], EXIT_USAGE, "expected a value of type int"),
-    ("set-huge-int", LC + ["--set", "n=100000000000000000000", "--out", "{tmp}/o"], EXIT_USAGE,
+    ("set-huge-float-for-int", [*LC, "--set", "n=1e20", "--out", "{tmp}/o"], EXIT_USAGE, "expected a value of type int"),
+    ("set-huge-int", [*LC, "--set", "n=100000000000000000000", "--out", "{tmp}/o"], EXIT_USAGE,
      "setting 'n' must be <= "),
-    ("set-float-for-int", LC + ["--set", "runs=1.7", "--out", "{tmp}/o"], EXIT_USAGE, "expected a value of type int"),
-    ("set-chunk-zero", LC + ["--set", "chunk=0", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'chunk' must be >= 1"),
-    ("set-lr-negative", LC + ["--set", "lr=-0.1", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'lr' must be > 0"),
-    ("set-lr-nan", LC + ["--set", "lr=nan", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'lr' must be finite"),
-    ("set-unknown", LC + ["--set", "nope=1", "--out", "{tmp}/o"], EXIT_USAGE, "unknown setting"),
-    ("runs-zero", LC + ["--runs", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--runs must be a positive integer"),
-    ("workers-zero", LC + ["--workers", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--workers must be a positive"),
+    ("set-float-for-int", [*LC, "--set", "runs=1.7", "--out", "{tmp}/o"], EXIT_USAGE, "expected a value of type int"),
+    ("set-chunk-zero", [*LC, "--set", "chunk=0", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'chunk' must be >= 1"),
+    ("set-lr-negative", [*LC, "--set", "lr=-0.1", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'lr' must be > 0"),
+    ("set-lr-nan", [*LC, "--set", "lr=nan", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'lr' must be finite"),
+    ("set-unknown", [*LC, "--set", "nope=1", "--out", "{tmp}/o"], EXIT_USAGE, "unknown setting"),
+    ("runs-zero", [*LC, "--runs", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--runs must be a positive integer"),
+    ("workers-zero", [*LC, "--workers", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--workers must be a positive"),
     ("scheduler-local-zero", LC + TINY + ["--scheduler", "local:0", "--out", "{tmp}/o"], EXIT_USAGE,
      "positive worker count"),
     ("unknown-experiment", ["reproduce", "nope", "--out", "{tmp}/o"], EXIT_USAGE, "unknown experiment 'nope'"),

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.diagnostics import (TAU, convergence_type, convergence_types, correlation_trajectories,
-                                mixture_prediction, svm_equivalence)
+from attsvm.diagnostics import (
+    TAU,
+    convergence_type,
+    convergence_types,
+    correlation_trajectories,
+    mixture_prediction,
+    svm_equivalence,
+)
 from attsvm.svm import AttentionSVM, locally_optimal
 from attsvm.train import train
 
@@ -211,5 +217,5 @@ def test_diagnostics_errors(local_runs):
         mixture_prediction(local_runs)
     with pytest.raises(ValueError, match="needs a convex head"):
         mixture_prediction(train(p, steps=1))
-    with pytest.raises(ValueError, match="eps must be in \\(0, 1\\)|eps must be > 0"):
+    with pytest.raises(ValueError, match=r"eps must be in \(0, 1\)|eps must be > 0"):
         svm_equivalence(local_runs, 0, eps=-1.0)

@@ -5,6 +5,7 @@ Tolerances are named; each experiment's quick run must write every output and it
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -13,8 +14,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attsvm.experiments import (EXPERIMENTS, TrialStore, apply_overrides, get_experiment, parse_overrides,
-                                plot_run, reproduce)
+from attsvm.experiments import (
+    EXPERIMENTS,
+    TrialStore,
+    apply_overrides,
+    get_experiment,
+    parse_overrides,
+    plot_run,
+    reproduce,
+)
 
 # W^eq / W_fin constraints hold to this
 CONSTRAINT_TOL = 1e-8
@@ -79,7 +87,7 @@ def test_plot_redraws_from_saved_data_only(quick_runs: dict, monkeypatch: pytest
 
 
 def test_plot_on_a_folder_without_config_names_it(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="config.json is missing"):
+    with pytest.raises(FileNotFoundError, match=r"config\.json is missing"):
         plot_run(tmp_path)
 
 
@@ -260,7 +268,7 @@ def test_svm_eq_follow_up_trials_continue_the_seed_order() -> None:
                       pd.DataFrame({"kind": "run", "d": 6, "seed": seeds, "accepted": seeds % 20 == 0})])
     more = exp.more_trials(s, data)
     assert {t["d"] for t in more} == {6}  # d = 4 has its 10 accepted seeds
-    assert more[0]["start"] == 101 and all(a["stop"] == b["start"] for a, b in zip(more, more[1:]))
+    assert more[0]["start"] == 101 and all(a["stop"] == b["start"] for a, b in itertools.pairwise(more))
     assert all(t["stop"] - t["start"] <= 40 for t in more)
     # 5 missing at rate 5/100 (× overshoot), but never more than the 100 seeds tried so far in one round
     assert more[-1]["stop"] - 101 == min(math.ceil(5 / (5 / 100) * s["overshoot"]), 100)

@@ -9,8 +9,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from attsvm.analysis.kv_cache import (POLICIES, EvictionCache, EvictionPolicy, H2OPolicy, SVMarginPolicy,
-                                      cache_kwargs, make_policy, returned_cache, select_keep)
+from attsvm.analysis.kv_cache import (
+    POLICIES,
+    EvictionCache,
+    EvictionPolicy,
+    H2OPolicy,
+    SVMarginPolicy,
+    cache_kwargs,
+    make_policy,
+    returned_cache,
+    select_keep,
+)
 from attsvm.analysis.lm import TINY_LM, encode_heldout, load_lm, train_lm
 
 pytestmark = pytest.mark.models

@@ -13,8 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attsvm.analysis.kv_cache import (POLICIES, EvictionCache, attention_layout,  # noqa: E402
-                                      cache_kwargs, make_policy, returned_cache)
+from attsvm.analysis.kv_cache import (
+    POLICIES,
+    EvictionCache,
+    attention_layout,
+    cache_kwargs,
+    make_policy,
+    returned_cache,
+)
 
 pytestmark = pytest.mark.models
 
@@ -162,7 +168,7 @@ def _reference(name: str, probs_per_step, group: int, budget: int, protected: tu
                         st[j] = sum(per_head) / group
                 if S1 > budget:
                     free = [j for j in range(S1) if not (pos[j] < n_sinks or pos[j] >= n_seen - n_recent)]
-                    key = (lambda j: -st[j]) if name == "svm" else (lambda j: st[j])
+                    key = (lambda j, st=st: -st[j]) if name == "svm" else (lambda j, st=st: st[j])
                     victim = min(free, key=lambda j: (key(j), j))
                     pos[victim], st[victim] = pos[-1], st[-1]
                     pos, st = pos[:-1], st[:-1]
@@ -180,7 +186,7 @@ def test_group_reduction_equals_an_unrolled_per_group_reference(layout, name):
     last = attention_modules(model)[1]
     for fuse in (False, True):
         seen = []
-        handle = last.register_forward_hook(lambda mod, args, out: seen.append(out[1].clone()))
+        handle = last.register_forward_hook(lambda mod, args, out, seen=seen: seen.append(out[1].clone()))
         try:
             with EvictionCache(model, name, BUDGET, fuse_layers=fuse) as cache:
                 decode(model, ids, cache)

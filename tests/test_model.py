@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from attsvm.datasets import paper_instance, random_instance
-from attsvm.model import (AttentionModel, Batch, attention_logits, attention_probs, factor_grads, resolve_loss,
-                          risk, risk_and_grad, sequence_losses)
+from attsvm.model import (
+    AttentionModel,
+    Batch,
+    attention_logits,
+    attention_probs,
+    factor_grads,
+    resolve_loss,
+    risk,
+    risk_and_grad,
+    sequence_losses,
+)
 from attsvm.problem import AttentionProblem
 
 # analytic gradient vs autograd of the plain forward, relative, at unsaturated points

@@ -9,8 +9,14 @@ import torch
 from attsvm import AttentionProblem, Head, TieError, correlation, effective_rank, matrix_rank, nuc_fro_ratio
 from attsvm.datasets import gd_paths_instance, paper_instance, random_instance
 from attsvm.problem import loss_fn
-from attsvm.tokens import (constraint_mask, local_optimality_report, margins, pair_differences,
-                           selected_tokens, support_tokens)
+from attsvm.tokens import (
+    constraint_mask,
+    local_optimality_report,
+    margins,
+    pair_differences,
+    selected_tokens,
+    support_tokens,
+)
 
 EXACT = 1e-12  # float64 identities computed two ways
 
@@ -100,7 +106,7 @@ def test_nonlinear_scores(rng):
     logits = X @ C
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     np.testing.assert_allclose(m.scores, logp[np.arange(3), :, labels], rtol=1e-10)
-    with pytest.raises(ValueError, match="class indices in 0..2"):
+    with pytest.raises(ValueError, match=r"class indices in 0\.\.2"):
         AttentionProblem(X, np.array([0, 3, 1]), Head.multiclass(C), Z=Z)
 
 

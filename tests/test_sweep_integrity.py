@@ -22,10 +22,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from attsvm._folders import LOCK_FILE, FolderLock
 from attsvm.cli import main
 from attsvm.experiments import FolderBusyError, RunFolderError, TrialStore, fingerprint, get_experiment, plot_run
 from attsvm.experiments import reproduce as run_reproduce
-from attsvm._folders import LOCK_FILE, FolderLock
 
 # a tiny local-convergence sweep: 2 trials (W and (K,Q)) of one 20-step run each
 TINY = {"runs": 1, "chunk": 1, "steps": 20, "record_every": 10}
@@ -120,10 +120,12 @@ def test_equal_settings_never_compute_a_trial_twice(tmp_path: Path) -> None:
 def test_the_second_writer_gets_a_message_naming_the_folder_and_the_holder(tmp_path: Path) -> None:
     out = tmp_path / "held"
     out.mkdir()
-    with FolderLock(out, "attsvm reproduce local-convergence (test holder)"):
-        with pytest.raises(FolderBusyError, match=rf"'{out}' is being written by another attsvm process "
-                                                  rf"\(pid {os.getpid()}: attsvm reproduce local-convergence"):
-            run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
+    with (
+        FolderLock(out, "attsvm reproduce local-convergence (test holder)"),
+        pytest.raises(FolderBusyError, match=rf"'{out}' is being written by another attsvm process "
+                                             rf"\(pid {os.getpid()}: attsvm reproduce local-convergence"),
+    ):
+        run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
     assert not (out / "config.json").exists(), "the refused run must write nothing"
 
 
@@ -185,9 +187,8 @@ def test_readers_delete_nothing_and_a_busy_folder_is_not_plotted(tmp_path: Path)
     TrialStore(out / "trials")
     plot_run(out)
     assert stale.exists(), "plot and TrialStore are readers: they never delete"
-    with FolderLock(out, "a running sweep"):
-        with pytest.raises(FolderBusyError):
-            plot_run(out)
+    with FolderLock(out, "a running sweep"), pytest.raises(FolderBusyError):
+        plot_run(out)
     assert stale.exists()
 
 

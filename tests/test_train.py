@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import cvxpy as cp
 import numpy as np
 import pytest
@@ -13,8 +12,15 @@ from attsvm.metrics import correlation
 from attsvm.model import Batch, factor_grads, risk, risk_and_grad
 from attsvm.problem import AttentionProblem
 from attsvm.tokens import pair_differences
-from attsvm.train import (NORMALIZE_EPS, TrainResult, cone_init, gradient_bound, regularization_path,
-                          smoothness_bound, train)
+from attsvm.train import (
+    NORMALIZE_EPS,
+    TrainResult,
+    cone_init,
+    gradient_bound,
+    regularization_path,
+    smoothness_bound,
+    train,
+)
 
 # batched trainer vs a per-run loop
 BATCH_ATOL = 1e-10
@@ -335,7 +341,7 @@ def test_train_errors():
         train(p, steps=1, init="cone")
     with pytest.raises(ValueError, match="stationary point"):
         train(p, param="KQ", steps=1, init="zeros")
-    with pytest.raises(ValueError, match="init must be one of|init must be"):
+    with pytest.raises(ValueError, match=r"init must be one of|init must be"):
         train(p, steps=1, init="xavier")
     with pytest.raises(ValueError, match="seed must be an integer or 2 non-negative integers"):
         train(p, steps=1, n_init=2, seed=[1, 2, 3])
@@ -406,7 +412,7 @@ def test_package_level_train_is_callable():
     import types
 
     import attsvm
-    import attsvm.train  # noqa: F401  (the import path; it must not rebind the attribute)
+    import attsvm.train
     from attsvm.train import train as train_from_path
     from attsvm.training import train as train_impl
 

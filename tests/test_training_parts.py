@@ -16,8 +16,17 @@ import attsvm
 from attsvm.datasets import paper_instance, random_instance
 from attsvm.model import AttentionModel, Batch, FactoredKQ, FullW, parameterization, risk, risk_and_grad
 from attsvm.training import Recording, optim, train
-from attsvm.training.optim import (AddPenalty, MirrorMap, NormalizeByNorm, PolyakStep, StepSize, chain,
-                                   mirror_descent, normalized_gd, polyak)
+from attsvm.training.optim import (
+    AddPenalty,
+    MirrorMap,
+    NormalizeByNorm,
+    PolyakStep,
+    StepSize,
+    chain,
+    mirror_descent,
+    normalized_gd,
+    polyak,
+)
 
 # analytic chain rule vs autograd, relative
 GRAD_RTOL = 1e-12
@@ -32,7 +41,7 @@ BATCH_ATOL = 1e-12
 
 def _params(par, R=2, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn((R,) + s, generator=g, dtype=torch.float64) for s in par.shapes)
+    return tuple(torch.randn((R, *s), generator=g, dtype=torch.float64) for s in par.shapes)
 
 
 # ----------------------------------------------------------------------------- parameterisations
@@ -226,7 +235,7 @@ def test_polyak_run_stays_finite_and_decreases_the_risk():
 
 def test_optimizer_errors():
     p = random_instance(3, 4, 5, seed=0)
-    with pytest.raises(ValueError, match="optimizer= replaces lr, normalized, penalty and normalize_eps.*lr, penalty"):
+    with pytest.raises(ValueError, match=r"optimizer= replaces lr, normalized, penalty and normalize_eps.*lr, penalty"):
         train(p, steps=1, optimizer=polyak(), lr=0.1, penalty=0.0)
     with pytest.raises(TypeError, match="optimizer must be a Transform"):
         train(p, steps=1, optimizer="adam")  # type: ignore[arg-type]
@@ -275,7 +284,7 @@ def test_recording_options():
     assert set(train(p, steps=2).history) == {"step", "loss", "W_norm", "grad_norm", "max_prob", "selected"}
     with pytest.raises(ValueError, match="record= replaces record_every and record_W"):
         train(p, steps=1, record=Recording(), record_every=2)
-    with pytest.raises(ValueError, match="record.quantities must be among"):
+    with pytest.raises(ValueError, match=r"record\.quantities must be among"):
         Recording(quantities=("loss", "margin"))
     with pytest.raises(TypeError, match="record must be a Recording"):
         train(p, steps=1, record={"every": 2})  # type: ignore[arg-type]

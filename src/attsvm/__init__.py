@@ -79,7 +79,7 @@ _EXPORTS: dict[str, str] = {
     "make_policy": "attsvm.analysis.kv_cache",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [*sorted(_EXPORTS), "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -367,7 +367,7 @@ class Parameterization(ABC):
 
     def zeros(self, runs: int) -> tuple[NDArray[np.float64], ...]:
         """All-zero groups for ``runs`` runs."""
-        return tuple(np.zeros((runs,) + s) for s in self.shapes)
+        return tuple(np.zeros((runs, *s)) for s in self.shapes)
 
     def from_given(self, init: Any, runs: int) -> tuple[NDArray[np.float64], ...]:
         """Groups from a user's init: an array W (d, d) or (R, d, d), or a tuple of the groups, each
@@ -380,9 +380,9 @@ class Parameterization(ABC):
             out = []
             for name, A, shape in zip(self.groups, init, self.shapes):
                 arr = as_float_array(A, f"init {name}")
-                if arr.shape not in (shape, (runs,) + shape):
-                    raise ValueError(f"init {name} must have shape {shape} or {(runs,) + shape}, got {arr.shape}")
-                out.append(np.broadcast_to(arr, (runs,) + shape).copy())
+                if arr.shape not in (shape, (runs, *shape)):
+                    raise ValueError(f"init {name} must have shape {shape} or {(runs, *shape)}, got {arr.shape}")
+                out.append(np.broadcast_to(arr, (runs, *shape)).copy())
             return tuple(out)
         W = as_float_array(init, "init")
         if W.shape not in ((d, d), (runs, d, d)):
@@ -451,8 +451,8 @@ class FactoredKQ(Parameterization):
         lost = (S[..., r:] ** 2).sum(-1)
         if np.any(lost > 1e-20 * np.maximum((S ** 2).sum(-1), 1e-300)):
             logger.warning("init W has rank above m=%d: its balanced (K, Q) factorisation truncates it", m)
-        K = np.zeros(W.shape[:-1] + (m,))
-        Q = np.zeros(W.shape[:-1] + (m,))
+        K = np.zeros((*W.shape[:-1], m))
+        Q = np.zeros((*W.shape[:-1], m))
         sq = np.sqrt(S[..., :r])
         K[..., :r] = U[..., :, :r] * sq[..., None, :]
         Q[..., :r] = np.swapaxes(Vt, -1, -2)[..., :, :r] * sq[..., None, :]
@@ -526,7 +526,7 @@ class AttentionModel(nn.Module):
         d = check_positive_int(d, "d")
         runs = check_positive_int(runs, "runs")
         if isinstance(param, str):
-            param = check_choice(param, "param", PARAMS)  # type: ignore[assignment]
+            param = check_choice(param, "param", PARAMS)
             m = None if param == "W" else m
         self.parameterization = parameterization(param, d, m)
         self.param: str = self.parameterization.name
@@ -536,7 +536,7 @@ class AttentionModel(nn.Module):
         # the W group is stored as `weight`: `W` is the property below, whatever the parameterisation
         self._attrs = tuple("weight" if g == "W" else g for g in self.parameterization.groups)
         for attr, shape in zip(self._attrs, self.parameterization.shapes):
-            setattr(self, attr, nn.Parameter(torch.zeros((runs,) + shape, dtype=dtype, device=device)))
+            setattr(self, attr, nn.Parameter(torch.zeros((runs, *shape), dtype=dtype, device=device)))
 
     @property
     def group_tensors(self) -> tuple[Tensor, ...]:

@@ -51,7 +51,7 @@ def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -
     alpha = problem.check_tokens(tokens)
     W = as_float_array(W, "W")
     logits = problem.logits(W)  # (..., n, T)
-    top = np.take_along_axis(logits, np.broadcast_to(alpha[:, None], logits.shape[:-1] + (1,)), axis=-1)
+    top = np.take_along_axis(logits, np.broadcast_to(alpha[:, None], (*logits.shape[:-1], 1)), axis=-1)
     m = top - logits
     mask = constraint_mask(problem.n, problem.T, alpha)
     return np.where(mask, m, np.inf)
@@ -119,4 +119,5 @@ def local_optimality_report(problem: AttentionProblem, tokens: ArrayLike, suppor
     g = problem.scores
     bad = support & (g >= g[np.arange(n), alpha][:, None])  # (n, T)
     offending = [np.flatnonzero(bad[i]).tolist() for i in range(n)]
-    return LocalOptimalityReport(alpha, True, support.copy(), ~bad.any(axis=1), offending)
+    passed = np.asarray(~bad.any(axis=1), dtype=bool)
+    return LocalOptimalityReport(alpha, True, support.copy(), passed, offending)

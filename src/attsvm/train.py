@@ -12,10 +12,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .training import (INITS, NORMALIZE_EPS, NORMALIZED_LR, PROGRESS_MIN_WORK, QUANTITIES, REG_PATH_MAX_ITER,
-                           REG_PATH_TOL, SADDLE_KICK, SMALL_PROBLEM_ELEMENTS, FactoredKQ, FullW, Parameterization,
-                           Recording, RegularizationPath, TrainResult, cone_init, gradient_bound, optim,
-                           parameterization, regularization_path, smoothness_bound, train)
+    from .training import (
+        INITS,
+        NORMALIZE_EPS,
+        NORMALIZED_LR,
+        PROGRESS_MIN_WORK,
+        QUANTITIES,
+        REG_PATH_MAX_ITER,
+        REG_PATH_TOL,
+        SADDLE_KICK,
+        SMALL_PROBLEM_ELEMENTS,
+        FactoredKQ,
+        FullW,
+        Parameterization,
+        Recording,
+        RegularizationPath,
+        TrainResult,
+        cone_init,
+        gradient_bound,
+        optim,
+        parameterization,
+        regularization_path,
+        smoothness_bound,
+        train,
+    )
 
 __all__ = ["train", "TrainResult", "Recording", "QUANTITIES", "optim", "Parameterization", "FullW",
            "FactoredKQ", "parameterization", "smoothness_bound", "gradient_bound", "cone_init", "INITS",

@@ -15,11 +15,10 @@ torch = pytest.importorskip("torch")
 kvpress = pytest.importorskip("kvpress")
 transformers = pytest.importorskip("transformers")
 
-from kvpress import AdaKVPress, DecodingPress, KeyRerotationPress, PrefillDecodingPress  # noqa: E402
-from kvpress.utils import compute_n_kept as kvpress_n_kept  # noqa: E402
+from kvpress import AdaKVPress, DecodingPress, KeyRerotationPress, PrefillDecodingPress
+from kvpress.utils import compute_n_kept as kvpress_n_kept
 
-from attsvm.integrations.kvpress import (H2ODecodingPress, H2OPress, SVMarginDecodingPress,  # noqa: E402
-                                         SVMarginPress, compute_n_kept)
+from attsvm.integrations.kvpress import H2ODecodingPress, H2OPress, SVMarginDecodingPress, SVMarginPress, compute_n_kept
 
 pytestmark = pytest.mark.kvpress
 
@@ -219,7 +218,7 @@ def test_decoding_press_scores_equal_a_full_recomputation(press_cls):
     assert scores.shape == (1, 2, K) and len(probs) == steps
     ref = torch.zeros(2, K, dtype=torch.float64) if press_cls is H2OPress else torch.full((2, K), -math.inf,
                                                                                            dtype=torch.float64)
-    for t, p in enumerate(probs):                    # step t: query at position 20 + t sees keys 0..20 + t
+    for p in probs:                                  # step t: query at position 20 + t sees keys 0..20 + t
         p = p[0, :, 0, :]                            # (H_q, 20 + t + 1)
         if press_cls is SVMarginPress:
             logp = p.log()

@@ -70,7 +70,7 @@ def plot_anatomy(out: str | Path) -> list[Path]:
     axes[0].set_xlabel("margin logit_top − logit_t")
     axes[0].set_ylabel("share of (query, key) pairs")
     axes[0].legend(fontsize=7)
-    ranks, agree, kl = arr["ranks"], arr["top1_agreement"], arr["kl"]
+    ranks, agree = arr["ranks"], arr["top1_agreement"]
     for layer in range(L):
         axes[1].plot(ranks, agree[layer].mean(0), marker="o", label=f"layer {layer}")
     axes[1].set_xlabel("rank r of truncated W_h")
@@ -120,7 +120,8 @@ def write_anatomy_report(out: str | Path) -> Path:
         f"max {t1.max():.3f}; heads with a share ≥ 0.5: {int((t1 >= 0.5).sum())} of {t1.size}.",
         f"* top-3 keys hold ≥ 95 %: overall {s['overall_top3_95']:.3f}; per head median {np.median(t3):.3f}, "
         f"max {t3.max():.3f}; heads ≥ 0.5: {int((t3 >= 0.5).sum())}.",
-        f"* mass on special tokens ([CLS]/[SEP]): overall {s['overall_special_mass']:.3f}; per head max {sm.max():.3f}.",
+        f"* mass on special tokens ([CLS]/[SEP]): overall {s['overall_special_mass']:.3f}; "
+        f"per head max {sm.max():.3f}.",
         f"* top-1 ≥ 95 % after removing special keys (renormalised): per head median {np.median(t1c):.3f}, "
         f"max {t1c.max():.3f}.", "",
         "## Margins (logit_top − logit_t over all non-top keys)", "",

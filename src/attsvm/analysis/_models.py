@@ -199,7 +199,7 @@ def qk_weights(model: Any) -> QKWeights:
     d = int(cfg.hidden_size)
     dh = d // H
     Wq, Wk, bq, bk, scale = [], [], [], [], []
-    for i, layer in enumerate(_layers(model)):
+    for layer in _layers(model):
         if fam == "bert":
             att = layer.attention.self
             wq, wk = att.query.weight, att.key.weight          # (H·dh, d)  nn.Linear: y = W x + b

@@ -82,7 +82,7 @@ def spectrum_stats(w: QKWeights, tol: float = RANK_TOL) -> SpectrumStats:
     ‖·‖_*/‖·‖_F of every head, from :func:`factored_svd` (rank ≤ d_head by construction; the tests
     check it against a dense SVD of W_h)."""
     _, S, _ = factored_svd(w)
-    full = np.concatenate([S, np.zeros(S.shape[:-1] + (w.d - S.shape[-1],))], axis=-1)
+    full = np.concatenate([S, np.zeros((*S.shape[:-1], w.d - S.shape[-1]))], axis=-1)
     top = full[..., :1]
     rank = ((full > tol * top).sum(-1) * (top[..., 0] > 0)).astype(np.int64)
     tot = full.sum(-1, keepdims=True)
@@ -107,12 +107,12 @@ class AttentionStats:
     delta: float
     n_queries: int = 0
     n_windows: int = 0
-    top1: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    top3: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    top1_content: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    special_mass: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    n_support: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    margin_hist: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
+    top1: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    top3: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    top1_content: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    special_mass: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    n_support: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
+    margin_hist: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # set in __post_init__
 
     def __post_init__(self) -> None:
         shape = (self.n_layers, self.n_heads)
@@ -120,7 +120,7 @@ class AttentionStats:
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(shape))
         if self.margin_hist is None:
-            self.margin_hist = np.zeros(shape + (len(MARGIN_EDGES) - 1,))
+            self.margin_hist = np.zeros((*shape, len(MARGIN_EDGES) - 1))
 
     def share(self, name: str) -> NDArray[np.float64]:
         """Mean over the queries seen of a per-query statistic (``top1`` → share with top-1 ≥ 95 %)."""

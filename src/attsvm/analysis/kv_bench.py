@@ -20,12 +20,19 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
+from typing import Any, cast
 
 from .._validation import check_positive_int
-from .kv_cache import (POLICIES, EvictionCache, EvictionPolicy, cache_kwargs, make_policy, returned_cache,
-                       select_keep)
+from .kv_cache import (
+    POLICIES,
+    EvictionCache,
+    EvictionPolicy,
+    PolicyName,
+    cache_kwargs,
+    make_policy,
+    returned_cache,
+    select_keep,
+)
 
 __all__ = ["BUDGETS", "lm_perplexity", "encoder_forward", "minilm_fidelity", "kv_bench", "KVBenchResult",
            "plot_kv_bench", "write_kv_report"]
@@ -38,11 +45,11 @@ BUDGETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
 def _budget(frac: float, length: int) -> int:
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"budgets must be fractions in (0, 1], got {frac}")
-    return max(1, int(round(frac * length)))
+    return max(1, round(frac * length))
 
 
 # ---------------------------------------------------------------------------------------- (a) causal LM
-def lm_perplexity(model: Any, ids: Any, policy: EvictionPolicy | str | None, budget: int | None) -> float:
+def lm_perplexity(model: Any, ids: Any, policy: EvictionPolicy | PolicyName | None, budget: int | None) -> float:
     """Perplexity of ``ids`` (B, N) decoded one token at a time through an eviction cache.
 
     ``policy=None`` decodes with the model's default cache (no eviction). Returns exp(mean NLL) over
@@ -152,8 +159,9 @@ def minilm_fidelity(model: Any, tok: Any, *, budgets: tuple[float, ...] = BUDGET
         acc_full = float((torch.argmax(qemb @ full.T, dim=1) == torch.arange(len(docs))).float().mean())
         rows = []
         for pol in policies:
+            name = cast(PolicyName, pol)  # make_policy checks the name
             for frac in budgets:
-                policy = make_policy(pol, seed=seed) if pol == "random" else make_policy(pol)  # type: ignore[arg-type]
+                policy = make_policy(name, seed=seed) if name == "random" else make_policy(name)
                 emb = embed_docs(policy, frac)
                 cos = (emb * full).sum(-1)
                 acc = float((torch.argmax(qemb @ emb.T, dim=1) == torch.arange(len(docs))).float().mean())
@@ -223,7 +231,7 @@ def kv_bench(*, quick: bool = False, lm_dir: str | Path | None = None, budgets: 
     rows = [{"policy": "full", "budget": 1.0, "budget_tokens": ids.shape[1], "ppl": ppl_full}]
     jobs = [(p, f) for p in policies for f in budgets]
     for pol, frac in tqdm(jobs, desc="kv-bench lm", disable=not progress, leave=False):
-        policy = make_policy(pol, seed=seed) if pol == "random" else make_policy(pol)  # type: ignore[arg-type]
+        policy = make_policy(pol, seed=seed) if pol == "random" else make_policy(pol)
         b = _budget(frac, ids.shape[1])
         rows.append({"policy": pol, "budget": frac, "budget_tokens": b, "ppl": lm_perplexity(model, ids, policy, b)})
     lm = {"folder": str(folder), "n_seq": int(ids.shape[0]), "seq_len": int(ids.shape[1]),

@@ -111,7 +111,7 @@ class EvictionPolicy:
     def protected(self, budget: int) -> tuple[int, int]:
         """``(n_sinks, n_recent)`` protected at this budget; together at most ``budget``."""
         n_sinks = min(self.sinks, budget)
-        n_recent = int(math.floor(self.recent * budget)) if isinstance(self.recent, float) else self.recent
+        n_recent = math.floor(self.recent * budget) if isinstance(self.recent, float) else self.recent
         return n_sinks, max(0, min(n_recent, budget - n_sinks))
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor | None:
@@ -123,7 +123,9 @@ class EvictionPolicy:
         """In place, for one query per head: ``stats`` (..., S+1) of the stored keys and, in the last slot, the
         new key (holding :attr:`fresh`); ``p`` (..., G, S+1) the group's probabilities. Must equal
         :meth:`accumulate` (the default calls it); subclasses override it with cheaper in-place arithmetic."""
-        stats.copy_(self.accumulate(stats[..., :-1], p))
+        new = self.accumulate(stats[..., :-1], p)
+        assert new is not None, "a policy that keeps statistics returns them from accumulate"
+        stats.copy_(new)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         """Keep-priority (..., S) of the stored keys (higher = keep); ``positions`` (..., S) absolute."""
@@ -346,9 +348,13 @@ class EvictionStep:
                 policy.update_(stats, probs)
             else:  # accumulate's (B, H, G·q, S+q) contract: fold leading axes into the batch axis
                 flat = self.flat_stats
-                flat.copy_(policy.accumulate(flat[..., :-1], probs.reshape(-1, *probs.shape[-3:])))
+                assert flat is not None  # a view of stats
+                new = policy.accumulate(flat[..., :-1], probs.reshape(-1, *probs.shape[-3:]))
+                assert new is not None, "a policy that keeps statistics returns them from accumulate"
+                flat.copy_(new)
         self.evict(eviction_scores(policy, self.flat_stats, self.flat_positions, n_seen, protected))
         if stats is not None:
+            assert self.new_stat is not None  # a view of stats
             stats.scatter_(-1, self.victim, self.new_stat.clone() if self.copy_source else self.new_stat)
             self.new_stat.fill_(policy.fresh)
 
@@ -381,12 +387,14 @@ def _query_length(arg: Any) -> int:
     return int(arg) if isinstance(arg, int) else int(arg.shape[-1])
 
 
-class EvictionLayer(CacheLayerMixin):
+class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # transformers' base is imported lazily
     """One layer's cache: keys/values (B, H_kv, S, d_head), their absolute positions and policy statistics."""
 
     is_compileable = False
     is_sliding = False
     is_croppable = False
+    keys: torch.Tensor | None      # (B, H_kv, S, d_head); None until the first update (set by the base class)
+    values: torch.Tensor | None
 
     def __init__(self, policy: EvictionPolicy, budget: int, group_size: int = 1) -> None:
         super().__init__()
@@ -428,6 +436,7 @@ class EvictionLayer(CacheLayerMixin):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None and self.values is not None and self.positions is not None
         if self.group is not None and (self.group.observed[self.group_index] or self.pending):
             self.group.dissolve()  # the last pass stopped part-way: finish it per layer
         if self.pending:  # the previous step was never observed (no hook, or no probabilities)
@@ -463,6 +472,7 @@ class EvictionLayer(CacheLayerMixin):
     def group_rows(self, probs: torch.Tensor) -> torch.Tensor:
         """The model's probabilities (B, H_q, q, S+q) as the policies' (B, H_kv, G·q, S+q) (a view)."""
         B, Hq, q, N = probs.shape
+        assert self.keys is not None  # probabilities come after an update
         Hkv = self.keys.shape[1]
         if Hq % Hkv:
             raise RuntimeError(f"attention has {Hq} query heads for {Hkv} KV heads: not a whole group per KV head")
@@ -572,8 +582,8 @@ class FusedLayers:
     def __init__(self, layers: list[EvictionLayer]) -> None:
         self.layers = layers
         self.policy = policy = layers[0].policy
-        steps = [layer.step for layer in layers]
-        assert all(s is not None for s in steps)
+        steps = [layer.step for layer in layers if layer.step is not None]
+        assert len(steps) == len(layers)
         self.slots = SlotBuffers(torch.stack([s.slots.keys for s in steps]),      # (L, B, H, budget + 1, d)
                                  torch.stack([s.slots.values for s in steps]),
                                  torch.stack([s.slots.positions for s in steps]))  # (L, B, H, budget + 1)
@@ -581,7 +591,9 @@ class FusedLayers:
         self.probs: torch.Tensor | None = None
         L, B, H = self.slots.positions.shape[:3]
         if policy.needs_scores:
-            stats = torch.stack([layer.stats for layer in layers])               # (L, B, H, budget)
+            layer_stats = [layer.stats for layer in layers if layer.stats is not None]
+            assert len(layer_stats) == len(layers)  # a scoring policy keeps statistics in every layer
+            stats = torch.stack(layer_stats)               # (L, B, H, budget)
             self.stats = torch.nn.functional.pad(stats, (0, 1), value=policy.fresh)
             self.probs = self.stats.new_empty((L, B, H, layers[0].group_size, self.stats.shape[-1]))
             self._stacked = self.probs.view(L, B, -1, 1, self.stats.shape[-1])  # the hooks' (B, H_q, 1, S+1)
@@ -609,6 +621,7 @@ class FusedLayers:
             self._probs_in[i] = probs.detach() if probs.requires_grad else probs
         layer.pending = 0
         layer.n_evicted += 1
+        assert layer.step is not None  # a joined layer keeps its step
         layer.keys, layer.values, layer.positions = layer.step.slots.kept_keys, layer.step.slots.kept_values, \
             layer.step.slots.kept_positions   # budget keys once the step has run
         self.observed[i] = True
@@ -626,6 +639,7 @@ class FusedLayers:
         for i, done in enumerate(self.observed):
             layer = self.layers[i]
             if done:
+                assert layer.step is not None  # a joined layer keeps its step
                 step = EvictionStep(layer.step.slots, None if self.stats is None else self.stats[i],
                                     torch.empty_like(self.victim[i]))
                 probs = self._probs_in[i]
@@ -633,6 +647,7 @@ class FusedLayers:
                                                             step.slots.positions.shape[-1])
                 step.run(self.policy, rows, layer.cumulative_length, self.protected, self.own_update)
             elif layer.pending:  # stored but not yet seen by its attention: its position is still unset
+                assert layer.step is not None
                 layer.step.slots.new_position.fill_(layer.cumulative_length - 1)
         self.observed = [False] * len(self.layers)
         self.n_observed = 0
@@ -679,7 +694,8 @@ def attention_layout(model: Any) -> AttentionLayout:
     n_heads = getattr(text, "num_attention_heads", None)
     n_kv = getattr(text, "num_key_value_heads", None) or n_heads
     n_layers = getattr(text, "num_hidden_layers", None)
-    if not all(isinstance(v, int) and v > 0 for v in (n_heads, n_kv, n_layers)):
+    if not (isinstance(n_heads, int) and n_heads > 0 and isinstance(n_kv, int) and n_kv > 0
+            and isinstance(n_layers, int) and n_layers > 0):
         raise ValueError(f"model {name}: cannot read num_attention_heads / num_key_value_heads / num_hidden_layers "
                          "from its config; the eviction cache needs a standard decoder layout")
     if n_heads % n_kv:
@@ -730,7 +746,7 @@ def _refuse_padding(mask: Any) -> None:
                          "time, or batch rows of equal length")
 
 
-class EvictionCache(Cache):
+class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' Cache is imported lazily
     """A transformers ``Cache`` that evicts keys by ``policy`` to keep ``budget`` tokens per layer and KV head.
 
     Use as ``model.generate(ids, past_key_values=EvictionCache(model, "h2o", budget=64))`` or in a
@@ -744,7 +760,7 @@ class EvictionCache(Cache):
     def __init__(self, model: Any, policy: EvictionPolicy | PolicyName, budget: int, *, fuse_layers: bool = True,
                  **policy_kwargs: Any) -> None:
         if isinstance(policy, str):
-            policy = make_policy(policy, **policy_kwargs)  # type: ignore[arg-type]
+            policy = make_policy(policy, **policy_kwargs)
         elif not isinstance(policy, EvictionPolicy):
             raise TypeError(f"policy must be an EvictionPolicy or one of {POLICIES}, got {type(policy).__name__}")
         elif policy_kwargs:
@@ -810,7 +826,7 @@ class EvictionCache(Cache):
         if alike:
             if self._group is not None:  # dissolved: keep its count, drop its buffers
                 self._fused_steps_done += self._group.n_steps
-            self._group = FusedLayers(list(layers))  # type: ignore[arg-type]
+            self._group = FusedLayers(list(layers))
         elif any(la.step.slots.keys.shape != a.keys.shape or la.step.slots.values.shape != a.values.shape
                  for la in layers):
             self._can_fuse = False  # e.g. layers with different head counts: stay per layer for good

@@ -164,16 +164,19 @@ class SVMView:
             f"{self.n_pairs} (sequence, query) pairs, T = {self.T} keys (the last T positions up to the query), "
             f"d + 1 = {self.d + 1} homogeneous features; α = the head's own argmax.", "",
             f"* Frobenius Att-SVM: status {self.fro_status}; certificate {self.fro_certificate}.",
-            f"* Nuclear Att-SVM* ({'rank ≤ %d' % self.nuc_rank if self.nuc_rank else 'convex'}): status {self.nuc_status}; certificate {self.nuc_certificate}"
+            f"* Nuclear Att-SVM* ({f'rank ≤ {self.nuc_rank:d}' if self.nuc_rank else 'convex'}): "
+            f"status {self.nuc_status}; certificate {self.nuc_certificate}"
             + (f" ({self.nuc_note})." if self.nuc_note else "."),
             f"* support keys per query (tight constraints of W_mm): {self.support_per_query:.2f} of {self.T - 1}.", "",
             "| statistic | this head | other heads, same layer | random rank-d_head |", "|---|---|---|---|",
-            f"| corr(W, W_mm) | {self.corr_fro:.3f} | {stat(oh.get('corr_fro', []))} | {stat(rl.get('corr_fro', []))} |",
-            f"| corr(W, W*_mm) | {self.corr_nuc:.3f} | {stat(oh.get('corr_nuc', []))} | {stat(rl.get('corr_nuc', []))} |",
-            f"| corr(P W P', W_mm), projected | {self.corr_fro_projected:.3f} | {stat(oh.get('corr_fro_projected', []))} | "
-            f"{stat(rl.get('corr_fro_projected', []))} |",
-            f"| corr(P W P', W*_mm), projected | {self.corr_nuc_projected:.3f} | {stat(oh.get('corr_nuc_projected', []))} | "
-            f"{stat(rl.get('corr_nuc_projected', []))} |",
+            f"| corr(W, W_mm) | {self.corr_fro:.3f} | {stat(oh.get('corr_fro', []))} | "
+            f"{stat(rl.get('corr_fro', []))} |",
+            f"| corr(W, W*_mm) | {self.corr_nuc:.3f} | {stat(oh.get('corr_nuc', []))} | "
+            f"{stat(rl.get('corr_nuc', []))} |",
+            f"| corr(P W P', W_mm), projected | {self.corr_fro_projected:.3f} | "
+            f"{stat(oh.get('corr_fro_projected', []))} | {stat(rl.get('corr_fro_projected', []))} |",
+            f"| corr(P W P', W*_mm), projected | {self.corr_nuc_projected:.3f} | "
+            f"{stat(oh.get('corr_nuc_projected', []))} | {stat(rl.get('corr_nuc_projected', []))} |",
             f"| margin efficiency | {self.margin_efficiency:.3f} | {stat(oh.get('margin_efficiency', []))} | "
             f"{stat(rl.get('margin_efficiency', []))} |", "",
             f"Local optimality (SPEC §2) with γ = ±vᵀx, v = the head's value–output direction: "

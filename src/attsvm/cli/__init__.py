@@ -12,6 +12,7 @@ Errors are handled once, in :func:`main`: every failure is one line on stderr an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import signal
@@ -77,10 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     previous = None
-    try:
+    # not the main thread (e.g. main() called from a worker thread): no handler
+    with contextlib.suppress(ValueError):
         previous = signal.signal(signal.SIGTERM, _on_sigterm)  # the same cleanup as Ctrl-C
-    except ValueError:  # pragma: no cover - not the main thread (e.g. main() called from a worker thread)
-        pass
     try:
         return int(args._run(args) or 0)
     except (Exception, KeyboardInterrupt) as exc:  # the one place where errors become messages

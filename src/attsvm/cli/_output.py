@@ -18,7 +18,7 @@ def owned_folders(*folders: tuple[str | Path, str, str]) -> Iterator[list[Path]]
     for ``attsvm COMMAND`` (a folder holding another command's results fails with exit 3)."""
     from attsvm._folders import FolderLock, check_output_folder, claim_folder
 
-    holder = " ".join(["attsvm"] + sys.argv[1:])[:300]
+    holder = " ".join(["attsvm", *sys.argv[1:]])[:300]
     with ExitStack() as stack:
         paths = []
         for folder, command, option in folders:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attsvm.experiments import RunOutput
 
 HELP = "reproduce a paper experiment (or 'all'): results.json, figures, report.md; resumable"
 
@@ -34,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     raw = parse_overrides(args.overrides)
     common = dict(quick=args.quick, runs=args.runs, workers=args.workers, scheduler=args.scheduler,
-                  progress=not args.no_progress, command=["attsvm"] + sys.argv[1:])
+                  progress=not args.no_progress, command=["attsvm", *sys.argv[1:]])
     if args.name == "all":
         if raw:
             raise ValueError("--set cannot be combined with 'all' (settings differ per experiment)")
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if r.passed else EXIT_DISAGREES
 
 
-def _say(r) -> None:  # type: ignore[no-untyped-def]
+def _say(r: RunOutput) -> None:
     hl = r.results["headlines"]
     judged = [h for h in hl if h["passed"] is not None]
     ok = sum(h["passed"] is True for h in judged)

@@ -6,6 +6,7 @@ import argparse
 import json
 import zipfile
 from pathlib import Path
+from typing import Any
 
 HELP = "solve the attention SVM of a generated (paper recipe) or saved instance and print its certificate"
 
@@ -36,7 +37,6 @@ def run(args: argparse.Namespace) -> int:
     from ..datasets import paper_instance
     from ..problem import AttentionProblem
     from ..svm import AttentionSVM
-
     from ._errors import InputError, UsageError
 
     if args.json is not None and args.json.is_dir():
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise InputError(f"--input {str(args.input)!r} is not a readable attsvm instance (.npz with arrays "
                              f"X, y and v, Z or query_index): {reason}") from None
-        source = {"input": str(args.input)}
+        source: dict[str, Any] = {"input": str(args.input)}
     else:
         problem = paper_instance(args.n, args.T, args.d, seed=args.seed, self_attention=args.self_attention,
                                  query_index=args.query_index)

@@ -59,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..datasets import paper_instance, random_instance
     from ..train import train
-
     from ._errors import UsageError
 
     if args.save is not None and (args.save.is_dir() or args.save.suffix not in (".json", ".npz")):
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         cols += "  corr_fro  corr_nuc  type"
     print(cols)
     for row in summary:
-        line = (f"{row['run']:>3}  {str(row['selected']):<24} {row['final_loss']:.3e}  {row['W_norm']:8.2f}  "
+        line = (f"{row['run']:>3}  {row['selected']!s:<24} {row['final_loss']:.3e}  {row['W_norm']:8.2f}  "
                 f"{row['min_max_prob']:.6f}")
         if "kind" in row:
             line += f"  {_s(row['corr_fro'])}  {_s(row['corr_nuc'])}  {row['kind']}"

@@ -12,9 +12,9 @@ from .._extras import require
 
 require("pandas", feature="attsvm.experiments")  # the trial data are DataFrames: name the extra up front
 
+from .._folders import FolderBusyError, FolderLock, RunFolderError
 from ._base import Experiment, Headline, apply_overrides, headline, parse_overrides
 from ._executor import DaskExecutor, Executor, PoolExecutor, SerialExecutor, make_executor
-from .._folders import FolderBusyError, FolderLock, RunFolderError
 from ._registry import EXPERIMENTS, experiment_names, get_experiment
 from ._runner import RunOutput, execute_trial, fingerprint, plot_run, reproduce, reproduce_all, versions
 from ._store import TrialStore

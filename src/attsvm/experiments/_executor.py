@@ -19,6 +19,7 @@ workers at once instead of waiting for their running trials.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -59,7 +60,7 @@ class Executor:
 class SerialExecutor(Executor):
     description = "in-process"
 
-    def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
+    def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         for tag, args in jobs:
             yield tag, fn(*args)
 
@@ -77,10 +78,8 @@ def _worker_init(parent: int) -> None:
 
     tqdm.set_lock(threading.RLock())
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # no prctl: the watchdog below still works
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog below still works
-            pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
@@ -103,7 +102,7 @@ class PoolExecutor(Executor):
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                          initializer=_worker_init, initargs=(os.getpid(),))
 
-    def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
+    def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         futures = {self._pool.submit(fn, *args): tag for tag, args in jobs}
         for fut in as_completed(futures):  # left early (error, interrupt): close(abort=True) stops the rest
             yield futures[fut], fut.result()
@@ -115,10 +114,8 @@ class PoolExecutor(Executor):
         procs = list((getattr(self._pool, "_processes", None) or {}).values())  # private: the live workers
         self._pool.shutdown(wait=False, cancel_futures=True)  # drop the queued trials first
         for proc in procs:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # already gone
                 proc.kill()
-            except (OSError, ValueError):  # pragma: no cover - already gone
-                pass
         for proc in procs:
             proc.join(timeout=5)
         # with the workers gone the pool's manager thread sees a broken pool and ends at once; waiting for
@@ -160,7 +157,7 @@ class DaskExecutor(Executor):
                 raise ValueError(f"--scheduler {scheduler!r}: cannot reach a Dask scheduler there ({exc})") from None
             self.description = f"Dask scheduler at {scheduler}"
 
-    def map_unordered(self, fn, jobs):  # type: ignore[no-untyped-def]
+    def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         from distributed import as_completed as dask_as_completed
 
         futures = {}

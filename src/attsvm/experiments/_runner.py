@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._extras import require
+from .._folders import FolderLock, RunFolderError, atomic_write, check_output_folder, claim_folder, folder_owner
 from ._base import Experiment, _jsonable
 from ._executor import Executor, make_executor
-from .._folders import (FolderLock, RunFolderError, atomic_write, check_output_folder, claim_folder,
-                       folder_owner)
 from ._registry import experiment_names, get_experiment
 from ._store import TrialStore, check_key
 
@@ -69,13 +68,10 @@ def execute_trial(name: str, settings: dict[str, Any], trial: dict[str, Any]) ->
     torch runs with one intra-op thread: the tensors are tiny, and a fixed thread count keeps
     results bit-identical across executors.
     """
-    try:
-        import torch
+    import torch
 
-        prev = torch.get_num_threads()
-        torch.set_num_threads(1)
-    except ImportError:  # pragma: no cover
-        torch, prev = None, 0
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
     # Solver notices (iteration limits, fallbacks) are per-solve: their outcomes are recorded in the
     # trial data (status columns), so during a trial they are silenced below ERROR (warnings → DEBUG).
     svm_log = logging.getLogger("attsvm.svm")
@@ -90,7 +86,7 @@ def execute_trial(name: str, settings: dict[str, Any], trial: dict[str, Any]) ->
         return frame
     finally:
         svm_log.setLevel(old_level)
-        if torch is not None and prev:
+        if prev:
             torch.set_num_threads(prev)
 
 
@@ -291,7 +287,7 @@ def _write_results(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame
     try:
         headlines, extra = exp.aggregate(settings, data)
         hl = [h.to_dict() for h in headlines]
-    except Exception as exc:  # noqa: BLE001 - only a partial run may lack what aggregate needs
+    except Exception as exc:  # only a partial run may lack what aggregate needs
         if complete:
             raise
         log.warning("%s: the %d finished trial(s) are not enough to compute the headline numbers (%s: %s)",
@@ -322,7 +318,7 @@ def _draw(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, results
     figdir.mkdir(exist_ok=True)
     try:
         return exp.plot(settings, data, results, figdir)
-    except Exception as exc:  # noqa: BLE001 - a partial run may not have what a figure needs
+    except Exception as exc:  # a partial run may not have what a figure needs
         if results.get("complete", True):
             raise
         log.warning("%s: figures skipped for this partial run (%s: %s)", exp.name, type(exc).__name__, exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 import pandas as pd
@@ -97,7 +97,7 @@ class GDPaths(Experiment):
         Ts = sorted(df["T"].unique())
         fig, ax = subplots(2, len(Ts), width=4.0, height=3.8)
         for r, T in enumerate(Ts):
-            X = gd_paths_instance(int(T)).X  # the fixed instance's tokens (data, not a recomputation)
+            X = gd_paths_instance(cast("Literal[3, 5]", int(T))).X  # the fixed instance's tokens (data, not a recomputation)
             for c, param in enumerate(("W", "KQ")):
                 a = ax[r, c]
                 g = df[(df["T"] == T) & (df.param == param)]
@@ -112,10 +112,11 @@ class GDPaths(Experiment):
                     u = (v / np.where(nv > 0, nv, 1.0) * 1.6)[nv[:, 0] > 0]  # W(0) = 0 has no direction
                     a.plot(u[:, 0], u[:, 1], "-", color=col, lw=1, label=f"${lab} z_{i + 1}$ / norm (GD path)")
                     dv = np.array([gi[f"{nm}_dir_x"].iloc[-1], gi[f"{nm}_dir_y"].iloc[-1]])
-                    dv = 1.6 * dv / max(np.linalg.norm(dv), 1e-300)
+                    dv = 1.6 * dv / max(float(np.linalg.norm(dv)), 1e-300)
                     a.annotate("", xy=dv, xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": col, "ls": "--"})
                 a.plot([], [], "k--", label=("$W_{mm}$" if nm == "fro" else "$W^*_{mm}$") + " z (SVM direction)")
-                a.set(title=f"T={T}, {'W' if param == 'W' else '(K,Q)'} vs {'Frobenius' if nm == 'fro' else 'nuclear'} SVM",
+                a.set(title=f"T={T}, {'W' if param == 'W' else '(K,Q)'} vs "
+                      f"{'Frobenius' if nm == 'fro' else 'nuclear'} SVM",
                       xlim=(-2, 2), ylim=(-2, 2), aspect="equal")
                 a.legend(fontsize=5, loc="lower left")
         return save(fig, outdir, "gd_paths")

@@ -107,7 +107,7 @@ class LocalConvergence(Experiment):
             d = df[df.param == param]
             piv = d.pivot_table(index="run", columns="step", values="sfx")
             band(ax[0, 0], piv.columns.to_numpy(), piv.to_numpy(), f"{param}-parametrisation", color)
-            for col, lab, ls in (("corr_fro", "Frobenius $W_{mm}$", "-"), ("corr_nuc", "nuclear $W^*_{mm}$", "--")):
+            for col, lab, _ls in (("corr_fro", "Frobenius $W_{mm}$", "-"), ("corr_nuc", "nuclear $W^*_{mm}$", "--")):
                 piv = d.pivot_table(index="run", columns="step", values=col)
                 band(ax[0, 1 + j], piv.columns.to_numpy(), 1 - piv.to_numpy(), lab)
         ax[0, 0].set(title="(a) top softmax probability", xlabel="iteration", ylabel="mean over sequences")

@@ -64,8 +64,8 @@ class Multiclass(Experiment):
                 single = fit_svm(p, np.argmax(S, axis=1), "fro")
                 if eq.W_ is not None:
                     Wh = out.history["W"][r]
-                    c = correlation(Wh, eq.W_)
-                    cs = correlation(Wh, single.W_) if single.W_ is not None else np.full(len(c), np.nan)
+                    c = np.asarray(correlation(Wh, eq.W_))
+                    cs = np.asarray(correlation(Wh, single.W_)) if single.W_ is not None else np.full(len(c), np.nan)
                     traj.append(pd.DataFrame({"seed": seed, "step": steps, "corr_eq": c, "corr_single": cs}))
                     row.update(corr_eq=float(c[-1]), corr_single=float(cs[-1]), viol=num(eq.max_violation_, np.inf))
                 else:
@@ -84,7 +84,7 @@ class Multiclass(Experiment):
         counts = runs.status.value_counts().to_dict()
         hl = [headline("median final corr(W, W^eq) over clean runs", med, "M1", med >= 0.99, ">= 0.99"),
               headline("multi-token clean runs: mean final 1 − corr, W^eq vs single-token W_mm",
-                       {"W^eq": e_eq, "single": e_single, "runs": int(len(multi))}, "M2",
+                       {"W^eq": e_eq, "single": e_single, "runs": len(multi)}, "M2",
                        (e_eq < e_single) if len(multi) else None, "W^eq smaller (untested without multi-token runs)"),
               headline("share of runs whose selected sets the optimal mixture predicts exactly",
                        float(runs.mixture_match.mean()), "M3", float(runs.mixture_match.mean()) >= 0.5, ">= 0.5"),

@@ -64,7 +64,7 @@ class NuclearIdentity(Experiment):
         out = []
         for d in s["ds"]:
             for f in s["rank_fracs"]:
-                r = max(1, int(round(f * d)))
+                r = max(1, round(f * d))
                 out.append({"key": f"d{d:03d}-r{r:03d}", "d": d, "r": r})
         # distinct ranks only (small d can map several fractions to one rank)
         seen, uniq = set(), []
@@ -111,7 +111,7 @@ class NuclearIdentity(Experiment):
               headline("min over random factorisations of ½(‖K‖²+‖Q‖²) / ‖W‖_*", worst_rand, "N2",
                        worst_rand >= 1 - 1e-12, ">= 1"),
               headline("max relative gap of the numerical minimum to ‖W‖_*", e_min, "N3", e_min <= 1e-6, "<= 1e-6"),
-              headline("matrices tested", int(len(df)), "N1", None, "reported")]
+              headline("matrices tested", len(df), "N1", None, "reported")]
         return hl, {}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:

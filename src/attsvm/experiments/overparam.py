@@ -4,7 +4,8 @@ support vector.
 
 For each d, ``runs`` instances of the published recipe (seed = run) are trained by normalized GD on W
 (2000 steps, η = 0.1, W₀ ~ U(−1/√d, 1/√d) as PyTorch's default init) — exactly, in the span of the
-data (:func:`attsvm.experiments._common.train_W_reduced`), so d = 200 costs what d = 25 does — and the convergence type of docs/spec.md §4 is computed
+data (:func:`attsvm.experiments._common.train_W_reduced`), so d = 200 costs what d = 25 does — and the
+convergence type of docs/spec.md §4 is computed
 (τ = 0.99): *global* (selected = optimal tokens and corr(W, W_mm) ≥ τ), *local* (another locally
 optimal selection and corr(W, W^α̂_mm) ≥ τ), or *not locally optimal*. Independently of training,
 the instance's Att-SVM(opt) feasibility and whether every non-optimal token is a support vector of
@@ -20,9 +21,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..diagnostics import convergence_type
 from ..tokens import margins, support_tokens
 from ._base import Experiment, Headline, Trial, chunks, headline
-from ..diagnostics import convergence_type
 from ._common import fit_svm, optimal_or_none, paper_problems, train_W_reduced
 from ._plotting import save, subplots
 

@@ -20,6 +20,7 @@ W^eq and W_fin are the Frobenius programs of docs/spec.md §5
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,7 @@ class SVMEq(Experiment):
         k = max(1, math.ceil((stop - start) / s["chunk"]))
         edges = np.linspace(start, stop, k + 1).round().astype(int)
         return [{"key": f"d{d}-s{a:06d}-{b:06d}", "d": d, "start": int(a), "stop": int(b)}
-                for a, b in zip(edges[:-1], edges[1:]) if b > a]
+                for a, b in itertools.pairwise(edges) if b > a]
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [t for d in s["ds"] for t in self._trials(d, 1, s["first"], s)]
@@ -143,6 +144,7 @@ class SVMEq(Experiment):
                 p, sr = probs[i], S[r]
                 sel = sr > hi
                 cs_eq, cs_fin = equivalence_constraints(p, sel, sr)
+                assert cs_fin is not None  # probs were given
                 eq, wfin = fit_svm(cs_eq, norm="fro"), fit_svm(cs_fin, norm="fro")
                 single = fit_svm(p, np.argmax(sr, axis=1), "fro")
                 if eq.W_ is None or wfin.W_ is None or single.W_ is None:
@@ -189,7 +191,7 @@ class SVMEq(Experiment):
             a = acc[acc.d == d]
             l = last[last.d == d]
             per_d[int(d)] = {
-                "accepted": int(len(a)), "seeds_consumed": int(len(g)),
+                "accepted": len(a), "seeds_consumed": len(g),
                 **{f"dropped: {r}": int((g.reason == r).sum()) for r in DROP_REASONS},
                 "mean 1-corr(W, W^eq)": float((1 - l.corr_eq).mean()),
                 "mean 1-corr(W, W_fin+R W^eq)": float((1 - l.corr_full).mean()),

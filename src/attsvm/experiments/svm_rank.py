@@ -127,7 +127,7 @@ class SVMRank(Experiment):
         panels = (("(a) varying n", tab[tab["T"] == T0], "n"), ("(b) varying T", tab[tab.n == n0], "T"))
         fig, ax = subplots(2)
         for a, (title, sub, key) in zip(ax[0], panels):
-            for k, (val, g) in enumerate(sub.groupby(key)):
+            for k, (_val, g) in enumerate(sub.groupby(key)):
                 g = g.sort_values("d")
                 lab = f"n={int(g.n.iloc[0])}, T={int(g['T'].iloc[0])}"
                 a.plot(g.d, g.rank_fro, "-o", color=f"C{k}", label=f"{lab}: $W_{{mm}}$ (Frobenius)")

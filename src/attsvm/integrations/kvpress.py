@@ -32,10 +32,11 @@ import torch
 
 from .._extras import require
 
-__all__ = ["SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "compute_n_kept",
-           "check_compression_ratio", "PRESSES"]
-
+# the presses are built on first access by __getattr__ (kvpress is an optional dependency)
 PRESSES: tuple[str, ...] = ("SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress")
+
+__all__ = [*PRESSES, "compute_n_kept", "check_compression_ratio", "PRESSES"]
+
 _POSITIONS = "attsvm_buffered_position_ids"  # kwargs key: positions of the buffered queries (decoding presses)
 
 
@@ -289,8 +290,8 @@ def _classes() -> dict[str, type]:
 
         _base_class = H2OPress
 
-    found = {"SVMarginPress": SVMarginPress, "H2OPress": H2OPress, "SVMarginDecodingPress": SVMarginDecodingPress,
-             "H2ODecodingPress": H2ODecodingPress}
+    found: dict[str, type] = {"SVMarginPress": SVMarginPress, "H2OPress": H2OPress,
+                              "SVMarginDecodingPress": SVMarginDecodingPress, "H2ODecodingPress": H2ODecodingPress}
     for name, cls in found.items():
         cls.__module__, cls.__qualname__ = __name__, name
     return found

@@ -38,7 +38,7 @@ def cone_init(center: ArrayLike, *, runs: int = 1, mu: float = 0.1, scale: float
     scale = check_finite_scalar(scale, "scale", positive=True)
     rng = np.random.default_rng(seed)
     Chat = C / cn
-    G = rng.standard_normal((runs,) + C.shape)
+    G = rng.standard_normal((runs, *C.shape))
     for _ in range(2):  # Gram–Schmidt twice: orthogonal to round-off even for a draw close to ±center
         G -= np.einsum("rij,ij->r", G, Chat)[:, None, None] * Chat
         G /= np.linalg.norm(G, axis=(1, 2), keepdims=True)

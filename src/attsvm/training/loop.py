@@ -28,13 +28,19 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from .._validation import check_choice, check_finite_scalar, check_positive_int
-from ..model import (AttentionModel, Batch, Param, Parameterization, _as_problem_list, parameterization,
-                     risk_and_scaled_grad)
+from ..model import (
+    AttentionModel,
+    Batch,
+    Param,
+    Parameterization,
+    _as_problem_list,
+    parameterization,
+    risk_and_scaled_grad,
+)
 from ..problem import AttentionProblem
 from .bounds import gradient_bound, smoothness_bound
 from .init import initial_params, run_seeds
-from .optim import (NORMALIZE_EPS, NORMALIZED_LR, AddPenalty, Chain, NormalizeByNorm, StepSize, Transform,
-                    chain)
+from .optim import NORMALIZE_EPS, NORMALIZED_LR, AddPenalty, Chain, NormalizeByNorm, StepSize, Transform, chain
 from .recording import Recorder, Recording
 
 __all__ = ["train", "TrainResult", "threads_context", "SMALL_PROBLEM_ELEMENTS", "PROGRESS_MIN_WORK"]

@@ -90,7 +90,7 @@ class Recorder:
         q = set(options.quantities)
 
         def buf(*shape: int, dt: torch.dtype = dtype) -> Tensor:
-            return torch.empty((R, S) + shape, dtype=dt, device=device)
+            return torch.empty((R, S, *shape), dtype=dt, device=device)
 
         H: dict[str, Tensor] = {}
         for key in ("loss", "W_norm", "grad_norm"):
