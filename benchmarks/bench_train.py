@@ -1,6 +1,6 @@
 """Benchmark: batched training (attsvm.train) against the published per-run training loop.
 
-Workload (SPEC §6 local-convergence): n=6, T=8, d=10, RUNS runs (seed = run) × 2000 normalized GD
+Workload (docs/spec.md §6 local-convergence): n=6, T=8, d=10, RUNS runs (seed = run) × 2000 normalized GD
 steps, for W and again for (K, Q), with the trajectory (W and the top softmax probability)
 recorded at every step. The reference trains one run at a time the way the published notebook
 does: an ``nn.Linear`` attention module, autograd, per-parameter gradient normalisation and

@@ -1,6 +1,6 @@
 """Instances: the published data recipe, the hand-built GD-path instances, and a numpy generator.
 
-``paper_instance`` follows SPEC §6 draw for draw (one ``torch.Generator`` seeded with the run index;
+``paper_instance`` follows docs/spec.md §6 draw for draw (one ``torch.Generator`` seeded with the run index;
 ``v``, ``Y``, ``X``, ``Z`` drawn in that order in float32 and normalised as the published code does,
 then converted to float64), so seed ``s`` here is run ``s`` of the published notebooks.
 """
@@ -32,7 +32,7 @@ def _check_seed(seed: int) -> int:
 
 def paper_instance(n: int, T: int, d: int, *, seed: int, self_attention: bool = False,
                    query_index: int = 0) -> AttentionProblem:
-    """The published data recipe (SPEC §6), reproducing the published draws seed for seed.
+    """The published data recipe (docs/spec.md §6), reproducing the published draws seed for seed.
 
     ``v ~ N(0, I_d)`` normalised; ``Y = 2·1[N(0,1) > 0] − 1``; ``X ~ N(0, I)`` of shape (n, T, d) with
     each token normalised; ``Z ~ N(0, I)`` of shape (n, d) with each row normalised. With
@@ -57,7 +57,7 @@ def paper_instance(n: int, T: int, d: int, *, seed: int, self_attention: bool = 
 
 
 def gd_paths_instance(T: Literal[3, 5] = 3) -> AttentionProblem:
-    """The hand-built instance of the GD-path figures (SPEC §6 ``gd-paths``): n = 2, d = 2.
+    """The hand-built instance of the GD-path figures (docs/spec.md §6 ``gd-paths``): n = 2, d = 2.
 
     Seed 1; ``v ~ N(0, I)`` normalised; ``y = (1, 1)``; tokens ``0.3·N(0, I)`` shifted by (−1, 0) in
     sequence 0 and (+1, 0) in sequence 1; unit-norm Gaussian cross-attention queries.

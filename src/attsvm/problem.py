@@ -1,4 +1,4 @@
-"""The attention-SVM instance: tokens, labels, queries and head (SPEC §1–2).
+"""The attention-SVM instance: tokens, labels, queries and head (docs/spec.md §1–2).
 
 An :class:`AttentionProblem` holds the data of one ERM instance
 
@@ -6,7 +6,7 @@ An :class:`AttentionProblem` holds the data of one ERM instance
 
 with tokens ``X`` of shape (n, T, d), labels ``y``, the query ``z_i`` of each sequence (given as ``Z``
 for cross-attention, or ``z_i = X[i, query_index]`` for self-attention) and a head ``h``. It computes
-the token scores γ (SPEC §2) and the optimal tokens, and validates everything on construction so
+the token scores γ (docs/spec.md §2) and the optimal tokens, and validates everything on construction so
 that downstream solvers and trainers never see malformed input.
 """
 
@@ -28,12 +28,12 @@ LossName = Literal["logistic", "exponential", "correlation"]
 LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation")
 TIES: tuple[str, ...] = ("raise", "first")
 
-# Relative tolerance under which two token scores count as a tie for the maximum (SPEC §2).
+# Relative tolerance under which two token scores count as a tie for the maximum (docs/spec.md §2).
 TIE_RTOL = 1e-12
 
 
 class TieError(ValueError):
-    """Raised when some sequence has several tokens sharing the maximal score (SPEC §2).
+    """Raised when some sequence has several tokens sharing the maximal score (docs/spec.md §2).
 
     ``sequences`` lists the offending sequence indices and ``tied`` the tied token indices of each.
     """
@@ -51,7 +51,7 @@ class TieError(ValueError):
 
 
 def loss_fn(name: str, u: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Evaluate a loss ℓ(u) of SPEC §1 in a form that stays finite for huge |u|.
+    """Evaluate a loss ℓ(u) of docs/spec.md §1 in a form that stays finite for huge |u|.
 
     logistic: log(1 + e^{−u}) as a stable softplus; exponential: e^{−u} (clipped exponent, so
     it overflows to a large finite number rather than inf); correlation: −u.
@@ -67,7 +67,7 @@ def loss_fn(name: str, u: NDArray[np.float64]) -> NDArray[np.float64]:
 
 @dataclass(frozen=True)
 class Head:
-    """A prediction head h (SPEC §1).
+    """A prediction head h (docs/spec.md §1).
 
     * ``linear``: h(x) = vᵀx with ``weights`` of shape (d,).
     * ``relu``: h(x) = 1ᵀ ReLU(Vᵀx) with ``weights`` V of shape (d, k).
@@ -110,7 +110,7 @@ class Head:
 
 
 class AttentionProblem:
-    """One attention-ERM instance (SPEC §1).
+    """One attention-ERM instance (docs/spec.md §1).
 
     Parameters
     ----------
@@ -125,7 +125,7 @@ class AttentionProblem:
     query_index : int, optional
         Self-attention: ``z_i = X[i, query_index]`` (the paper's ``x_1`` / ``x_CLS``).
     loss : {"logistic", "exponential", "correlation"}
-        ℓ used for nonlinear-head token scores (SPEC §2) and as the trainer's default.
+        ℓ used for nonlinear-head token scores (docs/spec.md §2) and as the trainer's default.
 
     Attributes
     ----------
@@ -219,10 +219,10 @@ class AttentionProblem:
         mode = "cross" if self.Z is not None else f"self(query_index={self.query_index})"
         return f"AttentionProblem(n={self.n}, T={self.T}, d={self.d}, {mode}, head={self.head.kind})"
 
-    # ------------------------------------------------------------------ scores (SPEC §2)
+    # ------------------------------------------------------------------ scores (docs/spec.md §2)
     @property
     def scores(self) -> NDArray[np.float64]:
-        """Token scores γ of shape (n, T) (SPEC §2).
+        """Token scores γ of shape (n, T) (docs/spec.md §2).
 
         Linear head: ``γ_it = y_i vᵀx_it``. Other heads: ``γ_it = −ℓ(y_i h(x_it))`` (the loss the
         sequence would have with all attention on token t); multiclass: minus the cross-entropy.
@@ -240,7 +240,7 @@ class AttentionProblem:
         return true - lse
 
     def optimal_tokens(self, ties: Literal["raise", "first"] = "raise") -> NDArray[np.int64]:
-        """``opt_i = argmax_t γ_it`` of shape (n,) (SPEC §2).
+        """``opt_i = argmax_t γ_it`` of shape (n,) (docs/spec.md §2).
 
         A tie for the maximum breaks the theory's assumption: by default a :class:`TieError` names
         the sequences concerned; ``ties="first"`` takes the first maximiser instead.

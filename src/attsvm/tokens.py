@@ -1,4 +1,4 @@
-"""Token structure of a selection α: pair differences, margins, support tokens (SPEC §2–3).
+"""Token structure of a selection α: pair differences, margins, support tokens (docs/spec.md §2–3).
 
 For a selection ``α`` (one token per sequence) the Att-SVM constraints are indexed by pairs
 ``k = (i, t ≠ α_i)`` with features ``a_it = x_{iα_i} − x_it`` and query ``z_i``; the margin of W on
@@ -20,7 +20,7 @@ __all__ = ["pair_differences", "constraint_mask", "margins", "support_tokens", "
            "LocalOptimalityReport", "local_optimality_report", "SUPPORT_TOL"]
 
 # A constraint counts as tight (its token is a support token) when its margin is within this
-# relative tolerance of 1 (SPEC §2 "up to a tolerance").
+# relative tolerance of 1 (docs/spec.md §2 "up to a tolerance").
 SUPPORT_TOL = 1e-6
 
 
@@ -33,7 +33,7 @@ def constraint_mask(n: int, T: int, tokens: NDArray[np.int64]) -> NDArray[np.boo
 
 def pair_differences(problem: AttentionProblem, tokens: ArrayLike | None = None
                      ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """``a_it = x_{iα_i} − x_it`` of shape (n, T, d) and the constraint mask (n, T) (SPEC §3).
+    """``a_it = x_{iα_i} − x_it`` of shape (n, T, d) and the constraint mask (n, T) (docs/spec.md §3).
 
     ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out.
     """
@@ -58,7 +58,7 @@ def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -
 
 
 def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDArray[np.bool_]:
-    """Support tokens ``T_i(α)``: pairs whose margin is 1 up to ``tol`` (SPEC §2), shape (n, T).
+    """Support tokens ``T_i(α)``: pairs whose margin is 1 up to ``tol`` (docs/spec.md §2), shape (n, T).
 
     ``margin`` must be the margins of the (normalised) SVM solution, with ``+inf`` at α_i.
     """
@@ -66,13 +66,13 @@ def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDA
 
 
 def selected_tokens(problem: AttentionProblem, W: ArrayLike) -> NDArray[np.int64]:
-    """Tokens selected by attention ``α̂_i = argmax_t s_it`` (SPEC §4), shape (n,) or (R, n)."""
+    """Tokens selected by attention ``α̂_i = argmax_t s_it`` (docs/spec.md §4), shape (n,) or (R, n)."""
     return np.argmax(problem.logits(W), axis=-1).astype(np.int64)
 
 
 @dataclass(frozen=True)
 class LocalOptimalityReport:
-    """Outcome of the local-optimality test of SPEC §2 for a selection α.
+    """Outcome of the local-optimality test of docs/spec.md §2 for a selection α.
 
     Attributes
     ----------
@@ -107,7 +107,7 @@ class LocalOptimalityReport:
 
 def local_optimality_report(problem: AttentionProblem, tokens: ArrayLike, support: NDArray[np.bool_] | None,
                             feasible: bool) -> LocalOptimalityReport:
-    """Apply the test of SPEC §2 given the support set of Att-SVM(α) (pure; the solve is the caller's).
+    """Apply the test of docs/spec.md §2 given the support set of Att-SVM(α) (pure; the solve is the caller's).
 
     α is locally optimal iff Att-SVM(α) is feasible and ``γ_{iα_i} > γ_it`` for every support token.
     """

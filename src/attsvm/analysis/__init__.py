@@ -1,4 +1,4 @@
-"""Real pretrained transformers through the lens of the attention SVM (SPEC §7).
+"""Real pretrained transformers through the lens of the attention SVM (docs/spec.md §7).
 
 * :mod:`~attsvm.analysis.anatomy` — per-head rank, spectra, sparsity, margins, low-rank compression;
 * :mod:`~attsvm.analysis.svm_view` — Att-SVM solved on a real head's own token selections;

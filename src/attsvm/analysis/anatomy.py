@@ -1,4 +1,4 @@
-"""Head anatomy of a real transformer: low rank, sparsity, margins, low-rank compression (SPEC §7).
+"""Head anatomy of a real transformer: low rank, sparsity, margins, low-rank compression (docs/spec.md §7).
 
 For every layer ℓ and head h (``W`` in the paper's convention, see :mod:`attsvm.analysis._models`):
 
@@ -7,7 +7,7 @@ For every layer ℓ and head h (``W`` in the paper's convention, see :mod:`attsv
 * **sparsity** over the corpus: the share of query positions whose top-1 (top-3) keys hold ≥ 95 % of
   the attention mass, the mean mass on special tokens ([CLS]/[SEP]) and the top-1 share once the
   special keys are removed (renormalised);
-* **margins** ``logit_top − logit_t`` (SPEC §2 margins of the selection "top key"), as a histogram, and
+* **margins** ``logit_top − logit_t`` (docs/spec.md §2 margins of the selection "top key"), as a histogram, and
   the number of *support keys* per query: keys within ``delta`` of the top logit, the top included;
 * **low-rank compression**: truncate the bilinear part of W_h to rank r (biases kept) and measure the
   KL divergence KL(p ‖ p_r) and the top-1 agreement of attention against r.
@@ -38,7 +38,7 @@ __all__ = ["SpectrumStats", "spectrum_stats", "factored_svd", "AttentionStats", 
 
 log = logging.getLogger(__name__)
 
-MASS = 0.95                 # "holds ≥ 95 % of the mass" (SPEC §7)
+MASS = 0.95                 # "holds ≥ 95 % of the mass" (docs/spec.md §7)
 DEFAULT_DELTA = 1.0         # support keys: within this many logit units of the top
 MIN_KEYS = 4                # causal models: queries that see fewer keys are not counted
 MARGIN_STEP = 0.5

@@ -1,11 +1,11 @@
-"""The SVM view of a real attention head (SPEC §2–3, §7; issue #5 part 2).
+"""The SVM view of a real attention head (docs/spec.md §2–3, §7).
 
 For layer ℓ, head h: sample (sequence, query) pairs from the corpus. For a query at position q the
 tokens are the layer's attention inputs at the window of the last ``T`` positions up to and including
 q (for a bidirectional encoder this restricts the head to that window), in homogeneous coordinates
 ``x̃ = [x; 1]`` so that the head's biases are part of its matrix; the query is ``z̃_q``. The head's own
 selection is ``α_i = argmax_t x̃_tᵀ W̃_h z̃_q`` (exact logits). This is a cross-attention instance
-(SPEC §1) with ``d + 1`` features, and the real ``W̃_h`` separates it by construction.
+(docs/spec.md §1) with ``d + 1`` features, and the real ``W̃_h`` separates it by construction.
 
 Reported:
 
@@ -16,7 +16,7 @@ Reported:
   random rank-d_head matrices ``KQᵀ`` (Gaussian, seeded);
 * margin efficiency ``(min_k a_kᵀWz_k / ‖W‖_F) · ‖W_mm‖_F ∈ (−∞, 1]``: 1 means W is the max-margin
   direction, ≤ 0 that W does not even separate the selection;
-* local optimality (SPEC §2) of α: it needs token scores γ, which a real head does not define; we use
+* local optimality (docs/spec.md §2) of α: it needs token scores γ, which a real head does not define; we use
   ``γ_it = ±vᵀx_it`` with v the head's dominant value–output input direction (top right singular
   vector of W_O,h W_V,h, both signs), and random unit v as a baseline.
 """
@@ -179,7 +179,7 @@ class SVMView:
             f"{stat(oh.get('corr_nuc_projected', []))} | {stat(rl.get('corr_nuc_projected', []))} |",
             f"| margin efficiency | {self.margin_efficiency:.3f} | {stat(oh.get('margin_efficiency', []))} | "
             f"{stat(rl.get('margin_efficiency', []))} |", "",
-            f"Local optimality (SPEC §2) with γ = ±vᵀx, v = the head's value–output direction: "
+            f"Local optimality (docs/spec.md §2) with γ = ±vᵀx, v = the head's value–output direction: "
             f"{lo.get('ov_plus_passed', 0):.3f} / {lo.get('ov_minus_passed', 0):.3f} of sequences pass "
             f"(α = opt for {lo.get('ov_plus_is_opt', 0):.3f} / {lo.get('ov_minus_is_opt', 0):.3f}); "
             f"random v: {lo.get('random_passed_mean', 0):.3f} pass on average. Whole selection locally optimal: "
@@ -212,7 +212,7 @@ def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pa
     mask[np.arange(n), alpha] = False
     cs = ConstraintSet(A, Z, mask)
     fro = AttentionSVM("fro").fit_constraints(cs)
-    # some W*_mm has rank <= n (SPEC §3), so the rank constraint only binds when n > d_head
+    # some W*_mm has rank <= n (docs/spec.md §3), so the rank constraint only binds when n > d_head
     nuc_rank: int | None = w.d_head if n > w.d_head else None
     nuc_note = "" if nuc_rank else f"rank constraint inactive (n = {n} <= d_head)"
     try:
@@ -255,7 +255,7 @@ def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pa
         for k, v in stats(K @ Q.T).items():
             rand.setdefault(k, []).append(v)
 
-    # local optimality (SPEC §2) under the head's value-output direction, both signs, and random v
+    # local optimality (docs/spec.md §2) under the head's value-output direction, both signs, and random v
     v = np.r_[ov_direction(model, layer, head), 0.0]
     y = np.ones(n)
     lo: dict[str, Any] = {}
@@ -290,7 +290,7 @@ def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pa
                 "SVM direction): the real head separates its own selections with a much smaller normalized margin "
                 "than the SVM solution, consistent with finite training far from the norm → ∞ regime.")
     best_ov = max(lo["ov_plus_passed"], lo["ov_minus_passed"])
-    verdict += (f" Local optimality (SPEC §2) needs token scores a real head does not define: with γ = ±vᵀx along the "
+    verdict += (f" Local optimality (docs/spec.md §2) needs token scores a real head does not define: with γ = ±vᵀx along the "
                 f"head's value–output direction, {best_ov:.2f} of the sequences pass (random v: "
                 f"{lo['random_passed_mean']:.2f}), so " + ("these scores do not single out the head's selections."
                 if best_ov <= lo["random_passed_mean"] + 0.05 else "these scores favour the head's selections."))

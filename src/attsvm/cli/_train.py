@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             line += f"  |O_i|={row['O_sizes']} corr(W, W^eq)={_s(row['corr_eq'])}"
         print(line)
     if kinds:
-        print("convergence types (SPEC §4, tau=0.99): " + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())))
+        print("convergence types (docs/spec.md §4, tau=0.99): " + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())))
     if args.save is not None:
         args.save.parent.mkdir(parents=True, exist_ok=True)
         if args.save.suffix == ".json":
