@@ -58,15 +58,20 @@ def main(argv: list[str] | None = None) -> int:
             pub = PUBLISHED_SECONDS.get(name)
             ratio = f"{pub / dt:8.1f}x" if pub else "       -"
             rows.append((name, dt, run.n_trials, ok, len(judged), ratio, load0))
-            print(f"{name:18s} {dt:8.1f} s  trials {run.n_trials:4d}  claims {ok}/{len(judged)}  "
-                  f"speed-up vs published {ratio}  (load {load0:.1f})", flush=True)
+            print(
+                f"{name:18s} {dt:8.1f} s  trials {run.n_trials:4d}  claims {ok}/{len(judged)}  "
+                f"speed-up vs published {ratio}  (load {load0:.1f})",
+                flush=True,
+            )
     finally:
         ex.close()
     print(f"\n{'experiment':18s} {'seconds':>9s} {'trials':>7s} {'claims':>7s} {'vs published':>13s}")
     for name, dt, nt, ok, nj, ratio, _ in rows:
         print(f"{name:18s} {dt:9.1f} {nt:7d} {ok:>3d}/{nj:<3d} {ratio:>13s}")
-    print(f"{'total':18s} {total:9.1f}   (target for `attsvm reproduce all`: < {TARGET_ALL_SECONDS} s; "
-          f"executor: {ex.description}; outputs in {root})")
+    print(
+        f"{'total':18s} {total:9.1f}   (target for `attsvm reproduce all`: < {TARGET_ALL_SECONDS} s; "
+        f"executor: {ex.description}; outputs in {root})"
+    )
     return 0
 
 

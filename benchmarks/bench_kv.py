@@ -27,8 +27,11 @@ import torch
 from attsvm.analysis.kv_cache import cache_kwargs, returned_cache
 
 LIMITS = {"gpt2": 1.20, "llama": 1.10, "llama-retrieval": 1.10}
-TITLES = {"gpt2": "tiny GPT-2 LM (4 layers, d=128, MHA)", "llama": "small Llama (4 layers, d=256, GQA 8:2, RoPE)",
-          "llama-retrieval": "retrieval-LM-shaped Llama (2 layers, d=64, GQA 4:2, head_dim 32, RoPE)"}
+TITLES = {
+    "gpt2": "tiny GPT-2 LM (4 layers, d=128, MHA)",
+    "llama": "small Llama (4 layers, d=256, GQA 8:2, RoPE)",
+    "llama-retrieval": "retrieval-LM-shaped Llama (2 layers, d=64, GQA 4:2, head_dim 32, RoPE)",
+}
 
 
 def build(kind: str, attn: str):
@@ -39,19 +42,34 @@ def build(kind: str, attn: str):
         from attsvm.analysis.lm import LMConfig
 
         c = LMConfig()
-        cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
-                         n_head=c.n_head)
+        cfg = GPT2Config(
+            vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head
+        )
         model = GPT2LMHeadModel(cfg).eval()
     else:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         if kind == "llama":
-            cfg = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+            cfg = LlamaConfig(
+                vocab_size=2048,
+                hidden_size=256,
+                intermediate_size=688,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=2,
+                max_position_embeddings=4096,
+            )
         else:  # the shape of attsvm's retrieval LM (analysis/lm.py, RETRIEVAL_LM)
-            cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                              max_position_embeddings=4096)
+            cfg = LlamaConfig(
+                vocab_size=1024,
+                hidden_size=64,
+                intermediate_size=192,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                max_position_embeddings=4096,
+            )
         model = LlamaForCausalLM(cfg).eval()
     model.config._attn_implementation = attn
     return model
@@ -65,7 +83,7 @@ def decode(model, ids, cache, start: int) -> tuple[float, float]:
         for t in range(ids.shape[1]):
             if t == start:
                 w0, c0 = time.perf_counter(), time.process_time()
-            out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
+            out = model(input_ids=ids[:, t : t + 1], use_cache=True, **cache_kwargs(model, past))
             past = returned_cache(out) if cache is None else cache
     return time.perf_counter() - w0, time.process_time() - c0
 
@@ -82,7 +100,7 @@ def lockstep(models: dict, ids: torch.Tensor, make_cache: dict, start: int, gen:
                 for i in torch.randperm(len(names), generator=gen).tolist():
                     k = names[i]
                     t0 = time.perf_counter()
-                    out = models[k](input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(models[k], past[k]))
+                    out = models[k](input_ids=ids[:, t : t + 1], use_cache=True, **cache_kwargs(models[k], past[k]))
                     dt = time.perf_counter() - t0
                     if caches[k] is None:
                         past[k] = returned_cache(out)
@@ -116,11 +134,15 @@ def bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
     steps = args.tokens - budget
     cost = {k: float(torch.stack([r[k] for r in runs]).median(dim=0).values.sum()) for k in make_cache}
     ref = cost["none (eager)"]
-    print(f"{TITLES[kind]}, batch {args.batch}, {args.tokens} tokens, budget {budget} "
-          f"({100 * args.budget:g} %), {steps} timed steps in lockstep, per-step median of {args.repeats}, "
-          f"{args.threads} thread(s)")
-    print(f"{'cache':>14} {'ms/step':>9} {'ratio':>7}   (ratio: vs no eviction, eager attention; limit "
-          f"{LIMITS[kind]:.2f})")
+    print(
+        f"{TITLES[kind]}, batch {args.batch}, {args.tokens} tokens, budget {budget} "
+        f"({100 * args.budget:g} %), {steps} timed steps in lockstep, per-step median of {args.repeats}, "
+        f"{args.threads} thread(s)"
+    )
+    print(
+        f"{'cache':>14} {'ms/step':>9} {'ratio':>7}   (ratio: vs no eviction, eager attention; limit "
+        f"{LIMITS[kind]:.2f})"
+    )
     for k, c in cost.items():
         print(f"{k:>14} {1e3 * c / steps:9.3f} {c / ref:7.3f}")
     return {k: c / ref for k, c in cost.items()}

@@ -87,9 +87,11 @@ def main() -> None:
     R, steps = args.runs, args.steps
     ref_runs = args.ref_runs or (10 if args.quick else R)
     probs = [paper_instance(n, T, d, seed=s) for s in range(R)]
-    print(f"workload: n={n} T={T} d={d}, {R} runs x {steps} normalized steps, recorded every step "
-          f"(torch {torch.__version__}, 1 thread, device {args.device}); timings are wall-clock on a "
-          "shared machine, so noisy")
+    print(
+        f"workload: n={n} T={T} d={d}, {R} runs x {steps} normalized steps, recorded every step "
+        f"(torch {torch.__version__}, 1 thread, device {args.device}); timings are wall-clock on a "
+        "shared machine, so noisy"
+    )
     for param in ("W", "KQ"):
         t0 = time.perf_counter()
         res = train(probs, param=param, steps=steps, seed=list(range(R)), record_W=True, device=args.device)
@@ -102,15 +104,21 @@ def main() -> None:
         t_ref = (time.perf_counter() - t0) * R / ref_runs
         agree = correlation(res.W[:ref_runs], np.array(ref_W))
         early = np.abs(res.history["W"][0, 1:51] - reference_run(0, param == "W", 50, n, T, d)[0]).max()
-        print(f"[{param:2s}] batched {t_ours:7.2f} s | published loop {t_ref:7.2f} s"
-              f"{'' if ref_runs == R else f' (extrapolated from {ref_runs} runs)'} | speed-up "
-              f"{t_ref / t_ours:6.1f}x | first 50 steps max|ΔW| {early:.1e} | corr(final W, reference) "
-              f"min {agree.min():.4f}")
+        print(
+            f"[{param:2s}] batched {t_ours:7.2f} s | published loop {t_ref:7.2f} s"
+            f"{'' if ref_runs == R else f' (extrapolated from {ref_runs} runs)'} | speed-up "
+            f"{t_ref / t_ours:6.1f}x | first 50 steps max|ΔW| {early:.1e} | corr(final W, reference) "
+            f"min {agree.min():.4f}"
+        )
     print("\nscaling of the batched trainer (normalized GD on W, 200 steps, record every step):")
     print(f"{'R':>6} {'n':>4} {'T':>4} {'d':>4} {'ms/step':>9} {'us/step/run':>12}")
     base = dict(R=100, n=6, T=8, d=10)
-    sweeps = [("R", [1, 10, 100, 1000] if not args.quick else [1, 100, 1000]),
-              ("n", [6, 24, 96]), ("T", [8, 32, 128]), ("d", [10, 40, 160])]
+    sweeps = [
+        ("R", [1, 10, 100, 1000] if not args.quick else [1, 100, 1000]),
+        ("n", [6, 24, 96]),
+        ("T", [8, 32, 128]),
+        ("d", [10, 40, 160]),
+    ]
     for key, values in sweeps:
         for val in values:
             cfg = dict(base, **{key: val})
@@ -119,8 +127,9 @@ def main() -> None:
             t0 = time.perf_counter()
             train(ps, steps=200, n_init=n_init, device=args.device)
             dt = (time.perf_counter() - t0) / 200
-            print(f"{cfg['R']:>6} {cfg['n']:>4} {cfg['T']:>4} {cfg['d']:>4} {1e3 * dt:9.3f} "
-                  f"{1e6 * dt / cfg['R']:12.2f}")
+            print(
+                f"{cfg['R']:>6} {cfg['n']:>4} {cfg['T']:>4} {cfg['d']:>4} {1e3 * dt:9.3f} {1e6 * dt / cfg['R']:12.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ def test_analyze_minilm_quick_writes_heads_report_and_figures(tmp_path):
         assert (out / name).stat().st_size > 0, name
     view = json.loads((out / "svm_view.json").read_text())
     assert view["fro_status"] == "optimal" and view["fro_certificate"]["max_violation"] < 1e-8
-    assert view["fro_certificate"]["rank"] <= view["n_pairs"]       # rank(W_mm) <= n (SPEC §3)
-    assert view["margin_efficiency"] <= 1.0 + 1e-9                  # W_mm has the largest normalized margin
-    assert view["margin_efficiency"] > 0                             # the head separates its own selection
+    assert view["fro_certificate"]["rank"] <= view["n_pairs"]  # rank(W_mm) <= n (SPEC §3)
+    assert view["margin_efficiency"] <= 1.0 + 1e-9  # W_mm has the largest normalized margin
+    assert view["margin_efficiency"] > 0  # the head separates its own selection
     assert "What the numbers show" in (out / "report.md").read_text()
 
 
@@ -78,7 +78,7 @@ def test_encoder_forward_matches_the_model_and_prunes_per_head():
         np.testing.assert_allclose(encoder_forward(model, x).numpy(), ref.numpy(), atol=1e-5)
         for name in POLICIES:
             full = encoder_forward(model, x, make_policy(name), budget=x.shape[1])
-            assert torch.equal(full, encoder_forward(model, x))       # 100 % budget: unpruned, exactly
+            assert torch.equal(full, encoder_forward(model, x))  # 100 % budget: unpruned, exactly
             pruned = encoder_forward(model, x, make_policy(name), budget=4)
             assert not torch.allclose(pruned, ref, atol=1e-3)
 

@@ -23,7 +23,7 @@ from attsvm.metrics import matrix_rank, singular_values
 
 pytestmark = pytest.mark.models
 
-PROB_TOL = 1e-5      # issue #5: extraction matches output_attentions to 1e-5
+PROB_TOL = 1e-5  # issue #5: extraction matches output_attentions to 1e-5
 SPECTRUM_RTOL = 1e-8  # factored vs dense SVD
 
 
@@ -79,8 +79,9 @@ def test_ranks_never_exceed_head_dim_and_factored_spectrum_is_exact(minilm):
     for layer, head in [(0, 0), (2, 7), (5, 11)]:
         dense = singular_values(W[layer, head])
         assert matrix_rank(W[layer, head]) <= w.d_head
-        np.testing.assert_allclose(sp.singular_values[layer, head, : w.d_head], dense[: w.d_head],
-                                   rtol=SPECTRUM_RTOL, atol=1e-12 * dense[0])
+        np.testing.assert_allclose(
+            sp.singular_values[layer, head, : w.d_head], dense[: w.d_head], rtol=SPECTRUM_RTOL, atol=1e-12 * dense[0]
+        )
         assert dense[w.d_head] <= 1e-10 * dense[0]
     U, S, V = factored_svd(w)
     np.testing.assert_allclose(U[1, 4] @ np.diag(S[1, 4]) @ V[1, 4].T, W[1, 4], atol=1e-10)
@@ -88,9 +89,16 @@ def test_ranks_never_exceed_head_dim_and_factored_spectrum_is_exact(minilm):
 
 def test_window_stats_on_a_handmade_head():
     # one head, 3 queries, 4 keys: logits chosen so each share is known
-    lg = torch.tensor([[[10.0, 0.0, 0.0, 0.0],        # top-1 holds > 95 %
-                        [0.0, 0.0, 0.0, 0.0],         # uniform: neither
-                        [5.0, 4.5, -20.0, -20.0]]], dtype=torch.float64)  # top-3 ≥ 95 %, top-1 not
+    lg = torch.tensor(
+        [
+            [
+                [10.0, 0.0, 0.0, 0.0],  # top-1 holds > 95 %
+                [0.0, 0.0, 0.0, 0.0],  # uniform: neither
+                [5.0, 4.5, -20.0, -20.0],
+            ]
+        ],
+        dtype=torch.float64,
+    )  # top-3 ≥ 95 %, top-1 not
     special = torch.tensor([True, False, False, False])
     st = AttentionStats(1, 1, delta=1.0)
     _window_stats(lg, special, False, 1.0, st, 0)
@@ -132,7 +140,7 @@ def test_gpt2_extraction_matches_output_attentions(tmp_path):
     assert np.all(spectrum_stats(w).rank <= w.d_head)
 
 
-NUC_GAP_TOL = 1e-9   # the nuclear solver's default certified relative gap
+NUC_GAP_TOL = 1e-9  # the nuclear solver's default certified relative gap
 
 
 def test_nuclear_svm_of_real_head_selections_is_certified_optimal(minilm):
@@ -152,7 +160,7 @@ def test_nuclear_svm_of_real_head_selections_is_certified_optimal(minilm):
     mask[np.arange(n), alpha] = False
     cs = ConstraintSet(X[np.arange(n), alpha][:, None, :] - X, Z, mask)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)   # "stopped after ... outer iterations" would fail
+        warnings.simplefilter("error", RuntimeWarning)  # "stopped after ... outer iterations" would fail
         svm = AttentionSVM("nuc").fit_constraints(cs)
     assert svm.status_ == "optimal" and svm.relative_gap_ <= NUC_GAP_TOL and svm.max_violation_ <= 1e-8
     # the reference path alone (scipy's L-BFGS-B for every size) reaches the same certified optimum

@@ -31,8 +31,12 @@ def files(tmp_path: Path) -> Path:
     np.savez(tmp_path / "nokeys.npz", foo=np.zeros(3))
     (tmp_path / "afile").write_text("x")
     (tmp_path / "somedir").mkdir()
-    for name, text in (("trunc", '{"experiment": "local-conv'), ("empty", "{}"), ("list", "[1, 2]"),
-                       ("unknown", '{"experiment": "nope", "settings": {}}')):
+    for name, text in (
+        ("trunc", '{"experiment": "local-conv'),
+        ("empty", "{}"),
+        ("list", "[1, 2]"),
+        ("unknown", '{"experiment": "nope", "settings": {}}'),
+    ):
         (tmp_path / f"run_{name}").mkdir()
         (tmp_path / f"run_{name}" / "config.json").write_text(text)
     lm = tmp_path / "reproduce_run"  # a folder holding another command's results
@@ -49,20 +53,41 @@ def files(tmp_path: Path) -> Path:
 CASES = [
     ("out-is-a-file", LC + TINY + ["--out", "{tmp}/afile"], EXIT_DATA, "is a file, not a folder"),
     ("out-not-creatable", LC + TINY + ["--out", "/proc/attsvm-no/x"], EXIT_DATA, "cannot create the folder"),
-    ("out-of-another-command", ["reproduce", "gd-paths", *Q, "--out", "{tmp}/reproduce_run"], EXIT_DATA,
-     "holds a run of experiment 'local-convergence'"),
+    (
+        "out-of-another-command",
+        ["reproduce", "gd-paths", *Q, "--out", "{tmp}/reproduce_run"],
+        EXIT_DATA,
+        "holds a run of experiment 'local-convergence'",
+    ),
     ("input-empty", ["solve", "--input", "{tmp}/empty.npz"], EXIT_DATA, "is not a readable attsvm instance"),
     ("input-truncated", ["solve", "--input", "{tmp}/trunc.npz"], EXIT_DATA, "is not a readable attsvm instance"),
     ("input-directory", ["solve", "--input", "{tmp}/adir.npz"], EXIT_DATA, "is a folder"),
     ("input-missing", ["solve", "--input", "{tmp}/nope.npz"], EXIT_USAGE, "does not exist"),
     ("input-missing-keys", ["solve", "--input", "{tmp}/nokeys.npz"], EXIT_DATA, "missing ['X', 'y']"),
-    ("set-list-empty", ["reproduce", "nuclear-identity", *Q, "--set", "ds=[]", "--out", "{tmp}/o"], EXIT_USAGE,
-     "setting 'ds' must be a non-empty list"),
-    ("set-list-repeats", ["reproduce", "nuclear-identity", *Q, "--set", "ds=[3,3]", "--out", "{tmp}/o"],
-     EXIT_USAGE, "setting 'ds' has repeated values 3"),
-    ("set-huge-float-for-int", [*LC, "--set", "n=1e20", "--out", "{tmp}/o"], EXIT_USAGE, "expected a value of type int"),
-    ("set-huge-int", [*LC, "--set", "n=100000000000000000000", "--out", "{tmp}/o"], EXIT_USAGE,
-     "setting 'n' must be <= "),
+    (
+        "set-list-empty",
+        ["reproduce", "nuclear-identity", *Q, "--set", "ds=[]", "--out", "{tmp}/o"],
+        EXIT_USAGE,
+        "setting 'ds' must be a non-empty list",
+    ),
+    (
+        "set-list-repeats",
+        ["reproduce", "nuclear-identity", *Q, "--set", "ds=[3,3]", "--out", "{tmp}/o"],
+        EXIT_USAGE,
+        "setting 'ds' has repeated values 3",
+    ),
+    (
+        "set-huge-float-for-int",
+        [*LC, "--set", "n=1e20", "--out", "{tmp}/o"],
+        EXIT_USAGE,
+        "expected a value of type int",
+    ),
+    (
+        "set-huge-int",
+        [*LC, "--set", "n=100000000000000000000", "--out", "{tmp}/o"],
+        EXIT_USAGE,
+        "setting 'n' must be <= ",
+    ),
     ("set-float-for-int", [*LC, "--set", "runs=1.7", "--out", "{tmp}/o"], EXIT_USAGE, "expected a value of type int"),
     ("set-chunk-zero", [*LC, "--set", "chunk=0", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'chunk' must be >= 1"),
     ("set-lr-negative", [*LC, "--set", "lr=-0.1", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'lr' must be > 0"),
@@ -70,19 +95,39 @@ CASES = [
     ("set-unknown", [*LC, "--set", "nope=1", "--out", "{tmp}/o"], EXIT_USAGE, "unknown setting"),
     ("runs-zero", [*LC, "--runs", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--runs must be a positive integer"),
     ("workers-zero", [*LC, "--workers", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--workers must be a positive"),
-    ("scheduler-local-zero", LC + TINY + ["--scheduler", "local:0", "--out", "{tmp}/o"], EXIT_USAGE,
-     "positive worker count"),
+    (
+        "scheduler-local-zero",
+        LC + TINY + ["--scheduler", "local:0", "--out", "{tmp}/o"],
+        EXIT_USAGE,
+        "positive worker count",
+    ),
     ("unknown-experiment", ["reproduce", "nope", "--out", "{tmp}/o"], EXIT_USAGE, "unknown experiment 'nope'"),
-    ("train-device-nonsense", ["train", "--steps", "5", "--no-svm", "--device", "banana"], EXIT_USAGE,
-     "is not a torch device"),
-    ("train-save-dir", ["train", "--steps", "5", "--no-svm", "--save", "{tmp}/somedir"], EXIT_USAGE,
-     "--save must be a file path"),
-    ("train-save-suffix", ["train", "--steps", "5", "--no-svm", "--save", "{tmp}/x.txt"], EXIT_USAGE,
-     "ending in .json or .npz"),
+    (
+        "train-device-nonsense",
+        ["train", "--steps", "5", "--no-svm", "--device", "banana"],
+        EXIT_USAGE,
+        "is not a torch device",
+    ),
+    (
+        "train-save-dir",
+        ["train", "--steps", "5", "--no-svm", "--save", "{tmp}/somedir"],
+        EXIT_USAGE,
+        "--save must be a file path",
+    ),
+    (
+        "train-save-suffix",
+        ["train", "--steps", "5", "--no-svm", "--save", "{tmp}/x.txt"],
+        EXIT_USAGE,
+        "ending in .json or .npz",
+    ),
     ("train-lr-negative", ["train", "--steps", "5", "--lr", "-0.1"], EXIT_USAGE, "--lr must be > 0"),
     ("solve-json-dir", ["solve", "--json", "{tmp}/somedir"], EXIT_USAGE, "--json must be a file path"),
-    ("solve-query-index-float", ["solve", "--self-attention", "--query-index", "1.7"], EXIT_USAGE,
-     "invalid int value: '1.7'"),
+    (
+        "solve-query-index-float",
+        ["solve", "--self-attention", "--query-index", "1.7"],
+        EXIT_USAGE,
+        "invalid int value: '1.7'",
+    ),
     ("solve-bad-norm", ["solve", "--norm", "l1"], EXIT_USAGE, "invalid choice"),
     ("plot-truncated-config", ["plot", "{tmp}/run_trunc"], EXIT_DATA, "run_trunc/config.json' is not valid JSON"),
     ("plot-empty-config", ["plot", "{tmp}/run_empty"], EXIT_DATA, "is not an attsvm run config"),
@@ -90,12 +135,24 @@ CASES = [
     ("plot-unknown-experiment", ["plot", "{tmp}/run_unknown"], EXIT_DATA, "unknown experiment 'nope'"),
     ("plot-no-config", ["plot", "{tmp}/somedir"], EXIT_DATA, "config.json is missing"),
     ("plot-missing-folder", ["plot", "{tmp}/nope"], EXIT_DATA, "no such folder"),
-    ("kv-bench-quick-and-n-seq", ["kv-bench", "--quick", "--n-seq", "5", "--out", "{tmp}/kv"], EXIT_USAGE,
-     "--quick fixes 2 sequences of 64 tokens; drop --quick or --n-seq"),
-    ("kv-bench-lm-into-results", ["kv-bench", "--lm", "{tmp}/reproduce_run", "--out", "{tmp}/kv"], EXIT_DATA,
-     "is not an LM checkpoint folder: it holds results of `attsvm reproduce`"),
-    ("lm-train-into-results", ["lm-train", "--quick", "--out", "{tmp}/reproduce_run"], EXIT_DATA,
-     "holds the results of `attsvm reproduce`; `attsvm lm-train` would overwrite them"),
+    (
+        "kv-bench-quick-and-n-seq",
+        ["kv-bench", "--quick", "--n-seq", "5", "--out", "{tmp}/kv"],
+        EXIT_USAGE,
+        "--quick fixes 2 sequences of 64 tokens; drop --quick or --n-seq",
+    ),
+    (
+        "kv-bench-lm-into-results",
+        ["kv-bench", "--lm", "{tmp}/reproduce_run", "--out", "{tmp}/kv"],
+        EXIT_DATA,
+        "is not an LM checkpoint folder: it holds results of `attsvm reproduce`",
+    ),
+    (
+        "lm-train-into-results",
+        ["lm-train", "--quick", "--out", "{tmp}/reproduce_run"],
+        EXIT_DATA,
+        "holds the results of `attsvm reproduce`; `attsvm lm-train` would overwrite them",
+    ),
     ("no-command-option", ["reproduce"], EXIT_USAGE, "the following arguments are required: name"),
     ("bad-option", ["solve", "--nope"], EXIT_USAGE, "unrecognized arguments: --nope"),
 ]
@@ -104,8 +161,9 @@ if os.geteuid() != 0:  # root writes through permission bits
 
 
 @pytest.mark.parametrize("argv, code, fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_gives_one_line_and_its_exit_code(files: Path, capsys: pytest.CaptureFixture[str],
-                                                    argv: list[str], code: int, fragment: str) -> None:
+def test_bad_input_gives_one_line_and_its_exit_code(
+    files: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, fragment: str
+) -> None:
     argv = [a.replace("{tmp}", str(files)) for a in argv]
     rc = _run(argv)
     err = capsys.readouterr().err

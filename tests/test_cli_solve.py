@@ -20,8 +20,15 @@ def test_solve_generated_instance_writes_json(tmp_path, capsys):
     for word in ("status optimal", "objective", "support", "violation", "duality gap", "time", "wrote"):
         assert word in text
     data = json.loads(out.read_text())
-    assert data["instance"] == {"recipe": "paper_instance", "n": 6, "T": 8, "d": 10, "seed": 2,
-                                "self_attention": False, "query_index": None}
+    assert data["instance"] == {
+        "recipe": "paper_instance",
+        "n": 6,
+        "T": 8,
+        "d": 10,
+        "seed": 2,
+        "self_attention": False,
+        "query_index": None,
+    }
     ref = AttentionSVM().fit(paper_instance(6, 8, 10, seed=2))
     res = data["result"]
     assert res["status"] == "optimal" and res["objective"] == pytest.approx(ref.objective_, rel=1e-12)
@@ -51,13 +58,16 @@ def test_solve_infeasible_and_tokens(capsys, tmp_path):
     assert res["tokens"] == [5, 6, 7, 6, 3, 7] and np.sum(res["certificate"]) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["solve", "--norm", "fro", "--rank", "2"], "rank=2 is only defined for norm='nuc'"),
-    (["solve", "--tokens", "1,x"], "--tokens must be comma-separated integers"),
-    (["solve", "--tokens", "1,2"], "tokens must hold one token index per sequence"),
-    (["solve", "--input", "/nonexistent/x.npz"], "does not exist"),
-    (["solve", "--n", "0"], "n must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["solve", "--norm", "fro", "--rank", "2"], "rank=2 is only defined for norm='nuc'"),
+        (["solve", "--tokens", "1,x"], "--tokens must be comma-separated integers"),
+        (["solve", "--tokens", "1,2"], "tokens must hold one token index per sequence"),
+        (["solve", "--input", "/nonexistent/x.npz"], "does not exist"),
+        (["solve", "--n", "0"], "n must be >= 1"),
+    ],
+)
 def test_solve_bad_arguments(argv, match, capsys):
     assert main(argv) == 2
     assert match in capsys.readouterr().err

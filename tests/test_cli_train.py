@@ -32,8 +32,32 @@ def test_train_command_summary_and_json(tmp_path, capsys):
 
 def test_train_command_kq_relu_npz(tmp_path, capsys):
     out = tmp_path / "traj.npz"
-    rc = main(["train", "--param", "KQ", "--m", "4", "--head", "relu", "--n", "3", "--T", "4", "--d", "6",
-               "--steps", "300", "--record-every", "100", "--plain", "--lr", "0.5", "--save", str(out)])
+    rc = main(
+        [
+            "train",
+            "--param",
+            "KQ",
+            "--m",
+            "4",
+            "--head",
+            "relu",
+            "--n",
+            "3",
+            "--T",
+            "4",
+            "--d",
+            "6",
+            "--steps",
+            "300",
+            "--record-every",
+            "100",
+            "--plain",
+            "--lr",
+            "0.5",
+            "--save",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert "param=KQ steps=300 plain GD" in capsys.readouterr().out
     with np.load(out) as f:
@@ -42,16 +66,21 @@ def test_train_command_kq_relu_npz(tmp_path, capsys):
 
 
 def test_train_command_multiclass_reports_equivalence(capsys):
-    rc = main(["train", "--head", "multiclass", "--n", "4", "--T", "5", "--d", "6", "--steps", "500", "--init", "zeros"])
+    rc = main(
+        ["train", "--head", "multiclass", "--n", "4", "--T", "5", "--d", "6", "--steps", "500", "--init", "zeros"]
+    )
     assert rc == 0
     assert "corr(W, W^eq)=" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["train", "--runs", "0"], "--runs must be >= 1"),
-    (["train", "--steps", "-3", "--no-svm"], "steps must be >= 0"),
-    (["train", "--param", "KQ", "--init", "zeros", "--no-svm"], "stationary point"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "--runs", "0"], "--runs must be >= 1"),
+        (["train", "--steps", "-3", "--no-svm"], "steps must be >= 0"),
+        (["train", "--param", "KQ", "--init", "zeros", "--no-svm"], "stationary point"),
+    ],
+)
 def test_train_command_errors(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err

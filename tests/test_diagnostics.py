@@ -113,8 +113,9 @@ def test_svm_equivalence_relu_head():
                 assert g[i, inside].min() - g[i, outside].max() >= 1 - CONSTRAINT_TOL  # margin 1 to the rest
             gf = p.logits(e.W_fin)[i]
             s = res.probs[r, i]
-            np.testing.assert_allclose(gf[inside] - gf[inside[0]], np.log(s[inside] / s[inside[0]]),
-                                       atol=CONSTRAINT_TOL)
+            np.testing.assert_allclose(
+                gf[inside] - gf[inside[0]], np.log(s[inside] / s[inside[0]]), atol=CONSTRAINT_TOL
+            )
         # the least-squares scale: the residual is orthogonal to W^eq
         resid = res.W[r] - e.scale * e.W_eq - e.W_fin
         assert abs(np.sum(resid * e.W_eq)) <= 1e-8 * np.linalg.norm(res.W[r]) * np.linalg.norm(e.W_eq)

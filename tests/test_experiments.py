@@ -32,8 +32,9 @@ CONSTRAINT_TOL = 1e-8
 def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """Every experiment once in --quick mode (shared by the tests below)."""
     root = tmp_path_factory.mktemp("quick")
-    return {name: reproduce(name, quick=True, out=root / name, progress=False, command=["test"])
-            for name in EXPERIMENTS}
+    return {
+        name: reproduce(name, quick=True, out=root / name, progress=False, command=["test"]) for name in EXPERIMENTS
+    }
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
@@ -102,13 +103,16 @@ def test_set_overrides_are_typed_by_the_default() -> None:
     assert ds == {"ds": [4, 6]}
 
 
-@pytest.mark.parametrize("pairs, message", [
-    (["runs"], "--set expects key=value"),
-    (["=3"], "non-empty key"),
-    (["nope=1"], r"unknown setting\(s\) \['nope'\]"),
-    (["runs=abc"], r"--set runs='abc': expected a value of type int"),
-    (["self_attention=maybe"], "expected a value of type bool"),
-])
+@pytest.mark.parametrize(
+    "pairs, message",
+    [
+        (["runs"], "--set expects key=value"),
+        (["=3"], "non-empty key"),
+        (["nope=1"], r"unknown setting\(s\) \['nope'\]"),
+        (["runs=abc"], r"--set runs='abc': expected a value of type int"),
+        (["self_attention=maybe"], "expected a value of type bool"),
+    ],
+)
 def test_bad_set_overrides_raise_naming_the_setting(pairs: list[str], message: str) -> None:
     s = get_experiment("local-convergence").settings(quick=True)
     with pytest.raises(ValueError, match=message):
@@ -164,8 +168,20 @@ def test_cli_list_and_reproduce(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert f"{name}:" in out
     assert main(["list", "svm-eq"]) == 0
     assert "claim E2" in capsys.readouterr().out
-    rc = main(["reproduce", "nuclear-identity", "--quick", "--no-progress", "--out", str(tmp_path / "ni"),
-               "--set", "runs=3", "--set", "ds=2,3"])
+    rc = main(
+        [
+            "reproduce",
+            "nuclear-identity",
+            "--quick",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "ni"),
+            "--set",
+            "runs=3",
+            "--set",
+            "ds=2,3",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     assert f"figure:  {tmp_path / 'ni' / 'figures' / 'nuclear_identity.png'}" in text
@@ -202,8 +218,9 @@ def test_solve_constraints_keeps_the_certificate_of_w_eq_and_w_fin() -> None:
         assert np.ptp(lg_eq[i, inside]) <= CONSTRAINT_TOL  # equal logits inside O_i
         assert lg_eq[i, inside].min() - lg_eq[i, outside].max() >= 1 - CONSTRAINT_TOL  # margin 1 outside
         r = inside[0]
-        np.testing.assert_allclose(lg_fin[i, r] - lg_fin[i, inside], np.log(s[i, r] / s[i, inside]),
-                                   atol=CONSTRAINT_TOL)
+        np.testing.assert_allclose(
+            lg_fin[i, r] - lg_fin[i, inside], np.log(s[i, r] / s[i, inside]), atol=CONSTRAINT_TOL
+        )
 
 
 def test_solve_constraints_reports_infeasible() -> None:
@@ -230,8 +247,14 @@ def test_reproduce_all_writes_an_index(tmp_path: Path, capsys: pytest.CaptureFix
     from attsvm.experiments import reproduce_all
 
     seen: list[str] = []
-    runs = reproduce_all(out=tmp_path, names=["nuclear-identity", "gd-paths"], quick=True, runs=2,
-                         progress=False, on_done=lambda r: seen.append(r.name))
+    runs = reproduce_all(
+        out=tmp_path,
+        names=["nuclear-identity", "gd-paths"],
+        quick=True,
+        runs=2,
+        progress=False,
+        on_done=lambda r: seen.append(r.name),
+    )
     assert seen == ["nuclear-identity", "gd-paths"]
     assert runs[0].results["n_trials"] >= 1 and (tmp_path / "gd-paths" / "report.md").exists()
     index = (tmp_path / "index.md").read_text()
@@ -258,14 +281,19 @@ def test_svm_eq_follow_up_trials_continue_the_seed_order() -> None:
     """Follow-up trials start right after the last seed tried, in blocks of at most `chunk` seeds, and
     stop once `runs` seeds are accepted: the acceptance rule consumes seeds 1, 2, … in order."""
     exp = get_experiment("svm-eq")
-    s = exp.settings(overrides=apply_overrides(exp.settings(),
-                                               parse_overrides(["ds=4,6", "runs=10", "first=100", "chunk=40"])))
+    s = exp.settings(
+        overrides=apply_overrides(exp.settings(), parse_overrides(["ds=4,6", "runs=10", "first=100", "chunk=40"]))
+    )
     first = exp.trials(s)
     blocks = [(1, 34), (34, 68), (68, 101)]  # `first` = 100 seeds in balanced blocks of <= `chunk` = 40
     assert [(t["d"], t["start"], t["stop"]) for t in first] == [(d, a, b) for d in (4, 6) for a, b in blocks]
     seeds = np.arange(1, 101)
-    data = pd.concat([pd.DataFrame({"kind": "run", "d": 4, "seed": seeds, "accepted": seeds % 10 == 0}),
-                      pd.DataFrame({"kind": "run", "d": 6, "seed": seeds, "accepted": seeds % 20 == 0})])
+    data = pd.concat(
+        [
+            pd.DataFrame({"kind": "run", "d": 4, "seed": seeds, "accepted": seeds % 10 == 0}),
+            pd.DataFrame({"kind": "run", "d": 6, "seed": seeds, "accepted": seeds % 20 == 0}),
+        ]
+    )
     more = exp.more_trials(s, data)
     assert {t["d"] for t in more} == {6}  # d = 4 has its 10 accepted seeds
     assert more[0]["start"] == 101 and all(a["stop"] == b["start"] for a, b in itertools.pairwise(more))

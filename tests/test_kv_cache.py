@@ -24,7 +24,7 @@ from attsvm.analysis.lm import TINY_LM, encode_heldout, load_lm, train_lm
 
 pytestmark = pytest.mark.models
 
-N_STEPS = 40      # decoded tokens per check
+N_STEPS = 40  # decoded tokens per check
 BUDGET = 12
 
 
@@ -43,7 +43,7 @@ def _decode(model, ids, cache):
     past = cache
     with torch.no_grad():
         for t in range(ids.shape[1]):
-            out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
+            out = model(input_ids=ids[:, t : t + 1], use_cache=True, **cache_kwargs(model, past))
             past = returned_cache(out) if cache is None else cache
             logits.append(out.logits[:, -1])
             if cache is not None:
@@ -154,7 +154,7 @@ def _decode_chunks(model, ids, cache, chunks):
     logits, t = [], 0
     with torch.no_grad():
         for c in chunks:
-            out = model(input_ids=ids[:, t:t + c], use_cache=True, **cache_kwargs(model, cache))
+            out = model(input_ids=ids[:, t : t + c], use_cache=True, **cache_kwargs(model, cache))
             logits.append(out.logits)
             t += c
     return torch.cat(logits, 1), [layer.positions.clone() for layer in cache.layers]
@@ -165,7 +165,7 @@ def test_fused_layers_evict_exactly_like_per_layer_eviction(tiny_lm, name):
     """The fused steady state (one eviction step for all layers) is the per-layer rule, bit for bit — also
     when a multi-token chunk mid-decode dissolves the group and it forms again."""
     model, _, ids = tiny_lm
-    chunks = [3] + [1] * 20 + [2] + [1] * 15   # sums to N_STEPS
+    chunks = [3] + [1] * 20 + [2] + [1] * 15  # sums to N_STEPS
     assert sum(chunks) == N_STEPS
     runs = {}
     for fuse in (False, True):
@@ -174,13 +174,13 @@ def test_fused_layers_evict_exactly_like_per_layer_eviction(tiny_lm, name):
             runs[fuse] = (logits, positions, [layer.stats for layer in cache.layers], cache.n_evicted)
             fused = [layer.group is not None for layer in cache.layers]
             n_fused = cache.n_fused_steps
-        assert all(fused) if fuse else not any(fused)   # the fast path is on at the end (re-formed after the chunk)
+        assert all(fused) if fuse else not any(fused)  # the fast path is on at the end (re-formed after the chunk)
         # and ran every steady step: tokens 14..23 and 27..40 (token 13 and 26 are the per-layer steps that
         # reach the steady state: the first eviction, the first one-token step after the 2-token chunk)
         assert n_fused == (24 if fuse else 0)
     (l0, p0, s0, n0), (l1, p1, s1, n1) = runs[False], runs[True]
     assert n0 == n1 > 0
-    if name == "random":   # one draw for all layers instead of one per layer: same rule, other random numbers
+    if name == "random":  # one draw for all layers instead of one per layer: same rule, other random numbers
         assert all(p.shape[-1] == BUDGET for p in p1)
         return
     assert torch.equal(l0, l1)
@@ -207,12 +207,12 @@ def test_fused_layers_recover_like_per_layer_eviction_when_a_pass_stops_part_way
                 if t == 25:  # layers before the last have run (and been observed), the last never runs
                     handle = last.register_forward_pre_hook(boom)
                     with pytest.raises(KeyboardInterrupt):
-                        model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, cache))
+                        model(input_ids=ids[:, t : t + 1], use_cache=True, **cache_kwargs(model, cache))
                     handle.remove()
                     if fuse:
                         group = cache.layers[0].group
                         assert group is not None and group.n_observed == len(cache.layers) - 1
-                logits.append(model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, cache)).logits)
+                logits.append(model(input_ids=ids[:, t : t + 1], use_cache=True, **cache_kwargs(model, cache)).logits)
             runs[fuse] = (torch.cat(logits, 1), [layer.positions.clone() for layer in cache.layers])
     assert torch.equal(runs[False][0], runs[True][0])
     assert all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1]))
@@ -224,7 +224,7 @@ class _DecayH2O(H2OPolicy):
     def accumulate(self, stats, probs):
         total = probs.sum(dim=-2)
         if stats is not None:
-            total[..., :stats.shape[-1]].add_(0.5 * stats)
+            total[..., : stats.shape[-1]].add_(0.5 * stats)
         return total
 
 
@@ -264,8 +264,9 @@ def test_beam_search_does_not_refuse_every_step_and_matches_per_layer(tiny_lm):
     with torch.no_grad():
         for fuse in (False, True):
             with EvictionCache(model, "svm", 8, fuse_layers=fuse) as cache:
-                outs[fuse] = model.generate(prompt, max_new_tokens=15, do_sample=False, num_beams=3,
-                                            **cache_kwargs(model, cache))
+                outs[fuse] = model.generate(
+                    prompt, max_new_tokens=15, do_sample=False, num_beams=3, **cache_kwargs(model, cache)
+                )
                 fused[fuse] = (cache.n_fused_steps, any(layer.group is not None for layer in cache.layers))
     assert torch.equal(outs[False], outs[True])
     assert fused[True] == (0, False)

@@ -12,18 +12,40 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pandas")
 
-from attsvm.analysis.kv_compare import (ATTSVM_CACHES, QUICK_COMPARE, BudgetMismatch, CompareConfig, Method,
-                                        _method, answer_context, available_methods, bootstrap_ci, compute_n_kept,
-                                        kv_compare, plot_kv_compare, write_compare_report)
+from attsvm.analysis.kv_compare import (
+    ATTSVM_CACHES,
+    QUICK_COMPARE,
+    BudgetMismatch,
+    CompareConfig,
+    Method,
+    _method,
+    answer_context,
+    available_methods,
+    bootstrap_ci,
+    compute_n_kept,
+    kv_compare,
+    plot_kv_compare,
+    write_compare_report,
+)
 from attsvm.analysis.lm import TINY_RETRIEVAL_LM, load_llama_lm, train_llama_lm
 from attsvm.analysis.tasks import make_rows
 from attsvm.cli import main
 
 pytestmark = pytest.mark.models
 
-TINY_COMPARE = dataclasses.replace(QUICK_COMPARE, n_tokens=40, n_samples=1, ratios=(0.5, 0.9), chunk=8,
-                                   window_size=4, ppl_sequences=1, ppl_context=24, ppl_continuation=8, n_boot=50,
-                                   lm=TINY_RETRIEVAL_LM)
+TINY_COMPARE = dataclasses.replace(
+    QUICK_COMPARE,
+    n_tokens=40,
+    n_samples=1,
+    ratios=(0.5, 0.9),
+    chunk=8,
+    window_size=4,
+    ppl_sequences=1,
+    ppl_context=24,
+    ppl_continuation=8,
+    n_boot=50,
+    lm=TINY_RETRIEVAL_LM,
+)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +118,11 @@ def test_kv_compare_writes_results_report_parquet_and_figures(tiny_lm, tmp_path)
     for s in data["results"]:
         assert 0.0 <= s["ci_low"] <= s["accuracy"] <= s["ci_high"] <= 1.0
         if s["method"] != "full":
-            cell = [t["n_kept"] for t in data["results"] if (t["task"], t["ratio"], t["mode"]) ==
-                    (s["task"], s["ratio"], s["mode"]) and t["method"] != "full"]
+            cell = [
+                t["n_kept"]
+                for t in data["results"]
+                if (t["task"], t["ratio"], t["mode"]) == (s["task"], s["ratio"], s["mode"]) and t["method"] != "full"
+            ]
             assert len(set(cell)) == 1  # the same number of keys for every method
     assert {s["mode"] for s in data["results"]} == {"agnostic", "aware"}
     assert {p["method"] for p in data["perplexity"]} == set(runnable)
@@ -114,8 +139,25 @@ def test_kv_compare_writes_results_report_parquet_and_figures(tiny_lm, tmp_path)
 
 def test_cli_quick_runs_and_bad_ratios_are_named(tiny_lm, tmp_path, capsys):
     out = tmp_path / "q"
-    assert main(["kv-compare", "--quick", "--lm", str(tiny_lm), "--out", str(out), "--samples", "1",
-                 "--ratios", "0.5,0.9", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "kv-compare",
+                "--quick",
+                "--lm",
+                str(tiny_lm),
+                "--out",
+                str(out),
+                "--samples",
+                "1",
+                "--ratios",
+                "0.5,0.9",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert (out / "report.md").is_file() and (out / "rows.parquet").is_file() and (out / "accuracy.png").is_file()
     assert "kv-compare:" in capsys.readouterr().out
     assert main(["kv-compare", "--quick", "--ratios", "0.5,1.0", "--out", str(tmp_path / "bad")]) == 2
@@ -126,12 +168,20 @@ def test_verdicts_need_enough_contexts_and_separated_intervals():
     from attsvm.analysis.kv_compare import MIN_VERDICT_CONTEXTS, _verdicts
 
     def cell(method, acc, lo, hi, n):
-        return {"method": method, "mode": "agnostic", "task": "vt", "ratio": 0.5, "accuracy": acc, "ci_low": lo,
-                "ci_high": hi, "n_contexts": n}
+        return {
+            "method": method,
+            "mode": "agnostic",
+            "task": "vt",
+            "ratio": 0.5,
+            "accuracy": acc,
+            "ci_low": lo,
+            "ci_high": hi,
+            "n_contexts": n,
+        }
 
     n = MIN_VERDICT_CONTEXTS
     assert _verdicts([cell("svm_cache", 1, 1, 1, n), cell("knorm", 0, 0, 0, n)])[0]["verdict"] == "win"
     assert _verdicts([cell("svm_cache", 0, 0, 0, n), cell("knorm", 1, 1, 1, n)])[0]["verdict"] == "lose"
-    assert _verdicts([cell("svm_cache", .6, .2, .9, n), cell("knorm", .5, .1, .8, n)])[0]["verdict"] == "tie"
+    assert _verdicts([cell("svm_cache", 0.6, 0.2, 0.9, n), cell("knorm", 0.5, 0.1, 0.8, n)])[0]["verdict"] == "tie"
     one = _verdicts([cell("svm_cache", 1, 1, 1, 1), cell("knorm", 0, 0, 0, 1)])
     assert one[0]["verdict"] == "too few contexts"

@@ -24,7 +24,7 @@ from attsvm.analysis.kv_cache import (
 
 pytestmark = pytest.mark.models
 
-N_TOKENS = 20          # decoded one at a time
+N_TOKENS = 20  # decoded one at a time
 BUDGET = 7
 VOCAB = 61
 # (architecture, query heads, KV heads): RoPE Llama on all three layouts, Qwen2 (q/k/v biases) GQA,
@@ -38,15 +38,24 @@ def build(arch: str, n_heads: int, n_kv: int, *, seed: int = 0, layers: int = 2,
     common = dict(vocab_size=VOCAB, num_hidden_layers=layers, num_attention_heads=n_heads)
     if arch == "gpt2":
         assert n_heads == n_kv
-        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_layer=layers, n_head=n_heads, n_embd=32, n_positions=128,
-                                      **extra)
+        cfg = transformers.GPT2Config(
+            vocab_size=VOCAB, n_layer=layers, n_head=n_heads, n_embd=32, n_positions=128, **extra
+        )
         model = transformers.GPT2LMHeadModel(cfg)
     else:
-        cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-               "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[arch]
-        cfg = cls[0](hidden_size=32, intermediate_size=64, num_key_value_heads=n_kv, max_position_embeddings=128,
-                     **common, **extra)
+        cls = {
+            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        }[arch]
+        cfg = cls[0](
+            hidden_size=32,
+            intermediate_size=64,
+            num_key_value_heads=n_kv,
+            max_position_embeddings=128,
+            **common,
+            **extra,
+        )
         model = cls[1](cfg)
     model.config._attn_implementation = "eager"
     return model.double().eval()
@@ -71,7 +80,7 @@ def decode(model, ids, cache):
     past = cache
     with torch.no_grad():
         for t in range(ids.shape[1]):
-            out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
+            out = model(input_ids=ids[:, t : t + 1], use_cache=True, **cache_kwargs(model, past))
             past = returned_cache(out) if cache is None else cache
             logits.append(out.logits[:, -1])
             if cache is not None:
@@ -96,7 +105,7 @@ def test_budget_is_exact_per_kv_head_and_protected_tokens_survive(layout, name):
     for t, layers in enumerate(runs[True][1]):
         seen = t + 1
         for pos in layers:
-            assert pos.shape == (ids.shape[0], n_kv, min(seen, BUDGET))           # exactly the budget per KV head
+            assert pos.shape == (ids.shape[0], n_kv, min(seen, BUDGET))  # exactly the budget per KV head
             assert torch.all(pos.sort(-1).values.diff(dim=-1) > 0) and int(pos.max()) < seen
             must = set(range(min(n_sinks, seen))) | set(range(max(0, seen - n_recent), seen))
             for row in pos.reshape(-1, pos.shape[-1]).tolist():
@@ -117,21 +126,21 @@ def test_full_budget_equals_no_eviction_in_logits_and_generate(layout, name):
         got, _ = decode(model, ids, cache)
     assert cache.n_evicted == 0
     assert torch.equal(got, ref)
-    with EvictionCache(model, name, budget=3) as cache:   # the check can fail: a small budget changes them
+    with EvictionCache(model, name, budget=3) as cache:  # the check can fail: a small budget changes them
         small, _ = decode(model, ids, cache)
     assert not torch.allclose(small, ref)
     prompt = ids[:1, :6]
     with torch.no_grad():
         expected = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0)
         with EvictionCache(model, name, budget=32) as cache:
-            out = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0,
-                                 **cache_kwargs(model, cache))
+            out = model.generate(
+                prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, **cache_kwargs(model, cache)
+            )
     assert torch.equal(out, expected)
-    with torch.no_grad(), EvictionCache(model, name, budget=4) as cache:   # a prompt longer than the budget
-        short = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0,
-                               **cache_kwargs(model, cache))
+    with torch.no_grad(), EvictionCache(model, name, budget=4) as cache:  # a prompt longer than the budget
+        short = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, **cache_kwargs(model, cache))
     assert cache.stored_length() == 4 and cache.stored_length(1) == 4
-    assert cache.get_seq_length() == short.shape[1] - 1 > 6   # every token but the last one generated was seen
+    assert cache.get_seq_length() == short.shape[1] - 1 > 6  # every token but the last one generated was seen
 
 
 # ------------------------------------------------------------------ the group reduction against an unrolled loop
@@ -198,8 +207,9 @@ def test_group_reduction_equals_an_unrolled_per_group_reference(layout, name):
         assert torch.equal(got_pos, ref_pos), (fuse, got_pos, ref_pos)
         torch.testing.assert_close(got_stats, ref_stats, rtol=1e-12, atol=1e-12)
     # and the group matters: without the reduction (first head of each group only) the statistics differ
-    _, first_only = _reference(name, [p[:, ::layout[1] // layout[2]] for p in seen], 1, BUDGET,
-                               make_policy(name).protected(BUDGET))
+    _, first_only = _reference(
+        name, [p[:, :: layout[1] // layout[2]] for p in seen], 1, BUDGET, make_policy(name).protected(BUDGET)
+    )
     assert not torch.allclose(first_only, ref_stats)
 
 
@@ -210,14 +220,21 @@ def test_padded_batches_are_refused_with_a_clear_error():
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding of row 0
     with EvictionCache(model, "h2o", BUDGET) as cache, pytest.raises(ValueError, match="padded batches"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
-                       **cache_kwargs(model, cache))
+        model.generate(
+            ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, **cache_kwargs(model, cache)
+        )
     assert cache.get_seq_length() == 0  # refused before any token was stored
     with EvictionCache(model, "svm", BUDGET) as cache, pytest.raises(ValueError, match="padded batches"):
-        model.model(input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache))   # the decoder stack alone
+        model.model(input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache))  # the decoder stack alone
     with EvictionCache(model, "h2o", BUDGET) as cache:  # an all-ones mask is fine
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0,
-                       **cache_kwargs(model, cache))
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+            **cache_kwargs(model, cache),
+        )
     assert cache.get_seq_length() == 8 + 3
 
 

@@ -47,8 +47,15 @@ def test_bad_settings_are_named(tmp_path):
 
 
 # ------------------------------------------------------------------------------- the Llama retrieval LM
-from attsvm.analysis.lm import (RETRIEVAL_LM, TINY_RETRIEVAL_LM, LlamaLMConfig, build_word_tokenizer,  # noqa: E402
-                                generate_answer, load_llama_lm, train_llama_lm)
+from attsvm.analysis.lm import (
+    RETRIEVAL_LM,
+    TINY_RETRIEVAL_LM,
+    LlamaLMConfig,
+    build_word_tokenizer,
+    generate_answer,
+    load_llama_lm,
+    train_llama_lm,
+)
 
 ACCURACY_BAR = 0.9  # full-cache accuracy the retrieval LM must reach on every task (else kv-compare is void)
 
@@ -87,8 +94,7 @@ def test_llama_training_is_seeded_cached_and_loads(tmp_path):
     assert train_llama_lm(a, TINY_RETRIEVAL_LM) == a and (a / "model.safetensors").stat().st_mtime_ns == stamp
     other = dataclasses.replace(TINY_RETRIEVAL_LM, seed=1)
     assert train_llama_lm(a, other) == a and (a / "model.safetensors").stat().st_mtime_ns != stamp  # retrained
-    answer = generate_answer(ma, tok, "k17 v42 . the end", "\nQuestion : what is the value of k17 ?",
-                             "Answer : k17", 2)
+    answer = generate_answer(ma, tok, "k17 v42 . the end", "\nQuestion : what is the value of k17 ?", "Answer : k17", 2)
     assert isinstance(answer, str)
 
 

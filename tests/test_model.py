@@ -26,13 +26,18 @@ AGREE_RTOL = 1e-12
 # analytic gradient vs a 60-digit reference at a saturated point, relative
 SATURATED_RTOL = 1e-10
 
-CASES = [("linear", "logistic"), ("linear", "exponential"), ("linear", "correlation"),
-         ("relu", "logistic"), ("relu", "exponential"), ("relu", "correlation"),
-         ("multiclass", "cross_entropy")]
+CASES = [
+    ("linear", "logistic"),
+    ("linear", "exponential"),
+    ("linear", "correlation"),
+    ("relu", "logistic"),
+    ("relu", "exponential"),
+    ("relu", "correlation"),
+    ("multiclass", "cross_entropy"),
+]
 
 
-def _batch(head: str, loss: str, P: int = 2, n: int = 3, T: int = 4, d: int = 5, self_attention: bool = False
-           ) -> Batch:
+def _batch(head: str, loss: str, P: int = 2, n: int = 3, T: int = 4, d: int = 5, self_attention: bool = False) -> Batch:
     probs = [random_instance(n, T, d, seed=10 + j, head=head, self_attention=self_attention) for j in range(P)]
     return Batch.from_problems(probs, loss=loss)
 
@@ -82,8 +87,7 @@ def test_analytic_kq_gradient_matches_finite_differences(head, loss, m):
     g = torch.Generator().manual_seed(1)
     K = torch.randn(2, 5, m, generator=g, dtype=torch.float64, requires_grad=True)
     Q = torch.randn(2, 5, m, generator=g, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda K, Q: _AnalyticKQ.apply(K, Q, b), (K, Q), eps=1e-6, atol=1e-7,
-                                    rtol=1e-5)
+    assert torch.autograd.gradcheck(lambda K, Q: _AnalyticKQ.apply(K, Q, b), (K, Q), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
 @pytest.mark.parametrize("head,loss", CASES)
@@ -174,8 +178,11 @@ def test_finite_at_huge_logits(head, loss):
     assert torch.isfinite(L).all() and torch.isfinite(g).all() and torch.isfinite(s).all()
     Lm = risk(b, W)
     assert torch.isfinite(Lm).all()
-    out = 1e300 * torch.ones(2, 3, 3 if head == "multiclass" else 1, dtype=torch.float64).squeeze(-1) \
-        if head != "multiclass" else torch.tensor([[[1e300, -1e300, 0.0]] * 3] * 2, dtype=torch.float64)
+    out = (
+        1e300 * torch.ones(2, 3, 3 if head == "multiclass" else 1, dtype=torch.float64).squeeze(-1)
+        if head != "multiclass"
+        else torch.tensor([[[1e300, -1e300, 0.0]] * 3] * 2, dtype=torch.float64)
+    )
     assert torch.isfinite(sequence_losses(b, out)).all()
     assert torch.isfinite(sequence_losses(b, -out)).all()
 

@@ -41,19 +41,22 @@ def test_shapes_and_queries(rng):
     assert AttentionProblem(X, y, v, query_index=-1).query_index == 3
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(X=np.zeros((3, 4))), "X must have 3 dimensions"),
-    (dict(X=np.zeros((3, 1, 5))), "T >= 2"),
-    (dict(y=np.array([1.0, 0.0, 1.0])), r"labels in \{-1, \+1\}"),
-    (dict(y=np.ones(4)), r"one label per sequence: expected shape \(3,\)"),
-    (dict(v=np.ones(4)), "head expects d=4"),
-    (dict(Z=np.ones((3, 4))), r"Z must have shape \(3, 5\)"),
-    (dict(Z=None), "exactly one of Z"),
-    (dict(query_index=0), "exactly one of Z"),
-    (dict(Z=None, query_index=7), r"query_index must be in \[0, 4\)"),
-    (dict(Z=None, query_index=1.5), "query_index must be an integer"),
-    (dict(loss="hinge"), "loss must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(X=np.zeros((3, 4))), "X must have 3 dimensions"),
+        (dict(X=np.zeros((3, 1, 5))), "T >= 2"),
+        (dict(y=np.array([1.0, 0.0, 1.0])), r"labels in \{-1, \+1\}"),
+        (dict(y=np.ones(4)), r"one label per sequence: expected shape \(3,\)"),
+        (dict(v=np.ones(4)), "head expects d=4"),
+        (dict(Z=np.ones((3, 4))), r"Z must have shape \(3, 5\)"),
+        (dict(Z=None), "exactly one of Z"),
+        (dict(query_index=0), "exactly one of Z"),
+        (dict(Z=None, query_index=7), r"query_index must be in \[0, 4\)"),
+        (dict(Z=None, query_index=1.5), "query_index must be an integer"),
+        (dict(loss="hinge"), "loss must be one of"),
+    ],
+)
 def test_bad_inputs_are_named(rng, kwargs, match):
     X, y, v, Z = _tiny(rng)
     args = dict(X=X, y=y, v=v, Z=Z)

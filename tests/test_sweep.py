@@ -36,8 +36,9 @@ def test_dask_local_cluster_gives_identical_results(serial_run: Path, tmp_path: 
     pytest.importorskip("distributed")
     os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(tmp_path / "dask-tmp"))
     out = tmp_path / "dask"
-    run = reproduce("local-convergence", quick=True, overrides=SWEEP, out=out, scheduler="local:2",
-                    progress=False, command=["test"])
+    run = reproduce(
+        "local-convergence", quick=True, overrides=SWEEP, out=out, scheduler="local:2", progress=False, command=["test"]
+    )
     assert run.n_computed == run.n_trials == 8
     pd.testing.assert_frame_equal(_frames(out), _frames(serial_run), check_exact=True)
     a = json.loads((out / "results.json").read_text())["headlines"]
@@ -53,8 +54,17 @@ def test_local_process_pool_gives_identical_results(serial_run: Path, tmp_path: 
 
 def test_sigkill_mid_sweep_then_resume_loses_nothing(serial_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "attsvm", "reproduce", "local-convergence", "--quick", "--no-progress",
-           "--out", str(out)] + [a for k, v in SWEEP.items() for a in ("--set", f"{k}={v}")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "attsvm",
+        "reproduce",
+        "local-convergence",
+        "--quick",
+        "--no-progress",
+        "--out",
+        str(out),
+    ] + [a for k, v in SWEEP.items() for a in ("--set", f"{k}={v}")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     trials = out / "trials"

@@ -37,8 +37,21 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def _cli(out: Path, settings: dict, *extra: str) -> list[str]:
-    return ([sys.executable, "-m", "attsvm", "reproduce", "local-convergence", "--quick", "--no-progress",
-             "--out", str(out)] + [a for k, v in settings.items() for a in ("--set", f"{k}={v}")] + list(extra))
+    return (
+        [
+            sys.executable,
+            "-m",
+            "attsvm",
+            "reproduce",
+            "local-convergence",
+            "--quick",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+        + [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+        + list(extra)
+    )
 
 
 def _fingerprints(out: Path) -> set[str | None]:
@@ -53,8 +66,14 @@ def _race(out: Path, lrs: tuple[float, float]) -> list[tuple[float, str, int]]:
     def one(lr: float) -> None:
         barrier.wait()
         try:
-            r = run_reproduce("local-convergence", quick=True, out=out, overrides={**TINY, "lr": lr},
-                              progress=False, command=[f"race lr={lr}"])
+            r = run_reproduce(
+                "local-convergence",
+                quick=True,
+                out=out,
+                overrides={**TINY, "lr": lr},
+                progress=False,
+                command=[f"race lr={lr}"],
+            )
             got.append((lr, "ok", r.n_computed))
         except FolderBusyError:
             got.append((lr, "busy", 0))
@@ -74,13 +93,17 @@ def _check_no_mix(out: Path, winner_lr: float) -> bool:
     exp = get_experiment("local-convergence")
     settings = exp.settings(quick=True, overrides={**TINY, "lr": winner_lr})
     cfg = json.loads((out / "config.json").read_text())
-    return (cfg["settings"] == settings and cfg["fingerprint"] == fingerprint(exp, settings)
-            and _fingerprints(out) == {cfg["fingerprint"]}
-            and len(list((out / "trials").glob("*.parquet"))) == 2)
+    return (
+        cfg["settings"] == settings
+        and cfg["fingerprint"] == fingerprint(exp, settings)
+        and _fingerprints(out) == {cfg["fingerprint"]}
+        and len(list((out / "trials").glob("*.parquet"))) == 2
+    )
 
 
-def test_two_sweeps_with_different_settings_started_together_never_mix(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_sweeps_with_different_settings_started_together_never_mix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import attsvm.experiments._runner as runner
 
     monkeypatch.setattr(runner, "_draw", lambda *a, **k: [])  # figures are not what races; keep each race short
@@ -100,8 +123,7 @@ def test_two_sweeps_with_different_settings_started_together_never_mix(tmp_path:
 def test_two_sweep_processes_started_together_never_mix(tmp_path: Path) -> None:
     out = tmp_path / "procs"
     cmds = [_cli(out, {**TINY, "lr": lr}) for lr in (0.1, 0.2)]
-    procs = [subprocess.Popen(c, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for c in cmds]
+    procs = [subprocess.Popen(c, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in cmds]
     codes = [p.wait(timeout=300) for p in procs]
     errs = [p.stderr.read() for p in procs]
     ok = [i for i, c in enumerate(codes) if c in (0, 1)]  # 1: tiny settings may disagree with the paper
@@ -122,15 +144,19 @@ def test_the_second_writer_gets_a_message_naming_the_folder_and_the_holder(tmp_p
     out.mkdir()
     with (
         FolderLock(out, "attsvm reproduce local-convergence (test holder)"),
-        pytest.raises(FolderBusyError, match=rf"'{out}' is being written by another attsvm process "
-                                             rf"\(pid {os.getpid()}: attsvm reproduce local-convergence"),
+        pytest.raises(
+            FolderBusyError,
+            match=rf"'{out}' is being written by another attsvm process "
+            rf"\(pid {os.getpid()}: attsvm reproduce local-convergence",
+        ),
     ):
         run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
     assert not (out / "config.json").exists(), "the refused run must write nothing"
 
 
-def test_resume_uses_only_trials_with_the_runs_fingerprint(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_uses_only_trials_with_the_runs_fingerprint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out, ref = tmp_path / "run", tmp_path / "ref"
     first = run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
     assert first.n_computed == 2
@@ -142,8 +168,10 @@ def test_resume_uses_only_trials_with_the_runs_fingerprint(tmp_path: Path, caplo
     assert "2 trial file(s)" in caplog.text and "ignored and recomputed" in caplog.text
     fresh = run_reproduce("local-convergence", quick=True, out=ref, overrides=other, progress=False)
     cols = ["trial", "param", "run", "step"]
-    pd.testing.assert_frame_equal(TrialStore(out / "trials").load().sort_values(cols).reset_index(drop=True),
-                                  TrialStore(ref / "trials").load().sort_values(cols).reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        TrialStore(out / "trials").load().sort_values(cols).reset_index(drop=True),
+        TrialStore(ref / "trials").load().sort_values(cols).reset_index(drop=True),
+    )
     assert again.results["headlines"] == fresh.results["headlines"]
 
     # other code (an edited experiment module): the same settings recompute everything
@@ -156,12 +184,12 @@ def test_resume_uses_only_trials_with_the_runs_fingerprint(tmp_path: Path, caplo
     assert run_reproduce("local-convergence", quick=True, out=out, overrides=other, progress=False).n_computed == 0
 
 
-def test_plot_of_a_partial_run_reports_k_of_n_and_does_not_judge(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_of_a_partial_run_reports_k_of_n_and_does_not_judge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "partial"
     settings = {**TINY, "runs": 2}  # 4 trials
-    run_reproduce("local-convergence", quick=True, out=out, overrides={**settings, "threshold": 0.9999},
-                  progress=False)
+    run_reproduce("local-convergence", quick=True, out=out, overrides={**settings, "threshold": 0.9999}, progress=False)
     # the state a killed run leaves: some trials, no results.json; the claims would FAIL at threshold 0.9999
     (out / "results.json").unlink()
     (out / "report.md").unlink()
@@ -228,8 +256,7 @@ def _start_and_wait_for_workers(cmd: list[str], out: Path) -> tuple[subprocess.P
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scans /proc")
-@pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 143),
-                                       (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_killing_a_two_worker_sweep_leaves_no_survivor(tmp_path: Path, sig: int, code: int) -> None:
     out = tmp_path / "killed"
     proc, kids = _start_and_wait_for_workers(_cli(out, KILL, "--workers", "2"), out)
@@ -286,8 +313,9 @@ def test_a_killed_sweep_plus_a_concurrent_plot_loses_no_file(tmp_path: Path) -> 
     assert main(["plot", str(out)]) in (0, 1)
 
 
-def test_a_resume_with_other_code_never_leaves_the_old_results_as_this_runs(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resume_with_other_code_never_leaves_the_old_results_as_this_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import attsvm.experiments._runner as runner
 
     out = tmp_path / "run"

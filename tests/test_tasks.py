@@ -7,8 +7,20 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from attsvm.analysis.tasks import (KEY_CODES, TASKS, VALUE_CODES, TaskSpec, filler_words, make_rows, ruler_scores,
-                                   sample_example, score_row, split_words, string_match_all, string_match_part)
+from attsvm.analysis.tasks import (
+    KEY_CODES,
+    TASKS,
+    VALUE_CODES,
+    TaskSpec,
+    filler_words,
+    make_rows,
+    ruler_scores,
+    sample_example,
+    score_row,
+    split_words,
+    string_match_all,
+    string_match_part,
+)
 
 N_TOKENS = 160  # small contexts: the rules do not depend on the length
 SEEDS = range(6)
@@ -86,9 +98,13 @@ def test_scoring_follows_kvpress_ruler_string_match():
     refs = [["v42"], ["v17", "v03", "v99"], ["v01"]]
     assert string_match_all(preds, refs) == round(100 * (1 + 2 / 3 + 0) / 3, 2) == 55.56
     assert string_match_part(preds, refs) == round(100 * 2 / 3, 2)
-    df = pd.DataFrame({"task": ["niah_single", "niah_single", "qa_1", "qa_1"],
-                       "answer": [["a"], ["b", "c"], ["x", "y"], ["z"]],
-                       "predicted_answer": ["A", "b", "y", "q"]})
+    df = pd.DataFrame(
+        {
+            "task": ["niah_single", "niah_single", "qa_1", "qa_1"],
+            "answer": [["a"], ["b", "c"], ["x", "y"], ["z"]],
+            "predicted_answer": ["A", "b", "y", "q"],
+        }
+    )
     assert ruler_scores(df) == {"niah_single": 75.0, "qa_1": 50.0}
 
 
@@ -99,7 +115,7 @@ def test_bad_input_is_named():
         make_rows("niah", 1, n_tokens=N_TOKENS)
     with pytest.raises(ValueError, match="n_tokens must exceed"):
         sample_example("mqar", rng, words, 10)
-    with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
+    with pytest.raises(TypeError, match=r"rng must be a numpy\.random\.Generator"):
         sample_example("vt", 0, words, N_TOKENS)
     with pytest.raises(ValueError, match="n_queries must be <="):
         TaskSpec(n_queries=9, mqar_needles=8)

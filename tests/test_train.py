@@ -47,6 +47,7 @@ def svm_cvxpy(problem: AttentionProblem, tokens: np.ndarray, norm: str) -> np.nd
 
 # ----------------------------------------------------------------------------- batching and fidelity
 
+
 def _reference_loop(problem, W0=None, K0=None, Q0=None, *, steps, lr, normalized, penalty):
     """One run at a time with the same update rule (the unbatched reference)."""
     b = Batch.from_problems(problem)
@@ -73,14 +74,26 @@ def _reference_loop(problem, W0=None, K0=None, Q0=None, *, steps, lr, normalized
     return np.array(out)
 
 
-@pytest.mark.parametrize("param,normalized,head", [("W", True, "linear"), ("W", False, "relu"),
-                                                    ("KQ", True, "linear"), ("KQ", False, "multiclass")])
+@pytest.mark.parametrize(
+    "param,normalized,head",
+    [("W", True, "linear"), ("W", False, "relu"), ("KQ", True, "linear"), ("KQ", False, "multiclass")],
+)
 def test_batched_equals_per_run_loop(param, normalized, head):
     probs = [random_instance(3, 4, 5, seed=s, head=head) for s in range(2)]
-    res = train(probs, param=param, steps=300, n_init=2, seed=[5, 6, 7, 8], normalized=normalized,
-                lr=0.1 if normalized else 0.5, init="gaussian", init_scale=0.3, record_W=True,
-                m=4 if param == "KQ" else None,
-                penalty=1e-3 if param == "KQ" else 0.0)
+    res = train(
+        probs,
+        param=param,
+        steps=300,
+        n_init=2,
+        seed=[5, 6, 7, 8],
+        normalized=normalized,
+        lr=0.1 if normalized else 0.5,
+        init="gaussian",
+        init_scale=0.3,
+        record_W=True,
+        m=4 if param == "KQ" else None,
+        penalty=1e-3 if param == "KQ" else 0.0,
+    )
     assert res.history["W"].shape == (4, 301, 5, 5)
     for r in range(4):
         p = probs[res.problem_index[r]]
@@ -143,6 +156,7 @@ def test_matches_published_training_loop(param):
 
 
 # ----------------------------------------------------------------------------- the paper's outcome
+
 
 def _local_convergence(seeds):
     probs = [paper_instance(6, 8, 10, seed=s) for s in seeds]
@@ -255,8 +269,11 @@ def test_exact_normalized_gd_keeps_moving_after_gradient_underflow():
 
 # ----------------------------------------------------------------------------- smoothness, inits, options
 
-@pytest.mark.parametrize("head,loss", [("linear", "logistic"), ("linear", "exponential"),
-                                       ("linear", "correlation"), ("multiclass", "cross_entropy")])
+
+@pytest.mark.parametrize(
+    "head,loss",
+    [("linear", "logistic"), ("linear", "exponential"), ("linear", "correlation"), ("multiclass", "cross_entropy")],
+)
 def test_smoothness_bound_dominates_hessian(head, loss):
     p = random_instance(3, 4, 4, seed=7, head=head, token_norm=None)
     b = Batch.from_problems(p, loss=loss)
@@ -298,18 +315,29 @@ def test_cone_init_and_kq_factorisation():
 def test_schedule_record_stride_and_result_fields():
     p = random_instance(3, 4, 5, seed=2)
     sched = lambda k: 0.5 / (1 + k)  # noqa: E731
-    res = train(p, steps=25, lr=sched, normalized=False, record_every=10, n_init=2, init="gaussian",
-                record_W=True)
+    res = train(p, steps=25, lr=sched, normalized=False, record_every=10, n_init=2, init="gaussian", record_W=True)
     assert isinstance(res, TrainResult) and res.lr == "schedule" and res.n_runs == 2
     np.testing.assert_array_equal(res.history["step"], [0, 10, 20, 25])
-    for key, shape in {"loss": (2, 4), "W_norm": (2, 4), "grad_norm": (2, 4), "max_prob": (2, 4, 3),
-                       "selected": (2, 4, 3), "W": (2, 4, 5, 5)}.items():
+    for key, shape in {
+        "loss": (2, 4),
+        "W_norm": (2, 4),
+        "grad_norm": (2, 4),
+        "max_prob": (2, 4, 3),
+        "selected": (2, 4, 3),
+        "W": (2, 4, 5, 5),
+    }.items():
         assert res.history[key].shape == shape, key
     np.testing.assert_allclose(res.history["W"][:, -1], res.W)
     np.testing.assert_allclose(res.history["W_norm"], np.linalg.norm(res.history["W"], axis=(2, 3)))
     np.testing.assert_allclose(res.probs, p.softmax(res.W), atol=1e-14)
-    ref = _reference_loop(p, torch.randn(5, 5, generator=torch.Generator().manual_seed(0),
-                                         dtype=torch.float64).numpy(), steps=1, lr=0.5, normalized=False, penalty=0)
+    ref = _reference_loop(
+        p,
+        torch.randn(5, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64).numpy(),
+        steps=1,
+        lr=0.5,
+        normalized=False,
+        penalty=0,
+    )
     res1 = train(p, steps=1, lr=sched, normalized=False, init="gaussian")
     np.testing.assert_allclose(res1.W[0], ref[0], atol=1e-15)
     flat = res.trajectory_arrays()
@@ -372,6 +400,7 @@ def test_cuda_matches_cpu():
 
 
 # ----------------------------------------------------------------------------- regularization path
+
 
 def test_regularization_path_aligns_with_svms():
     """SPEC §4: W̄_R/R → W_mm/‖W_mm‖ and K̄Q̄ᵀ aligns with W*_mm as R grows (solvers' references

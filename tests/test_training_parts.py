@@ -46,6 +46,7 @@ def _params(par, R=2, seed=0):
 
 # ----------------------------------------------------------------------------- parameterisations
 
+
 @pytest.mark.parametrize("par", [FullW(5), FactoredKQ(5, 3), FactoredKQ(5, 5)])
 def test_gradient_map_matches_autograd_and_finite_differences(par):
     b = Batch.from_problems([random_instance(3, 4, 5, seed=s) for s in range(2)])
@@ -111,6 +112,7 @@ def test_attention_model_uses_the_parameterization_and_loads_a_result():
 
 
 # ----------------------------------------------------------------------------- transforms
+
 
 def test_chain_composes_left_to_right_and_tracks_homogeneity():
     params = _params(FactoredKQ(4, 2), R=3)
@@ -205,21 +207,23 @@ def test_polyak_step_size(param):
     params = tuple(torch.as_tensor(getattr(res0, g)) for g in par.groups)
     L, gW, _ = risk_and_grad(Batch.from_problems(p), par.weights(params))
     grads = par.grads(gW, params)
-    sq = sum((g ** 2).sum((-2, -1)) for g in grads)
+    sq = sum((g**2).sum((-2, -1)) for g in grads)
     for name, th, g in zip(par.groups, params, grads):
         expect = th - (L / sq)[:, None, None] * g
-        np.testing.assert_allclose(getattr(res, name), expect.numpy(), rtol=0,
-                                   atol=STEP_RTOL * float(expect.abs().max()))
+        np.testing.assert_allclose(
+            getattr(res, name), expect.numpy(), rtol=0, atol=STEP_RTOL * float(expect.abs().max())
+        )
     assert res.lr == "adaptive" and not res.normalized
     # a cap on η, and no motion (and no NaN) where the update vanishes or the loss is at L*
-    capped = train(p, param=param, steps=1, n_init=2, init="gaussian", init_scale=0.5,
-                   optimizer=polyak(max_lr=1e-3))
+    capped = train(p, param=param, steps=1, n_init=2, init="gaussian", init_scale=0.5, optimizer=polyak(max_lr=1e-3))
     assert np.abs(capped.W - res0.W).max() < np.abs(res.W - res0.W).max()
-    out, _ = PolyakStep().update((torch.zeros(1, 3, 3),), None, (torch.ones(1, 3, 3),),
-                                 loss=torch.ones(1, dtype=torch.float64), step=0)
+    out, _ = PolyakStep().update(
+        (torch.zeros(1, 3, 3),), None, (torch.ones(1, 3, 3),), loss=torch.ones(1, dtype=torch.float64), step=0
+    )
     assert torch.equal(out[0], torch.zeros(1, 3, 3))
-    out, _ = PolyakStep(min_loss=2.0).update((torch.ones(1, 3, 3),), None, (torch.ones(1, 3, 3),),
-                                             loss=torch.ones(1, dtype=torch.float64), step=0)
+    out, _ = PolyakStep(min_loss=2.0).update(
+        (torch.ones(1, 3, 3),), None, (torch.ones(1, 3, 3),), loss=torch.ones(1, dtype=torch.float64), step=0
+    )
     assert torch.equal(out[0], torch.zeros(1, 3, 3))
 
 
@@ -253,9 +257,12 @@ def test_optimizer_errors():
 def test_run_does_not_depend_on_its_batch(rule):
     """Run r trained alone equals run r trained beside other instances and initialisations."""
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(3)]
-    kw = {"keywords": dict(param="KQ"), "md3": dict(optimizer=mirror_descent(3.0, 0.05)),
-          "polyak": dict(optimizer=polyak(max_lr=10.0)),
-          "schedule": dict(lr=lambda k: 0.5 / (1 + k) ** 0.5, normalized=False)}[rule]
+    kw = {
+        "keywords": dict(param="KQ"),
+        "md3": dict(optimizer=mirror_descent(3.0, 0.05)),
+        "polyak": dict(optimizer=polyak(max_lr=10.0)),
+        "schedule": dict(lr=lambda k: 0.5 / (1 + k) ** 0.5, normalized=False),
+    }[rule]
     big = train(probs, steps=100, n_init=2, seed=[10, 11, 12, 13, 14, 15], record_W=True, **kw)
     for r, (j, s) in enumerate([(0, 10), (1, 13), (2, 15)]):
         r_big = [0, 3, 5][r]
@@ -265,10 +272,17 @@ def test_run_does_not_depend_on_its_batch(rule):
 
 # ----------------------------------------------------------------------------- recording options
 
+
 def test_recording_options():
     p = random_instance(3, 4, 5, seed=4)
-    res = train(p, param="KQ", m=2, steps=10, n_init=2,
-                record=Recording(every=4, quantities=("loss", "group_norms"), W=True, params=True, probs=True))
+    res = train(
+        p,
+        param="KQ",
+        m=2,
+        steps=10,
+        n_init=2,
+        record=Recording(every=4, quantities=("loss", "group_norms"), W=True, params=True, probs=True),
+    )
     h = res.history
     assert set(h) == {"step", "loss", "K_norm", "Q_norm", "W", "K", "Q", "probs"}
     np.testing.assert_array_equal(h["step"], [0, 4, 8, 10])
@@ -293,6 +307,7 @@ def test_recording_options():
 
 
 # ----------------------------------------------------------------------------- attsvm.train
+
 
 def test_attsvm_train_is_a_plain_function_in_any_import_order():
     """In a fresh interpreter: the import path first, then the attribute; and ``import attsvm`` loads no torch."""

@@ -23,8 +23,18 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RunFolderError", "FolderBusyError", "FolderLock", "claim_folder", "folder_owner",
-           "check_output_folder", "atomic_write", "refuse_foreign", "LOCK_FILE", "OWNER_FILE"]
+__all__ = [
+    "RunFolderError",
+    "FolderBusyError",
+    "FolderLock",
+    "claim_folder",
+    "folder_owner",
+    "check_output_folder",
+    "atomic_write",
+    "refuse_foreign",
+    "LOCK_FILE",
+    "OWNER_FILE",
+]
 
 LOCK_FILE = ".attsvm.lock"
 OWNER_FILE = ".attsvm-owner.json"
@@ -91,8 +101,9 @@ class FolderLock:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise RunFolderError(f"{str(self.folder)!r}: cannot create the lock file {LOCK_FILE} "
-                                 f"({exc.strerror or exc})") from None
+            raise RunFolderError(
+                f"{str(self.folder)!r}: cannot create the lock file {LOCK_FILE} ({exc.strerror or exc})"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -101,8 +112,10 @@ class FolderLock:
             finally:
                 os.close(fd)
             who = who or "a process that has not written its id yet"
-            raise FolderBusyError(f"{str(self.folder)!r} is being written by another attsvm process ({who}); "
-                                  "wait for it to finish, or use another folder") from None
+            raise FolderBusyError(
+                f"{str(self.folder)!r} is being written by another attsvm process ({who}); "
+                "wait for it to finish, or use another folder"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {self.holder}".encode(), 0)
         self._fd = fd
@@ -142,8 +155,10 @@ def folder_owner(folder: str | Path) -> str | None:
                 raise TypeError
             return owner
         except (OSError, ValueError, KeyError, TypeError):
-            raise RunFolderError(f"{str(marker)!r} is corrupt (expected JSON with a 'command'); "
-                                 "check the folder and delete that file if the folder is yours") from None
+            raise RunFolderError(
+                f"{str(marker)!r} is corrupt (expected JSON with a 'command'); "
+                "check the folder and delete that file if the folder is yours"
+            ) from None
     for name, command in _SIGNATURES:
         if (path / name).exists():
             return command
@@ -177,10 +192,15 @@ def refuse_foreign(folder: str | Path, command: str, *, allow_foreign: bool = Fa
     if owner in (None, command) or (owner == "another program" and allow_foreign):
         return
     what = "files of another program" if owner == "another program" else f"the results of `attsvm {owner}`"
-    raise RunFolderError(f"{str(path)!r} holds {what}; `attsvm {command}` would overwrite them. "
-                         "Choose another (new or empty) folder")
+    raise RunFolderError(
+        f"{str(path)!r} holds {what}; `attsvm {command}` would overwrite them. Choose another (new or empty) folder"
+    )
 
 
 def _write_owner(path: Path, command: str) -> None:
-    atomic_write(path / OWNER_FILE, json.dumps({"command": command, "pid": os.getpid(),
-                                                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    atomic_write(
+        path / OWNER_FILE,
+        json.dumps(
+            {"command": command, "pid": os.getpid(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        ),
+    )

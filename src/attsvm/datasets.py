@@ -30,8 +30,9 @@ def _check_seed(seed: int) -> int:
     return int(seed)
 
 
-def paper_instance(n: int, T: int, d: int, *, seed: int, self_attention: bool = False,
-                   query_index: int = 0) -> AttentionProblem:
+def paper_instance(
+    n: int, T: int, d: int, *, seed: int, self_attention: bool = False, query_index: int = 0
+) -> AttentionProblem:
     """The published data recipe (docs/spec.md §6), reproducing the published draws seed for seed.
 
     ``v ~ N(0, I_d)`` normalised; ``Y = 2·1[N(0,1) > 0] − 1``; ``X ~ N(0, I)`` of shape (n, T, d) with
@@ -78,11 +79,20 @@ def gd_paths_instance(T: Literal[3, 5] = 3) -> AttentionProblem:
     return AttentionProblem(X.double().numpy(), Y.double().numpy(), v.double().numpy(), Z=Z.double().numpy())
 
 
-def random_instance(n: int, T: int, d: int, *, seed: int | np.random.Generator,
-                    self_attention: bool = False, query_index: int = 0,
-                    token_norm: float | None = 1.0, query_norm: float | None = 1.0,
-                    head: Literal["linear", "relu", "multiclass"] = "linear", n_classes: int = 3,
-                    head_width: int | None = None) -> AttentionProblem:
+def random_instance(
+    n: int,
+    T: int,
+    d: int,
+    *,
+    seed: int | np.random.Generator,
+    self_attention: bool = False,
+    query_index: int = 0,
+    token_norm: float | None = 1.0,
+    query_norm: float | None = 1.0,
+    head: Literal["linear", "relu", "multiclass"] = "linear",
+    n_classes: int = 3,
+    head_width: int | None = None,
+) -> AttentionProblem:
     """A Gaussian instance from a numpy generator, with options.
 
     Tokens, queries and head are standard Gaussian; ``token_norm`` / ``query_norm`` rescale each

@@ -34,9 +34,19 @@ from .svm.equivalence import SELECT_EPS, decomposition, optimal_mixture, selecte
 from .tokens import local_optimality_report
 from .training import TrainResult
 
-__all__ = ["TAU", "SELECT_EPS", "ConvergenceReport", "convergence_type", "convergence_types",
-           "correlation_trajectories", "EquivalenceReport", "svm_equivalence", "MixturePrediction",
-           "mixture_prediction", "svm_direction"]
+__all__ = [
+    "TAU",
+    "SELECT_EPS",
+    "ConvergenceReport",
+    "convergence_type",
+    "convergence_types",
+    "correlation_trajectories",
+    "EquivalenceReport",
+    "svm_equivalence",
+    "MixturePrediction",
+    "mixture_prediction",
+    "svm_direction",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +76,7 @@ def _solved(est: AttentionSVM) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # convergence type (docs/spec.md §4)
+
 
 @dataclass(frozen=True)
 class ConvergenceReport:
@@ -106,15 +117,26 @@ class ConvergenceReport:
         def f(x: float) -> float | None:
             return None if not np.isfinite(x) else float(x)
 
-        return {"kind": self.kind, "tokens": self.tokens.tolist(), "optimal": self.optimal.tolist(),
-                "is_optimal": self.is_optimal, "locally_optimal": self.locally_optimal,
-                "feasible": self.feasible, "corr": f(self.corr), "corr_fro": f(self.corr_fro),
-                "corr_nuc": f(self.corr_nuc), "norm": self.norm, "tau": self.tau, "tie": self.tie,
-                "svm_status": self.svm_status}
+        return {
+            "kind": self.kind,
+            "tokens": self.tokens.tolist(),
+            "optimal": self.optimal.tolist(),
+            "is_optimal": self.is_optimal,
+            "locally_optimal": self.locally_optimal,
+            "feasible": self.feasible,
+            "corr": f(self.corr),
+            "corr_fro": f(self.corr_fro),
+            "corr_nuc": f(self.corr_nuc),
+            "norm": self.norm,
+            "tau": self.tau,
+            "tie": self.tie,
+            "svm_status": self.svm_status,
+        }
 
 
-def convergence_type(problem: AttentionProblem, W: ArrayLike, *, norm: str = "fro", tau: float = TAU,
-                     both_norms: bool = True) -> ConvergenceReport:
+def convergence_type(
+    problem: AttentionProblem, W: ArrayLike, *, norm: str = "fro", tau: float = TAU, both_norms: bool = True
+) -> ConvergenceReport:
     """Classify a trained W as docs/spec.md §4 does.
 
     With ``α̂_i = argmax_t s_it``: *global* if ``α̂ = opt`` and ``corr(W, W_mm) ≥ τ``; *local* if
@@ -152,17 +174,30 @@ def convergence_type(problem: AttentionProblem, W: ArrayLike, *, norm: str = "fr
         # docs/spec.md §2 with the support tokens of the SVM of this norm (Att-SVM for W, Att-SVM* for (K, Q))
         loc = bool(_solved(main) and local_optimality_report(problem, alpha, main.support_, True).locally_optimal)
         kind = "local" if (loc and corr >= tau) else "not locally optimal"
-    return ConvergenceReport(kind=kind, tokens=alpha, optimal=opt, is_optimal=is_opt, locally_optimal=loc,
-                             feasible=feasible, corr=corr, corr_fro=corrs["fro"], corr_nuc=corrs["nuc"],
-                             norm=norm, tau=tau, tie=tie, svm_status=status)
+    return ConvergenceReport(
+        kind=kind,
+        tokens=alpha,
+        optimal=opt,
+        is_optimal=is_opt,
+        locally_optimal=loc,
+        feasible=feasible,
+        corr=corr,
+        corr_fro=corrs["fro"],
+        corr_nuc=corrs["nuc"],
+        norm=norm,
+        tau=tau,
+        tie=tie,
+        svm_status=status,
+    )
 
 
 def _other(norm: str) -> str:
     return "nuc" if norm == "fro" else "fro"
 
 
-def convergence_types(result: TrainResult, *, tau: float = TAU, norm: str | None = None,
-                      runs: Sequence[int] | None = None) -> list[ConvergenceReport]:
+def convergence_types(
+    result: TrainResult, *, tau: float = TAU, norm: str | None = None, runs: Sequence[int] | None = None
+) -> list[ConvergenceReport]:
     """:func:`convergence_type` of the final W of every run (or of ``runs``).
 
     ``norm`` defaults to the parameterisation's limit: "fro" for W, "nuc" for (K, Q).
@@ -175,8 +210,10 @@ def convergence_types(result: TrainResult, *, tau: float = TAU, norm: str | None
 # ---------------------------------------------------------------------------------------------
 # correlation trajectories (docs/spec.md §4, §6 local-convergence)
 
-def correlation_trajectories(result: TrainResult, *, runs: Sequence[int] | None = None,
-                             tokens: ArrayLike | None = None) -> dict[str, NDArray]:
+
+def correlation_trajectories(
+    result: TrainResult, *, runs: Sequence[int] | None = None, tokens: ArrayLike | None = None
+) -> dict[str, NDArray]:
     """``corr(W(k), W_mm)`` and ``corr(W(k), W*_mm)`` along the recorded trajectory of each run.
 
     The SVMs are those of the tokens each run selects at the end (as the published notebook does),
@@ -223,6 +260,7 @@ def correlation_trajectories(result: TrainResult, *, runs: Sequence[int] | None 
 # ---------------------------------------------------------------------------------------------
 # SVM-equivalence for nonlinear / multiclass heads (docs/spec.md §5)
 
+
 @dataclass
 class EquivalenceReport:
     """docs/spec.md §5 for one run: ``W(k) ≈ R·W^eq + W_fin``.
@@ -261,10 +299,18 @@ class EquivalenceReport:
     max_masked_prob: NDArray[np.float64] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"O": [np.flatnonzero(r).tolist() for r in self.O], "eps": self.eps,
-                "status_eq": self.status_eq, "status_fin": self.status_fin, "scale": self.scale,
-                "residual": self.residual, "corr_eq": self.corr_eq, "corr_eq_fin": self.corr_eq_fin,
-                "top_tokens": self.top_tokens.tolist(), "corr_mm_top": self.corr_mm_top}
+        return {
+            "O": [np.flatnonzero(r).tolist() for r in self.O],
+            "eps": self.eps,
+            "status_eq": self.status_eq,
+            "status_fin": self.status_fin,
+            "scale": self.scale,
+            "residual": self.residual,
+            "corr_eq": self.corr_eq,
+            "corr_eq_fin": self.corr_eq_fin,
+            "top_tokens": self.top_tokens.tolist(),
+            "corr_mm_top": self.corr_mm_top,
+        }
 
 
 def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EPS) -> EquivalenceReport:
@@ -300,10 +346,21 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     if W_eq is not None and W_fin is not None:
         dec = decomposition(W, W_eq, W_fin)
         scale, residual, corr_eq, corr_eq_fin = dec.scale, dec.residual, dec.corr_eq, dec.corr_eq_fin
-    rep = EquivalenceReport(O=O, eps=eps, W_eq=W_eq, W_fin=W_fin, status_eq=est_eq.status_, status_fin=status_fin,
-                            scale=scale, residual=residual, corr_eq=corr_eq, corr_eq_fin=corr_eq_fin,
-                            top_tokens=top, W_mm_top=W_top,
-                            corr_mm_top=float(correlation(W, W_top)) if W_top is not None else np.nan)
+    rep = EquivalenceReport(
+        O=O,
+        eps=eps,
+        W_eq=W_eq,
+        W_fin=W_fin,
+        status_eq=est_eq.status_,
+        status_fin=status_fin,
+        scale=scale,
+        residual=residual,
+        corr_eq=corr_eq,
+        corr_eq_fin=corr_eq_fin,
+        top_tokens=top,
+        W_mm_top=W_top,
+        corr_mm_top=float(correlation(W, W_top)) if W_top is not None else np.nan,
+    )
     if "W" in result.history:
         Wh = result.history["W"][run]
         rep.step = result.history["step"]
@@ -316,6 +373,7 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
 
 # ---------------------------------------------------------------------------------------------
 # convex heads: predict O_i before training (docs/spec.md §5)
+
 
 @dataclass
 class MixturePrediction:
@@ -339,8 +397,7 @@ class MixturePrediction:
     exact_runs: float
 
 
-def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_tol: float = 1e-6
-                       ) -> MixturePrediction:
+def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_tol: float = 1e-6) -> MixturePrediction:
     """Predict ``O_i`` before training from the optimal attention mixture and compare with training.
 
     For the linear multiclass head with cross-entropy the per-sequence loss is convex in the
@@ -352,11 +409,19 @@ def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_
         raise ValueError(f"mixture_prediction compares runs of one instance; result has {len(result.problems)}")
     p = result.problems[0]
     if p.head.kind != "multiclass":
-        raise ValueError(f"mixture_prediction needs a convex head (linear multiclass with cross-entropy); "
-                         f"this head is {p.head.kind!r}")
+        raise ValueError(
+            f"mixture_prediction needs a convex head (linear multiclass with cross-entropy); "
+            f"this head is {p.head.kind!r}"
+        )
     mix = optimal_mixture(p, support_tol=support_tol)
     predicted = mix.support
     selected = selected_sets(result.probs, eps)
     match = (selected == predicted[None]).all(axis=-1)
-    return MixturePrediction(predicted=predicted, mixture=mix.weights, selected=selected, match=match,
-                             match_rate=float(match.mean()), exact_runs=float(match.all(axis=1).mean()))
+    return MixturePrediction(
+        predicted=predicted,
+        mixture=mix.weights,
+        selected=selected,
+        match=match,
+        match_rate=float(match.mean()),
+        exact_runs=float(match.all(axis=1).mean()),
+    )

@@ -36,10 +36,28 @@ from torch import Tensor, nn
 from ._validation import as_float_array, check_choice, check_positive_int
 from .problem import AttentionProblem
 
-__all__ = ["Batch", "AttentionModel", "Param", "TrainLoss", "PARAMS", "TRAIN_LOSSES",
-           "attention_logits", "attention_probs", "head_outputs", "sequence_losses", "risk",
-           "risk_and_grad", "risk_and_scaled_grad", "factor_grads", "resolve_loss", "EXP_CLIP",
-           "Parameterization", "FullW", "FactoredKQ", "parameterization"]
+__all__ = [
+    "Batch",
+    "AttentionModel",
+    "Param",
+    "TrainLoss",
+    "PARAMS",
+    "TRAIN_LOSSES",
+    "attention_logits",
+    "attention_probs",
+    "head_outputs",
+    "sequence_losses",
+    "risk",
+    "risk_and_grad",
+    "risk_and_scaled_grad",
+    "factor_grads",
+    "resolve_loss",
+    "EXP_CLIP",
+    "Parameterization",
+    "FullW",
+    "FactoredKQ",
+    "parameterization",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +84,10 @@ def resolve_loss(loss: str | None, head_kind: str) -> str:
     if head_kind == "multiclass" and loss != "cross_entropy":
         raise ValueError(f"loss must be 'cross_entropy' for a multiclass head, got {loss!r}")
     if head_kind != "multiclass" and loss == "cross_entropy":
-        raise ValueError(f"loss='cross_entropy' needs a multiclass head; this head is {head_kind!r} "
-                         f"(use one of {', '.join(repr(x) for x in SCALAR_LOSSES)})")
+        raise ValueError(
+            f"loss='cross_entropy' needs a multiclass head; this head is {head_kind!r} "
+            f"(use one of {', '.join(repr(x) for x in SCALAR_LOSSES)})"
+        )
     return loss
 
 
@@ -120,9 +140,15 @@ class Batch:
         return int(self.X.shape[0])
 
     @classmethod
-    def from_problems(cls, problems: AttentionProblem | Sequence[AttentionProblem], *,
-                      loss: str | None = None, repeat: int = 1, device: torch.device | str | None = None,
-                      dtype: torch.dtype = torch.float64) -> Batch:
+    def from_problems(
+        cls,
+        problems: AttentionProblem | Sequence[AttentionProblem],
+        *,
+        loss: str | None = None,
+        repeat: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float64,
+    ) -> Batch:
         """Stack P problems (same n, T, d, head kind and head shape) into a batch.
 
         Each problem is repeated ``repeat`` times consecutively (run ``r`` uses problem ``r // repeat``),
@@ -135,12 +161,16 @@ class Batch:
         p0 = probs[0]
         for j, p in enumerate(probs[1:], start=1):
             if (p.n, p.T, p.d) != (p0.n, p0.T, p0.d):
-                raise ValueError(f"problems must share (n, T, d): problems[0] has {(p0.n, p0.T, p0.d)}, "
-                                 f"problems[{j}] has {(p.n, p.T, p.d)}")
+                raise ValueError(
+                    f"problems must share (n, T, d): problems[0] has {(p0.n, p0.T, p0.d)}, "
+                    f"problems[{j}] has {(p.n, p.T, p.d)}"
+                )
             if p.head.kind != p0.head.kind or p.head.weights.shape != p0.head.weights.shape:
-                raise ValueError(f"problems must share the head kind and shape: problems[0] has "
-                                 f"{p0.head.kind} {p0.head.weights.shape}, problems[{j}] has "
-                                 f"{p.head.kind} {p.head.weights.shape}")
+                raise ValueError(
+                    f"problems must share the head kind and shape: problems[0] has "
+                    f"{p0.head.kind} {p0.head.weights.shape}, problems[{j}] has "
+                    f"{p.head.kind} {p.head.weights.shape}"
+                )
         if loss is None and p0.head.kind != "multiclass":
             losses = {p.loss for p in probs}
             if len(losses) > 1:
@@ -155,8 +185,14 @@ class Batch:
             return torch.as_tensor(a, dtype=dtype, device=device)
 
         V = [p.head.weights.reshape(p.d, -1) for p in probs]
-        return cls(X=stack([p.X for p in probs]), Z=stack([p.queries for p in probs]),
-                   y=stack([p.y for p in probs]), V=stack(V), head=p0.head.kind, loss=loss)
+        return cls(
+            X=stack([p.X for p in probs]),
+            Z=stack([p.queries for p in probs]),
+            y=stack([p.y for p in probs]),
+            V=stack(V),
+            head=p0.head.kind,
+            loss=loss,
+        )
 
 
 def _as_problem_list(problems: AttentionProblem | Sequence[AttentionProblem]) -> list[AttentionProblem]:
@@ -175,6 +211,7 @@ def _as_problem_list(problems: AttentionProblem | Sequence[AttentionProblem]) ->
 
 # ---------------------------------------------------------------------------------------------
 # pure forward functions (autograd-friendly, stable forms)
+
 
 def attention_logits(batch: Batch, W: Tensor) -> Tensor:
     """Logits ``g_it = x_itᵀ W z_i`` of shape (R, n, T) for W of shape (R, d, d)."""
@@ -224,6 +261,7 @@ def risk(batch: Batch, W: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # analytic, round-off-stable gradient (the trainer's hot path)
+
 
 def risk_and_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Risk (R,), its gradient ∇_W L (R, d, d) and the attention probabilities (R, n, T).
@@ -360,8 +398,9 @@ class Parameterization(ABC):
         """One run's random groups: ``"pytorch"`` (the published ``nn.Linear`` init) or ``"gaussian"``."""
 
     @abstractmethod
-    def auto_step(self, LW: NDArray[np.float64], GW: NDArray[np.float64],
-                  params0: Sequence[NDArray[np.float64]]) -> NDArray[np.float64]:
+    def auto_step(
+        self, LW: NDArray[np.float64], GW: NDArray[np.float64], params0: Sequence[NDArray[np.float64]]
+    ) -> NDArray[np.float64]:
         """Plain-GD step per run (R,) from the smoothness and gradient bounds ``L_W``, ``G_W`` (R,) of
         ``L(W)`` and the initial groups."""
 
@@ -375,8 +414,10 @@ class Parameterization(ABC):
         d = self.d
         if isinstance(init, tuple):
             if len(self.groups) == 1 or len(init) != len(self.groups):
-                raise ValueError(f"init as a tuple must be ({', '.join(self.groups)}) and needs a factored "
-                                 f"param such as 'KQ'; got a tuple of {len(init)} for param={self.name!r}")
+                raise ValueError(
+                    f"init as a tuple must be ({', '.join(self.groups)}) and needs a factored "
+                    f"param such as 'KQ'; got a tuple of {len(init)} for param={self.name!r}"
+                )
             out = []
             for name, A, shape in zip(self.groups, init, self.shapes):
                 arr = as_float_array(A, f"init {name}")
@@ -417,8 +458,9 @@ class FullW(Parameterization):
             return (scale * _linear_weight(self.d, self.d, generator).T.numpy(),)
         return (scale * torch.randn(self.d, self.d, generator=generator, dtype=torch.float64).numpy(),)
 
-    def auto_step(self, LW: NDArray[np.float64], GW: NDArray[np.float64],
-                  params0: Sequence[NDArray[np.float64]]) -> NDArray[np.float64]:
+    def auto_step(
+        self, LW: NDArray[np.float64], GW: NDArray[np.float64], params0: Sequence[NDArray[np.float64]]
+    ) -> NDArray[np.float64]:
         return 1.0 / LW
 
 
@@ -449,7 +491,7 @@ class FactoredKQ(Parameterization):
         U, S, Vt = np.linalg.svd(W)
         r = min(m, S.shape[-1])
         lost = (S[..., r:] ** 2).sum(-1)
-        if np.any(lost > 1e-20 * np.maximum((S ** 2).sum(-1), 1e-300)):
+        if np.any(lost > 1e-20 * np.maximum((S**2).sum(-1), 1e-300)):
             logger.warning("init W has rank above m=%d: its balanced (K, Q) factorisation truncates it", m)
         K = np.zeros((*W.shape[:-1], m))
         Q = np.zeros((*W.shape[:-1], m))
@@ -468,15 +510,18 @@ class FactoredKQ(Parameterization):
         return scale * K, scale * Q
 
     def zeros(self, runs: int) -> tuple[NDArray[np.float64], ...]:
-        raise ValueError("init='zeros' with param='KQ' starts at a stationary point (∇K = ∇Q = 0) and "
-                         "never moves; give (K, Q) explicitly, e.g. K small Gaussian and Q = 0")
+        raise ValueError(
+            "init='zeros' with param='KQ' starts at a stationary point (∇K = ∇Q = 0) and "
+            "never moves; give (K, Q) explicitly, e.g. K small Gaussian and Q = 0"
+        )
 
-    def auto_step(self, LW: NDArray[np.float64], GW: NDArray[np.float64],
-                  params0: Sequence[NDArray[np.float64]]) -> NDArray[np.float64]:
+    def auto_step(
+        self, LW: NDArray[np.float64], GW: NDArray[np.float64], params0: Sequence[NDArray[np.float64]]
+    ) -> NDArray[np.float64]:
         """``1/(L_W·B + G_W)`` with ``B = max(1, ‖K₀‖_F² + ‖Q₀‖_F²)``: a smoothness bound of the (K, Q)
         objective valid while ``‖K‖_F² + ‖Q‖_F² ≤ B`` (it is not globally smooth)."""
         K0, Q0 = params0
-        B = np.maximum(1.0, (K0 ** 2).sum((1, 2)) + (Q0 ** 2).sum((1, 2)))
+        B = np.maximum(1.0, (K0**2).sum((1, 2)) + (Q0**2).sum((1, 2)))
         return 1.0 / (LW * B + GW)
 
 
@@ -500,6 +545,7 @@ def parameterization(param: Param | Parameterization, d: int, m: int | None = No
 
 # ---------------------------------------------------------------------------------------------
 
+
 class AttentionModel(nn.Module):
     """R one-layer attention models in one module: W (R, d, d) or K, Q (R, d, m) with W = K Qᵀ.
 
@@ -520,8 +566,16 @@ class AttentionModel(nn.Module):
     no state.
     """
 
-    def __init__(self, d: int, *, param: Param | Parameterization = "W", m: int | None = None, runs: int = 1,
-                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        d: int,
+        *,
+        param: Param | Parameterization = "W",
+        m: int | None = None,
+        runs: int = 1,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         d = check_positive_int(d, "d")
         runs = check_positive_int(runs, "runs")
@@ -551,8 +605,9 @@ class AttentionModel(nn.Module):
     def load(self, params: Sequence[Tensor | NDArray[np.float64]]) -> AttentionModel:
         """Set the groups (each (R, d, ·)) from tensors or arrays; returns self."""
         if len(params) != len(self._attrs):
-            raise ValueError(f"params must hold {len(self._attrs)} groups {self.parameterization.groups}, "
-                             f"got {len(params)}")
+            raise ValueError(
+                f"params must hold {len(self._attrs)} groups {self.parameterization.groups}, got {len(params)}"
+            )
         for attr, A in zip(self._attrs, params):
             p = getattr(self, attr)
             t = torch.as_tensor(A, dtype=p.dtype, device=p.device)
@@ -565,8 +620,10 @@ class AttentionModel(nn.Module):
         if batch.d != self.d:
             raise ValueError(f"batch has d={batch.d} features but the model was built with d={self.d}")
         if batch.size not in (1, self.runs):
-            raise ValueError(f"batch holds {batch.size} runs but the model has runs={self.runs} "
-                             "(the batch must hold 1 shared instance or one per run)")
+            raise ValueError(
+                f"batch holds {batch.size} runs but the model has runs={self.runs} "
+                "(the batch must hold 1 shared instance or one per run)"
+            )
         s = attention_probs(batch, self.W)
         return head_outputs(batch, _mixture(batch, s)), s
 

@@ -134,8 +134,16 @@ class AttentionProblem:
     n, T, d : int
     """
 
-    def __init__(self, X: ArrayLike, y: ArrayLike, v: ArrayLike | Head, *, Z: ArrayLike | None = None,
-                 query_index: int | None = None, loss: LossName = "logistic") -> None:
+    def __init__(
+        self,
+        X: ArrayLike,
+        y: ArrayLike,
+        v: ArrayLike | Head,
+        *,
+        Z: ArrayLike | None = None,
+        query_index: int | None = None,
+        loss: LossName = "logistic",
+    ) -> None:
         X = as_float_array(X, "X", ndim=3)
         n, T, d = X.shape
         if n < 1 or d < 1:
@@ -159,16 +167,19 @@ class AttentionProblem:
             C = head.n_classes
             assert C is not None
             if not np.all((y_arr == np.round(y_arr)) & (y_arr >= 0) & (y_arr < C)):
-                raise ValueError(f"y must hold class indices in 0..{C - 1} for a multiclass head, "
-                                 f"got values {np.unique(y_arr)[:10]}")
+                raise ValueError(
+                    f"y must hold class indices in 0..{C - 1} for a multiclass head, got values {np.unique(y_arr)[:10]}"
+                )
         elif not np.all(np.isin(y_arr, (-1.0, 1.0))):
             bad = np.unique(y_arr[~np.isin(y_arr, (-1.0, 1.0))])[:10]
             raise ValueError(f"y must hold labels in {{-1, +1}}, got other values {bad}")
 
         if (Z is None) == (query_index is None):
-            raise ValueError("give exactly one of Z (cross-attention queries, shape (n, d)) and "
-                             f"query_index (self-attention); got Z={'None' if Z is None else 'array'}, "
-                             f"query_index={query_index!r}")
+            raise ValueError(
+                "give exactly one of Z (cross-attention queries, shape (n, d)) and "
+                f"query_index (self-attention); got Z={'None' if Z is None else 'array'}, "
+                f"query_index={query_index!r}"
+            )
         if Z is not None:
             Z_arr: NDArray[np.float64] | None = as_float_array(Z, "Z", shape=(n, d))
             qi: int | None = None
@@ -270,8 +281,10 @@ class AttentionProblem:
             else:
                 raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
         if np.any(arr < 0) or np.any(arr >= self.T):
-            raise ValueError(f"{name} must be token indices in [0, {self.T}), got values outside: "
-                             f"{arr[(arr < 0) | (arr >= self.T)][:10]}")
+            raise ValueError(
+                f"{name} must be token indices in [0, {self.T}), got values outside: "
+                f"{arr[(arr < 0) | (arr >= self.T)][:10]}"
+            )
         return arr.astype(np.int64)
 
     # ------------------------------------------------------------------ attention
@@ -293,8 +306,13 @@ class AttentionProblem:
     # ------------------------------------------------------------------ persistence
     def to_npz(self, path: str | Path) -> None:
         """Save to a ``.npz`` file readable by :meth:`from_npz` and ``attsvm solve --input``."""
-        arrays: dict[str, NDArray] = {"X": self.X, "y": self.y, "head_kind": np.array(self.head.kind),
-                                      "head_weights": self.head.weights, "loss": np.array(self.loss)}
+        arrays: dict[str, NDArray] = {
+            "X": self.X,
+            "y": self.y,
+            "head_kind": np.array(self.head.kind),
+            "head_weights": self.head.weights,
+            "loss": np.array(self.loss),
+        }
         if self.Z is not None:
             arrays["Z"] = self.Z
         else:

@@ -16,8 +16,16 @@ from numpy.typing import ArrayLike, NDArray
 from ._validation import as_float_array
 from .problem import AttentionProblem
 
-__all__ = ["pair_differences", "constraint_mask", "margins", "support_tokens", "selected_tokens",
-           "LocalOptimalityReport", "local_optimality_report", "SUPPORT_TOL"]
+__all__ = [
+    "pair_differences",
+    "constraint_mask",
+    "margins",
+    "support_tokens",
+    "selected_tokens",
+    "LocalOptimalityReport",
+    "local_optimality_report",
+    "SUPPORT_TOL",
+]
 
 # A constraint counts as tight (its token is a support token) when its margin is within this
 # relative tolerance of 1 (docs/spec.md §2 "up to a tolerance").
@@ -31,8 +39,9 @@ def constraint_mask(n: int, T: int, tokens: NDArray[np.int64]) -> NDArray[np.boo
     return mask
 
 
-def pair_differences(problem: AttentionProblem, tokens: ArrayLike | None = None
-                     ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+def pair_differences(
+    problem: AttentionProblem, tokens: ArrayLike | None = None
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """``a_it = x_{iα_i} − x_it`` of shape (n, T, d) and the constraint mask (n, T) (docs/spec.md §3).
 
     ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out.
@@ -99,14 +108,19 @@ class LocalOptimalityReport:
         return [int(i) for i in np.flatnonzero(~self.passed)]
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens.tolist(), "feasible": self.feasible,
-                "locally_optimal": self.locally_optimal,
-                "support": [np.flatnonzero(r).tolist() for r in self.support],
-                "passed": self.passed.tolist(), "offending": self.offending}
+        return {
+            "tokens": self.tokens.tolist(),
+            "feasible": self.feasible,
+            "locally_optimal": self.locally_optimal,
+            "support": [np.flatnonzero(r).tolist() for r in self.support],
+            "passed": self.passed.tolist(),
+            "offending": self.offending,
+        }
 
 
-def local_optimality_report(problem: AttentionProblem, tokens: ArrayLike, support: NDArray[np.bool_] | None,
-                            feasible: bool) -> LocalOptimalityReport:
+def local_optimality_report(
+    problem: AttentionProblem, tokens: ArrayLike, support: NDArray[np.bool_] | None, feasible: bool
+) -> LocalOptimalityReport:
     """Apply the test of docs/spec.md §2 given the support set of Att-SVM(α) (pure; the solve is the caller's).
 
     α is locally optimal iff Att-SVM(α) is feasible and ``γ_{iα_i} > γ_it`` for every support token.

@@ -37,10 +37,30 @@ if TYPE_CHECKING:
         train,
     )
 
-__all__ = ["train", "TrainResult", "Recording", "QUANTITIES", "optim", "Parameterization", "FullW",
-           "FactoredKQ", "parameterization", "smoothness_bound", "gradient_bound", "cone_init", "INITS",
-           "regularization_path", "RegularizationPath", "NORMALIZED_LR", "NORMALIZE_EPS", "REG_PATH_TOL",
-           "REG_PATH_MAX_ITER", "SADDLE_KICK", "SMALL_PROBLEM_ELEMENTS", "PROGRESS_MIN_WORK"]
+__all__ = [
+    "train",
+    "TrainResult",
+    "Recording",
+    "QUANTITIES",
+    "optim",
+    "Parameterization",
+    "FullW",
+    "FactoredKQ",
+    "parameterization",
+    "smoothness_bound",
+    "gradient_bound",
+    "cone_init",
+    "INITS",
+    "regularization_path",
+    "RegularizationPath",
+    "NORMALIZED_LR",
+    "NORMALIZE_EPS",
+    "REG_PATH_TOL",
+    "REG_PATH_MAX_ITER",
+    "SADDLE_KICK",
+    "SMALL_PROBLEM_ELEMENTS",
+    "PROGRESS_MIN_WORK",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,8 +11,17 @@ pytest.importorskip("transformers")
 pytest.importorskip("pandas")
 pytest.importorskip("kvpress")  # importing it patches attention globally: only in its own environment
 
-from attsvm.analysis.kv_compare import (ATTSVM_PRESSES, KVPRESS_METHODS, QUICK_COMPARE, _method, answer_context,
-                                        available_methods, compute_n_kept, kv_compare, write_compare_report)
+from attsvm.analysis.kv_compare import (
+    ATTSVM_PRESSES,
+    KVPRESS_METHODS,
+    QUICK_COMPARE,
+    _method,
+    answer_context,
+    available_methods,
+    compute_n_kept,
+    kv_compare,
+    write_compare_report,
+)
 from attsvm.analysis.lm import TINY_RETRIEVAL_LM, load_llama_lm, train_llama_lm
 from attsvm.analysis.tasks import make_rows
 
@@ -61,9 +70,20 @@ def test_every_press_keeps_n_kept_keys_per_layer(tiny, ratio):
 
 def test_kv_compare_runs_kvpress_presses_beside_attsvm(tiny, tmp_path):
     folder = tiny[0]
-    config = dataclasses.replace(QUICK_COMPARE, n_tokens=N_TOKENS, n_samples=1, ratios=(0.5,), tasks=("niah_single",),
-                                 chunk=8, window_size=4, ppl_sequences=1, ppl_context=24, ppl_continuation=8,
-                                 n_boot=50, lm=TINY_RETRIEVAL_LM)
+    config = dataclasses.replace(
+        QUICK_COMPARE,
+        n_tokens=N_TOKENS,
+        n_samples=1,
+        ratios=(0.5,),
+        tasks=("niah_single",),
+        chunk=8,
+        window_size=4,
+        ppl_sequences=1,
+        ppl_context=24,
+        ppl_continuation=8,
+        n_boot=50,
+        lm=TINY_RETRIEVAL_LM,
+    )
     res = kv_compare(config, lm_dir=folder)
     out = res.save(tmp_path / "cmp")
     data = json.loads((out / "results.json").read_text())

@@ -32,9 +32,16 @@ ATOL, RTOL = 1e-6, 1e-5
 
 def llama(attn: str = "sdpa", *, n_kv: int = 2, seed: int = 0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=n_kv, max_position_embeddings=256,
-                                   rope_theta=100.0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv,
+        max_position_embeddings=256,
+        rope_theta=100.0,
+    )
     model = transformers.LlamaForCausalLM(cfg)
     model.config._attn_implementation = attn
     return model.double().eval()
@@ -93,9 +100,9 @@ def test_prefill_scores_equal_the_models_own_attention():
     finally:
         handle.remove()
     # reference: margins log p_top − log p_t of the last w queries from the model's probabilities
-    logp = seen["probs"][0, :, -w:, :].log()                         # (H_q, w, K)
-    margin = (logp.amax(-1, keepdim=True) - logp).amin(1)            # (H_q, K); masked keys: +inf
-    ref = -margin.view(2, 2, CONTEXT).amin(1)                       # min over each group of 2 query heads
+    logp = seen["probs"][0, :, -w:, :].log()  # (H_q, w, K)
+    margin = (logp.amax(-1, keepdim=True) - logp).amin(1)  # (H_q, K); masked keys: +inf
+    ref = -margin.view(2, 2, CONTEXT).amin(1)  # min over each group of 2 query heads
     with torch.no_grad():
         kw = dict(seen["kw"])
         full_keys = _prefill_keys(model, x)[1]
@@ -118,9 +125,9 @@ def test_composes_with_key_rerotation(model, cls):
     plain = prefill(model, cls(compression_ratio=0.5, window_size=8), ids())
     n = compute_n_kept(CONTEXT, 0.5)
     assert n_stored(cache) == n_stored(plain) == [n, n]
-    for a, b in zip(cache.layers, plain.layers):   # the same keys kept (in position order there, topk order here)
+    for a, b in zip(cache.layers, plain.layers):  # the same keys kept (in position order there, topk order here)
         assert torch.equal(a.values.sort(dim=2).values, b.values.sort(dim=2).values)
-    assert not torch.allclose(cache.layers[0].keys, plain.layers[0].keys)   # re-rotated to positions 0..n-1
+    assert not torch.allclose(cache.layers[0].keys, plain.layers[0].keys)  # re-rotated to positions 0..n-1
 
 
 @pytest.mark.parametrize("cls", [SVMarginPress, H2OPress], ids=["svm", "h2o"])
@@ -129,7 +136,7 @@ def test_composes_with_adakv(model, cls):
     x = ids()
     cache = prefill(model, press, x)
     n = compute_n_kept(CONTEXT, 0.5)
-    assert n_stored(cache) == [CONTEXT, CONTEXT]   # AdaKV masks instead of cutting: n_kept per head on average
+    assert n_stored(cache) == [CONTEXT, CONTEXT]  # AdaKV masks instead of cutting: n_kept per head on average
     for layer in model.model.layers:
         b, h, s = layer.self_attn.masked_key_indices
         assert len(s) == 2 * (CONTEXT - n)
@@ -139,12 +146,18 @@ def test_composes_with_adakv(model, cls):
     assert torch.isfinite(out.logits).all()
 
 
-@pytest.mark.parametrize("make", [
-    lambda: DecodingPress(base_press=SVMarginPress(window_size=4), compression_interval=4, target_size=24),
-    lambda: DecodingPress(base_press=H2OPress(window_size=4), compression_interval=4, target_size=24),
-    lambda: SVMarginDecodingPress(compression_interval=4, target_size=24, hidden_states_buffer_size=4, window_size=4),
-    lambda: H2ODecodingPress(compression_interval=4, target_size=24, hidden_states_buffer_size=4, window_size=4),
-], ids=["decoding-svm", "decoding-h2o", "svm-decoding", "h2o-decoding"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DecodingPress(base_press=SVMarginPress(window_size=4), compression_interval=4, target_size=24),
+        lambda: DecodingPress(base_press=H2OPress(window_size=4), compression_interval=4, target_size=24),
+        lambda: SVMarginDecodingPress(
+            compression_interval=4, target_size=24, hidden_states_buffer_size=4, window_size=4
+        ),
+        lambda: H2ODecodingPress(compression_interval=4, target_size=24, hidden_states_buffer_size=4, window_size=4),
+    ],
+    ids=["decoding-svm", "decoding-h2o", "svm-decoding", "h2o-decoding"],
+)
 def test_decoding_presses_cut_every_layer_to_the_target(model, make):
     press = make()
     cache = transformers.DynamicCache(config=model.config)
@@ -153,8 +166,7 @@ def test_decoding_presses_cut_every_layer_to_the_target(model, make):
         model(input_ids=ids(30), past_key_values=cache)
         tok = ids(12, seed=3)
         for t in range(12):
-            model(input_ids=tok[:, t:t + 1], past_key_values=cache,
-                  position_ids=torch.tensor([[30 + t]]))
+            model(input_ids=tok[:, t : t + 1], past_key_values=cache, position_ids=torch.tensor([[30 + t]]))
             sizes.append(n_stored(cache))
     # every compression_interval steps each layer is cut to target_size, in between it grows by one per step
     assert sizes[3] == [24, 24] and sizes[7] == [24, 24] and sizes[11] == [24, 24]
@@ -171,7 +183,7 @@ def _decode_and_capture(model, press_cls, steps: int, **kw):
     class Spy(base_cls):
         def raw_score(self, module, hidden_states, keys, kwargs):
             out = super().raw_score(module, hidden_states, keys, kwargs)
-            if module.layer_idx == 1 and "scores" not in captured:   # the compression step's call only
+            if module.layer_idx == 1 and "scores" not in captured:  # the compression step's call only
                 captured["scores"] = out.clone()
                 captured["hidden"], captured["keys"] = hidden_states.clone(), keys.clone()
                 captured["kwargs"] = {k: v for k, v in kwargs.items() if not k.startswith("attsvm")}
@@ -182,8 +194,12 @@ def _decode_and_capture(model, press_cls, steps: int, **kw):
     attn = model.model.layers[1].self_attn
     handle = attn.register_forward_hook(lambda m, a, out: probs.append(out[1]))
     press = (SVMarginDecodingPress if press_cls is SVMarginPress else H2ODecodingPress)(
-        base_press=Spy(window_size=steps), compression_interval=steps, target_size=16,
-        hidden_states_buffer_size=steps, **kw)
+        base_press=Spy(window_size=steps),
+        compression_interval=steps,
+        target_size=16,
+        hidden_states_buffer_size=steps,
+        **kw,
+    )
     cache = transformers.DynamicCache(config=model.config)
     try:
         with torch.no_grad():
@@ -192,7 +208,7 @@ def _decode_and_capture(model, press_cls, steps: int, **kw):
             with press(model):
                 tok = ids(steps, seed=4)
                 for t in range(steps):
-                    model(input_ids=tok[:, t:t + 1], past_key_values=cache, output_attentions=True)
+                    model(input_ids=tok[:, t : t + 1], past_key_values=cache, output_attentions=True)
             spy = press.base_press
             # what a window press that rotates every buffered query to the current position would compute
             now = dict(captured["kwargs"])
@@ -216,16 +232,19 @@ def test_decoding_press_scores_equal_a_full_recomputation(press_cls):
     scores, probs, rotated_now = _decode_and_capture(model, press_cls, steps)
     K = 20 + steps
     assert scores.shape == (1, 2, K) and len(probs) == steps
-    ref = torch.zeros(2, K, dtype=torch.float64) if press_cls is H2OPress else torch.full((2, K), -math.inf,
-                                                                                           dtype=torch.float64)
-    for p in probs:                                  # step t: query at position 20 + t sees keys 0..20 + t
-        p = p[0, :, 0, :]                            # (H_q, 20 + t + 1)
+    ref = (
+        torch.zeros(2, K, dtype=torch.float64)
+        if press_cls is H2OPress
+        else torch.full((2, K), -math.inf, dtype=torch.float64)
+    )
+    for p in probs:  # step t: query at position 20 + t sees keys 0..20 + t
+        p = p[0, :, 0, :]  # (H_q, 20 + t + 1)
         if press_cls is SVMarginPress:
             logp = p.log()
-            s = -(logp.amax(-1, keepdim=True) - logp).view(2, 2, -1).amin(1)        # −min margin over the group
-            ref[:, :s.shape[-1]] = torch.maximum(ref[:, :s.shape[-1]], s)
+            s = -(logp.amax(-1, keepdim=True) - logp).view(2, 2, -1).amin(1)  # −min margin over the group
+            ref[:, : s.shape[-1]] = torch.maximum(ref[:, : s.shape[-1]], s)
         else:
-            ref[:, :p.shape[-1]] += p.view(2, 2, -1).sum(1)
+            ref[:, : p.shape[-1]] += p.view(2, 2, -1).sum(1)
     torch.testing.assert_close(scores[0], ref, rtol=RTOL, atol=ATOL)
     assert not torch.allclose(rotated_now[0], ref, rtol=1e-6, atol=1e-6)
 
@@ -247,18 +266,21 @@ def test_decoding_press_carries_the_statistic_across_compressions(cls):
             model(input_ids=ids(24), past_key_values=cache)
             tok = ids(6, seed=6)
             for t in range(3):
-                model(input_ids=tok[:, t:t + 1], past_key_values=cache, output_attentions=True)
-            first = press.carried_scores(0)[0].clone()       # (H_kv, 22) after the first compression
+                model(input_ids=tok[:, t : t + 1], past_key_values=cache, output_attentions=True)
+            first = press.carried_scores(0)[0].clone()  # (H_kv, 22) after the first compression
             probs.clear()
             for t in range(3, 6):
-                model(input_ids=tok[:, t:t + 1], past_key_values=cache, output_attentions=True)
+                model(input_ids=tok[:, t : t + 1], past_key_values=cache, output_attentions=True)
             second = press.carried_scores(0)[0]
     finally:
         handle.remove()
     assert first.shape == second.shape == (2, 22) and n_stored(cache) == [22, 22]
-    total = torch.zeros(2, 25, dtype=torch.float64) if cls is H2ODecodingPress else \
-        torch.full((2, 25), -math.inf, dtype=torch.float64)
-    for p in probs:                                              # the second round's queries over 22 + t keys
+    total = (
+        torch.zeros(2, 25, dtype=torch.float64)
+        if cls is H2ODecodingPress
+        else torch.full((2, 25), -math.inf, dtype=torch.float64)
+    )
+    for p in probs:  # the second round's queries over 22 + t keys
         n = p.shape[-1]
         if cls is H2ODecodingPress:
             total[:, :n] += p.view(2, 2, n).sum(1)
@@ -271,7 +293,7 @@ def test_decoding_press_carries_the_statistic_across_compressions(cls):
         total[:, :22] = torch.maximum(total[:, :22], first)
     keep = protect(total[None], 3, 4)[0].topk(22, dim=-1).indices.sort(dim=-1).values
     torch.testing.assert_close(second, total.gather(1, keep), rtol=RTOL, atol=ATOL)
-    assert not torch.allclose(first, second[:, :22])   # the second round did change the statistic
+    assert not torch.allclose(first, second[:, :22])  # the second round did change the statistic
 
 
 def test_bad_arguments_are_named():
@@ -297,17 +319,22 @@ def _word_tokenizer():
     return transformers.PreTrainedTokenizerFast(tokenizer_object=core, bos_token="[BOS]", unk_token="[UNK]")
 
 
-@pytest.mark.parametrize("make", [
-    lambda: SVMarginPress(compression_ratio=0.5, window_size=8),
-    lambda: H2OPress(compression_ratio=0.5, window_size=8),
-    lambda: AdaKVPress(SVMarginPress(compression_ratio=0.5, window_size=8)),
-    lambda: KeyRerotationPress(SVMarginPress(compression_ratio=0.5, window_size=8)),
-    lambda: SVMarginDecodingPress(compression_interval=4, target_size=20, window_size=4),
-    lambda: H2ODecodingPress(compression_interval=4, target_size=20, window_size=4),
-    lambda: PrefillDecodingPress(prefilling_press=SVMarginPress(compression_ratio=0.5, window_size=8),
-                                 decoding_press=SVMarginDecodingPress(compression_interval=4, target_size=20,
-                                                                      window_size=4)),
-], ids=["svm", "h2o", "adakv-svm", "rerotation-svm", "svm-decoding", "h2o-decoding", "prefill+decoding-svm"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SVMarginPress(compression_ratio=0.5, window_size=8),
+        lambda: H2OPress(compression_ratio=0.5, window_size=8),
+        lambda: AdaKVPress(SVMarginPress(compression_ratio=0.5, window_size=8)),
+        lambda: KeyRerotationPress(SVMarginPress(compression_ratio=0.5, window_size=8)),
+        lambda: SVMarginDecodingPress(compression_interval=4, target_size=20, window_size=4),
+        lambda: H2ODecodingPress(compression_interval=4, target_size=20, window_size=4),
+        lambda: PrefillDecodingPress(
+            prefilling_press=SVMarginPress(compression_ratio=0.5, window_size=8),
+            decoding_press=SVMarginDecodingPress(compression_interval=4, target_size=20, window_size=4),
+        ),
+    ],
+    ids=["svm", "h2o", "adakv-svm", "rerotation-svm", "svm-decoding", "h2o-decoding", "prefill+decoding-svm"],
+)
 def test_presses_run_in_kvpress_pipeline(model, make):
     """kvpress's own text-generation pipeline (context, question, greedy answer) with each press."""
     from kvpress import KVPressTextGenerationPipeline
@@ -322,6 +349,6 @@ def test_presses_run_in_kvpress_pipeline(model, make):
     n_context = 61  # [BOS] + 60 words
     if isinstance(press, (SVMarginDecodingPress, H2ODecodingPress, PrefillDecodingPress)):  # cut to 20 / 4 steps
         assert all(n < 20 + 4 for n in n_stored(cache))
-    else:   # the compressed context (AdaKV masks instead of cutting)
+    else:  # the compressed context (AdaKV masks instead of cutting)
         expected = n_context if isinstance(press, AdaKVPress) else compute_n_kept(n_context, 0.5)
         assert n_stored(cache) == [expected, expected]

@@ -14,6 +14,7 @@ __all__ = ["plot_anatomy", "write_anatomy_report"]
 def plot_anatomy(out: str | Path) -> list[Path]:
     """Read ``heads.json``/``summary.json``/``anatomy.npz`` in ``out`` and write the figures there."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -30,9 +31,14 @@ def plot_anatomy(out: str | Path) -> list[Path]:
         return g
 
     paths = []
-    keys = [("top1_95", "top-1 ≥ 95 % share"), ("top3_95", "top-3 ≥ 95 % share"),
-            ("special_mass", "mass on special tokens"), ("mean_support_keys", f"keys within δ={summ['delta']}"),
-            ("effective_rank", f"effective rank (d_head={dh})"), ("nuc_fro_ratio", f"‖W‖*/‖W‖F (ceiling {math.sqrt(dh):.2f})")]
+    keys = [
+        ("top1_95", "top-1 ≥ 95 % share"),
+        ("top3_95", "top-3 ≥ 95 % share"),
+        ("special_mass", "mass on special tokens"),
+        ("mean_support_keys", f"keys within δ={summ['delta']}"),
+        ("effective_rank", f"effective rank (d_head={dh})"),
+        ("nuc_fro_ratio", f"‖W‖*/‖W‖F (ceiling {math.sqrt(dh):.2f})"),
+    ]
     fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
     for ax, (k, title) in zip(axes.ravel(), keys):
         im = ax.imshow(grid(k), aspect="auto", cmap="viridis")
@@ -103,19 +109,25 @@ def write_anatomy_report(out: str | Path) -> Path:
     edges = arr["margin_edges"]
     cdf = np.cumsum(hist) / max(hist.sum(), 1)
     lines = [
-        f"# Head anatomy of `{s['model']}`", "",
+        f"# Head anatomy of `{s['model']}`",
+        "",
         f"{s['n_layers']} layers × {s['n_heads']} heads, d = {s['d']}, d_head = {dh}; corpus: "
         f"{s['n_windows']} windows of ≤ {s['max_length']} tokens from `pydoc_data.topics` "
-        f"({s['n_queries']} query positions per head); {s['seconds']:.0f} s.", "",
+        f"({s['n_queries']} query positions per head); {s['seconds']:.0f} s.",
+        "",
         f"`W_h = s·W_kᵀW_q` in the paper's convention (logit = xᵀ W_h z, key x, query z), with the model's "
         f"scale s = 1/√d_head = {s['scaling']:.4f} included (biases excluded from the spectrum, included in "
-        "every attention computation).", "",
-        "## Low rank", "",
+        "every attention computation).",
+        "",
+        "## Low rank",
+        "",
         f"* numerical rank (relative tol 1e-7): max {s['max_rank']} over all heads (ceiling d_head = {dh}).",
         f"* effective rank: median {np.median(er):.1f}, range {er.min():.1f}–{er.max():.1f} (of at most {dh}).",
         f"* ‖W_h‖_*/‖W_h‖_F: median {np.median(nf):.2f}, range {nf.min():.2f}–{nf.max():.2f} "
-        f"against the √d_head = {math.sqrt(dh):.2f} ceiling (1 would be rank one).", "",
-        "## Sparsity (share of query positions)", "",
+        f"against the √d_head = {math.sqrt(dh):.2f} ceiling (1 would be rank one).",
+        "",
+        "## Sparsity (share of query positions)",
+        "",
         f"* top-1 key holds ≥ 95 %: overall {s['overall_top1_95']:.3f}; per head median {np.median(t1):.3f}, "
         f"max {t1.max():.3f}; heads with a share ≥ 0.5: {int((t1 >= 0.5).sum())} of {t1.size}.",
         f"* top-3 keys hold ≥ 95 %: overall {s['overall_top3_95']:.3f}; per head median {np.median(t3):.3f}, "
@@ -123,33 +135,41 @@ def write_anatomy_report(out: str | Path) -> Path:
         f"* mass on special tokens ([CLS]/[SEP]): overall {s['overall_special_mass']:.3f}; "
         f"per head max {sm.max():.3f}.",
         f"* top-1 ≥ 95 % after removing special keys (renormalised): per head median {np.median(t1c):.3f}, "
-        f"max {t1c.max():.3f}.", "",
-        "## Margins (logit_top − logit_t over all non-top keys)", "",
+        f"max {t1c.max():.3f}.",
+        "",
+        "## Margins (logit_top − logit_t over all non-top keys)",
+        "",
         "* share of margins ≤ 1 / ≤ 2 / ≤ 5 logit units: "
         f"{cdf[int(1 / (edges[1] - edges[0])) - 1]:.3f} / {cdf[int(2 / (edges[1] - edges[0])) - 1]:.3f} / "
         f"{cdf[int(5 / (edges[1] - edges[0])) - 1]:.3f}.",
         f"* support keys (within δ = {s['delta']} of the top, top included): per head mean "
-        f"{np.mean([r['mean_support_keys'] for r in heads]):.1f}.", "",
-        f"## Low-rank compression ({s['compression_queries']} queries)", "",
+        f"{np.mean([r['mean_support_keys'] for r in heads]):.1f}.",
+        "",
+        f"## Low-rank compression ({s['compression_queries']} queries)",
+        "",
         "| rank r | " + " | ".join(str(int(r)) for r in ranks) + " |",
         "|---|" + "---|" * len(ranks),
         "| top-1 agreement (mean over heads) | " + " | ".join(f"{a:.3f}" for a in agree.mean(0)) + " |",
-        "| KL(p ‖ p_r) nats (mean) | " + " | ".join(f"{max(k, 0.0):.3f}" for k in kl.mean(0)) + " |", "",
-        "## What the numbers show", "",
+        "| KL(p ‖ p_r) nats (mean) | " + " | ".join(f"{max(k, 0.0):.3f}" for k in kl.mean(0)) + " |",
+        "",
+        "## What the numbers show",
+        "",
     ]
     verdict = []
     verdict.append(
         f"Every head is exactly low rank by construction (rank ≤ d_head = {dh} in a {s['d']}-dim space); within "
         f"that budget the spectra are {'spread' if np.median(er) > dh / 2 else 'concentrated'} "
         f"(median effective rank {np.median(er):.1f} of {dh}), so the heads show "
-        f"{'little' if np.median(er) > dh / 2 else 'a clear'} further low-rank bias beyond the architectural one.")
+        f"{'little' if np.median(er) > dh / 2 else 'a clear'} further low-rank bias beyond the architectural one."
+    )
     verdict.append(
         f"Attention is {'rarely' if s['overall_top1_95'] < 0.2 else 'often'} one-hot in the SVM sense: "
         f"{100 * s['overall_top1_95']:.1f} % of (head, query) pairs put ≥ 95 % on one key and "
         f"{100 * s['overall_top3_95']:.1f} % on three; much of the concentrated mass sits on special tokens "
         f"({100 * s['overall_special_mass']:.1f} % on average). The softmax is far from the saturated regime the "
         f"theory describes for most heads; {int((t1 >= 0.5).sum())} head(s) put ≥ 95 % on one key for at least "
-        "half of their queries (near-hard selectors).")
+        "half of their queries (near-hard selectors)."
+    )
     from scipy.stats import spearmanr
 
     rho = float(spearmanr(er, t3).statistic) if np.ptp(er) > 0 and np.ptp(t3) > 0 else float("nan")
@@ -157,16 +177,26 @@ def write_anatomy_report(out: str | Path) -> Path:
     verdict.append(
         f"Across heads, effective rank and the top-3 share have Spearman ρ = {rho:.2f}; the sparsest head "
         f"(layer {heads[hard]['layer']}, head {heads[hard]['head']}: top-3 share {t3[hard]:.2f}) has effective rank "
-        f"{er[hard]:.1f} (rank {int(np.argsort(np.argsort(er))[hard]) + 1} of {er.size} from the lowest).")
+        f"{er[hard]:.1f} (rank {int(np.argsort(np.argsort(er))[hard]) + 1} of {er.size} from the lowest)."
+    )
     if len(ranks) > 1:
         half = agree.mean(0)
         r_ok = [int(r) for r, a in zip(ranks, half) if a >= 0.9]
         verdict.append(
             "Truncating W_h below its full rank changes the argmax key quickly: "
-            + (f"≥ 90 % top-1 agreement needs rank {r_ok[0]}." if r_ok else "no rank below full keeps 90 % top-1 agreement."))
+            + (
+                f"≥ 90 % top-1 agreement needs rank {r_ok[0]}."
+                if r_ok
+                else "no rank below full keeps 90 % top-1 agreement."
+            )
+        )
     lines += [f"* {v}" for v in verdict]
-    lines += ["", "Figures: `heatmaps.png`, `spectra.png`, `margins_compression.png`; data: `heads.json`, "
-              "`summary.json`, `anatomy.npz`.", ""]
+    lines += [
+        "",
+        "Figures: `heatmaps.png`, `spectra.png`, `margins_compression.png`; data: `heads.json`, "
+        "`summary.json`, `anatomy.npz`.",
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

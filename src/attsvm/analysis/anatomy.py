@@ -33,14 +33,26 @@ from .._linalg import RANK_TOL
 from .._validation import check_finite_scalar, check_positive_int
 from ._models import QKWeights, attention_inputs, attention_logits, corpus_windows, load_model, qk_weights
 
-__all__ = ["SpectrumStats", "spectrum_stats", "factored_svd", "AttentionStats", "attention_stats", "CompressionStats",
-           "compression_stats", "HeadAnatomy", "analyze", "MASS", "MARGIN_EDGES", "DEFAULT_RANKS"]
+__all__ = [
+    "SpectrumStats",
+    "spectrum_stats",
+    "factored_svd",
+    "AttentionStats",
+    "attention_stats",
+    "CompressionStats",
+    "compression_stats",
+    "HeadAnatomy",
+    "analyze",
+    "MASS",
+    "MARGIN_EDGES",
+    "DEFAULT_RANKS",
+]
 
 log = logging.getLogger(__name__)
 
-MASS = 0.95                 # "holds ≥ 95 % of the mass" (docs/spec.md §7)
-DEFAULT_DELTA = 1.0         # support keys: within this many logit units of the top
-MIN_KEYS = 4                # causal models: queries that see fewer keys are not counted
+MASS = 0.95  # "holds ≥ 95 % of the mass" (docs/spec.md §7)
+DEFAULT_DELTA = 1.0  # support keys: within this many logit units of the top
+MIN_KEYS = 4  # causal models: queries that see fewer keys are not counted
 MARGIN_STEP = 0.5
 MARGIN_EDGES = np.concatenate([np.arange(0.0, 20.0 + 1e-9, MARGIN_STEP), [np.inf]])  # bins, logit units
 DEFAULT_RANKS = (1, 2, 4, 8, 16, 24, 32)
@@ -70,7 +82,7 @@ def factored_svd(w: QKWeights) -> tuple[NDArray[np.float64], NDArray[np.float64]
     With ``W_kᵀ = Q₁R₁`` and ``W_qᵀ = Q₂R₂`` (thin QR, k = d_head), ``W = Q₁ (s R₁R₂ᵀ) Q₂ᵀ``, so the SVD
     of the k × k core gives the exact nonzero spectrum at O(d k²) cost instead of O(d³).
     """
-    Q1, R1 = np.linalg.qr(np.swapaxes(w.W_k, -1, -2))   # (L,H,d,k), (L,H,k,k)
+    Q1, R1 = np.linalg.qr(np.swapaxes(w.W_k, -1, -2))  # (L,H,d,k), (L,H,k,k)
     Q2, R2 = np.linalg.qr(np.swapaxes(w.W_q, -1, -2))
     core = w.scaling[:, None, None, None] * R1 @ np.swapaxes(R2, -1, -2)
     Uc, S, Vct = np.linalg.svd(core)
@@ -88,7 +100,7 @@ def spectrum_stats(w: QKWeights, tol: float = RANK_TOL) -> SpectrumStats:
     tot = full.sum(-1, keepdims=True)
     pr = np.divide(full, tot, out=np.zeros_like(full), where=tot > 0)
     er = np.exp(-(np.where(pr > 0, pr * np.log(np.where(pr > 0, pr, 1.0)), 0.0)).sum(-1))
-    fro = np.sqrt((full ** 2).sum(-1))
+    fro = np.sqrt((full**2).sum(-1))
     nfr = np.divide(full.sum(-1), fro, out=np.zeros_like(fro), where=fro > 0)
     return SpectrumStats(full, rank, er, nfr, w.d_head, w.scaling.copy())
 
@@ -138,18 +150,18 @@ def _window_stats(logits: Any, special: Any, causal: bool, delta: float, stats: 
         keep_q = torch.arange(N) >= MIN_KEYS - 1  # queries seeing at least MIN_KEYS keys
     else:
         keep_q = torch.ones(N, dtype=torch.bool)
-    lg = logits[:, keep_q]                                     # (H, M, N)
+    lg = logits[:, keep_q]  # (H, M, N)
     p = torch.softmax(lg, dim=-1)
-    top3 = torch.topk(p, k=min(3, N), dim=-1).values           # (H, M, 3)
+    top3 = torch.topk(p, k=min(3, N), dim=-1).values  # (H, M, 3)
     stats.top1[layer] += (top3[..., 0] >= MASS).sum(-1).numpy()
     stats.top3[layer] += (top3.sum(-1) >= MASS).sum(-1).numpy()
-    smass = p[..., special].sum(-1)                             # (H, M)
+    smass = p[..., special].sum(-1)  # (H, M)
     stats.special_mass[layer] += smass.sum(-1).numpy()
     content = p.masked_fill(special, 0.0)
     csum = content.sum(-1)
     ctop = content.max(-1).values / csum.clamp_min(1e-300)
     stats.top1_content[layer] += ((ctop >= MASS) & (csum > 0)).sum(-1).numpy()
-    margin = lg.max(-1, keepdim=True).values - lg              # (H, M, N), +inf on masked keys
+    margin = lg.max(-1, keepdim=True).values - lg  # (H, M, N), +inf on masked keys
     stats.n_support[layer] += (margin <= delta).sum(-1).sum(-1).double().numpy()
     # histogram of the margins in uniform bins of MARGIN_STEP (last bin: ≥ MARGIN_EDGES[-2], and inf)
     B = len(MARGIN_EDGES) - 1
@@ -163,9 +175,16 @@ def _window_stats(logits: Any, special: Any, causal: bool, delta: float, stats: 
     stats.margin_hist[layer] += hist.numpy()
 
 
-def attention_stats(model: Any, tokenizer: Any, w: QKWeights, windows: list[list[int]], *,
-                    delta: float = DEFAULT_DELTA, keep_inputs: int = 0, progress: bool = False
-                    ) -> tuple[AttentionStats, list[list[Any]]]:
+def attention_stats(
+    model: Any,
+    tokenizer: Any,
+    w: QKWeights,
+    windows: list[list[int]],
+    *,
+    delta: float = DEFAULT_DELTA,
+    keep_inputs: int = 0,
+    progress: bool = False,
+) -> tuple[AttentionStats, list[list[Any]]]:
     """Run the model over ``windows`` (lists of token ids) and accumulate :class:`AttentionStats`.
 
     Also returns the attention inputs of every layer (float64 tensors (N, d)) of the first
@@ -205,8 +224,9 @@ class CompressionStats:
     n_queries: int
 
 
-def compression_stats(w: QKWeights, inputs: list[list[Any]], ranks: tuple[int, ...] = DEFAULT_RANKS
-                      ) -> CompressionStats:
+def compression_stats(
+    w: QKWeights, inputs: list[list[Any]], ranks: tuple[int, ...] = DEFAULT_RANKS
+) -> CompressionStats:
     """Truncate ``W_h`` to rank r (SVD; biases kept) and compare attention with the full head.
 
     ``inputs[j][ℓ]`` are window j's layer-ℓ attention inputs (N, d). KL is ``KL(p ‖ p_r)`` in nats,
@@ -215,7 +235,7 @@ def compression_stats(w: QKWeights, inputs: list[list[Any]], ranks: tuple[int, .
     import torch
 
     ranks = tuple(sorted({min(check_positive_int(r, "ranks"), w.d_head) for r in ranks}))
-    U, S, V = (torch.from_numpy(a) for a in factored_svd(w))      # (L,H,d,k), (L,H,k), (L,H,d,k)
+    U, S, V = (torch.from_numpy(a) for a in factored_svd(w))  # (L,H,d,k), (L,H,k), (L,H,d,k)
     L, H = w.n_layers, w.n_heads
     kl = np.zeros((L, H, len(ranks)))
     agree = np.zeros((L, H, len(ranks)))
@@ -225,13 +245,13 @@ def compression_stats(w: QKWeights, inputs: list[list[Any]], ranks: tuple[int, .
         mask = torch.ones(N, N, dtype=torch.bool).triu(1) if w.causal else None
         n_q += N
         for layer in range(L):
-            X = ins[layer]                                         # (N, d)
-            full = attention_logits(w, layer, X)                   # (H, N, N)  [query, key]
-            P = torch.einsum("nd,hdk->hnk", X, U[layer])           # key side   x_nᵀ u_i
-            Q = torch.einsum("md,hdk->hmk", X, V[layer])           # query side v_iᵀ z_m
-            terms = S[layer][:, None, :] * Q                       # (H, N, k)
-            bilinear = terms @ P.transpose(-1, -2)                 # (H, M, N), rank d_head = exact part
-            rest = full - bilinear                                 # bias terms (+ round-off)
+            X = ins[layer]  # (N, d)
+            full = attention_logits(w, layer, X)  # (H, N, N)  [query, key]
+            P = torch.einsum("nd,hdk->hnk", X, U[layer])  # key side   x_nᵀ u_i
+            Q = torch.einsum("md,hdk->hmk", X, V[layer])  # query side v_iᵀ z_m
+            terms = S[layer][:, None, :] * Q  # (H, N, k)
+            bilinear = terms @ P.transpose(-1, -2)  # (H, M, N), rank d_head = exact part
+            rest = full - bilinear  # bias terms (+ round-off)
             if mask is not None:
                 full = full.masked_fill(mask, -math.inf)
             logp = torch.log_softmax(full, -1)
@@ -273,27 +293,43 @@ class HeadAnatomy:
         smass, nsup = at.share("special_mass"), at.share("n_support")
         for layer in range(self.n_layers):
             for h in range(self.n_heads):
-                out.append({
-                    "layer": layer, "head": h,
-                    "rank": int(sp.rank[layer, h]), "effective_rank": float(sp.effective_rank[layer, h]),
-                    "nuc_fro_ratio": float(sp.nuc_fro_ratio[layer, h]), "nuc_fro_ceiling": sp.ceiling,
-                    "sigma_max": float(sp.singular_values[layer, h, 0]),
-                    "top1_95": float(top1[layer, h]), "top3_95": float(top3[layer, h]),
-                    "top1_95_content": float(t1c[layer, h]), "special_mass": float(smass[layer, h]),
-                    "mean_support_keys": float(nsup[layer, h]),
-                    "kl_by_rank": {str(r): float(cp.kl[layer, h, j]) for j, r in enumerate(cp.ranks)},
-                    "top1_agreement_by_rank": {str(r): float(cp.top1_agreement[layer, h, j])
-                                               for j, r in enumerate(cp.ranks)},
-                })
+                out.append(
+                    {
+                        "layer": layer,
+                        "head": h,
+                        "rank": int(sp.rank[layer, h]),
+                        "effective_rank": float(sp.effective_rank[layer, h]),
+                        "nuc_fro_ratio": float(sp.nuc_fro_ratio[layer, h]),
+                        "nuc_fro_ceiling": sp.ceiling,
+                        "sigma_max": float(sp.singular_values[layer, h, 0]),
+                        "top1_95": float(top1[layer, h]),
+                        "top3_95": float(top3[layer, h]),
+                        "top1_95_content": float(t1c[layer, h]),
+                        "special_mass": float(smass[layer, h]),
+                        "mean_support_keys": float(nsup[layer, h]),
+                        "kl_by_rank": {str(r): float(cp.kl[layer, h, j]) for j, r in enumerate(cp.ranks)},
+                        "top1_agreement_by_rank": {
+                            str(r): float(cp.top1_agreement[layer, h, j]) for j, r in enumerate(cp.ranks)
+                        },
+                    }
+                )
         return out
 
     def summary(self) -> dict[str, Any]:
         at = self.attention
         return {
-            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "d": self.d,
-            "d_head": self.d_head, "scaling": float(self.spectrum.scaling[0]),
-            "n_windows": self.n_windows, "n_queries": at.n_queries, "max_length": self.max_length,
-            "delta": at.delta, "mass": MASS, "seconds": self.seconds,
+            "model": self.model,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "d": self.d,
+            "d_head": self.d_head,
+            "scaling": float(self.spectrum.scaling[0]),
+            "n_windows": self.n_windows,
+            "n_queries": at.n_queries,
+            "max_length": self.max_length,
+            "delta": at.delta,
+            "mass": MASS,
+            "seconds": self.seconds,
             "overall_top1_95": float(at.top1.sum() / max(at.n_queries * self.n_layers * self.n_heads, 1)),
             "overall_top3_95": float(at.top3.sum() / max(at.n_queries * self.n_layers * self.n_heads, 1)),
             "overall_special_mass": float(at.special_mass.sum() / max(at.n_queries * self.n_layers * self.n_heads, 1)),
@@ -308,16 +344,29 @@ class HeadAnatomy:
         out.mkdir(parents=True, exist_ok=True)
         (out / "heads.json").write_text(json.dumps(self.records(), indent=1))
         (out / "summary.json").write_text(json.dumps(self.summary(), indent=1))
-        np.savez_compressed(out / "anatomy.npz", singular_values=self.spectrum.singular_values,
-                            margin_hist=self.attention.margin_hist, margin_edges=MARGIN_EDGES,
-                            kl=self.compression.kl, top1_agreement=self.compression.top1_agreement,
-                            ranks=np.asarray(self.compression.ranks))
+        np.savez_compressed(
+            out / "anatomy.npz",
+            singular_values=self.spectrum.singular_values,
+            margin_hist=self.attention.margin_hist,
+            margin_edges=MARGIN_EDGES,
+            kl=self.compression.kl,
+            top1_agreement=self.compression.top1_agreement,
+            ranks=np.asarray(self.compression.ranks),
+        )
         return out
 
 
-def analyze(model: str = "minilm", *, quick: bool = False, max_windows: int | None = None,
-            max_length: int = 256, compression_windows: int = 16, ranks: tuple[int, ...] = DEFAULT_RANKS,
-            delta: float = DEFAULT_DELTA, progress: bool = False) -> HeadAnatomy:
+def analyze(
+    model: str = "minilm",
+    *,
+    quick: bool = False,
+    max_windows: int | None = None,
+    max_length: int = 256,
+    compression_windows: int = 16,
+    ranks: tuple[int, ...] = DEFAULT_RANKS,
+    delta: float = DEFAULT_DELTA,
+    progress: bool = False,
+) -> HeadAnatomy:
     """Head anatomy of ``model`` (``"minilm"`` or a local HF folder) over the pydoc corpus.
 
     ``quick`` uses 4 windows of 128 tokens (CI); otherwise every topic is cut into windows of
@@ -337,9 +386,19 @@ def analyze(model: str = "minilm", *, quick: bool = False, max_windows: int | No
     spec = spectrum_stats(w)
     windows = [ids for _, ids in corpus_windows(tok, max_length=max_length, max_windows=max_windows)]
     log.info("analyze %s: %d windows of <= %d tokens", model, len(windows), max_length)
-    att, inputs = attention_stats(net, tok, w, windows, delta=delta, keep_inputs=compression_windows,
-                                  progress=progress)
+    att, inputs = attention_stats(net, tok, w, windows, delta=delta, keep_inputs=compression_windows, progress=progress)
     with torch.no_grad():
         comp = compression_stats(w, inputs, ranks)
-    return HeadAnatomy(str(model), w.n_layers, w.n_heads, w.d, w.d_head, spec, att, comp, len(windows),
-                       max_length, time.perf_counter() - t0)
+    return HeadAnatomy(
+        str(model),
+        w.n_layers,
+        w.n_heads,
+        w.d,
+        w.d_head,
+        spec,
+        att,
+        comp,
+        len(windows),
+        max_length,
+        time.perf_counter() - t0,
+    )

@@ -34,8 +34,16 @@ from .kv_cache import (
     select_keep,
 )
 
-__all__ = ["BUDGETS", "lm_perplexity", "encoder_forward", "minilm_fidelity", "kv_bench", "KVBenchResult",
-           "plot_kv_bench", "write_kv_report"]
+__all__ = [
+    "BUDGETS",
+    "lm_perplexity",
+    "encoder_forward",
+    "minilm_fidelity",
+    "kv_bench",
+    "KVBenchResult",
+    "plot_kv_bench",
+    "write_kv_report",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +72,10 @@ def lm_perplexity(model: Any, ids: Any, policy: EvictionPolicy | PolicyName | No
         with torch.no_grad():
             past = cache
             for t in range(N - 1):
-                out = model(input_ids=ids[:, t:t + 1], use_cache=True, **cache_kwargs(model, past))
+                out = model(input_ids=ids[:, t : t + 1], use_cache=True, **cache_kwargs(model, past))
                 past = returned_cache(out) if cache is None else cache
                 logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
-                nll -= logp.gather(1, ids[:, t + 1:t + 2]).sum()
+                nll -= logp.gather(1, ids[:, t + 1 : t + 2]).sum()
     finally:
         if cache is not None:
             cache.close()
@@ -75,8 +83,7 @@ def lm_perplexity(model: Any, ids: Any, policy: EvictionPolicy | PolicyName | No
 
 
 # ---------------------------------------------------------------------------------------- (b) encoder
-def encoder_forward(model: Any, input_ids: Any, policy: EvictionPolicy | None = None, budget: int | None = None
-                    ) -> Any:
+def encoder_forward(model: Any, input_ids: Any, policy: EvictionPolicy | None = None, budget: int | None = None) -> Any:
     """BERT forward (B, N) → last hidden states (B, N, d), keys pruned per layer and head by ``policy``.
 
     With ``policy=None`` (or a budget ≥ N) it reproduces ``model(input_ids).last_hidden_state``.
@@ -96,11 +103,11 @@ def encoder_forward(model: Any, input_ids: Any, policy: EvictionPolicy | None = 
         q = att.query(h).view(B, N, H, dh).transpose(1, 2)
         k = att.key(h).view(B, N, H, dh).transpose(1, 2)
         v = att.value(h).view(B, N, H, dh).transpose(1, 2)
-        logits = torch.matmul(q, k.transpose(-1, -2)) * att.scaling     # (B, H, N, N)
+        logits = torch.matmul(q, k.transpose(-1, -2)) * att.scaling  # (B, H, N, N)
         p = torch.softmax(logits, dim=-1)
         if policy is not None and budget is not None and budget < N:
             stats = policy.accumulate(None, p) if policy.needs_scores else None
-            keep = select_keep(policy, stats, pos, budget, N)             # (B, H, budget)
+            keep = select_keep(policy, stats, pos, budget, N)  # (B, H, budget)
             allowed = torch.zeros(B, H, N, dtype=torch.bool).scatter_(-1, keep, True)
             p = torch.softmax(logits.masked_fill(~allowed[:, :, None, :], -math.inf), dim=-1)
         ctx = torch.matmul(p, v).transpose(1, 2).reshape(B, N, H * dh)
@@ -122,8 +129,16 @@ def _embed(h: Any) -> Any:
     return torch.nn.functional.normalize(e, dim=-1)
 
 
-def minilm_fidelity(model: Any, tok: Any, *, budgets: tuple[float, ...] = BUDGETS, policies: tuple[str, ...] = POLICIES,
-                    doc_length: int = 128, n_topics: int | None = None, seed: int = 0) -> dict[str, Any]:
+def minilm_fidelity(
+    model: Any,
+    tok: Any,
+    *,
+    budgets: tuple[float, ...] = BUDGETS,
+    policies: tuple[str, ...] = POLICIES,
+    doc_length: int = 128,
+    n_topics: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Cosine similarity to unpruned embeddings and retrieval accuracy vs budget for every policy."""
     import torch
 
@@ -141,7 +156,7 @@ def minilm_fidelity(model: Any, tok: Any, *, budgets: tuple[float, ...] = BUDGET
         qenc = tok(queries, padding=True, truncation=True, max_length=64, return_tensors="pt")
         qh = model(**qenc).last_hidden_state
         m = qenc["attention_mask"][..., None].float()
-        qemb = torch.nn.functional.normalize((qh * m).sum(1) / m.sum(1), dim=-1)       # (n, d)
+        qemb = torch.nn.functional.normalize((qh * m).sum(1) / m.sum(1), dim=-1)  # (n, d)
         doc_ids = [tok(d, truncation=True, max_length=doc_length)["input_ids"] for d in docs]
         groups: dict[int, list[int]] = {}
         for i, ids in enumerate(doc_ids):
@@ -165,8 +180,15 @@ def minilm_fidelity(model: Any, tok: Any, *, budgets: tuple[float, ...] = BUDGET
                 emb = embed_docs(policy, frac)
                 cos = (emb * full).sum(-1)
                 acc = float((torch.argmax(qemb @ emb.T, dim=1) == torch.arange(len(docs))).float().mean())
-                rows.append({"policy": pol, "budget": frac, "cosine_mean": float(cos.mean()),
-                             "cosine_min": float(cos.min()), "retrieval_acc": acc})
+                rows.append(
+                    {
+                        "policy": pol,
+                        "budget": frac,
+                        "cosine_mean": float(cos.mean()),
+                        "cosine_min": float(cos.min()),
+                        "retrieval_acc": acc,
+                    }
+                )
     return {"n_topics": len(docs), "doc_length": doc_length, "retrieval_acc_full": acc_full, "rows": rows}
 
 
@@ -180,8 +202,9 @@ class KVBenchResult:
     def save(self, out: str | Path) -> Path:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "kv_bench.json").write_text(json.dumps({"lm": self.lm, "minilm": self.minilm,
-                                                       "seconds": self.seconds}, indent=1))
+        (out / "kv_bench.json").write_text(
+            json.dumps({"lm": self.lm, "minilm": self.minilm, "seconds": self.seconds}, indent=1)
+        )
         import pandas as pd
 
         pd.DataFrame(self.lm["rows"]).to_csv(out / "lm_perplexity.csv", index=False)
@@ -189,9 +212,17 @@ class KVBenchResult:
         return out
 
 
-def kv_bench(*, quick: bool = False, lm_dir: str | Path | None = None, budgets: tuple[float, ...] = BUDGETS,
-             policies: tuple[str, ...] = POLICIES, n_seq: int = 16, seq_len: int | None = None, seed: int = 0,
-             progress: bool = False) -> KVBenchResult:
+def kv_bench(
+    *,
+    quick: bool = False,
+    lm_dir: str | Path | None = None,
+    budgets: tuple[float, ...] = BUDGETS,
+    policies: tuple[str, ...] = POLICIES,
+    n_seq: int = 16,
+    seq_len: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> KVBenchResult:
     """Run (a) and (b). The LM is trained on first use (``attsvm lm-train`` settings) and cached.
 
     ``seq_len`` defaults to the LM's training context: beyond it, position embeddings were never
@@ -214,16 +245,20 @@ def kv_bench(*, quick: bool = False, lm_dir: str | Path | None = None, budgets: 
         n_seq, seq_len = 2, 64
     n_seq = check_positive_int(n_seq, "n_seq")
     folder = Path(lm_dir) if lm_dir is not None else None
-    folder = train_lm(folder, config, progress=progress) if folder is None or not (folder / "attsvm_lm.json").is_file() \
+    folder = (
+        train_lm(folder, config, progress=progress)
+        if folder is None or not (folder / "attsvm_lm.json").is_file()
         else folder
+    )
     model, tok = load_lm(folder)
     meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
     cfg = LMConfig(**meta["config"])
     if seq_len is None:
         seq_len = cfg.seq_len
     elif check_positive_int(seq_len, "seq_len", minimum=2) > cfg.seq_len:
-        log.warning("seq_len=%d exceeds the LM's training context (%d): positions beyond it are untrained",
-                    seq_len, cfg.seq_len)
+        log.warning(
+            "seq_len=%d exceeds the LM's training context (%d): positions beyond it are untrained", seq_len, cfg.seq_len
+        )
     ids = encode_heldout(tok, cfg, n_seq=n_seq, seq_len=min(seq_len, model.config.n_positions))
     with torch.no_grad():
         parallel = float(torch.exp(model(input_ids=ids, labels=ids).loss))
@@ -234,12 +269,26 @@ def kv_bench(*, quick: bool = False, lm_dir: str | Path | None = None, budgets: 
         policy = make_policy(pol, seed=seed) if pol == "random" else make_policy(pol)
         b = _budget(frac, ids.shape[1])
         rows.append({"policy": pol, "budget": frac, "budget_tokens": b, "ppl": lm_perplexity(model, ids, policy, b)})
-    lm = {"folder": str(folder), "n_seq": int(ids.shape[0]), "seq_len": int(ids.shape[1]),
-          "train_seq_len": cfg.seq_len, "ppl_parallel": parallel,
-          "ppl_full_cache": ppl_full, "heldout_ppl_train_report": meta.get("heldout_ppl"), "rows": rows}
+    lm = {
+        "folder": str(folder),
+        "n_seq": int(ids.shape[0]),
+        "seq_len": int(ids.shape[1]),
+        "train_seq_len": cfg.seq_len,
+        "ppl_parallel": parallel,
+        "ppl_full_cache": ppl_full,
+        "heldout_ppl_train_report": meta.get("heldout_ppl"),
+        "rows": rows,
+    }
     enc, etok = load_model("minilm")
-    minilm = minilm_fidelity(enc, etok, budgets=budgets, policies=policies, doc_length=64 if quick else 128,
-                             n_topics=12 if quick else None, seed=seed)
+    minilm = minilm_fidelity(
+        enc,
+        etok,
+        budgets=budgets,
+        policies=policies,
+        doc_length=64 if quick else 128,
+        n_topics=12 if quick else None,
+        seed=seed,
+    )
     return KVBenchResult(lm, minilm, time.perf_counter() - t0)
 
 
@@ -247,6 +296,7 @@ def kv_bench(*, quick: bool = False, lm_dir: str | Path | None = None, budgets: 
 def plot_kv_bench(out: str | Path) -> list[Path]:
     """Curves from ``kv_bench.json`` in ``out``: perplexity, cosine and retrieval against the budget."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -287,48 +337,78 @@ def write_kv_report(out: str | Path) -> Path:
     out = Path(out)
     data = json.loads((out / "kv_bench.json").read_text())
     lm, mn = data["lm"], data["minilm"]
-    lines = ["# KV-cache eviction: fidelity against the budget", "",
-             f"Causal LM `{lm['folder']}`: {lm['n_seq']} held-out sequences × {lm['seq_len']} tokens, decoded one "
-             f"token at a time. Perplexity with the full cache {lm['ppl_full_cache']:.3f} (one parallel forward: "
-             f"{lm['ppl_parallel']:.3f}).", "",
-             "| policy | " + " | ".join(f"{100 * b:g} %" for b in sorted({r['budget'] for r in lm['rows'] if r['policy'] != 'full'})) + " |"]
+    lines = [
+        "# KV-cache eviction: fidelity against the budget",
+        "",
+        f"Causal LM `{lm['folder']}`: {lm['n_seq']} held-out sequences × {lm['seq_len']} tokens, decoded one "
+        f"token at a time. Perplexity with the full cache {lm['ppl_full_cache']:.3f} (one parallel forward: "
+        f"{lm['ppl_parallel']:.3f}).",
+        "",
+        "| policy | "
+        + " | ".join(f"{100 * b:g} %" for b in sorted({r["budget"] for r in lm["rows"] if r["policy"] != "full"}))
+        + " |",
+    ]
     budgets = sorted({r["budget"] for r in lm["rows"] if r["policy"] != "full"})
     lines.append("|---|" + "---|" * len(budgets))
     pols = list(dict.fromkeys(r["policy"] for r in lm["rows"] if r["policy"] != "full"))
     get = {(r["policy"], r["budget"]): r for r in lm["rows"]}
     for p in pols:
         lines.append(f"| {p} | " + " | ".join(f"{get[(p, b)]['ppl']:.2f}" for b in budgets) + " |")
-    lines += ["", f"MiniLM: {mn['n_topics']} topics, documents of ≤ {mn['doc_length']} tokens; unpruned retrieval "
-              f"accuracy {mn['retrieval_acc_full']:.3f}.", "",
-              "| policy | " + " | ".join(f"cos {100 * b:g} %" for b in budgets) + " | "
-              + " | ".join(f"acc {100 * b:g} %" for b in budgets) + " |",
-              "|---|" + "---|" * (2 * len(budgets))]
+    lines += [
+        "",
+        f"MiniLM: {mn['n_topics']} topics, documents of ≤ {mn['doc_length']} tokens; unpruned retrieval "
+        f"accuracy {mn['retrieval_acc_full']:.3f}.",
+        "",
+        "| policy | "
+        + " | ".join(f"cos {100 * b:g} %" for b in budgets)
+        + " | "
+        + " | ".join(f"acc {100 * b:g} %" for b in budgets)
+        + " |",
+        "|---|" + "---|" * (2 * len(budgets)),
+    ]
     mget = {(r["policy"], r["budget"]): r for r in mn["rows"]}
     mpols = list(dict.fromkeys(r["policy"] for r in mn["rows"]))
     for p in mpols:
-        lines.append(f"| {p} | " + " | ".join(f"{mget[(p, b)]['cosine_mean']:.4f}" for b in budgets) + " | "
-                     + " | ".join(f"{mget[(p, b)]['retrieval_acc']:.3f}" for b in budgets) + " |")
+        lines.append(
+            f"| {p} | "
+            + " | ".join(f"{mget[(p, b)]['cosine_mean']:.4f}" for b in budgets)
+            + " | "
+            + " | ".join(f"{mget[(p, b)]['retrieval_acc']:.3f}" for b in budgets)
+            + " |"
+        )
     lines += ["", "## Who wins where", ""]
     for b in budgets:
         best_lm = min(pols, key=lambda p: get[(p, b)]["ppl"])
         best_cos = max(mpols, key=lambda p: mget[(p, b)]["cosine_mean"])
         best_acc = max(mpols, key=lambda p: mget[(p, b)]["retrieval_acc"])
         svm_rank = sorted(pols, key=lambda p: get[(p, b)]["ppl"]).index("svm") + 1 if "svm" in pols else None
-        lines.append(f"* budget {100 * b:g} %: LM perplexity → **{best_lm}** ({get[(best_lm, b)]['ppl']:.2f}"
-                     + (f"; svm-margin ranks {svm_rank}/{len(pols)} at {get[('svm', b)]['ppl']:.2f}" if svm_rank else "")
-                     + f"); MiniLM cosine → **{best_cos}** ({mget[(best_cos, b)]['cosine_mean']:.4f}); retrieval → "
-                     f"**{best_acc}** ({mget[(best_acc, b)]['retrieval_acc']:.3f}).")
+        lines.append(
+            f"* budget {100 * b:g} %: LM perplexity → **{best_lm}** ({get[(best_lm, b)]['ppl']:.2f}"
+            + (f"; svm-margin ranks {svm_rank}/{len(pols)} at {get[('svm', b)]['ppl']:.2f}" if svm_rank else "")
+            + f"); MiniLM cosine → **{best_cos}** ({mget[(best_cos, b)]['cosine_mean']:.4f}); retrieval → "
+            f"**{best_acc}** ({mget[(best_acc, b)]['retrieval_acc']:.3f})."
+        )
     full = lm["ppl_full_cache"]
     lines += ["", "## Reading", ""]
     for b in budgets:
         vals = [get[(p, b)]["ppl"] for p in pols]
         below = [p for p in pols if get[(p, b)]["ppl"] < full]
-        lines.append(f"* LM at {100 * b:g} %: policies span {min(vals):.2f}–{max(vals):.2f} "
-                     f"({100 * (max(vals) - min(vals)) / full:.1f} % of the full-cache perplexity)"
-                     + (f"; {', '.join(below)} beat the full cache, so this small LM uses little long-range "
-                        "context and the LM comparison discriminates weakly at this budget." if below else "."))
-    lines += ["", f"Total time {data['seconds']:.0f} s. Figure: `kv_bench.png`; tables: `lm_perplexity.csv`, "
-              "`minilm_fidelity.csv`.", ""]
+        lines.append(
+            f"* LM at {100 * b:g} %: policies span {min(vals):.2f}–{max(vals):.2f} "
+            f"({100 * (max(vals) - min(vals)) / full:.1f} % of the full-cache perplexity)"
+            + (
+                f"; {', '.join(below)} beat the full cache, so this small LM uses little long-range "
+                "context and the LM comparison discriminates weakly at this budget."
+                if below
+                else "."
+            )
+        )
+    lines += [
+        "",
+        f"Total time {data['seconds']:.0f} s. Figure: `kv_bench.png`; tables: `lm_perplexity.csv`, "
+        "`minilm_fidelity.csv`.",
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -76,10 +76,27 @@ from .._validation import check_choice, check_positive_int
 _cache_utils = require("transformers.cache_utils", feature="attsvm.analysis.kv_cache")
 Cache, CacheLayerMixin = _cache_utils.Cache, _cache_utils.CacheLayerMixin
 
-__all__ = ["EvictionPolicy", "SVMarginPolicy", "H2OPolicy", "TOVAPolicy", "StreamingPolicy", "RecentPolicy",
-           "RandomPolicy", "POLICIES", "PolicyName", "make_policy", "eviction_scores", "select_keep",
-           "EvictionLayer", "EvictionCache", "AttentionLayout", "attention_layout", "attention_modules",
-           "cache_kwargs", "returned_cache"]
+__all__ = [
+    "EvictionPolicy",
+    "SVMarginPolicy",
+    "H2OPolicy",
+    "TOVAPolicy",
+    "StreamingPolicy",
+    "RecentPolicy",
+    "RandomPolicy",
+    "POLICIES",
+    "PolicyName",
+    "make_policy",
+    "eviction_scores",
+    "select_keep",
+    "EvictionLayer",
+    "EvictionCache",
+    "AttentionLayout",
+    "attention_layout",
+    "attention_modules",
+    "cache_kwargs",
+    "returned_cache",
+]
 
 PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
 POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
@@ -100,8 +117,9 @@ class EvictionPolicy:
     def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
         self.sinks = check_positive_int(sinks, "sinks", minimum=0)
         if isinstance(recent, bool) or not isinstance(recent, (int, float)):
-            raise TypeError(f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), "
-                            f"got {recent!r}")
+            raise TypeError(
+                f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), got {recent!r}"
+            )
         if isinstance(recent, float) and not 0.0 <= recent <= 1.0:
             raise ValueError(f"recent as a share of the budget must be in [0, 1], got {recent}")
         if isinstance(recent, int) and recent < 0:
@@ -160,21 +178,21 @@ class SVMarginPolicy(EvictionPolicy):
         super().__init__(sinks=sinks, recent=recent)
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        if probs.shape[-2] == 1:                                      # one query sees every key
-            logp = probs[..., 0, :].log()                             # (B, H, S+1); p = 0 → −inf
-            margin = logp.amax(-1, keepdim=True) - logp               # an underflowed key: margin +inf
-            if stats is not None:                                     # new key: its first margin
-                old = margin[..., :stats.shape[-1]]
+        if probs.shape[-2] == 1:  # one query sees every key
+            logp = probs[..., 0, :].log()  # (B, H, S+1); p = 0 → −inf
+            margin = logp.amax(-1, keepdim=True) - logp  # an underflowed key: margin +inf
+            if stats is not None:  # new key: its first margin
+                old = margin[..., : stats.shape[-1]]
                 torch.minimum(old, stats, out=old)
             return margin
-        logp = probs.log()                                            # (B, H, R, S+q); p = 0 → −inf
-        margin = logp.amax(-1, keepdim=True) - logp                   # an underflowed key: margin +inf
-        margin = margin.masked_fill(probs <= 0, math.inf)             # a masked key: no margin from it
+        logp = probs.log()  # (B, H, R, S+q); p = 0 → −inf
+        margin = logp.amax(-1, keepdim=True) - logp  # an underflowed key: margin +inf
+        margin = margin.masked_fill(probs <= 0, math.inf)  # a masked key: no margin from it
         return torch.minimum(_pad(stats, probs, math.inf), margin.amin(dim=-2))
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
         logp = p.log()
-        torch.sub(logp.amax(-1, keepdim=True), logp, out=logp)       # margins; p = 0 → +inf
+        torch.sub(logp.amax(-1, keepdim=True), logp, out=logp)  # margins; p = 0 → +inf
         torch.minimum(stats, logp.select(-2, 0) if logp.shape[-2] == 1 else logp.amin(-2), out=stats)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
@@ -195,9 +213,9 @@ class H2OPolicy(EvictionPolicy):
         super().__init__(sinks=sinks, recent=recent)
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        total = probs.sum(dim=-2)                                     # (B, H, S+q), a new tensor
+        total = probs.sum(dim=-2)  # (B, H, S+q), a new tensor
         if stats is not None:
-            total[..., :stats.shape[-1]].add_(stats)
+            total[..., : stats.shape[-1]].add_(stats)
         return total
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
@@ -214,8 +232,8 @@ class TOVAPolicy(EvictionPolicy):
     name = "tova"
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        n_new = probs.shape[-1] - (0 if stats is None else stats.shape[-1])   # q: this step's queries
-        rows = probs.unflatten(-2, (probs.shape[-2] // n_new, n_new))        # (B, H, G, q, S+q)
+        n_new = probs.shape[-1] - (0 if stats is None else stats.shape[-1])  # q: this step's queries
+        rows = probs.unflatten(-2, (probs.shape[-2] // n_new, n_new))  # (B, H, G, q, S+q)
         last = rows[..., -1, :]
         return last[..., 0, :] if last.shape[-2] == 1 else last.mean(-2)
 
@@ -261,8 +279,9 @@ class RandomPolicy(EvictionPolicy):
         return torch.rand(positions.shape, generator=self._gen, dtype=torch.float64).to(positions.device)
 
 
-_CLASSES: dict[str, type[EvictionPolicy]] = {c.name: c for c in (SVMarginPolicy, H2OPolicy, TOVAPolicy,
-                                                                   StreamingPolicy, RecentPolicy, RandomPolicy)}
+_CLASSES: dict[str, type[EvictionPolicy]] = {
+    c.name: c for c in (SVMarginPolicy, H2OPolicy, TOVAPolicy, StreamingPolicy, RecentPolicy, RandomPolicy)
+}
 
 
 def make_policy(name: PolicyName, **kwargs: Any) -> EvictionPolicy:
@@ -272,8 +291,9 @@ def make_policy(name: PolicyName, **kwargs: Any) -> EvictionPolicy:
 
 
 # ---------------------------------------------------------------------------------------- the one eviction rule
-def eviction_scores(policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, n_seen: int,
-                    protected: tuple[int, int]) -> torch.Tensor:
+def eviction_scores(
+    policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, n_seen: int, protected: tuple[int, int]
+) -> torch.Tensor:
     """Evict-first scores (..., S) of the stored keys: the policy's, with protected keys at −inf.
 
     ``protected = (n_sinks, n_recent)``: positions below ``n_sinks`` and the last ``n_recent`` of the ``n_seen``
@@ -288,8 +308,9 @@ def eviction_scores(policy: EvictionPolicy, stats: torch.Tensor | None, position
     return score
 
 
-def select_keep(policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, budget: int,
-                n_seen: int) -> torch.Tensor:
+def select_keep(
+    policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, budget: int, n_seen: int
+) -> torch.Tensor:
     """Indices (B, H, budget), ascending, of the stored keys to keep (protected ones first, then priority)."""
     score = eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
     return torch.topk(score, budget, dim=-1, largest=False, sorted=False).indices.sort(dim=-1).values
@@ -303,9 +324,9 @@ class SlotBuffers:
     key, which the eviction step then moves into the victim's slot.
     """
 
-    keys: torch.Tensor        # (..., H, budget + 1, d_head)
+    keys: torch.Tensor  # (..., H, budget + 1, d_head)
     values: torch.Tensor
-    positions: torch.Tensor   # (..., H, budget + 1)
+    positions: torch.Tensor  # (..., H, budget + 1)
 
     def __post_init__(self) -> None:
         self.new_key, self.new_value = self.keys[..., -1:, :], self.values[..., -1:, :]
@@ -321,7 +342,7 @@ class EvictionStep:
 
     slots: SlotBuffers
     stats: torch.Tensor | None  # (..., H, budget + 1)
-    victim: torch.Tensor        # (..., H, 1) long
+    victim: torch.Tensor  # (..., H, 1) long
 
     def __post_init__(self) -> None:
         self.victim_k = self.victim.unsqueeze(-1).expand(*self.victim.shape, self.slots.keys.shape[-1])
@@ -336,8 +357,14 @@ class EvictionStep:
         self.flat_stats = None if self.stats is None else self.stats.view(-1, *self.stats.shape[-2:])
         self.flat_victim = self.victim.view(-1, *self.victim.shape[-2:])
 
-    def run(self, policy: EvictionPolicy, probs: torch.Tensor | None, n_seen: int, protected: tuple[int, int],
-            own_update: bool) -> None:
+    def run(
+        self,
+        policy: EvictionPolicy,
+        probs: torch.Tensor | None,
+        n_seen: int,
+        protected: tuple[int, int],
+        own_update: bool,
+    ) -> None:
         """Update the statistics with ``probs`` (..., H, G, budget + 1), pick the victim per row and KV head
         (:func:`eviction_scores`), move the newest key into its slot."""
         s, stats = self.slots, self.stats
@@ -362,8 +389,9 @@ class EvictionStep:
         """The victim per row and KV head is the highest evict-first ``score`` (its leading axes as the slots' or
         folded into one); the newest key takes its slot."""
         s = self.slots
-        torch.argmax(score, dim=-1, keepdim=True, out=self.victim if score.dim() == self.victim.dim()
-                     else self.flat_victim)
+        torch.argmax(
+            score, dim=-1, keepdim=True, out=self.victim if score.dim() == self.victim.dim() else self.flat_victim
+        )
         if self.copy_source:
             s.keys.scatter_(-2, self.victim_k, s.new_key.clone())
             s.values.scatter_(-2, self.victim_v, s.new_value.clone())
@@ -393,7 +421,7 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
     is_compileable = False
     is_sliding = False
     is_croppable = False
-    keys: torch.Tensor | None      # (B, H_kv, S, d_head); None until the first update (set by the base class)
+    keys: torch.Tensor | None  # (B, H_kv, S, d_head); None until the first update (set by the base class)
     values: torch.Tensor | None
 
     def __init__(self, policy: EvictionPolicy, budget: int, group_size: int = 1) -> None:
@@ -401,16 +429,16 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
         self.policy = policy
         self.budget = check_positive_int(budget, "budget")
         self.group_size = check_positive_int(group_size, "group_size")  # query heads per KV head
-        self.protected = policy.protected(self.budget)   # (n_sinks, n_recent): fixed with the policy and budget
+        self.protected = policy.protected(self.budget)  # (n_sinks, n_recent): fixed with the policy and budget
         self.positions: torch.Tensor | None = None
         self.stats: torch.Tensor | None = None
         self.cumulative_length = 0
-        self.pending = 0          # new tokens stored whose attention has not been observed yet
+        self.pending = 0  # new tokens stored whose attention has not been observed yet
         self.n_evicted = 0
         self.step: EvictionStep | None = None  # the steady state's buffers, once the layer is full
         self.group: FusedLayers | None = None  # set while every layer's steady state is fused (speed only)
-        self.group_index = 0                   # this layer's index in the group
-        self.hold = 0             # > 0: do not fuse for that many more steps (see _map_batch)
+        self.group_index = 0  # this layer's index in the group
+        self.hold = 0  # > 0: do not fuse for that many more steps (see _map_batch)
 
     def join(self, group: FusedLayers, i: int, slots: SlotBuffers, stats: torch.Tensor | None) -> None:
         """Use layer ``i`` of the group's stacked buffers as this layer's slot buffers."""
@@ -432,8 +460,9 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
         self.positions = torch.zeros((B, H, 0), dtype=torch.long, device=self.device)
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         assert self.keys is not None and self.values is not None and self.positions is not None
@@ -444,7 +473,8 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
                 raise RuntimeError(
                     f"the {self.policy.name!r} policy never saw the attention probabilities of the last step: "
                     "build the cache with EvictionCache(model, ...) on a model loaded with "
-                    "attn_implementation='eager'")
+                    "attn_implementation='eager'"
+                )
             self.observe(None)
         B, H, q, _ = key_states.shape
         S = self.keys.shape[-2]
@@ -483,8 +513,10 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
         """Update the policy statistics with this step's probabilities (B, H_q, q, S+q), then evict to the budget."""
         if self.policy.needs_scores:
             if probs is None:
-                raise RuntimeError(f"the {self.policy.name!r} policy needs attention probabilities: load the model "
-                                   "with attn_implementation='eager'")
+                raise RuntimeError(
+                    f"the {self.policy.name!r} policy needs attention probabilities: load the model "
+                    "with attn_implementation='eager'"
+                )
             rows = self.group_rows(probs.detach() if probs.requires_grad else probs)
             self.stats = self.policy.accumulate(self.stats, rows)
         self.pending = 0
@@ -497,9 +529,11 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
             # one key too many: the tensors of size budget + 1 become the slot buffers; the victim's slot takes
             # the newest key and the first budget slots are the stored keys
             if self.step is None or self.step.slots.keys is not self.keys:  # buffers (and views) made once
-                self.step = EvictionStep(SlotBuffers(self.keys, self.values, self.positions), None,
-                                         torch.empty((*self.positions.shape[:-1], 1), dtype=torch.long,
-                                                     device=self.positions.device))
+                self.step = EvictionStep(
+                    SlotBuffers(self.keys, self.values, self.positions),
+                    None,
+                    torch.empty((*self.positions.shape[:-1], 1), dtype=torch.long, device=self.positions.device),
+                )
             self._evict_one()
             return
         keep = select_keep(self.policy, self.stats, self.positions, self.budget, self.cumulative_length)
@@ -584,16 +618,18 @@ class FusedLayers:
         self.policy = policy = layers[0].policy
         steps = [layer.step for layer in layers if layer.step is not None]
         assert len(steps) == len(layers)
-        self.slots = SlotBuffers(torch.stack([s.slots.keys for s in steps]),      # (L, B, H, budget + 1, d)
-                                 torch.stack([s.slots.values for s in steps]),
-                                 torch.stack([s.slots.positions for s in steps]))  # (L, B, H, budget + 1)
+        self.slots = SlotBuffers(
+            torch.stack([s.slots.keys for s in steps]),  # (L, B, H, budget + 1, d)
+            torch.stack([s.slots.values for s in steps]),
+            torch.stack([s.slots.positions for s in steps]),
+        )  # (L, B, H, budget + 1)
         self.stats: torch.Tensor | None = None
         self.probs: torch.Tensor | None = None
         L, B, H = self.slots.positions.shape[:3]
         if policy.needs_scores:
             layer_stats = [layer.stats for layer in layers if layer.stats is not None]
             assert len(layer_stats) == len(layers)  # a scoring policy keeps statistics in every layer
-            stats = torch.stack(layer_stats)               # (L, B, H, budget)
+            stats = torch.stack(layer_stats)  # (L, B, H, budget)
             self.stats = torch.nn.functional.pad(stats, (0, 1), value=policy.fresh)
             self.probs = self.stats.new_empty((L, B, H, layers[0].group_size, self.stats.shape[-1]))
             self._stacked = self.probs.view(L, B, -1, 1, self.stats.shape[-1])  # the hooks' (B, H_q, 1, S+1)
@@ -606,14 +642,18 @@ class FusedLayers:
         self.n_observed = 0
         self.n_steps = 0  # fused eviction steps run
         for i, layer in enumerate(layers):
-            layer.join(self, i, SlotBuffers(self.slots.keys[i], self.slots.values[i], self.slots.positions[i]),
-                       None if self.stats is None else self.stats[i])
+            layer.join(
+                self,
+                i,
+                SlotBuffers(self.slots.keys[i], self.slots.values[i], self.slots.positions[i]),
+                None if self.stats is None else self.stats[i],
+            )
 
     def observe(self, i: int, probs: torch.Tensor | None) -> None:
         """Layer ``i``'s hook: keep its probabilities; after the last layer, evict in every layer."""
         layer = self.layers[i]
         if self.observed[i] or (self.probs is not None and probs is None):
-            self.dissolve()   # not the steady one-token step: the per-layer code handles (or reports) it
+            self.dissolve()  # not the steady one-token step: the per-layer code handles (or reports) it
             layer.observe(probs)
             return
         if self.probs is not None:
@@ -622,8 +662,11 @@ class FusedLayers:
         layer.pending = 0
         layer.n_evicted += 1
         assert layer.step is not None  # a joined layer keeps its step
-        layer.keys, layer.values, layer.positions = layer.step.slots.kept_keys, layer.step.slots.kept_values, \
-            layer.step.slots.kept_positions   # budget keys once the step has run
+        layer.keys, layer.values, layer.positions = (
+            layer.step.slots.kept_keys,
+            layer.step.slots.kept_values,
+            layer.step.slots.kept_positions,
+        )  # budget keys once the step has run
         self.observed[i] = True
         self.n_observed += 1
         if self.n_observed == len(self.layers):
@@ -640,11 +683,15 @@ class FusedLayers:
             layer = self.layers[i]
             if done:
                 assert layer.step is not None  # a joined layer keeps its step
-                step = EvictionStep(layer.step.slots, None if self.stats is None else self.stats[i],
-                                    torch.empty_like(self.victim[i]))
+                step = EvictionStep(
+                    layer.step.slots, None if self.stats is None else self.stats[i], torch.empty_like(self.victim[i])
+                )
                 probs = self._probs_in[i]
-                rows = None if probs is None else probs.view(*step.slots.positions.shape[:2], -1,
-                                                            step.slots.positions.shape[-1])
+                rows = (
+                    None
+                    if probs is None
+                    else probs.view(*step.slots.positions.shape[:2], -1, step.slots.positions.shape[-1])
+                )
                 step.run(self.policy, rows, layer.cumulative_length, self.protected, self.own_update)
             elif layer.pending:  # stored but not yet seen by its attention: its position is still unset
                 assert layer.step is not None
@@ -694,17 +741,29 @@ def attention_layout(model: Any) -> AttentionLayout:
     n_heads = getattr(text, "num_attention_heads", None)
     n_kv = getattr(text, "num_key_value_heads", None) or n_heads
     n_layers = getattr(text, "num_hidden_layers", None)
-    if not (isinstance(n_heads, int) and n_heads > 0 and isinstance(n_kv, int) and n_kv > 0
-            and isinstance(n_layers, int) and n_layers > 0):
-        raise ValueError(f"model {name}: cannot read num_attention_heads / num_key_value_heads / num_hidden_layers "
-                         "from its config; the eviction cache needs a standard decoder layout")
+    if not (
+        isinstance(n_heads, int)
+        and n_heads > 0
+        and isinstance(n_kv, int)
+        and n_kv > 0
+        and isinstance(n_layers, int)
+        and n_layers > 0
+    ):
+        raise ValueError(
+            f"model {name}: cannot read num_attention_heads / num_key_value_heads / num_hidden_layers "
+            "from its config; the eviction cache needs a standard decoder layout"
+        )
     if n_heads % n_kv:
-        raise ValueError(f"model {name} has num_attention_heads={n_heads} not a multiple of "
-                         f"num_key_value_heads={n_kv}: each KV head must serve a whole group of query heads")
+        raise ValueError(
+            f"model {name} has num_attention_heads={n_heads} not a multiple of "
+            f"num_key_value_heads={n_kv}: each KV head must serve a whole group of query heads"
+        )
     other = sorted({t for t in (getattr(text, "layer_types", None) or []) if t != "full_attention"})
     if other:
-        raise ValueError(f"model {name} has {', '.join(other) or 'sliding-window'} layers: the eviction cache handles "
-                         "full causal self-attention only (those layers already bound their cache by their own rule)")
+        raise ValueError(
+            f"model {name} has {', '.join(other) or 'sliding-window'} layers: the eviction cache handles "
+            "full causal self-attention only (those layers already bound their cache by their own rule)"
+        )
     window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
     return AttentionLayout(n_layers, n_heads, n_kv, window if isinstance(window, int) else None)
 
@@ -714,8 +773,11 @@ def attention_modules(model: Any) -> dict[int, Any]:
     found: dict[int, Any] = {}
     for mod in model.modules():
         idx = getattr(mod, "layer_idx", None)
-        if (isinstance(idx, int) and type(mod).__name__.endswith("Attention")
-                and not getattr(mod, "is_cross_attention", False)):
+        if (
+            isinstance(idx, int)
+            and type(mod).__name__.endswith("Attention")
+            and not getattr(mod, "is_cross_attention", False)
+        ):
             if idx in found:
                 raise ValueError(f"model has two attention modules with layer_idx={idx}; cannot attach the cache")
             found[idx] = mod
@@ -741,9 +803,11 @@ def returned_cache(output: Any) -> Any:
 
 def _refuse_padding(mask: Any) -> None:
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()):
-        raise ValueError("EvictionCache does not support padded batches: attention_mask has zeros (padding). "
-                         "Evicted keys no longer line up with the mask's columns; decode padded rows one at a "
-                         "time, or batch rows of equal length")
+        raise ValueError(
+            "EvictionCache does not support padded batches: attention_mask has zeros (padding). "
+            "Evicted keys no longer line up with the mask's columns; decode padded rows one at a "
+            "time, or batch rows of equal length"
+        )
 
 
 class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' Cache is imported lazily
@@ -757,8 +821,15 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
     checked here (:func:`attention_layout`), and a padded batch is refused at its first forward pass.
     """
 
-    def __init__(self, model: Any, policy: EvictionPolicy | PolicyName, budget: int, *, fuse_layers: bool = True,
-                 **policy_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        policy: EvictionPolicy | PolicyName,
+        budget: int,
+        *,
+        fuse_layers: bool = True,
+        **policy_kwargs: Any,
+    ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy, **policy_kwargs)
         elif not isinstance(policy, EvictionPolicy):
@@ -770,21 +841,25 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
             raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
         self.layout = attention_layout(model)
         if self.layout.sliding_window is not None and budget > self.layout.sliding_window:
-            raise ValueError(f"budget={budget} exceeds the model's sliding window ({self.layout.sliding_window}): "
-                             "the window mask would read the stored keys' compacted slots as positions; use "
-                             "budget <= sliding_window")
+            raise ValueError(
+                f"budget={budget} exceeds the model's sliding window ({self.layout.sliding_window}): "
+                "the window mask would read the stored keys' compacted slots as positions; use "
+                "budget <= sliding_window"
+            )
         impl = getattr(model.config, "_attn_implementation", None)
         if policy.needs_scores and impl != "eager":
-            raise ValueError(f"policy {policy.name!r} needs attention probabilities: load the model with "
-                             f"attn_implementation='eager' (it uses {impl!r})")
+            raise ValueError(
+                f"policy {policy.name!r} needs attention probabilities: load the model with "
+                f"attn_implementation='eager' (it uses {impl!r})"
+            )
         mods = attention_modules(model)
         n_layers = max(mods) + 1
         super().__init__(layers=[EvictionLayer(policy, budget, self.layout.group_size) for _ in range(n_layers)])
         self.policy = policy
         self.budget = budget
         self._can_fuse = fuse_layers
-        self._group: FusedLayers | None = None   # the live group, if any (see FusedLayers)
-        self._fused_steps_done = 0               # steps of the groups before it
+        self._group: FusedLayers | None = None  # the live group, if any (see FusedLayers)
+        self._fused_steps_done = 0  # steps of the groups before it
         ref = weakref.ref(self)
 
         def hook(mod: Any, args: Any, output: Any) -> None:
@@ -817,18 +892,23 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
             return
         a = layers[0].step.slots
         ref = layers[0]
-        alike = all(la.step.slots.keys.shape == a.keys.shape and la.step.slots.values.shape == a.values.shape
-                    and la.step.slots.keys.dtype == a.keys.dtype and la.step.slots.keys.device == a.keys.device
-                    and la.cumulative_length == ref.cumulative_length
-                    and (la.stats is None) == (ref.stats is None)
-                    and (la.stats is None or (la.stats.shape == ref.stats.shape and la.stats.dtype == ref.stats.dtype))
-                    for la in layers)
+        alike = all(
+            la.step.slots.keys.shape == a.keys.shape
+            and la.step.slots.values.shape == a.values.shape
+            and la.step.slots.keys.dtype == a.keys.dtype
+            and la.step.slots.keys.device == a.keys.device
+            and la.cumulative_length == ref.cumulative_length
+            and (la.stats is None) == (ref.stats is None)
+            and (la.stats is None or (la.stats.shape == ref.stats.shape and la.stats.dtype == ref.stats.dtype))
+            for la in layers
+        )
         if alike:
             if self._group is not None:  # dissolved: keep its count, drop its buffers
                 self._fused_steps_done += self._group.n_steps
             self._group = FusedLayers(list(layers))
-        elif any(la.step.slots.keys.shape != a.keys.shape or la.step.slots.values.shape != a.values.shape
-                 for la in layers):
+        elif any(
+            la.step.slots.keys.shape != a.keys.shape or la.step.slots.values.shape != a.values.shape for la in layers
+        ):
             self._can_fuse = False  # e.g. layers with different head counts: stay per layer for good
 
     @property

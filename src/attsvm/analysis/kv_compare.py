@@ -53,26 +53,65 @@ import numpy as np
 
 from .._extras import require
 from .._validation import check_choice, check_finite_scalar, check_positive_int
-from .lm import (QUICK_RETRIEVAL_LM, RETRIEVAL_LM, LlamaLMConfig, cache_kw, decode_answer, encode_query,
-                 load_llama_lm, split_corpus, train_llama_lm)
+from .lm import (
+    QUICK_RETRIEVAL_LM,
+    RETRIEVAL_LM,
+    LlamaLMConfig,
+    cache_kw,
+    decode_answer,
+    encode_query,
+    load_llama_lm,
+    split_corpus,
+    train_llama_lm,
+)
 from .tasks import TASKS, make_rows, score_row
 
-__all__ = ["CompareConfig", "QUICK_COMPARE", "Method", "METHODS", "KVPRESS_METHODS", "ATTSVM_METHODS",
-           "SVM_METHODS", "BudgetMismatch", "compute_n_kept", "available_methods", "answer_context",
-           "kv_compare", "CompareResult", "bootstrap_ci", "plot_kv_compare", "write_compare_report"]
+__all__ = [
+    "CompareConfig",
+    "QUICK_COMPARE",
+    "Method",
+    "METHODS",
+    "KVPRESS_METHODS",
+    "ATTSVM_METHODS",
+    "SVM_METHODS",
+    "BudgetMismatch",
+    "compute_n_kept",
+    "available_methods",
+    "answer_context",
+    "kv_compare",
+    "CompareResult",
+    "bootstrap_ci",
+    "plot_kv_compare",
+    "write_compare_report",
+]
 
 log = logging.getLogger(__name__)
 
 QueryMode = Literal["agnostic", "aware"]
 
-KVPRESS_METHODS: tuple[str, ...] = ("knorm", "snapkv", "streaming_llm", "tova", "expected_attention",
-                                    "observed_attention", "keydiff", "random")
+KVPRESS_METHODS: tuple[str, ...] = (
+    "knorm",
+    "snapkv",
+    "streaming_llm",
+    "tova",
+    "expected_attention",
+    "observed_attention",
+    "keydiff",
+    "random",
+)
 ATTSVM_PRESSES: tuple[str, ...] = ("svm_margin_press", "h2o_press")
-ATTSVM_CACHES: tuple[str, ...] = ("svm_cache", "h2o_cache", "tova_cache", "streaming_cache", "random_cache",
-                                  "svm_oneshot", "h2o_oneshot")
+ATTSVM_CACHES: tuple[str, ...] = (
+    "svm_cache",
+    "h2o_cache",
+    "tova_cache",
+    "streaming_cache",
+    "random_cache",
+    "svm_oneshot",
+    "h2o_oneshot",
+)
 ATTSVM_METHODS: tuple[str, ...] = ATTSVM_PRESSES + ATTSVM_CACHES
 SVM_METHODS: tuple[str, ...] = ("svm_margin_press", "svm_cache", "svm_oneshot")
-METHODS: tuple[str, ...] = ("full",) + KVPRESS_METHODS + ATTSVM_METHODS
+METHODS: tuple[str, ...] = ("full", *KVPRESS_METHODS, *ATTSVM_METHODS)
 
 
 class BudgetMismatch(AssertionError):
@@ -95,22 +134,30 @@ class CompareConfig:
     ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
     tasks: tuple[str, ...] = TASKS
     seeds: tuple[int, ...] = (0, 1, 2)
-    n_samples: int = 1                 # contexts per task and seed
-    n_tokens: int = 1024               # context length (tokens)
+    n_samples: int = 1  # contexts per task and seed
+    n_tokens: int = 1024  # context length (tokens)
     query_modes: tuple[str, ...] = ("agnostic", "aware")
     methods: tuple[str, ...] | None = None  # None: every available method
-    chunk: int = 64                    # decode-time caches: context tokens per forward pass
-    window_size: int = 64              # observation window of SnapKV and the attsvm presses
+    chunk: int = 64  # decode-time caches: context tokens per forward pass
+    window_size: int = 64  # observation window of SnapKV and the attsvm presses
     ppl_sequences: int = 6
     ppl_context: int = 512
     ppl_continuation: int = 64
     n_boot: int = 2000
-    min_accuracy: float = 0.9          # full-cache accuracy needed on every task, else the comparison is void
+    min_accuracy: float = 0.9  # full-cache accuracy needed on every task, else the comparison is void
     lm: LlamaLMConfig = RETRIEVAL_LM
 
     def __post_init__(self) -> None:
-        for f in ("n_samples", "n_tokens", "chunk", "window_size", "ppl_sequences", "ppl_context",
-                  "ppl_continuation", "n_boot"):
+        for f in (
+            "n_samples",
+            "n_tokens",
+            "chunk",
+            "window_size",
+            "ppl_sequences",
+            "ppl_context",
+            "ppl_continuation",
+            "n_boot",
+        ):
             check_positive_int(getattr(self, f), f)
         if not self.ratios:
             raise ValueError("ratios must be non-empty")
@@ -130,8 +177,18 @@ class CompareConfig:
 
 
 # --quick (CI): 256-token contexts, one seed, fewer samples; the quick model
-QUICK_COMPARE = CompareConfig(seeds=(0,), n_samples=2, n_tokens=256, chunk=32, window_size=16, ppl_sequences=2,
-                              ppl_context=192, ppl_continuation=32, n_boot=200, lm=QUICK_RETRIEVAL_LM)
+QUICK_COMPARE = CompareConfig(
+    seeds=(0,),
+    n_samples=2,
+    n_tokens=256,
+    chunk=32,
+    window_size=16,
+    ppl_sequences=2,
+    ppl_context=192,
+    ppl_continuation=32,
+    n_boot=200,
+    lm=QUICK_RETRIEVAL_LM,
+)
 
 
 @dataclass(frozen=True)
@@ -156,9 +213,14 @@ def _kvpress_method(name: str, window_size: int) -> Method:
             return kp.SnapKVPress(compression_ratio=ratio, window_size=window_size)
         if name == "random":
             return kp.RandomPress(compression_ratio=ratio, seed=0)
-        cls = {"knorm": "KnormPress", "streaming_llm": "StreamingLLMPress", "tova": "TOVAPress",
-               "expected_attention": "ExpectedAttentionPress", "observed_attention": "ObservedAttentionPress",
-               "keydiff": "KeyDiffPress"}[name]
+        cls = {
+            "knorm": "KnormPress",
+            "streaming_llm": "StreamingLLMPress",
+            "tova": "TOVAPress",
+            "expected_attention": "ExpectedAttentionPress",
+            "observed_attention": "ObservedAttentionPress",
+            "keydiff": "KeyDiffPress",
+        }[name]
         return getattr(kp, cls)(compression_ratio=ratio)
 
     return Method(name, "kvpress", "prefill", build)
@@ -229,13 +291,22 @@ def _prefill(model: Any, cache: Any, ids: Any, chunk: int | None) -> None:
     kw = cache_kw(model.model, cache)
     with torch.no_grad():
         for s in range(0, n, step):
-            part = ids[:, s:s + step]
-            model.model(input_ids=part, position_ids=torch.arange(s, s + part.shape[1]).unsqueeze(0), use_cache=True,
-                        **kw)
+            part = ids[:, s : s + step]
+            model.model(
+                input_ids=part, position_ids=torch.arange(s, s + part.shape[1]).unsqueeze(0), use_cache=True, **kw
+            )
 
 
-def answer_context(model: Any, tok: Any, method: Method, ratio: float, context: str,
-                   queries: Sequence[tuple[str, str, int]], *, chunk: int = 64) -> tuple[list[str], int, int]:
+def answer_context(
+    model: Any,
+    tok: Any,
+    method: Method,
+    ratio: float,
+    context: str,
+    queries: Sequence[tuple[str, str, int]],
+    *,
+    chunk: int = 64,
+) -> tuple[list[str], int, int]:
     """Answer ``queries`` ``[(question, answer_prefix, max_new_tokens)]`` about one ``context`` with ``method``.
 
     Mirrors kvpress's pipeline: ``<s> context`` is prefilled (under the press, or into the method's cache), then
@@ -277,18 +348,26 @@ def answer_context(model: Any, tok: Any, method: Method, ratio: float, context: 
 
 def _check_kept(method: Method, lengths: list[int], n_kept: int) -> None:
     if any(length != n_kept for length in lengths):
-        raise BudgetMismatch(f"method {method.name!r} kept {lengths} keys per layer after the context; "
-                             f"every method must keep n_kept={n_kept}")
+        raise BudgetMismatch(
+            f"method {method.name!r} kept {lengths} keys per layer after the context; "
+            f"every method must keep n_kept={n_kept}"
+        )
 
 
-def _contexts(task: str, seed: int, config: CompareConfig) -> list[tuple[int, str, list[tuple[str, str, int]],
-                                                                         list[list[str]]]]:
+def _contexts(
+    task: str, seed: int, config: CompareConfig
+) -> list[tuple[int, str, list[tuple[str, str, int]], list[list[str]]]]:
     rows = make_rows(task, config.n_samples, n_tokens=config.n_tokens, seed=seed)
     out = []
     for sample, part in rows.groupby("sample", sort=True):
-        out.append((int(sample), str(part["context"].iloc[0]),
-                    [(str(r.question), str(r.answer_prefix), int(r.max_new_tokens)) for r in part.itertuples()],
-                    [list(r.answer) for r in part.itertuples()]))
+        out.append(
+            (
+                int(sample),
+                str(part["context"].iloc[0]),
+                [(str(r.question), str(r.answer_prefix), int(r.max_new_tokens)) for r in part.itertuples()],
+                [list(r.answer) for r in part.itertuples()],
+            )
+        )
     return out
 
 
@@ -328,21 +407,28 @@ def _continuation_nll(model: Any, method: Method, ratio: float, seq: Any, n_ctx:
     try:
         with torch.no_grad():
             m = cont.shape[1]
-            logits = model(input_ids=cont, position_ids=torch.arange(n_ctx, n_ctx + m).unsqueeze(0), use_cache=True,
-                           **cache_kw(model, cache)).logits[0, :-1]
+            logits = model(
+                input_ids=cont,
+                position_ids=torch.arange(n_ctx, n_ctx + m).unsqueeze(0),
+                use_cache=True,
+                **cache_kw(model, cache),
+            ).logits[0, :-1]
             nll = torch.nn.functional.cross_entropy(logits.double(), cont[0, 1:], reduction="sum")
     finally:
         close()
     return float(nll), m - 1
 
 
-def bootstrap_ci(scores: np.ndarray, clusters: np.ndarray, *, n_boot: int, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
+def bootstrap_ci(
+    scores: np.ndarray, clusters: np.ndarray, *, n_boot: int, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of ``scores`` resampling whole ``clusters`` (rows of one context)."""
     scores = np.asarray(scores, dtype=np.float64)
     clusters = np.asarray(clusters)
     if scores.ndim != 1 or scores.shape != clusters.shape or not scores.size:
-        raise ValueError(f"scores and clusters must be equal non-empty 1-d arrays, got {scores.shape}, {clusters.shape}")
+        raise ValueError(
+            f"scores and clusters must be equal non-empty 1-d arrays, got {scores.shape}, {clusters.shape}"
+        )
     n_boot = check_positive_int(n_boot, "n_boot")
     ids, inv = np.unique(clusters, return_inverse=True)
     sums = np.bincount(inv, weights=scores, minlength=len(ids))
@@ -367,8 +453,9 @@ class CompareResult:
         """Write ``results.json``, ``rows.parquet`` (and ``rows.csv``); returns the folder."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(
-            {"meta": self.meta, "results": self.summary, "perplexity": self.perplexity}, indent=1))
+        (out / "results.json").write_text(
+            json.dumps({"meta": self.meta, "results": self.summary, "perplexity": self.perplexity}, indent=1)
+        )
         require("pyarrow", feature="attsvm kv-compare (Parquet output)")
         df = self.rows.copy()
         df["answer"] = df["answer"].map(lambda a: " | ".join(a))
@@ -376,8 +463,9 @@ class CompareResult:
         return out
 
 
-def kv_compare(config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | None = None,
-               progress: bool = False) -> CompareResult:
+def kv_compare(
+    config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | None = None, progress: bool = False
+) -> CompareResult:
     """Run the grid of :class:`CompareConfig` (module notes) on the model in ``lm_dir`` (a folder written by
     :func:`~attsvm.analysis.lm.train_llama_lm`), or on ``config.lm`` trained or reused from the cache."""
     import torch
@@ -393,10 +481,13 @@ def kv_compare(config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | 
     t_model = time.perf_counter() - t0
     names, skipped = available_methods(config.methods)
     if "full" not in names:
-        names = ("full",) + names
+        names = ("full", *names)
     if skipped:
-        log.warning("kvpress is not installed: running attsvm's methods only (skipped: %s); "
-                    'install "attsvm[kvpress]" for kvpress\'s presses', ", ".join(skipped))
+        log.warning(
+            "kvpress is not installed: running attsvm's methods only (skipped: %s); "
+            'install "attsvm[kvpress]" for kvpress\'s presses',
+            ", ".join(skipped),
+        )
     methods = [_method(n, config.window_size) for n in names]
     records: list[dict[str, Any]] = []
     seconds: dict[str, float] = {m.name: 0.0 for m in methods}
@@ -406,8 +497,13 @@ def kv_compare(config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | 
         contexts = _contexts(task, seed, config)
         for mode in config.query_modes:
             for sample, context, queries, answers in contexts:
-                groups = ([(context, list(zip(queries, answers, range(len(queries)))))] if mode == "agnostic" else
-                          [(context + q[0], [(("", q[1], q[2]), a, i)]) for i, (q, a) in enumerate(zip(queries, answers))])
+                groups = (
+                    [(context, list(zip(queries, answers, range(len(queries)))))]
+                    if mode == "agnostic"
+                    else [
+                        (context + q[0], [(("", q[1], q[2]), a, i)]) for i, (q, a) in enumerate(zip(queries, answers))
+                    ]
+                )
                 for ctx_text, items in groups:
                     qs = [it[0] for it in items]
                     kept_by_ratio: dict[float, int] = {}
@@ -415,19 +511,33 @@ def kv_compare(config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | 
                         ratios = (0.0,) if method.kind == "full" else config.ratios
                         for ratio in ratios:
                             t1 = time.perf_counter()
-                            preds, n_ctx, n_kept = answer_context(model, tok, method, ratio, ctx_text, qs,
-                                                                  chunk=config.chunk)
+                            preds, n_ctx, n_kept = answer_context(
+                                model, tok, method, ratio, ctx_text, qs, chunk=config.chunk
+                            )
                             seconds[method.name] += time.perf_counter() - t1
-                            if method.kind != "full":
-                                if kept_by_ratio.setdefault(ratio, n_kept) != n_kept:
-                                    raise BudgetMismatch(f"{method.name} kept {n_kept} keys at ratio {ratio}, "
-                                                         f"others {kept_by_ratio[ratio]}")
+                            if method.kind != "full" and kept_by_ratio.setdefault(ratio, n_kept) != n_kept:
+                                raise BudgetMismatch(
+                                    f"{method.name} kept {n_kept} keys at ratio {ratio}, others {kept_by_ratio[ratio]}"
+                                )
                             for pred, (_, ans, qi) in zip(preds, items):
-                                records.append({"method": method.name, "family": method.family, "kind": method.kind,
-                                                "mode": mode, "task": task, "ratio": ratio, "seed": seed,
-                                                "sample": sample, "query": qi, "prediction": pred, "answer": ans,
-                                                "score": score_row(pred, ans), "n_context": n_ctx,
-                                                "n_kept": n_kept})
+                                records.append(
+                                    {
+                                        "method": method.name,
+                                        "family": method.family,
+                                        "kind": method.kind,
+                                        "mode": mode,
+                                        "task": task,
+                                        "ratio": ratio,
+                                        "seed": seed,
+                                        "sample": sample,
+                                        "query": qi,
+                                        "prediction": pred,
+                                        "answer": ans,
+                                        "score": score_row(pred, ans),
+                                        "n_context": n_ctx,
+                                        "n_kept": n_kept,
+                                    }
+                                )
             bar.update(1)
     bar.close()
     rows = pd.DataFrame.from_records(records)
@@ -436,26 +546,44 @@ def kv_compare(config: CompareConfig = CompareConfig(), *, lm_dir: str | Path | 
     windows = _ppl_windows(tok, config)
     perplexity = []
     for method in methods:
-        for ratio in ((0.0,) if method.kind == "full" else config.ratios):
+        for ratio in (0.0,) if method.kind == "full" else config.ratios:
             tot, cnt = 0.0, 0
             for seq in windows:
                 nll, c = _continuation_nll(model, method, ratio, seq, config.ppl_context, config.chunk)
                 tot, cnt = tot + nll, cnt + c
-            perplexity.append({"method": method.name, "family": method.family, "kind": method.kind, "ratio": ratio,
-                               "perplexity": math.exp(tot / cnt),
-                               "n_kept": config.ppl_context if method.kind == "full"
-                               else compute_n_kept(config.ppl_context, ratio)})
+            perplexity.append(
+                {
+                    "method": method.name,
+                    "family": method.family,
+                    "kind": method.kind,
+                    "ratio": ratio,
+                    "perplexity": math.exp(tot / cnt),
+                    "n_kept": config.ppl_context
+                    if method.kind == "full"
+                    else compute_n_kept(config.ppl_context, ratio),
+                }
+            )
     full = {(s["mode"], s["task"]): s["accuracy"] for s in summary if s["method"] == "full"}
     void = [f"{task} ({mode}): {acc:.2f}" for (mode, task), acc in sorted(full.items()) if acc < config.min_accuracy]
     import transformers
 
-    meta = {"config": _jsonable(dataclasses.asdict(config)), "model_dir": str(folder), "model": lm_meta,
-            "methods": list(names), "skipped_methods": list(skipped), "kvpress": kvpress_available(),
-            "transformers": transformers.__version__, "torch": torch.__version__,
-            "full_cache_accuracy": {f"{t}/{m}": a for (m, t), a in full.items()},
-            "void": bool(void), "void_reasons": void, "seconds_model": t_model,
-            "seconds_ppl": time.perf_counter() - t_ppl, "seconds_by_method": seconds,
-            "seconds": time.perf_counter() - t0}
+    meta = {
+        "config": _jsonable(dataclasses.asdict(config)),
+        "model_dir": str(folder),
+        "model": lm_meta,
+        "methods": list(names),
+        "skipped_methods": list(skipped),
+        "kvpress": kvpress_available(),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "full_cache_accuracy": {f"{t}/{m}": a for (m, t), a in full.items()},
+        "void": bool(void),
+        "void_reasons": void,
+        "seconds_model": t_model,
+        "seconds_ppl": time.perf_counter() - t_ppl,
+        "seconds_by_method": seconds,
+        "seconds": time.perf_counter() - t0,
+    }
     return CompareResult(rows, summary, perplexity, meta)
 
 
@@ -473,10 +601,23 @@ def _summarise(rows: Any, config: CompareConfig) -> list[dict[str, Any]]:
         clusters = part["seed"].astype(str) + ":" + part["sample"].astype(str)
         lo, hi = bootstrap_ci(part["score"].to_numpy(), clusters.to_numpy(), n_boot=config.n_boot)
         kept = sorted(set(part["n_kept"].tolist()))
-        out.append({"method": method, "family": part["family"].iloc[0], "kind": part["kind"].iloc[0], "mode": mode,
-                    "task": task, "ratio": float(ratio), "accuracy": float(part["score"].mean()), "ci_low": lo,
-                    "ci_high": hi, "n_kept": kept[0] if len(kept) == 1 else float(np.mean(part["n_kept"])),
-                    "n_kept_values": kept, "n_rows": int(len(part)), "n_contexts": int(clusters.nunique())})
+        out.append(
+            {
+                "method": method,
+                "family": part["family"].iloc[0],
+                "kind": part["kind"].iloc[0],
+                "mode": mode,
+                "task": task,
+                "ratio": float(ratio),
+                "accuracy": float(part["score"].mean()),
+                "ci_low": lo,
+                "ci_high": hi,
+                "n_kept": kept[0] if len(kept) == 1 else float(np.mean(part["n_kept"])),
+                "n_kept_values": kept,
+                "n_rows": len(part),
+                "n_contexts": int(clusters.nunique()),
+            }
+        )
     return out
 
 
@@ -504,14 +645,18 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
     tasks = [t for t in TASKS if any(s["task"] == t for s in summ)]
     methods = [m for m in METHODS if any(s["method"] == m for s in summ)]
     cmap = plt.get_cmap("tab20")
-    fig, axes = plt.subplots(len(modes), len(tasks), figsize=(3.6 * len(tasks), 3.0 * len(modes)), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(
+        len(modes), len(tasks), figsize=(3.6 * len(tasks), 3.0 * len(modes)), squeeze=False, sharey=True
+    )
     for i, mode in enumerate(modes):
         for j, task in enumerate(tasks):
             ax = axes[i][j]
             for k, m in enumerate(methods):
-                pts = sorted((s["ratio"], s["accuracy"], s["ci_low"], s["ci_high"]) for s in summ
-                             if s["method"] == m and s["mode"] == mode and s["task"] == task)
+                pts = sorted(
+                    (s["ratio"], s["accuracy"], s["ci_low"], s["ci_high"])
+                    for s in summ
+                    if s["method"] == m and s["mode"] == mode and s["task"] == task
+                )
                 if not pts:
                     continue
                 r, a, lo, hi = map(np.asarray, zip(*pts))
@@ -519,8 +664,18 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
                     ax.axhline(a[0], color="k", ls="--", lw=1, label="full cache")
                     continue
                 style = "-" if m in SVM_METHODS else (":" if m in ATTSVM_METHODS else "-.")
-                ax.errorbar(r, a, yerr=[a - lo, hi - a], color=cmap(k % 20), ls=style, marker="o", ms=3, lw=1.2 if
-                            m in SVM_METHODS else 0.8, capsize=2, label=m)
+                ax.errorbar(
+                    r,
+                    a,
+                    yerr=[a - lo, hi - a],
+                    color=cmap(k % 20),
+                    ls=style,
+                    marker="o",
+                    ms=3,
+                    lw=1.2 if m in SVM_METHODS else 0.8,
+                    capsize=2,
+                    label=m,
+                )
             ax.set_title(f"{task} ({mode})", fontsize=9)
             ax.set_xlabel("compression ratio")
             ax.set_ylim(-0.05, 1.05)
@@ -561,8 +716,10 @@ def _verdicts(summ: list[dict[str, Any]]) -> list[dict[str, Any]]:
     lose when the bootstrap CIs do not overlap, tie otherwise; "too few contexts" below
     :data:`MIN_VERDICT_CONTEXTS` contexts (one context resamples to itself: its CI is a point)."""
     out = []
-    keys = sorted({(s["mode"], s["task"], s["ratio"]) for s in summ if s["method"] != "full"},
-                  key=lambda k: (k[0], TASKS.index(k[1]) if k[1] in TASKS else 99, k[2]))
+    keys = sorted(
+        {(s["mode"], s["task"], s["ratio"]) for s in summ if s["method"] != "full"},
+        key=lambda k: (k[0], TASKS.index(k[1]) if k[1] in TASKS else 99, k[2]),
+    )
     for mode, task, ratio in keys:
         cell = [s for s in summ if (s["mode"], s["task"], s["ratio"]) == (mode, task, ratio)]
         others = [s for s in cell if s["method"] not in SVM_METHODS and s["method"] != "full"]
@@ -580,8 +737,18 @@ def _verdicts(summ: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 verdict = "lose"
             else:
                 verdict = "tie"
-            out.append({"mode": mode, "task": task, "ratio": ratio, "svm_method": s["method"], "svm": s["accuracy"],
-                        "best_other": best["method"], "other": best["accuracy"], "verdict": verdict})
+            out.append(
+                {
+                    "mode": mode,
+                    "task": task,
+                    "ratio": ratio,
+                    "svm_method": s["method"],
+                    "svm": s["accuracy"],
+                    "best_other": best["method"],
+                    "other": best["accuracy"],
+                    "verdict": verdict,
+                }
+            )
     return out
 
 
@@ -592,60 +759,98 @@ def write_compare_report(out: str | Path) -> Path:
     meta, summ = res["meta"], res["results"]
     lines = ["# kv-compare: KV-cache compression on retrieval tasks", ""]
     if meta["void"]:
-        lines += ["**COMPARISON VOID**: the full-cache model is below the required accuracy "
-                  f"{meta['config']['min_accuracy']} on: " + "; ".join(meta["void_reasons"]) + ". The method "
-                  "differences below are not evidence about retrieval.", ""]
+        lines += [
+            "**COMPARISON VOID**: the full-cache model is below the required accuracy "
+            f"{meta['config']['min_accuracy']} on: " + "; ".join(meta["void_reasons"]) + ". The method "
+            "differences below are not evidence about retrieval.",
+            "",
+        ]
     if meta["skipped_methods"]:
-        lines += ["**attsvm's methods only**: kvpress is not installed in this environment, so its presses (and "
-                  "attsvm's kvpress presses) did not run: " + ", ".join(meta["skipped_methods"]) +
-                  '. Install `attsvm[kvpress]` (kvpress 0.5.5, transformers 5.2.x) for the full comparison.', ""]
+        lines += [
+            "**attsvm's methods only**: kvpress is not installed in this environment, so its presses (and "
+            "attsvm's kvpress presses) did not run: "
+            + ", ".join(meta["skipped_methods"])
+            + ". Install `attsvm[kvpress]` (kvpress 0.5.5, transformers 5.2.x) for the full comparison.",
+            "",
+        ]
     m = meta["model"]
     c = meta["config"]
-    lines += [f"Model: LlamaForCausalLM, {m['n_params']:,} parameters, {m['config']['n_layer']} layers, "
-              f"{m['config']['n_head']} query heads : {m['config']['n_kv_head']} KV heads (GQA), RoPE; trained "
-              f"{m['train_seconds']:.0f} s; held-out perplexity {m['heldout_ppl']:.1f}.",
-              f"Grid: ratios {c['ratios']}, tasks {c['tasks']}, seeds {c['seeds']}, {c['n_samples']} contexts per "
-              f"task and seed, {c['n_tokens']}-token contexts, modes {c['query_modes']}; transformers "
-              f"{meta['transformers']}, kvpress {'installed' if meta['kvpress'] else 'not installed'}; "
-              f"{meta['seconds']:.0f} s.", "",
-              "Full-cache accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(meta["full_cache_accuracy"].items())),
-              "", "## Verdict: SV-margin against the best other method (95% bootstrap CIs; win/lose = no overlap)", "",
-              "| mode | task | ratio | SV-margin method | acc | best other | acc | verdict |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"Model: LlamaForCausalLM, {m['n_params']:,} parameters, {m['config']['n_layer']} layers, "
+        f"{m['config']['n_head']} query heads : {m['config']['n_kv_head']} KV heads (GQA), RoPE; trained "
+        f"{m['train_seconds']:.0f} s; held-out perplexity {m['heldout_ppl']:.1f}.",
+        f"Grid: ratios {c['ratios']}, tasks {c['tasks']}, seeds {c['seeds']}, {c['n_samples']} contexts per "
+        f"task and seed, {c['n_tokens']}-token contexts, modes {c['query_modes']}; transformers "
+        f"{meta['transformers']}, kvpress {'installed' if meta['kvpress'] else 'not installed'}; "
+        f"{meta['seconds']:.0f} s.",
+        "",
+        "Full-cache accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(meta["full_cache_accuracy"].items())),
+        "",
+        "## Verdict: SV-margin against the best other method (95% bootstrap CIs; win/lose = no overlap)",
+        "",
+        "| mode | task | ratio | SV-margin method | acc | best other | acc | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     verdicts = _verdicts(summ)
     for v in verdicts:
-        lines.append(f"| {v['mode']} | {v['task']} | {v['ratio']} | {v['svm_method']} | {v['svm']:.2f} | "
-                     f"{v['best_other']} | {v['other']:.2f} | {v['verdict']} |")
+        lines.append(
+            f"| {v['mode']} | {v['task']} | {v['ratio']} | {v['svm_method']} | {v['svm']:.2f} | "
+            f"{v['best_other']} | {v['other']:.2f} | {v['verdict']} |"
+        )
     counts = {k: sum(v["verdict"] == k for v in verdicts) for k in ("win", "tie", "lose", "too few contexts")}
-    lines += ["", f"Totals: {counts['win']} wins, {counts['tie']} ties, {counts['lose']} losses, "
-              f"{counts['too few contexts']} cells with fewer than {MIN_VERDICT_CONTEXTS} contexts (no verdict).", "",
-              "## Accuracy (mean [95% CI], n_kept keys per layer and KV head)", ""]
+    lines += [
+        "",
+        f"Totals: {counts['win']} wins, {counts['tie']} ties, {counts['lose']} losses, "
+        f"{counts['too few contexts']} cells with fewer than {MIN_VERDICT_CONTEXTS} contexts (no verdict).",
+        "",
+        "## Accuracy (mean [95% CI], n_kept keys per layer and KV head)",
+        "",
+    ]
     modes = sorted({s["mode"] for s in summ})
     ratios = sorted({s["ratio"] for s in summ if s["method"] != "full"})
     for mode in modes:
         for task in [t for t in TASKS if any(s["task"] == t for s in summ)]:
-            lines += [f"### {task}, query-{mode}", "", "| method | " + " | ".join(f"r={r}" for r in ratios) + " |",
-                      "|---|" + "---|" * len(ratios)]
+            lines += [
+                f"### {task}, query-{mode}",
+                "",
+                "| method | " + " | ".join(f"r={r}" for r in ratios) + " |",
+                "|---|" + "---|" * len(ratios),
+            ]
             for meth in METHODS:
                 cells = {s["ratio"]: s for s in summ if (s["method"], s["mode"], s["task"]) == (meth, mode, task)}
                 if not cells:
                     continue
                 if meth == "full":
                     s = cells[0.0]
-                    lines.append(f"| full | {s['accuracy']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}] (all "
-                                 f"{s['n_kept']} keys) |" + " |" * (len(ratios) - 1))
+                    lines.append(
+                        f"| full | {s['accuracy']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}] (all "
+                        f"{s['n_kept']} keys) |" + " |" * (len(ratios) - 1)
+                    )
                     continue
-                lines.append(f"| {meth} | " + " | ".join(
-                    f"{cells[r]['accuracy']:.2f} [{cells[r]['ci_low']:.2f}, {cells[r]['ci_high']:.2f}] "
-                    f"({cells[r]['n_kept']})" if r in cells else "" for r in ratios) + " |")
+                lines.append(
+                    f"| {meth} | "
+                    + " | ".join(
+                        f"{cells[r]['accuracy']:.2f} [{cells[r]['ci_low']:.2f}, {cells[r]['ci_high']:.2f}] "
+                        f"({cells[r]['n_kept']})"
+                        if r in cells
+                        else ""
+                        for r in ratios
+                    )
+                    + " |"
+                )
             lines.append("")
-    lines += ["## Held-out perplexity", "", "| method | " + " | ".join(f"r={r}" for r in ratios) + " |",
-              "|---|" + "---|" * len(ratios)]
+    lines += [
+        "## Held-out perplexity",
+        "",
+        "| method | " + " | ".join(f"r={r}" for r in ratios) + " |",
+        "|---|" + "---|" * len(ratios),
+    ]
     for meth in METHODS:
         cells = {p["ratio"]: p["perplexity"] for p in res["perplexity"] if p["method"] == meth}
         if cells:
-            lines.append(f"| {meth} | " + " | ".join(f"{cells.get(r, cells.get(0.0, float('nan'))):.2f}"
-                                                    for r in ratios) + " |")
+            lines.append(
+                f"| {meth} | " + " | ".join(f"{cells.get(r, cells.get(0.0, float('nan'))):.2f}" for r in ratios) + " |"
+            )
     lines += ["", "Seconds by method: " + ", ".join(f"{k} {v:.0f}" for k, v in meta["seconds_by_method"].items()), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))

@@ -24,10 +24,30 @@ from typing import Any
 from .._validation import check_finite_scalar, check_positive_int
 from ._models import corpus_topics, set_offline
 
-__all__ = ["LMConfig", "QUICK_LM", "TINY_LM", "split_corpus", "build_tokenizer", "train_lm", "load_lm",
-           "default_lm_dir", "encode_heldout", "LlamaLMConfig", "RETRIEVAL_LM", "QUICK_RETRIEVAL_LM",
-           "TINY_RETRIEVAL_LM", "build_word_tokenizer", "train_llama_lm", "load_llama_lm", "generate_answer",
-           "full_cache_accuracy", "heldout_perplexity", "cache_kw", "encode_query", "decode_answer"]
+__all__ = [
+    "LMConfig",
+    "QUICK_LM",
+    "TINY_LM",
+    "split_corpus",
+    "build_tokenizer",
+    "train_lm",
+    "load_lm",
+    "default_lm_dir",
+    "encode_heldout",
+    "LlamaLMConfig",
+    "RETRIEVAL_LM",
+    "QUICK_RETRIEVAL_LM",
+    "TINY_RETRIEVAL_LM",
+    "build_word_tokenizer",
+    "train_llama_lm",
+    "load_llama_lm",
+    "generate_answer",
+    "full_cache_accuracy",
+    "heldout_perplexity",
+    "cache_kw",
+    "encode_query",
+    "decode_answer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +70,17 @@ class LMConfig:
     heldout_every: int = 10
 
     def __post_init__(self) -> None:
-        for f in ("vocab_size", "n_layer", "n_head", "n_embd", "n_positions", "seq_len", "batch_size", "steps",
-                  "heldout_every"):
+        for f in (
+            "vocab_size",
+            "n_layer",
+            "n_head",
+            "n_embd",
+            "n_positions",
+            "seq_len",
+            "batch_size",
+            "steps",
+            "heldout_every",
+        ):
             check_positive_int(getattr(self, f), f)
         check_positive_int(self.seed, "seed", minimum=0)
         check_finite_scalar(self.lr, "lr", positive=True)
@@ -65,8 +94,7 @@ class LMConfig:
 
 # minutes on CPU for `attsvm lm-train`; a few seconds for the tests
 QUICK_LM = LMConfig(vocab_size=512, n_layer=2, n_head=2, n_embd=64, seq_len=96, batch_size=8, steps=150)
-TINY_LM = LMConfig(vocab_size=300, n_layer=2, n_head=2, n_embd=32, n_positions=128, seq_len=64, batch_size=4,
-                   steps=8)
+TINY_LM = LMConfig(vocab_size=300, n_layer=2, n_head=2, n_embd=32, n_positions=128, seq_len=64, batch_size=4, steps=8)
 
 
 def default_lm_dir(config: LMConfig | LlamaLMConfig) -> Path:
@@ -97,11 +125,16 @@ def build_tokenizer(texts: list[str], vocab_size: int) -> Any:
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tk.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
 
 
 def _stream(tok: Any, texts: list[str]) -> Any:
@@ -124,8 +157,9 @@ def _matches(folder: Path, config: LMConfig | LlamaLMConfig) -> bool:
         return False
 
 
-def train_lm(out: str | Path | None = None, config: LMConfig = LMConfig(), *, force: bool = False,
-             progress: bool = False) -> Path:
+def train_lm(
+    out: str | Path | None = None, config: LMConfig = LMConfig(), *, force: bool = False, progress: bool = False
+) -> Path:
     """Train (or reuse) the LM; returns its folder (loadable with :func:`load_lm`)."""
     import torch
     from tqdm.auto import tqdm
@@ -145,22 +179,32 @@ def train_lm(out: str | Path | None = None, config: LMConfig = LMConfig(), *, fo
     tok = build_tokenizer(list(train.values()), config.vocab_size)
     data = _stream(tok, list(train.values()))
     val = _stream(tok, list(held.values()))
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=config.n_positions, n_embd=config.n_embd,
-                     n_layer=config.n_layer, n_head=config.n_head, bos_token_id=tok.eos_token_id,
-                     eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=config.n_positions,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = GPT2LMHeadModel(cfg)
     model.config._attn_implementation = "eager"
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     warm = max(1, config.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps)))
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))
+    )
     L = config.seq_len
     losses = []
     for _ in tqdm(range(config.steps), desc="lm-train", disable=not progress, leave=False):
         starts = torch.randint(0, len(data) - L - 1, (config.batch_size,), generator=gen)
-        batch = torch.stack([data[s:s + L] for s in starts.tolist()])  # (B, L)
+        batch = torch.stack([data[s : s + L] for s in starts.tolist()])  # (B, L)
         loss = model(input_ids=batch, labels=batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -176,10 +220,18 @@ def train_lm(out: str | Path | None = None, config: LMConfig = LMConfig(), *, fo
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    meta = {"config": dataclasses.asdict(config), "train_loss_last50": float(sum(losses[-50:]) / len(losses[-50:])),
-            "train_loss_first": losses[0], "heldout_loss": val_loss, "heldout_ppl": math.exp(val_loss),
-            "n_params": sum(p.numel() for p in model.parameters()), "train_tokens": len(data),
-            "heldout_tokens": len(val), "heldout_topics": sorted(held), "seconds": time.perf_counter() - t0}
+    meta = {
+        "config": dataclasses.asdict(config),
+        "train_loss_last50": float(sum(losses[-50:]) / len(losses[-50:])),
+        "train_loss_first": losses[0],
+        "heldout_loss": val_loss,
+        "heldout_ppl": math.exp(val_loss),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "train_tokens": len(data),
+        "heldout_tokens": len(val),
+        "heldout_topics": sorted(held),
+        "seconds": time.perf_counter() - t0,
+    }
     (folder / "attsvm_lm.json").write_text(json.dumps(meta, indent=1))
     log.info("trained LM in %.0f s: held-out loss %.3f (ppl %.1f)", meta["seconds"], val_loss, meta["heldout_ppl"])
     return folder
@@ -191,8 +243,9 @@ def load_lm(folder: str | Path) -> tuple[Any, Any]:
 
     folder = Path(folder)
     if not (folder / "attsvm_lm.json").is_file():
-        raise FileNotFoundError(f"{str(folder)!r} is not an attsvm LM checkpoint (no attsvm_lm.json); "
-                                "train one with `attsvm lm-train`")
+        raise FileNotFoundError(
+            f"{str(folder)!r} is not an attsvm LM checkpoint (no attsvm_lm.json); train one with `attsvm lm-train`"
+        )
     return load_model(folder, causal_lm=True)
 
 
@@ -221,12 +274,12 @@ class LlamaLMConfig:
 
     Each step draws ``max(2, tokens_per_step // L)`` sequences of context length ``L``: ``L`` stays in
     ``[min_len, 2 min_len]`` for the first ``hold`` fraction of the steps, grows geometrically to ``max_len`` by
-    ``ramp``, then stays in ``[max_len / 2, max_len]``. A share ``repeat_share`` of the sequences are random key/value codes written
-    twice, ``drill_share`` are recall drills (pydoc text with many needles, then some of them again), the rest
-    pydoc text with one task example of :mod:`attsvm.analysis.tasks`; the loss is the next-token loss on all
-    tokens plus ``answer_weight`` times the loss on the tokens to retrieve. ``init_std`` (larger than Llama's
-    0.02) gives the tiny model non-uniform attention at initialisation, which shortens the plateau before its
-    induction heads form (the retrieval mechanism of every task).
+    ``ramp``, then stays in ``[max_len / 2, max_len]``. A share ``repeat_share`` of the sequences are random
+    key/value codes written twice, ``drill_share`` are recall drills (pydoc text with many needles, then some of
+    them again), the rest pydoc text with one task example of :mod:`attsvm.analysis.tasks`; the loss is the
+    next-token loss on all tokens plus ``answer_weight`` times the loss on the tokens to retrieve. ``init_std``
+    (larger than Llama's 0.02) gives the tiny model non-uniform attention at initialisation, which shortens the
+    plateau before its induction heads form (the retrieval mechanism of every task).
     """
 
     vocab_size: int = 1024
@@ -255,27 +308,47 @@ class LlamaLMConfig:
     heldout_every: int = 10
 
     def __post_init__(self) -> None:
-        for f in ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size",
-                  "max_position_embeddings", "min_len", "max_len", "tokens_per_step", "steps", "eval_tokens",
-                  "eval_samples", "heldout_every"):
+        for f in (
+            "vocab_size",
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "n_embd",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+            "min_len",
+            "max_len",
+            "tokens_per_step",
+            "steps",
+            "eval_tokens",
+            "eval_samples",
+            "heldout_every",
+        ):
             check_positive_int(getattr(self, f), f)
         check_positive_int(self.seed, "seed", minimum=0)
         check_finite_scalar(self.lr, "lr", positive=True)
         check_finite_scalar(self.answer_weight, "answer_weight")
         check_finite_scalar(self.init_std, "init_std", positive=True)
         if not (0.0 <= self.repeat_share and 0.0 <= self.drill_share and self.repeat_share + self.drill_share < 1.0):
-            raise ValueError(f"repeat_share and drill_share must be >= 0 with a sum < 1, got {self.repeat_share}, "
-                             f"{self.drill_share}")
+            raise ValueError(
+                f"repeat_share and drill_share must be >= 0 with a sum < 1, got {self.repeat_share}, {self.drill_share}"
+            )
         if not 0.0 <= self.hold < self.ramp <= 1.0:
-            raise ValueError(f"hold and ramp must satisfy 0 <= hold < ramp <= 1, got hold={self.hold}, ramp={self.ramp}")
+            raise ValueError(
+                f"hold and ramp must satisfy 0 <= hold < ramp <= 1, got hold={self.hold}, ramp={self.ramp}"
+            )
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head must be divisible by n_kv_head, got n_head={self.n_head}, "
-                             f"n_kv_head={self.n_kv_head}")
+            raise ValueError(
+                f"n_head must be divisible by n_kv_head, got n_head={self.n_head}, n_kv_head={self.n_kv_head}"
+            )
         if not 32 <= 2 * self.min_len <= self.max_len:
             raise ValueError(f"min_len must be in [32, max_len / 2={self.max_len // 2}], got {self.min_len}")
         if self.max_len + 64 > self.max_position_embeddings:
-            raise ValueError(f"max_len + 64 must be <= max_position_embeddings={self.max_position_embeddings}, "
-                             f"got max_len={self.max_len}")
+            raise ValueError(
+                f"max_len + 64 must be <= max_position_embeddings={self.max_position_embeddings}, "
+                f"got max_len={self.max_len}"
+            )
         if self.vocab_size < 512:
             raise ValueError(f"vocab_size must be >= 512 (specials, task codes and words), got {self.vocab_size}")
 
@@ -285,9 +358,19 @@ RETRIEVAL_LM = LlamaLMConfig()
 # kv-compare --quick and the CI: 256-token tasks
 QUICK_RETRIEVAL_LM = LlamaLMConfig(max_len=288, steps=300, eval_tokens=256)
 # the tests' training code path (seconds; learns nothing)
-TINY_RETRIEVAL_LM = LlamaLMConfig(vocab_size=512, n_embd=32, head_dim=8, intermediate_size=64, min_len=32, max_len=64,
-                                  tokens_per_step=128, steps=3, eval_tokens=48, eval_samples=2,
-                                  max_position_embeddings=256)
+TINY_RETRIEVAL_LM = LlamaLMConfig(
+    vocab_size=512,
+    n_embd=32,
+    head_dim=8,
+    intermediate_size=64,
+    min_len=32,
+    max_len=64,
+    tokens_per_step=128,
+    steps=3,
+    eval_tokens=48,
+    eval_samples=2,
+    max_position_embeddings=256,
+)
 
 
 def build_word_tokenizer(texts: list[str], vocab_size: int) -> Any:
@@ -315,8 +398,14 @@ def build_word_tokenizer(texts: list[str], vocab_size: int) -> Any:
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     tk.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                  unk_token="[UNK]", model_max_length=4096)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="[UNK]",
+        model_max_length=4096,
+    )
     return tok
 
 
@@ -346,8 +435,9 @@ def _drill(rng: Any, words: Any, n_tokens: int) -> tuple[str, list[str]]:
     return " ".join(hay + tail), [values[i] for i in asked]
 
 
-def _task_batch(tok: Any, rng: Any, words: Any, n_tokens: int, batch: int, drill: float = 0.3,
-                repeat: float = 0.3) -> tuple[Any, Any, Any]:
+def _task_batch(
+    tok: Any, rng: Any, words: Any, n_tokens: int, batch: int, drill: float = 0.3, repeat: float = 0.3
+) -> tuple[Any, Any, Any]:
     """``(ids, labels, answer_mask)`` of ``batch`` training sequences (B, T); labels -100 on padding.
 
     A share ``repeat`` of the sequences are random key/value codes written twice (the second copy is predictable
@@ -373,7 +463,7 @@ def _task_batch(tok: Any, rng: Any, words: Any, n_tokens: int, batch: int, drill
             ids = [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
             tail = len(vals) * 3
             vset = set(tok.convert_tokens_to_ids(vals))
-            m = [False] * (len(ids) - tail) + [i in vset and j % 3 == 1 for j, i in enumerate(ids[len(ids) - tail:])]
+            m = [False] * (len(ids) - tail) + [i in vset and j % 3 == 1 for j, i in enumerate(ids[len(ids) - tail :])]
             seqs.append(ids)
             masks.append(m)
             continue
@@ -381,7 +471,7 @@ def _task_batch(tok: Any, rng: Any, words: Any, n_tokens: int, batch: int, drill
         ex = sample_example(task, rng, words, n_tokens)
         question, prefix, answers = ex.queries[int(rng.integers(len(ex.queries)))]
         head = tok.encode(f"{ex.context} {question} {prefix}", add_special_tokens=False)
-        ans = tok.encode(" ".join(answers), add_special_tokens=False) + [tok.eos_token_id]
+        ans = [*tok.encode(" ".join(answers), add_special_tokens=False), tok.eos_token_id]
         seqs.append([tok.bos_token_id, *head, *ans])
         masks.append([False] * (1 + len(head)) + [True] * len(ans))
     T = max(len(s) for s in seqs)
@@ -389,14 +479,15 @@ def _task_batch(tok: Any, rng: Any, words: Any, n_tokens: int, batch: int, drill
     labels = torch.full((batch, T), -100, dtype=torch.long)
     amask = torch.zeros((batch, T), dtype=torch.bool)
     for b, (s, m) in enumerate(zip(seqs, masks)):
-        ids[b, :len(s)] = torch.tensor(s)
-        labels[b, :len(s)] = ids[b, :len(s)]
-        amask[b, :len(s)] = torch.tensor(m)
+        ids[b, : len(s)] = torch.tensor(s)
+        labels[b, : len(s)] = ids[b, : len(s)]
+        amask[b, : len(s)] = torch.tensor(m)
     return ids, labels, amask
 
 
-def train_llama_lm(out: str | Path | None = None, config: LlamaLMConfig = RETRIEVAL_LM, *, force: bool = False,
-                   progress: bool = False) -> Path:
+def train_llama_lm(
+    out: str | Path | None = None, config: LlamaLMConfig = RETRIEVAL_LM, *, force: bool = False, progress: bool = False
+) -> Path:
     """Train (or reuse) the retrieval LM; returns its folder (loadable with :func:`load_llama_lm`).
 
     The folder is a normal Hugging Face checkpoint plus ``attsvm_lm.json`` (settings, losses, held-out
@@ -423,27 +514,45 @@ def train_llama_lm(out: str | Path | None = None, config: LlamaLMConfig = RETRIE
     train, _ = split_corpus(config.heldout_every)
     tok = build_word_tokenizer(list(train.values()), config.vocab_size)
     words = filler_words("train", config.heldout_every)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=config.n_embd, intermediate_size=config.intermediate_size,
-                      num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
-                      num_key_value_heads=config.n_kv_head, head_dim=config.head_dim,
-                      max_position_embeddings=config.max_position_embeddings,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      tie_word_embeddings=True, initializer_range=config.init_std)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=config.n_embd,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.n_layer,
+        num_attention_heads=config.n_head,
+        num_key_value_heads=config.n_kv_head,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+        initializer_range=config.init_std,
+    )
     model = LlamaForCausalLM(cfg)
     model.config._attn_implementation = "sdpa"  # training only; saved and loaded with eager attention
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     warm = max(1, config.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps)))
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))
+    )
     losses, ans_losses = [], []
     for step in tqdm(range(config.steps), desc="llama-lm-train", disable=not progress, leave=False):
         L = _curriculum_len(config, step, rng)
-        ids, labels, amask = _task_batch(tok, rng, words, L, max(2, config.tokens_per_step // L),
-                                         drill=config.drill_share, repeat=config.repeat_share)
+        ids, labels, amask = _task_batch(
+            tok,
+            rng,
+            words,
+            L,
+            max(2, config.tokens_per_step // L),
+            drill=config.drill_share,
+            repeat=config.repeat_share,
+        )
         logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
-        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                               reduction="none", ignore_index=-100).view(labels.shape[0], -1)
+        ce = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), reduction="none", ignore_index=-100
+        ).view(labels.shape[0], -1)
         valid = labels[:, 1:] != -100
         am = amask[:, 1:]
         lm_loss = ce[valid].mean()
@@ -462,18 +571,25 @@ def train_llama_lm(out: str | Path | None = None, config: LlamaLMConfig = RETRIE
     model.eval()
     model.config._attn_implementation = "eager"
     ppl = heldout_perplexity(model, tok, config, seq_len=min(512, config.max_len), n_seq=16)
-    acc = full_cache_accuracy(model, tok, n_tokens=config.eval_tokens, n_samples=config.eval_samples,
-                              seed=10_000 + config.seed)
+    acc = full_cache_accuracy(
+        model, tok, n_tokens=config.eval_tokens, n_samples=config.eval_samples, seed=10_000 + config.seed
+    )
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     tail = max(1, min(50, len(losses)))
-    meta = {"config": dataclasses.asdict(config), "arch": "llama",
-            "train_loss_last50": float(sum(losses[-tail:]) / tail),
-            "answer_loss_last50": float(sum(ans_losses[-tail:]) / tail), "train_loss_first": losses[0],
-            "heldout_ppl": ppl, "full_cache_accuracy": acc,
-            "n_params": sum(p.numel() for p in model.parameters()), "train_seconds": train_seconds,
-            "seconds": time.perf_counter() - t0}
+    meta = {
+        "config": dataclasses.asdict(config),
+        "arch": "llama",
+        "train_loss_last50": float(sum(losses[-tail:]) / tail),
+        "answer_loss_last50": float(sum(ans_losses[-tail:]) / tail),
+        "train_loss_first": losses[0],
+        "heldout_ppl": ppl,
+        "full_cache_accuracy": acc,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "train_seconds": train_seconds,
+        "seconds": time.perf_counter() - t0,
+    }
     (folder / "attsvm_lm.json").write_text(json.dumps(meta, indent=1))
     log.info("trained the Llama LM in %.0f s: held-out ppl %.1f, full-cache accuracy %s", train_seconds, ppl, acc)
     return folder
@@ -488,8 +604,10 @@ def load_llama_lm(folder: str | Path) -> tuple[Any, Any]:
     folder = Path(folder)
     meta = folder / "attsvm_lm.json"
     if not meta.is_file() or json.loads(meta.read_text()).get("arch") != "llama":
-        raise FileNotFoundError(f"{str(folder)!r} is not an attsvm Llama LM checkpoint (no attsvm_lm.json with "
-                                "arch 'llama'); train one with attsvm.analysis.lm.train_llama_lm")
+        raise FileNotFoundError(
+            f"{str(folder)!r} is not an attsvm Llama LM checkpoint (no attsvm_lm.json with "
+            "arch 'llama'); train one with attsvm.analysis.lm.train_llama_lm"
+        )
     model = LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager", local_files_only=True).eval()
     tok = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     return model, tok
@@ -521,8 +639,13 @@ def decode_answer(model: Any, tok: Any, cache: Any, question_ids: Any, n_seen: i
     kw = cache_kw(model, cache)
     m = question_ids.shape[1]
     with torch.no_grad():
-        out = model(input_ids=question_ids, position_ids=torch.arange(n_seen, n_seen + m).unsqueeze(0),
-                    use_cache=True, logits_to_keep=1, **kw)
+        out = model(
+            input_ids=question_ids,
+            position_ids=torch.arange(n_seen, n_seen + m).unsqueeze(0),
+            use_cache=True,
+            logits_to_keep=1,
+            **kw,
+        )
         new = [int(out.logits[0, -1].argmax())]
         p = n_seen + m
         while len(new) < max_new_tokens and new[-1] != tok.eos_token_id:
@@ -532,8 +655,9 @@ def decode_answer(model: Any, tok: Any, cache: Any, question_ids: Any, n_seen: i
     return str(tok.decode(new, skip_special_tokens=True))
 
 
-def generate_answer(model: Any, tok: Any, context: str, question: str, answer_prefix: str, max_new_tokens: int, *,
-                    cache: Any = None) -> str:
+def generate_answer(
+    model: Any, tok: Any, context: str, question: str, answer_prefix: str, max_new_tokens: int, *, cache: Any = None
+) -> str:
     """Greedy answer the way kvpress's pipeline makes it (without a chat template): prefill ``<s> context`` into
     ``cache`` (a fresh ``DynamicCache`` when None) with the base model, then :func:`decode_answer`."""
     import torch
@@ -553,8 +677,10 @@ def full_cache_accuracy(model: Any, tok: Any, *, n_tokens: int, n_samples: int, 
     acc = {}
     for task in TASKS:
         rows = make_rows(task, n_samples, n_tokens=n_tokens, seed=seed)
-        scores = [score_row(generate_answer(model, tok, r.context, r.question, r.answer_prefix, r.max_new_tokens),
-                            r.answer) for r in rows.itertuples()]
+        scores = [
+            score_row(generate_answer(model, tok, r.context, r.question, r.answer_prefix, r.max_new_tokens), r.answer)
+            for r in rows.itertuples()
+        ]
         acc[task] = float(sum(scores) / len(scores))
     return acc
 

@@ -52,9 +52,18 @@ def parse_head(text: str) -> tuple[int, int]:
     return layer, head
 
 
-def collect_pairs(model: Any, tok: Any, layer: int, head: int, *, n_pairs: int, T: int, seed: int,
-                  max_length: int = 128, max_windows: int = 64) -> tuple[NDArray[np.float64], NDArray[np.float64],
-                                                                          NDArray[np.int64], NDArray[np.float64]]:
+def collect_pairs(
+    model: Any,
+    tok: Any,
+    layer: int,
+    head: int,
+    *,
+    n_pairs: int,
+    T: int,
+    seed: int,
+    max_length: int = 128,
+    max_windows: int = 64,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64], NDArray[np.float64]]:
     """Sample ``n_pairs`` (window, query) pairs: ``X`` (n, T, d+1), ``Z`` (n, d+1), ``alpha`` (n,), logits (n, T)."""
     import torch
 
@@ -72,13 +81,13 @@ def collect_pairs(model: Any, tok: Any, layer: int, head: int, *, n_pairs: int, 
                 continue
             out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
             H = attention_inputs(model, out.hidden_states)[layer][0].double().numpy()
-            Ht = np.c_[H, np.ones(len(H))]                                     # (N, d+1)
+            Ht = np.c_[H, np.ones(len(H))]  # (N, d+1)
             qs = rng.choice(np.arange(T - 1, len(ids)), size=min(per, len(ids) - T + 1), replace=False)
             for q in qs:
-                Xw = Ht[q - T + 1:q + 1]                                       # (T, d+1)
+                Xw = Ht[q - T + 1 : q + 1]  # (T, d+1)
                 lg = Xw @ Wt @ Ht[q]
                 srt = np.sort(lg)
-                if srt[-1] - srt[-2] < 1e-6 * max(1.0, abs(srt[-1])):           # a tie: no strict selection
+                if srt[-1] - srt[-2] < 1e-6 * max(1.0, abs(srt[-1])):  # a tie: no strict selection
                     continue
                 X.append(Xw)
                 Z.append(Ht[q])
@@ -101,14 +110,14 @@ def ov_direction(model: Any, layer: int, head: int) -> NDArray[np.float64]:
     dh = d // H
     if fam == "bert":
         lay = model.encoder.layer[layer]
-        Wv = lay.attention.self.value.weight.detach().double().numpy()      # (H·dh, d)
-        Wo = lay.attention.output.dense.weight.detach().double().numpy()    # (d, H·dh)
+        Wv = lay.attention.self.value.weight.detach().double().numpy()  # (H·dh, d)
+        Wo = lay.attention.output.dense.weight.detach().double().numpy()  # (d, H·dh)
     else:
         att = model.transformer.h[layer].attn if hasattr(model, "transformer") else model.h[layer].attn
-        Wv = att.c_attn.weight.detach().double().numpy()[:, 2 * d:].T        # (d, d) rows = outputs
+        Wv = att.c_attn.weight.detach().double().numpy()[:, 2 * d :].T  # (d, d) rows = outputs
         Wo = att.c_proj.weight.detach().double().numpy().T
     sl = slice(head * dh, (head + 1) * dh)
-    W_ov = Wo[:, sl] @ Wv[sl]                                              # (d, d)
+    W_ov = Wo[:, sl] @ Wv[sl]  # (d, d)
     _, _, vt = np.linalg.svd(W_ov)
     return vt[0]
 
@@ -158,37 +167,57 @@ class SVMView:
         def stat(v: list[float]) -> str:
             a = np.asarray(v, dtype=float)
             return f"mean {a.mean():.3f} ± {a.std():.3f}, max {a.max():.3f}" if a.size else "—"
+
         oh, rl, lo = self.other_heads, self.random_lowrank, self.local_optimality
-        return "\n".join([
-            f"# SVM view of layer {self.layer}, head {self.head}", "",
-            f"{self.n_pairs} (sequence, query) pairs, T = {self.T} keys (the last T positions up to the query), "
-            f"d + 1 = {self.d + 1} homogeneous features; α = the head's own argmax.", "",
-            f"* Frobenius Att-SVM: status {self.fro_status}; certificate {self.fro_certificate}.",
-            f"* Nuclear Att-SVM* ({f'rank ≤ {self.nuc_rank:d}' if self.nuc_rank else 'convex'}): "
-            f"status {self.nuc_status}; certificate {self.nuc_certificate}"
-            + (f" ({self.nuc_note})." if self.nuc_note else "."),
-            f"* support keys per query (tight constraints of W_mm): {self.support_per_query:.2f} of {self.T - 1}.", "",
-            "| statistic | this head | other heads, same layer | random rank-d_head |", "|---|---|---|---|",
-            f"| corr(W, W_mm) | {self.corr_fro:.3f} | {stat(oh.get('corr_fro', []))} | "
-            f"{stat(rl.get('corr_fro', []))} |",
-            f"| corr(W, W*_mm) | {self.corr_nuc:.3f} | {stat(oh.get('corr_nuc', []))} | "
-            f"{stat(rl.get('corr_nuc', []))} |",
-            f"| corr(P W P', W_mm), projected | {self.corr_fro_projected:.3f} | "
-            f"{stat(oh.get('corr_fro_projected', []))} | {stat(rl.get('corr_fro_projected', []))} |",
-            f"| corr(P W P', W*_mm), projected | {self.corr_nuc_projected:.3f} | "
-            f"{stat(oh.get('corr_nuc_projected', []))} | {stat(rl.get('corr_nuc_projected', []))} |",
-            f"| margin efficiency | {self.margin_efficiency:.3f} | {stat(oh.get('margin_efficiency', []))} | "
-            f"{stat(rl.get('margin_efficiency', []))} |", "",
-            f"Local optimality (docs/spec.md §2) with γ = ±vᵀx, v = the head's value–output direction: "
-            f"{lo.get('ov_plus_passed', 0):.3f} / {lo.get('ov_minus_passed', 0):.3f} of sequences pass "
-            f"(α = opt for {lo.get('ov_plus_is_opt', 0):.3f} / {lo.get('ov_minus_is_opt', 0):.3f}); "
-            f"random v: {lo.get('random_passed_mean', 0):.3f} pass on average. Whole selection locally optimal: "
-            f"{lo.get('ov_plus_locally_optimal')} / {lo.get('ov_minus_locally_optimal')}.", "",
-            self.summary, ""])
+        return "\n".join(
+            [
+                f"# SVM view of layer {self.layer}, head {self.head}",
+                "",
+                f"{self.n_pairs} (sequence, query) pairs, T = {self.T} keys (the last T positions up to the query), "
+                f"d + 1 = {self.d + 1} homogeneous features; α = the head's own argmax.",
+                "",
+                f"* Frobenius Att-SVM: status {self.fro_status}; certificate {self.fro_certificate}.",
+                f"* Nuclear Att-SVM* ({f'rank ≤ {self.nuc_rank:d}' if self.nuc_rank else 'convex'}): "
+                f"status {self.nuc_status}; certificate {self.nuc_certificate}"
+                + (f" ({self.nuc_note})." if self.nuc_note else "."),
+                f"* support keys per query (tight constraints of W_mm): {self.support_per_query:.2f} of {self.T - 1}.",
+                "",
+                "| statistic | this head | other heads, same layer | random rank-d_head |",
+                "|---|---|---|---|",
+                f"| corr(W, W_mm) | {self.corr_fro:.3f} | {stat(oh.get('corr_fro', []))} | "
+                f"{stat(rl.get('corr_fro', []))} |",
+                f"| corr(W, W*_mm) | {self.corr_nuc:.3f} | {stat(oh.get('corr_nuc', []))} | "
+                f"{stat(rl.get('corr_nuc', []))} |",
+                f"| corr(P W P', W_mm), projected | {self.corr_fro_projected:.3f} | "
+                f"{stat(oh.get('corr_fro_projected', []))} | {stat(rl.get('corr_fro_projected', []))} |",
+                f"| corr(P W P', W*_mm), projected | {self.corr_nuc_projected:.3f} | "
+                f"{stat(oh.get('corr_nuc_projected', []))} | {stat(rl.get('corr_nuc_projected', []))} |",
+                f"| margin efficiency | {self.margin_efficiency:.3f} | {stat(oh.get('margin_efficiency', []))} | "
+                f"{stat(rl.get('margin_efficiency', []))} |",
+                "",
+                f"Local optimality (docs/spec.md §2) with γ = ±vᵀx, v = the head's value–output direction: "
+                f"{lo.get('ov_plus_passed', 0):.3f} / {lo.get('ov_minus_passed', 0):.3f} of sequences pass "
+                f"(α = opt for {lo.get('ov_plus_is_opt', 0):.3f} / {lo.get('ov_minus_is_opt', 0):.3f}); "
+                f"random v: {lo.get('random_passed_mean', 0):.3f} pass on average. Whole selection locally optimal: "
+                f"{lo.get('ov_plus_locally_optimal')} / {lo.get('ov_minus_locally_optimal')}.",
+                "",
+                self.summary,
+                "",
+            ]
+        )
 
 
-def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pairs: int = 32, T: int = 8,
-             seed: int = 0, quick: bool = False, tok: Any = None) -> SVMView:
+def svm_view(
+    model: str | Any = "minilm",
+    layer: int = 0,
+    head: int = 0,
+    *,
+    n_pairs: int = 32,
+    T: int = 8,
+    seed: int = 0,
+    quick: bool = False,
+    tok: Any = None,
+) -> SVMView:
     """Solve Att-SVM / Att-SVM* on a real head's selections and compare with the head (module doc)."""
     from ..problem import AttentionProblem
     from ..svm import AttentionSVM
@@ -204,8 +233,9 @@ def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pa
     T = check_positive_int(T, "T", minimum=2)
     if quick:
         n_pairs, T = min(n_pairs, 12), min(T, 6)
-    X, Z, alpha, _ = collect_pairs(model, tok, layer, head, n_pairs=n_pairs, T=T, seed=seed,
-                                   max_windows=8 if quick else 64)
+    X, Z, alpha, _ = collect_pairs(
+        model, tok, layer, head, n_pairs=n_pairs, T=T, seed=seed, max_windows=8 if quick else 64
+    )
     n = len(alpha)
     A = X[np.arange(n), alpha][:, None, :] - X
     mask = np.ones((n, T), dtype=bool)
@@ -236,9 +266,13 @@ def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pa
 
     def stats(W: NDArray[np.float64]) -> dict[str, float]:
         Wp = PU @ W @ PV
-        return {"corr_fro": float(correlation(W, W_mm)), "corr_nuc": float(correlation(W, W_star)),
-                "corr_fro_projected": float(correlation(Wp, W_mm)), "corr_nuc_projected": float(correlation(Wp, W_star)),
-                "margin_efficiency": _margin_efficiency(cs, W, float(np.linalg.norm(W_mm)))}
+        return {
+            "corr_fro": float(correlation(W, W_mm)),
+            "corr_nuc": float(correlation(W, W_star)),
+            "corr_fro_projected": float(correlation(Wp, W_mm)),
+            "corr_nuc_projected": float(correlation(Wp, W_star)),
+            "margin_efficiency": _margin_efficiency(cs, W, float(np.linalg.norm(W_mm))),
+        }
 
     all_W = head_matrices(w, bias=True)[layer]
     mine = stats(all_W[head])
@@ -274,30 +308,61 @@ def svm_view(model: str | Any = "minilm", layer: int = 0, head: int = 0, *, n_pa
     lo["random_passed_mean"] = float(np.mean(passes))
 
     def cert(s: AttentionSVM) -> dict[str, float]:
-        return {"max_violation": float(s.max_violation_), "relative_gap": float(s.relative_gap_),
-                "objective": float(s.objective_), "rank": int(s.rank_)}
+        return {
+            "max_violation": float(s.max_violation_),
+            "relative_gap": float(s.relative_gap_),
+            "objective": float(s.objective_),
+            "rank": int(s.rank_),
+        }
 
     oh_fro = np.asarray(other["corr_fro_projected"])
     rl_fro = np.asarray(rand["corr_fro_projected"])
-    verdict = (f"Projected onto the constraint subspaces, this head correlates {mine['corr_fro_projected']:.3f} with "
-               f"W_mm and {mine['corr_nuc_projected']:.3f} with W*_mm; other heads of the layer reach "
-               f"{oh_fro.mean():.3f} on average and random rank-{w.d_head} matrices {rl_fro.mean():.3f}. ")
+    verdict = (
+        f"Projected onto the constraint subspaces, this head correlates {mine['corr_fro_projected']:.3f} with "
+        f"W_mm and {mine['corr_nuc_projected']:.3f} with W*_mm; other heads of the layer reach "
+        f"{oh_fro.mean():.3f} on average and random rank-{w.d_head} matrices {rl_fro.mean():.3f}. "
+    )
     if mine["corr_fro_projected"] > max(oh_fro.max(), rl_fro.max()):
         verdict += "The head is closer to its max-margin direction than every baseline, "
     else:
         verdict += "The head is not closer to its max-margin direction than all baselines, "
-    verdict += (f"but far from equal to it (margin efficiency {mine['margin_efficiency']:.3f}, where 1 would be the "
-                "SVM direction): the real head separates its own selections with a much smaller normalized margin "
-                "than the SVM solution, consistent with finite training far from the norm → ∞ regime.")
+    verdict += (
+        f"but far from equal to it (margin efficiency {mine['margin_efficiency']:.3f}, where 1 would be the "
+        "SVM direction): the real head separates its own selections with a much smaller normalized margin "
+        "than the SVM solution, consistent with finite training far from the norm → ∞ regime."
+    )
     best_ov = max(lo["ov_plus_passed"], lo["ov_minus_passed"])
-    verdict += (f" Local optimality (docs/spec.md §2) needs token scores a real head does not define: with γ = ±vᵀx along the "
-                f"head's value–output direction, {best_ov:.2f} of the sequences pass (random v: "
-                f"{lo['random_passed_mean']:.2f}), so " + ("these scores do not single out the head's selections."
-                if best_ov <= lo["random_passed_mean"] + 0.05 else "these scores favour the head's selections."))
-    return SVMView(layer=int(layer), head=int(head), n_pairs=n, T=T, d=w.d, d_head=w.d_head,
-                   fro_status=str(fro.status_), nuc_status=str(nuc.status_), nuc_rank=nuc_rank, nuc_note=nuc_note,
-                   fro_certificate=cert(fro), nuc_certificate=cert(nuc), corr_fro=mine["corr_fro"],
-                   corr_nuc=mine["corr_nuc"], corr_fro_projected=mine["corr_fro_projected"],
-                   corr_nuc_projected=mine["corr_nuc_projected"], margin_efficiency=mine["margin_efficiency"],
-                   support_per_query=float(fro.support_.sum() / n), other_heads=other, random_lowrank=rand,
-                   local_optimality=lo, summary=verdict)
+    verdict += (
+        f" Local optimality (docs/spec.md §2) needs token scores a real head does not define: with γ = ±vᵀx along the "
+        f"head's value–output direction, {best_ov:.2f} of the sequences pass (random v: "
+        f"{lo['random_passed_mean']:.2f}), so "
+        + (
+            "these scores do not single out the head's selections."
+            if best_ov <= lo["random_passed_mean"] + 0.05
+            else "these scores favour the head's selections."
+        )
+    )
+    return SVMView(
+        layer=int(layer),
+        head=int(head),
+        n_pairs=n,
+        T=T,
+        d=w.d,
+        d_head=w.d_head,
+        fro_status=str(fro.status_),
+        nuc_status=str(nuc.status_),
+        nuc_rank=nuc_rank,
+        nuc_note=nuc_note,
+        fro_certificate=cert(fro),
+        nuc_certificate=cert(nuc),
+        corr_fro=mine["corr_fro"],
+        corr_nuc=mine["corr_nuc"],
+        corr_fro_projected=mine["corr_fro_projected"],
+        corr_nuc_projected=mine["corr_nuc_projected"],
+        margin_efficiency=mine["margin_efficiency"],
+        support_per_query=float(fro.support_.sum() / n),
+        other_heads=other,
+        random_lowrank=rand,
+        local_optimality=lo,
+        summary=verdict,
+    )

@@ -37,9 +37,23 @@ import numpy as np
 
 from .._validation import check_choice, check_positive_int
 
-__all__ = ["TASKS", "TaskSpec", "Example", "KEY_CODES", "VALUE_CODES", "TASK_WORDS", "WORD_PATTERN",
-           "split_words", "filler_words", "sample_example", "make_rows", "score_row", "string_match_all",
-           "string_match_part", "ruler_scores"]
+__all__ = [
+    "TASKS",
+    "TaskSpec",
+    "Example",
+    "KEY_CODES",
+    "VALUE_CODES",
+    "TASK_WORDS",
+    "WORD_PATTERN",
+    "split_words",
+    "filler_words",
+    "sample_example",
+    "make_rows",
+    "score_row",
+    "string_match_all",
+    "string_match_part",
+    "ruler_scores",
+]
 
 Task = Literal["niah_single", "niah_multikey", "mqar", "vt"]
 TASKS: tuple[str, ...] = ("niah_single", "niah_multikey", "mqar", "vt")
@@ -49,8 +63,24 @@ TASKS: tuple[str, ...] = ("niah_single", "niah_multikey", "mqar", "vt")
 KEY_CODES: tuple[str, ...] = tuple(f"k{i:02d}" for i in range(100))
 VALUE_CODES: tuple[str, ...] = tuple(f"v{i:02d}" for i in range(100))
 # words of the questions and answer prefixes (always in the tokenizer's vocabulary)
-TASK_WORDS: tuple[str, ...] = ("Question", "Answer", ":", "?", ".", ",", "what", "is", "the", "value", "of",
-                               "which", "variables", "get", "in", "order")
+TASK_WORDS: tuple[str, ...] = (
+    "Question",
+    "Answer",
+    ":",
+    "?",
+    ".",
+    ",",
+    "what",
+    "is",
+    "the",
+    "value",
+    "of",
+    "which",
+    "variables",
+    "get",
+    "in",
+    "order",
+)
 # the word-level pre-tokenizer's rule (same as ``tokenizers.pre_tokenizers.Whitespace``)
 WORD_PATTERN = re.compile(r"\w+|[^\w\s]+")
 _CONTROL = re.compile(r"[\x00-\x1f]")
@@ -60,11 +90,11 @@ _CONTROL = re.compile(r"[\x00-\x1f]")
 class TaskSpec:
     """Sizes of the tasks (kept small enough for a tiny model; RULER's defaults are larger)."""
 
-    n_needles: int = 4      # niah_multikey: needles (one asked)
-    mqar_needles: int = 8   # mqar: needles
-    n_queries: int = 4      # mqar: questions per context
-    n_hops: int = 3         # vt: variables per chain
-    n_chains: int = 2       # vt: chains (one asked)
+    n_needles: int = 4  # niah_multikey: needles (one asked)
+    mqar_needles: int = 8  # mqar: needles
+    n_queries: int = 4  # mqar: questions per context
+    n_hops: int = 3  # vt: variables per chain
+    n_chains: int = 2  # vt: chains (one asked)
 
     def __post_init__(self) -> None:
         for f in ("n_needles", "mqar_needles", "n_queries", "n_hops", "n_chains"):
@@ -113,7 +143,7 @@ def _haystack(words: Sequence[str], rng: np.random.Generator, n_filler: int) -> 
     if len(words) <= n_filler:
         raise ValueError(f"the filler corpus has {len(words)} words; n_tokens={n_filler} needs more")
     start = int(rng.integers(0, len(words) - n_filler))
-    return list(words[start:start + n_filler])
+    return list(words[start : start + n_filler])
 
 
 def _insert(hay: list[str], needles: list[list[str]], rng: np.random.Generator) -> list[str]:
@@ -133,8 +163,9 @@ def _value_question(key: str) -> tuple[str, str]:
     return f"\nQuestion : what is the value of {key} ?", f"Answer : {key}"
 
 
-def sample_example(task: str, rng: np.random.Generator, words: Sequence[str], n_tokens: int,
-                   spec: TaskSpec = TaskSpec()) -> Example:
+def sample_example(
+    task: str, rng: np.random.Generator, words: Sequence[str], n_tokens: int, spec: TaskSpec = TaskSpec()
+) -> Example:
     """One example of ``task`` whose context has exactly ``n_tokens`` word-level tokens (filler from ``words``)."""
     check_choice(task, "task", TASKS)
     n_tokens = check_positive_int(n_tokens, "n_tokens")
@@ -144,7 +175,7 @@ def sample_example(task: str, rng: np.random.Generator, words: Sequence[str], n_
         n_vars = spec.n_hops * spec.n_chains
         names = [KEY_CODES[i] for i in rng.choice(len(KEY_CODES), size=n_vars, replace=False)]
         values = [VALUE_CODES[i] for i in rng.choice(len(VALUE_CODES), size=spec.n_chains, replace=False)]
-        chains = [names[c * spec.n_hops:(c + 1) * spec.n_hops] for c in range(spec.n_chains)]
+        chains = [names[c * spec.n_hops : (c + 1) * spec.n_hops] for c in range(spec.n_chains)]
         # statements "src dst ." in chain order; chains interleaved at random, each chain's order kept
         order = rng.permutation(np.repeat(np.arange(spec.n_chains), spec.n_hops))
         step = [0] * spec.n_chains
@@ -176,8 +207,15 @@ def sample_example(task: str, rng: np.random.Generator, words: Sequence[str], n_
     return Example(task, " ".join(context), queries, max_new_tokens=2)
 
 
-def make_rows(task: str, n_samples: int, *, n_tokens: int, seed: int = 0,
-              split: Literal["train", "heldout"] = "heldout", spec: TaskSpec = TaskSpec()) -> Any:
+def make_rows(
+    task: str,
+    n_samples: int,
+    *,
+    n_tokens: int,
+    seed: int = 0,
+    split: Literal["train", "heldout"] = "heldout",
+    spec: TaskSpec = TaskSpec(),
+) -> Any:
     """``n_samples`` contexts of ``task`` as a pandas DataFrame in kvpress's schema.
 
     Columns: ``context, question, answer_prefix, answer`` (list of str), ``max_new_tokens``, ``task``,
@@ -195,9 +233,17 @@ def make_rows(task: str, n_samples: int, *, n_tokens: int, seed: int = 0,
     for s in range(n_samples):
         ex = sample_example(task, rng, words, n_tokens, spec)
         for question, prefix, answers in ex.queries:
-            rows.append({"context": ex.context, "question": question, "answer_prefix": prefix,
-                         "answer": list(answers), "max_new_tokens": ex.max_new_tokens, "task": task,
-                         "sample": s})
+            rows.append(
+                {
+                    "context": ex.context,
+                    "question": question,
+                    "answer_prefix": prefix,
+                    "answer": list(answers),
+                    "max_new_tokens": ex.max_new_tokens,
+                    "task": task,
+                    "sample": s,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -238,8 +284,10 @@ def string_match_part(predictions: Sequence[str], references: Sequence[Sequence[
 
 def _aggregate(predictions: Sequence[str], references: Sequence[Sequence[str]], rule: Literal["all", "part"]) -> float:
     if len(predictions) != len(references) or not len(predictions):
-        raise ValueError(f"predictions and references must be non-empty and equally long, got "
-                         f"{len(predictions)} and {len(references)}")
+        raise ValueError(
+            f"predictions and references must be non-empty and equally long, got "
+            f"{len(predictions)} and {len(references)}"
+        )
     scores = [score_row(p, r, rule=rule) for p, r in zip(predictions, references)]
     return round(100.0 * sum(scores) / len(scores), 2)
 

@@ -46,8 +46,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="attsvm", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Transformers as Support Vector Machines: attention SVMs, training, reproductions.")
+        prog="attsvm",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Transformers as Support Vector Machines: attention SVMs, training, reproductions.",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS:
@@ -57,8 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != f"attsvm.cli.{module}":
                 raise
             continue
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP, epilog=EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=mod.HELP,
+            description=mod.HELP,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -17,17 +17,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/analyze", help="output folder (default: %(default)s)")
     parser.add_argument("--max-windows", type=int, default=None, help="cap on corpus windows (default: all)")
     parser.add_argument("--max-length", type=int, default=256, help="tokens per window (default: %(default)s)")
-    parser.add_argument("--compression-windows", type=int, default=16,
-                        help="windows used for the low-rank compression curves (default: %(default)s)")
-    parser.add_argument("--delta", type=float, default=1.0, help="support-key margin δ in logits (default: %(default)s)")
-    parser.add_argument("--svm-head", default=None, metavar="LAYER:HEAD",
-                        help="also run the SVM view of this head (e.g. 2:5); see `attsvm.analysis.svm_view`")
-    parser.add_argument("--svm-pairs", type=int, default=32,
-                        help="(sequence, query) pairs for the SVM view (default %(default)s: n <= d_head keeps the "
-                             "rank <= d_head nuclear SVM convex, since some W*_mm has rank <= n)")
+    parser.add_argument(
+        "--compression-windows",
+        type=int,
+        default=16,
+        help="windows used for the low-rank compression curves (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--delta", type=float, default=1.0, help="support-key margin δ in logits (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--svm-head",
+        default=None,
+        metavar="LAYER:HEAD",
+        help="also run the SVM view of this head (e.g. 2:5); see `attsvm.analysis.svm_view`",
+    )
+    parser.add_argument(
+        "--svm-pairs",
+        type=int,
+        default=32,
+        help="(sequence, query) pairs for the SVM view (default %(default)s: n <= d_head keeps the "
+        "rank <= d_head nuclear SVM convex, since some W*_mm has rank <= n)",
+    )
     parser.add_argument("--svm-window", type=int, default=8, help="keys per query (T) for the SVM view")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the SVM view's pair sampling")
 
 
@@ -41,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     from ._output import owned_folders
 
     if args.model != "minilm" and not Path(args.model).is_dir():
-        raise UsageError(f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} "
-                         "(no such folder)")
+        raise UsageError(
+            f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} (no such folder)"
+        )
     torch.set_num_threads(max(1, int(args.threads)))
     if args.svm_head is not None:  # check the head before the (long) anatomy run
         import json
@@ -57,21 +71,30 @@ def run(args: argparse.Namespace) -> int:
         if L is not None and H is not None and not (0 <= layer < L and 0 <= head < H):
             raise ValueError(f"--svm-head must be within 0..{L - 1}:0..{H - 1}, got {args.svm_head}")
     with owned_folders((args.out, "analyze", "--out")):
-        res = analyze(args.model, quick=args.quick, max_windows=args.max_windows, max_length=args.max_length,
-                      compression_windows=args.compression_windows, delta=args.delta,
-                      progress=log.isEnabledFor(logging.INFO))
+        res = analyze(
+            args.model,
+            quick=args.quick,
+            max_windows=args.max_windows,
+            max_length=args.max_length,
+            compression_windows=args.compression_windows,
+            delta=args.delta,
+            progress=log.isEnabledFor(logging.INFO),
+        )
         out = res.save(args.out)
         plot_anatomy(out)
         if args.svm_head is not None:
             from attsvm.analysis.svm_view import parse_head, svm_view
 
             layer, head = parse_head(args.svm_head)
-            view = svm_view(args.model, layer, head, n_pairs=args.svm_pairs, T=args.svm_window, seed=args.seed,
-                            quick=args.quick)
+            view = svm_view(
+                args.model, layer, head, n_pairs=args.svm_pairs, T=args.svm_window, seed=args.seed, quick=args.quick
+            )
             view.save(out)
         report = write_anatomy_report(out)
     s = res.summary()
-    print(f"{s['model']}: {s['n_layers']}x{s['n_heads']} heads over {s['n_windows']} windows; max rank "
-          f"{s['max_rank']} (d_head {s['d_head']}); top-1>=95% share {s['overall_top1_95']:.3f}, top-3 "
-          f"{s['overall_top3_95']:.3f}; {s['seconds']:.0f} s -> {report}")
+    print(
+        f"{s['model']}: {s['n_layers']}x{s['n_heads']} heads over {s['n_windows']} windows; max rank "
+        f"{s['max_rank']} (d_head {s['d_head']}); top-1>=95% share {s['overall_top1_95']:.3f}, top-3 "
+        f"{s['overall_top3_95']:.3f}; {s['seconds']:.0f} s -> {report}"
+    )
     return 0

@@ -25,9 +25,24 @@ from __future__ import annotations
 import sys
 import zipfile
 
-__all__ = ["EXIT_OK", "EXIT_DISAGREES", "EXIT_USAGE", "EXIT_DATA", "EXIT_INCOMPLETE", "EXIT_BUSY",
-           "EXIT_INTERNAL", "EXIT_SIGINT", "EXIT_SIGTERM", "CLIError", "UsageError", "InputError", "Terminated",
-           "exit_code_for", "message_for", "EPILOG"]
+__all__ = [
+    "EXIT_OK",
+    "EXIT_DISAGREES",
+    "EXIT_USAGE",
+    "EXIT_DATA",
+    "EXIT_INCOMPLETE",
+    "EXIT_BUSY",
+    "EXIT_INTERNAL",
+    "EXIT_SIGINT",
+    "EXIT_SIGTERM",
+    "CLIError",
+    "UsageError",
+    "InputError",
+    "Terminated",
+    "exit_code_for",
+    "message_for",
+    "EPILOG",
+]
 
 EXIT_OK = 0
 EXIT_DISAGREES = 1

@@ -21,13 +21,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny LM, short sequences, 12 topics (CI)")
     parser.add_argument("--out", default="results/kv-bench", help="output folder (default: %(default)s)")
     parser.add_argument("--lm", default=None, help="LM checkpoint folder (default: train/reuse the cached one)")
-    parser.add_argument("--budgets", default="0.05,0.1,0.25,0.5", help="fractions of the context (default: %(default)s)")
+    parser.add_argument(
+        "--budgets", default="0.05,0.1,0.25,0.5", help="fractions of the context (default: %(default)s)"
+    )
     parser.add_argument("--policies", default=None, help="comma-separated subset of the policies (default: all)")
-    parser.add_argument("--n-seq", type=int, default=None,
-                        help=f"held-out LM sequences (default: {N_SEQ}; --quick: 2, not combinable with --n-seq)")
-    parser.add_argument("--seq-len", type=int, default=None,
-                        help="tokens per LM sequence (default: the LM's training context, 128; --quick: 64, "
-                             "not combinable with --seq-len)")
+    parser.add_argument(
+        "--n-seq",
+        type=int,
+        default=None,
+        help=f"held-out LM sequences (default: {N_SEQ}; --quick: 2, not combinable with --n-seq)",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="tokens per LM sequence (default: the LM's training context, 128; --quick: 64, "
+        "not combinable with --seq-len)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
 
@@ -51,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
         owner = folder_owner(args.lm)
         if owner not in (None, "lm-train"):
             what = "files of another program" if owner == "another program" else f"results of `attsvm {owner}`"
-            raise InputError(f"--lm {args.lm!r} is not an LM checkpoint folder: it holds {what}, which training "
-                             "an LM there would overwrite. Point --lm at an `attsvm lm-train` folder or a new one")
+            raise InputError(
+                f"--lm {args.lm!r} is not an LM checkpoint folder: it holds {what}, which training "
+                "an LM there would overwrite. Point --lm at an `attsvm lm-train` folder or a new one"
+            )
     if Path(args.out).exists():  # refused before the (long) benchmark; locked and claimed when saving
         check_output_folder(args.out)
         refuse_foreign(args.out, "kv-bench")
@@ -63,9 +75,16 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(max(1, int(args.threads)))
     policies = POLICIES if args.policies is None else tuple(p.strip() for p in args.policies.split(","))
-    res = kv_bench(quick=args.quick, lm_dir=args.lm, budgets=budgets, policies=policies,
-                   n_seq=N_SEQ if args.n_seq is None else args.n_seq, seq_len=args.seq_len, seed=args.seed,
-                   progress=log.isEnabledFor(logging.INFO))
+    res = kv_bench(
+        quick=args.quick,
+        lm_dir=args.lm,
+        budgets=budgets,
+        policies=policies,
+        n_seq=N_SEQ if args.n_seq is None else args.n_seq,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        progress=log.isEnabledFor(logging.INFO),
+    )
     with owned_folders((args.out, "kv-bench", "--out")) as (out,):
         out = res.save(out)
         plot_kv_bench(out)

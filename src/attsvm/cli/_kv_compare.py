@@ -17,12 +17,20 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="256-token contexts, one seed, the quick model (CI)")
     parser.add_argument("--out", default="results/kv-compare", help="output folder (default: %(default)s)")
-    parser.add_argument("--lm", default=None, help="retrieval-LM checkpoint folder (default: train/reuse the cached one)")
-    parser.add_argument("--methods", default=None, help="comma-separated subset of the methods (default: all available)")
-    parser.add_argument("--ratios", default=None, help="comma-separated compression ratios (default: 0.25,0.5,0.75,0.9)")
+    parser.add_argument(
+        "--lm", default=None, help="retrieval-LM checkpoint folder (default: train/reuse the cached one)"
+    )
+    parser.add_argument(
+        "--methods", default=None, help="comma-separated subset of the methods (default: all available)"
+    )
+    parser.add_argument(
+        "--ratios", default=None, help="comma-separated compression ratios (default: 0.25,0.5,0.75,0.9)"
+    )
     parser.add_argument("--seeds", type=int, default=None, help="number of task seeds (default: 3; quick: 1)")
     parser.add_argument("--samples", type=int, default=None, help="contexts per task and seed")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s; the model is tiny)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default: %(default)s; the model is tiny)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,8 +38,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from attsvm.analysis.kv_compare import (QUICK_COMPARE, CompareConfig, kv_compare, plot_kv_compare,
-                                            write_compare_report)
+    from attsvm.analysis.kv_compare import (
+        QUICK_COMPARE,
+        CompareConfig,
+        kv_compare,
+        plot_kv_compare,
+        write_compare_report,
+    )
 
     torch.set_num_threads(max(1, int(args.threads)))
     config = QUICK_COMPARE if args.quick else CompareConfig()

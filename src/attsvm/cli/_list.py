@@ -19,8 +19,15 @@ def run(args: argparse.Namespace) -> int:
     names = [args.name] if args.name else experiment_names()
     exps = [get_experiment(n) for n in names]
     if args.json:
-        print(json.dumps([{"name": e.name, "title": e.title, "claims": e.claims, "defaults": e.defaults,
-                           "quick": e.quick} for e in exps], indent=2))
+        print(
+            json.dumps(
+                [
+                    {"name": e.name, "title": e.title, "claims": e.claims, "defaults": e.defaults, "quick": e.quick}
+                    for e in exps
+                ],
+                indent=2,
+            )
+        )
         return 0
     for e in exps:
         print(f"{e.name}: {e.title}")

@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, **changes)
         folder = train_lm(args.out, config, force=args.force, progress=log.isEnabledFor(logging.INFO))
     meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
-    print(f"LM in {folder}: {meta['n_params']} parameters, held-out perplexity {meta['heldout_ppl']:.2f} "
-          f"(trained in {meta['seconds']:.0f} s)")
+    print(
+        f"LM in {folder}: {meta['n_params']} parameters, held-out perplexity {meta['heldout_ppl']:.2f} "
+        f"(trained in {meta['seconds']:.0f} s)"
+    )
     return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-HELP = ("redraw the figures and report of a reproduce run from its saved data; a run stopped part-way is "
-        "reported as 'k of N trials' with its claims not evaluated (exit 4)")
+HELP = (
+    "redraw the figures and report of a reproduce run from its saved data; a run stopped part-way is "
+    "reported as 'k of N trials' with its claims not evaluated (exit 4)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,8 +27,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {r.report}")
         if not r.complete:
             res = r.results
-            print(f"{r.name}: incomplete run, {res['n_trials_done']} of {res['n_trials']} trials; claims "
-                  f"{', '.join(res.get('not_evaluated', []))} not evaluated (rerun the command in config.json "
-                  "to finish it)")
+            print(
+                f"{r.name}: incomplete run, {res['n_trials_done']} of {res['n_trials']} trials; claims "
+                f"{', '.join(res.get('not_evaluated', []))} not evaluated (rerun the command in config.json "
+                "to finish it)"
+            )
             code = EXIT_INCOMPLETE
     return code

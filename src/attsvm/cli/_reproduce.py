@@ -17,17 +17,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="experiment name (see `attsvm list`) or 'all'")
     parser.add_argument("--quick", action="store_true", help="a small CI-sized run")
     parser.add_argument("--runs", type=int, default=None, help="override the number of runs")
-    parser.add_argument("--out", default=None,
-                        help="output folder (default results/NAME; rerun to resume). One writer at a time: a "
-                             "second run on the same folder exits 5; a folder of other settings or another "
-                             "command exits 3")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default results/NAME; rerun to resume). One writer at a time: a "
+        "second run on the same folder exits 5; a folder of other settings or another "
+        "command exits 3",
+    )
     parser.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in-process)")
-    parser.add_argument("--scheduler", default=None,
-                        help="Dask scheduler address, or local:N for a loopback LocalCluster of N workers")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a setting, typed like its default (an int setting refuses 1.7); counts "
-                             "are >= 1 (seeds >= 0), lr and thresholds > 0, lists non-empty without repeats; "
-                             "repeatable")
+    parser.add_argument(
+        "--scheduler", default=None, help="Dask scheduler address, or local:N for a loopback LocalCluster of N workers"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting, typed like its default (an int setting refuses 1.7); counts "
+        "are >= 1 (seeds >= 0), lr and thresholds > 0, lists non-empty without repeats; "
+        "repeatable",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -37,8 +47,14 @@ def run(args: argparse.Namespace) -> int:
     from ._errors import EXIT_DISAGREES, EXIT_OK
 
     raw = parse_overrides(args.overrides)
-    common = dict(quick=args.quick, runs=args.runs, workers=args.workers, scheduler=args.scheduler,
-                  progress=not args.no_progress, command=["attsvm", *sys.argv[1:]])
+    common = dict(
+        quick=args.quick,
+        runs=args.runs,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        progress=not args.no_progress,
+        command=["attsvm", *sys.argv[1:]],
+    )
     if args.name == "all":
         if raw:
             raise ValueError("--set cannot be combined with 'all' (settings differ per experiment)")
@@ -58,8 +74,10 @@ def _say(r: RunOutput) -> None:
     judged = [h for h in hl if h["passed"] is not None]
     ok = sum(h["passed"] is True for h in judged)
     verdict = "agrees with the paper" if r.passed else "DISAGREES with the paper on some claims (see report)"
-    print(f"{r.name}: {ok}/{len(judged)} headline checks pass — {verdict}; "
-          f"{r.n_computed}/{r.n_trials} trials computed in {r.seconds:.1f} s")
+    print(
+        f"{r.name}: {ok}/{len(judged)} headline checks pass — {verdict}; "
+        f"{r.n_computed}/{r.n_trials} trials computed in {r.seconds:.1f} s"
+    )
     for f in r.figures:
         if f.suffix == ".png":
             print(f"  figure:  {f}")

@@ -13,8 +13,13 @@ HELP = "solve the attention SVM of a generated (paper recipe) or saved instance 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("instance (generated with the published data recipe unless --input)")
-    src.add_argument("--input", type=Path, default=None, metavar="FILE.npz",
-                     help="load an instance saved by AttentionProblem.to_npz (arrays X, y, v, Z or query_index)")
+    src.add_argument(
+        "--input",
+        type=Path,
+        default=None,
+        metavar="FILE.npz",
+        help="load an instance saved by AttentionProblem.to_npz (arrays X, y, v, Z or query_index)",
+    )
     src.add_argument("--n", type=int, default=6, help="sequences (default 6)")
     src.add_argument("--T", type=int, default=8, help="tokens per sequence (default 8)")
     src.add_argument("--d", type=int, default=10, help="embedding dimension (default 10)")
@@ -22,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--self-attention", action="store_true", help="z_i = x_{i,q} instead of cross-attention queries")
     src.add_argument("--query-index", type=int, default=0, help="q for --self-attention (default 0)")
     svm = parser.add_argument_group("solver")
-    svm.add_argument("--tokens", type=str, default=None,
-                     help="comma-separated token selection alpha (default: the optimal tokens)")
+    svm.add_argument(
+        "--tokens", type=str, default=None, help="comma-separated token selection alpha (default: the optimal tokens)"
+    )
     svm.add_argument("--norm", choices=("fro", "nuc"), default="fro", help="Frobenius or nuclear norm (default fro)")
     svm.add_argument("--rank", type=int, default=None, help="rank constraint (nuclear norm only)")
     svm.add_argument("--backend", choices=("auto", "cvxpy"), default="auto", help="our solvers or the cvxpy reference")
@@ -45,21 +51,31 @@ def run(args: argparse.Namespace) -> int:
         if not args.input.exists():
             raise UsageError(f"--input {str(args.input)!r} does not exist")
         if not args.input.is_file():
-            raise InputError(f"--input {str(args.input)!r} is a folder; expected a .npz file saved by "
-                             "AttentionProblem.to_npz")
+            raise InputError(
+                f"--input {str(args.input)!r} is a folder; expected a .npz file saved by AttentionProblem.to_npz"
+            )
         try:
             problem = AttentionProblem.from_npz(args.input)
         except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise InputError(f"--input {str(args.input)!r} is not a readable attsvm instance (.npz with arrays "
-                             f"X, y and v, Z or query_index): {reason}") from None
+            raise InputError(
+                f"--input {str(args.input)!r} is not a readable attsvm instance (.npz with arrays "
+                f"X, y and v, Z or query_index): {reason}"
+            ) from None
         source: dict[str, Any] = {"input": str(args.input)}
     else:
-        problem = paper_instance(args.n, args.T, args.d, seed=args.seed, self_attention=args.self_attention,
-                                 query_index=args.query_index)
-        source = {"recipe": "paper_instance", "n": args.n, "T": args.T, "d": args.d, "seed": args.seed,
-                  "self_attention": args.self_attention,
-                  "query_index": args.query_index if args.self_attention else None}
+        problem = paper_instance(
+            args.n, args.T, args.d, seed=args.seed, self_attention=args.self_attention, query_index=args.query_index
+        )
+        source = {
+            "recipe": "paper_instance",
+            "n": args.n,
+            "T": args.T,
+            "d": args.d,
+            "seed": args.seed,
+            "self_attention": args.self_attention,
+            "query_index": args.query_index if args.self_attention else None,
+        }
     tokens = None
     if args.tokens is not None:
         try:

@@ -19,8 +19,29 @@ from ._registry import EXPERIMENTS, experiment_names, get_experiment
 from ._runner import RunOutput, execute_trial, fingerprint, plot_run, reproduce, reproduce_all, versions
 from ._store import TrialStore
 
-__all__ = ["Experiment", "Headline", "headline", "apply_overrides", "parse_overrides", "Executor",
-           "SerialExecutor", "PoolExecutor", "DaskExecutor", "make_executor", "EXPERIMENTS",
-           "experiment_names", "get_experiment", "RunOutput", "execute_trial", "plot_run", "reproduce",
-           "reproduce_all", "versions", "TrialStore", "fingerprint", "RunFolderError", "FolderBusyError",
-           "FolderLock"]
+__all__ = [
+    "Experiment",
+    "Headline",
+    "headline",
+    "apply_overrides",
+    "parse_overrides",
+    "Executor",
+    "SerialExecutor",
+    "PoolExecutor",
+    "DaskExecutor",
+    "make_executor",
+    "EXPERIMENTS",
+    "experiment_names",
+    "get_experiment",
+    "RunOutput",
+    "execute_trial",
+    "plot_run",
+    "reproduce",
+    "reproduce_all",
+    "versions",
+    "TrialStore",
+    "fingerprint",
+    "RunFolderError",
+    "FolderBusyError",
+    "FolderLock",
+]

@@ -95,8 +95,9 @@ class Experiment:
         if overrides:
             unknown = sorted(set(overrides) - set(s))
             if unknown:
-                raise ValueError(f"--set: unknown setting(s) {unknown} for experiment {self.name!r}; "
-                                 f"known: {sorted(s)}")
+                raise ValueError(
+                    f"--set: unknown setting(s) {unknown} for experiment {self.name!r}; known: {sorted(s)}"
+                )
             for key, val in overrides.items():
                 _check_type(key, val, s[key])
             s.update(overrides)
@@ -130,8 +131,7 @@ class Experiment:
         """Headline numbers (with claims and pass/fail) and a dict of extra summary tables."""
         raise NotImplementedError
 
-    def plot(self, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any],
-             outdir: Path) -> list[Path]:
+    def plot(self, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         """Draw the figures (PNG and PDF) from saved data; return the written paths."""
         raise NotImplementedError
 
@@ -182,8 +182,9 @@ def _coerce(raw: str, default: Any, key: str) -> Any:
             return json.loads(raw)
         return raw
     except (ValueError, json.JSONDecodeError):
-        raise ValueError(f"--set {key}={raw!r}: expected a value of type {type(default).__name__} "
-                         f"(like the default {default!r})") from None
+        raise ValueError(
+            f"--set {key}={raw!r}: expected a value of type {type(default).__name__} (like the default {default!r})"
+        ) from None
 
 
 def apply_overrides(defaults: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
@@ -210,8 +211,9 @@ def _check_type(key: str, val: Any, default: Any) -> None:
     else:
         ok = True
     if not ok:
-        raise ValueError(f"setting {key!r} must be of type {type(default).__name__} (like the default "
-                         f"{default!r}), got {val!r}")
+        raise ValueError(
+            f"setting {key!r} must be of type {type(default).__name__} (like the default {default!r}), got {val!r}"
+        )
 
 
 def _check_value(key: str, val: Any) -> None:
@@ -251,7 +253,6 @@ def chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(n, a + size)) for a in range(0, n, size)]
 
 
-def headline(name: str, value: Any, claim: str, passed: bool | None, criterion: str = "",
-             paper: str = "") -> Headline:
+def headline(name: str, value: Any, claim: str, passed: bool | None, criterion: str = "", paper: str = "") -> Headline:
     """Shorthand for a :class:`Headline` with JSON-safe value and a plain-bool verdict."""
     return Headline(name, _jsonable(value), claim, None if passed is None else bool(passed), criterion, paper)

@@ -14,12 +14,21 @@ from ..svm import AttentionSVM
 from ..svm._base import ConstraintSet
 from ..train import TrainResult, train
 
-__all__ = ["paper_problems", "selected_svms", "optimal_or_none", "fit_svm", "num", "train_batch", "corr_or_nan",
-           "train_W_reduced"]
+__all__ = [
+    "paper_problems",
+    "selected_svms",
+    "optimal_or_none",
+    "fit_svm",
+    "num",
+    "train_batch",
+    "corr_or_nan",
+    "train_W_reduced",
+]
 
 
-def fit_svm(problem: AttentionProblem | ConstraintSet, tokens: NDArray[np.int64] | None = None,
-            norm: str = "fro") -> AttentionSVM:
+def fit_svm(
+    problem: AttentionProblem | ConstraintSet, tokens: NDArray[np.int64] | None = None, norm: str = "fro"
+) -> AttentionSVM:
     """A fitted :class:`attsvm.svm.AttentionSVM` of ``problem`` at ``tokens`` (docs/spec.md §3), or of a
     :class:`~attsvm.svm._base.ConstraintSet` (the SVM-eq / W_fin programs of docs/spec.md §5).
 
@@ -35,17 +44,27 @@ def num(value: float | None, missing: float = np.nan) -> float:
     return missing if value is None else float(value)
 
 
-def train_batch(problems: list[AttentionProblem], *, seeds: list[int], record_every: int, **options: Any
-                ) -> TrainResult:
+def train_batch(
+    problems: list[AttentionProblem], *, seeds: list[int], record_every: int, **options: Any
+) -> TrainResult:
     """The paper's normalized GD (docs/spec.md §4) on R problems as one batched program, by
     :func:`attsvm.train.train`, with W recorded, one thread and no progress bar. Run r starts from its
     own generator seeded with ``seeds[r]``, so a run never depends on the batch it is in."""
-    return train(problems, normalized=True, seed=[int(x) for x in seeds], record_every=record_every,
-                 record_W=True, progress=False, threads=1, **options)
+    return train(
+        problems,
+        normalized=True,
+        seed=[int(x) for x in seeds],
+        record_every=record_every,
+        record_W=True,
+        progress=False,
+        threads=1,
+        **options,
+    )
 
 
-def paper_problems(n: int, T: int, d: int, seeds: range | list[int], self_attention: bool = False
-                   ) -> list[AttentionProblem]:
+def paper_problems(
+    n: int, T: int, d: int, seeds: range | list[int], self_attention: bool = False
+) -> list[AttentionProblem]:
     """The published data recipe (docs/spec.md §6) for each seed."""
     return [paper_instance(n, T, d, seed=int(s), self_attention=self_attention) for s in seeds]
 
@@ -58,8 +77,9 @@ def optimal_or_none(problem: AttentionProblem) -> NDArray[np.int64] | None:
         return None
 
 
-def selected_svms(problem: AttentionProblem, tokens: NDArray[np.int64], norms: tuple[str, ...] = ("fro", "nuc")
-                  ) -> dict[str, AttentionSVM]:
+def selected_svms(
+    problem: AttentionProblem, tokens: NDArray[np.int64], norms: tuple[str, ...] = ("fro", "nuc")
+) -> dict[str, AttentionSVM]:
     """Att-SVM(α) for each requested norm at the selection ``tokens``."""
     return {nm: fit_svm(problem, tokens, nm) for nm in norms}
 
@@ -71,8 +91,9 @@ def corr_or_nan(W: NDArray[np.float64], ref: AttentionSVM) -> Any:
     return correlation(W, ref.W_)
 
 
-def train_W_reduced(problems: list[AttentionProblem], seeds: list[int], *, steps: int, lr: float
-                    ) -> NDArray[np.float64]:
+def train_W_reduced(
+    problems: list[AttentionProblem], seeds: list[int], *, steps: int, lr: float
+) -> NDArray[np.float64]:
     """Final W (R, d, d) of normalized GD on W, trained exactly in the span of the data (linear head).
 
     The logits x_itᵀ W z_i and the gradient Σ c_it x_it z_iᵀ only involve W through Uᵀ W V, with U an
@@ -97,6 +118,13 @@ def train_W_reduced(problems: list[AttentionProblem], seeds: list[int], *, steps
         M0 = U.T @ W0 @ Vp
         reduced.append((AttentionProblem(p.X @ U, p.y, U.T @ p.v, Z=p.queries @ Vp), M0))
         lifts.append((U, V, W0 - U @ (U.T @ W0 @ V) @ V.T))
-    out = train_batch([q for q, _ in reduced], param="W", steps=steps, lr=lr, seeds=list(seeds),
-                      init=np.stack([M0 for _, M0 in reduced]), record_every=steps)
+    out = train_batch(
+        [q for q, _ in reduced],
+        param="W",
+        steps=steps,
+        lr=lr,
+        seeds=list(seeds),
+        init=np.stack([M0 for _, M0 in reduced]),
+        record_every=steps,
+    )
     return np.stack([U @ out.W[k][:, : V.shape[1]] @ V.T + perp for k, (U, V, perp) in enumerate(lifts)])

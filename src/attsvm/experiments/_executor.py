@@ -99,8 +99,9 @@ class PoolExecutor(Executor):
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.description = f"local process pool ({workers} workers)"
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                                         initializer=_worker_init, initargs=(os.getpid(),))
+        self._pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),)
+        )
 
     def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:
         futures = {self._pool.submit(fn, *args): tag for tag, args in jobs}
@@ -146,8 +147,9 @@ class DaskExecutor(Executor):
                     raise ValueError
             except ValueError:
                 raise ValueError(f"--scheduler local:N needs a positive worker count N, got {scheduler!r}") from None
-            self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                         host="127.0.0.1", dashboard_address=None)
+            self._cluster = LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            )
             self._client = Client(self._cluster)
             self.description = f"Dask LocalCluster ({n} worker processes, loopback)"
         else:

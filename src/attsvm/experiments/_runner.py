@@ -37,8 +37,19 @@ from ._store import TrialStore, check_key
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["reproduce", "reproduce_all", "plot_run", "RunOutput", "execute_trial", "versions", "write_index",
-           "fingerprint", "code_version", "read_config", "NOT_EVALUATED"]
+__all__ = [
+    "reproduce",
+    "reproduce_all",
+    "plot_run",
+    "RunOutput",
+    "execute_trial",
+    "versions",
+    "write_index",
+    "fingerprint",
+    "code_version",
+    "read_config",
+    "NOT_EVALUATED",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +64,20 @@ def versions() -> dict[str, str]:
     out: dict[str, str] = {"python": platform.python_version(), "platform": platform.platform()}
     import importlib.metadata as md
 
-    for pkg in ("attsvm", "numpy", "scipy", "torch", "cvxpy", "clarabel", "scs", "pandas", "pyarrow",
-                "dask", "distributed", "matplotlib"):
+    for pkg in (
+        "attsvm",
+        "numpy",
+        "scipy",
+        "torch",
+        "cvxpy",
+        "clarabel",
+        "scs",
+        "pandas",
+        "pyarrow",
+        "dask",
+        "distributed",
+        "matplotlib",
+    ):
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
@@ -128,8 +151,9 @@ def code_version(exp: Experiment) -> str:
 def fingerprint(exp: Experiment, settings: dict[str, Any]) -> str:
     """The fingerprint stamped in every trial file of a run: a hash of the experiment's name, its
     resolved settings and :func:`code_version`. A resume uses only the trials that match it."""
-    blob = json.dumps({"experiment": exp.name, "settings": _jsonable(settings), "code": code_version(exp)},
-                      sort_keys=True)
+    blob = json.dumps(
+        {"experiment": exp.name, "settings": _jsonable(settings), "code": code_version(exp)}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -145,8 +169,11 @@ def read_config(out: Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RunFolderError(f"{str(path)!r} is not valid JSON ({exc}); the run folder is damaged") from None
-    if not isinstance(config, dict) or not isinstance(config.get("experiment"), str) \
-            or not isinstance(config.get("settings"), dict):
+    if (
+        not isinstance(config, dict)
+        or not isinstance(config.get("experiment"), str)
+        or not isinstance(config.get("settings"), dict)
+    ):
         raise RunFolderError(f"{str(path)!r} is not an attsvm run config (needs 'experiment' and 'settings')")
     return config
 
@@ -157,30 +184,50 @@ def _check_config(out: Path, config: dict[str, Any]) -> None:
         return
     old = read_config(out)
     if old.get("experiment") != config["experiment"]:
-        raise RunFolderError(f"--out {str(out)!r} holds a run of experiment {old.get('experiment')!r}, "
-                             f"not {config['experiment']!r}; choose another --out")
+        raise RunFolderError(
+            f"--out {str(out)!r} holds a run of experiment {old.get('experiment')!r}, "
+            f"not {config['experiment']!r}; choose another --out"
+        )
     if old.get("settings") != config["settings"]:
-        diff = sorted(k for k in set(old.get("settings", {})) | set(config["settings"])
-                      if old.get("settings", {}).get(k) != config["settings"].get(k))
-        raise RunFolderError(f"--out {str(out)!r} holds a run of {config['experiment']} with different settings "
-                             f"({', '.join(diff)}); resuming would mix them. Choose another --out or delete it")
+        diff = sorted(
+            k
+            for k in set(old.get("settings", {})) | set(config["settings"])
+            if old.get("settings", {}).get(k) != config["settings"].get(k)
+        )
+        raise RunFolderError(
+            f"--out {str(out)!r} holds a run of {config['experiment']} with different settings "
+            f"({', '.join(diff)}); resuming would mix them. Choose another --out or delete it"
+        )
 
 
-def _run_pending(exp: Experiment, settings: dict[str, Any], trials: list[dict[str, Any]], store: TrialStore,
-                 executor: Executor, progress: bool) -> int:
+def _run_pending(
+    exp: Experiment,
+    settings: dict[str, Any],
+    trials: list[dict[str, Any]],
+    store: TrialStore,
+    executor: Executor,
+    progress: bool,
+) -> int:
     done = store.done()
     keys = [check_key(t["key"]) for t in trials]
     if len(set(keys)) != len(keys):
         dup = sorted({k for k in keys if keys.count(k) > 1})
-        raise ValueError(f"{exp.name}: the settings give duplicate trials {dup[:5]} (a repeated value in a list "
-                         "setting?)")
+        raise ValueError(
+            f"{exp.name}: the settings give duplicate trials {dup[:5]} (a repeated value in a list setting?)"
+        )
     pending = [t for t in trials if t["key"] not in done]
     if not pending:
         return 0
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(trials), initial=len(trials) - len(pending), desc=exp.name, unit="trial",
-               disable=None if progress else True, leave=False)
+    bar = tqdm(
+        total=len(trials),
+        initial=len(trials) - len(pending),
+        desc=exp.name,
+        unit="trial",
+        disable=None if progress else True,
+        leave=False,
+    )
     n = 0
     try:
         jobs = ((t["key"], (exp.name, settings, t)) for t in pending)
@@ -193,10 +240,19 @@ def _run_pending(exp: Experiment, settings: dict[str, Any], trials: list[dict[st
     return n
 
 
-def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, runs: int | None = None,
-              workers: int = 1, scheduler: str | None = None, overrides: dict[str, Any] | None = None,
-              progress: bool = True, command: list[str] | None = None,
-              executor: Executor | None = None) -> RunOutput:
+def reproduce(
+    name: str,
+    *,
+    out: str | Path | None = None,
+    quick: bool = False,
+    runs: int | None = None,
+    workers: int = 1,
+    scheduler: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+    command: list[str] | None = None,
+    executor: Executor | None = None,
+) -> RunOutput:
     """Run (or resume) experiment ``name`` into ``out`` and write results, figures and report.
 
     ``overrides`` are typed settings (see :func:`attsvm.experiments.apply_overrides` for ``--set``
@@ -220,9 +276,18 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
     out = check_output_folder(Path(out) if out is not None else Path("results") / exp.name)
     command = command if command is not None else list(sys.argv)
     fp = fingerprint(exp, settings)
-    config = {"experiment": exp.name, "title": exp.title, "quick": quick, "settings": settings,
-              "claims": exp.claims, "fingerprint": fp, "code_version": code_version(exp), "versions": versions(),
-              "command": command, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    config = {
+        "experiment": exp.name,
+        "title": exp.title,
+        "quick": quick,
+        "settings": settings,
+        "claims": exp.claims,
+        "fingerprint": fp,
+        "code_version": code_version(exp),
+        "versions": versions(),
+        "command": command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     with FolderLock(out, " ".join(command)[:300]):
         claim_folder(out, "reproduce")
         _check_config(out, config)
@@ -232,8 +297,13 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
         _drop_stale_results(out, fp)
         foreign = store.foreign()
         if foreign:
-            log.warning("%s: %d trial file(s) in %s were computed with other settings or code (fingerprint "
-                        "differs); they are ignored and recomputed", exp.name, len(foreign), store.root)
+            log.warning(
+                "%s: %d trial file(s) in %s were computed with other settings or code (fingerprint "
+                "differs); they are ignored and recomputed",
+                exp.name,
+                len(foreign),
+                store.root,
+            )
         t0 = time.perf_counter()
         own = executor is None
         ex = executor or make_executor(workers, scheduler, temp_dir=out / ".dask-tmp")
@@ -259,8 +329,17 @@ def reproduce(name: str, *, out: str | Path | None = None, quick: bool = False, 
                 ex.close(abort=aborted)
         seconds = time.perf_counter() - t0
         data = store.load([t["key"] for t in trials])
-        results = _write_results(exp, settings, data, out, seconds=seconds, n_trials=len(trials),
-                                 computed=computed, n_done=len(trials), fingerprint_of=fp)
+        results = _write_results(
+            exp,
+            settings,
+            data,
+            out,
+            seconds=seconds,
+            n_trials=len(trials),
+            computed=computed,
+            n_done=len(trials),
+            fingerprint_of=fp,
+        )
         figures = _draw(exp, settings, data, results, out)
         report = write_report(exp, settings, results, figures, out)
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
@@ -278,9 +357,18 @@ def _drop_stale_results(out: Path, fp: str) -> None:
         path.unlink()
 
 
-def _write_results(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, out: Path, *,
-                   seconds: float, n_trials: int, computed: int, n_done: int,
-                   fingerprint_of: str | None = None) -> dict[str, Any]:
+def _write_results(
+    exp: Experiment,
+    settings: dict[str, Any],
+    data: pd.DataFrame,
+    out: Path,
+    *,
+    seconds: float,
+    n_trials: int,
+    computed: int,
+    n_done: int,
+    fingerprint_of: str | None = None,
+) -> dict[str, Any]:
     """``results.json``. A partial run (``n_done < n_trials``) has its claims marked "not evaluated":
     its numbers are reported (when they can be computed at all) but never judged."""
     complete = n_done >= n_trials
@@ -290,26 +378,40 @@ def _write_results(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame
     except Exception as exc:  # only a partial run may lack what aggregate needs
         if complete:
             raise
-        log.warning("%s: the %d finished trial(s) are not enough to compute the headline numbers (%s: %s)",
-                    exp.name, n_done, type(exc).__name__, exc)
+        log.warning(
+            "%s: the %d finished trial(s) are not enough to compute the headline numbers (%s: %s)",
+            exp.name,
+            n_done,
+            type(exc).__name__,
+            exc,
+        )
         hl, extra = [], {}
     for h in hl:
         h["verdict"] = {True: "PASS", False: "FAIL", None: "reported"}[h["passed"]] if complete else NOT_EVALUATED
         if not complete:
             h["passed"] = None
-    results = {"experiment": exp.name, "title": exp.title, "claims": exp.claims, "fingerprint": fingerprint_of,
-               "complete": complete,
-               "n_trials_done": n_done, "headlines": hl,
-               "passed": all(h["passed"] is not False for h in hl) if complete else None,
-               "not_evaluated": [] if complete else sorted(exp.claims),
-               "n_trials": n_trials, "n_trials_computed_this_run": computed,
-               "seconds_this_run": round(seconds, 3), "summary": _jsonable(extra)}
+    results = {
+        "experiment": exp.name,
+        "title": exp.title,
+        "claims": exp.claims,
+        "fingerprint": fingerprint_of,
+        "complete": complete,
+        "n_trials_done": n_done,
+        "headlines": hl,
+        "passed": all(h["passed"] is not False for h in hl) if complete else None,
+        "not_evaluated": [] if complete else sorted(exp.claims),
+        "n_trials": n_trials,
+        "n_trials_computed_this_run": computed,
+        "seconds_this_run": round(seconds, 3),
+        "summary": _jsonable(extra),
+    }
     atomic_write(out / RESULTS, json.dumps(_jsonable(results), indent=2))
     return results
 
 
-def _draw(exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any],
-          out: Path) -> list[Path]:
+def _draw(
+    exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any], out: Path
+) -> list[Path]:
     matplotlib = require("matplotlib", feature="drawing the figures of a run")
     matplotlib.use("Agg", force=True)
     plt = require("matplotlib.pyplot", feature="drawing the figures of a run")
@@ -337,35 +439,53 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def write_report(exp: Experiment, settings: dict[str, Any], results: dict[str, Any], figures: list[Path],
-                 out: Path) -> Path:
+def write_report(
+    exp: Experiment, settings: dict[str, Any], results: dict[str, Any], figures: list[Path], out: Path
+) -> Path:
     """``report.md``: the paper's claims, the measured numbers with pass/fail, and the figures."""
     hl = results["headlines"]
     complete = results.get("complete", True)
     failed = [h for h in hl if h["passed"] is False]
     lines = [f"# {exp.name}: {exp.title}", ""]
     if not complete:
-        lines += [f"**Incomplete run: {results['n_trials_done']} of {results['n_trials']} trials finished. "
-                  "The claims are not evaluated;** rerun the command in `config.json` to finish it.", ""]
+        lines += [
+            f"**Incomplete run: {results['n_trials_done']} of {results['n_trials']} trials finished. "
+            "The claims are not evaluated;** rerun the command in `config.json` to finish it.",
+            "",
+        ]
     lines += [f"Reproduces {exp.spec}. {exp.describe()}", "", "## What the paper claims", ""]
     lines += [f"- **{cid}**: {text}" for cid, text in exp.claims.items()]
-    lines += ["", "## What we measured", "", "| claim | quantity | measured | criterion | verdict |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## What we measured",
+        "",
+        "| claim | quantity | measured | criterion | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for h in hl:
-        verdict = ({True: "PASS", False: "**FAIL**", None: "reported"}[h["passed"]] if complete
-                   else NOT_EVALUATED)
+        verdict = {True: "PASS", False: "**FAIL**", None: "reported"}[h["passed"]] if complete else NOT_EVALUATED
         cells = [h["claim"], h["name"], _fmt(h["value"]), h["criterion"], verdict]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     lines.append("")
     if not complete:
-        lines += [f"Claims {', '.join(results.get('not_evaluated', []))}: {NOT_EVALUATED} "
-                  f"({results['n_trials_done']} of {results['n_trials']} trials).", ""]
+        lines += [
+            f"Claims {', '.join(results.get('not_evaluated', []))}: {NOT_EVALUATED} "
+            f"({results['n_trials_done']} of {results['n_trials']} trials).",
+            "",
+        ]
     elif failed:
-        lines += ["## Disagreements with the paper", "",
-                  "The following measured numbers do **not** support the paper's claim at these settings "
-                  "(the settings were not tuned to hide this):", ""]
-        lines += [f"- {h['name']} = {_fmt(h['value'])} (needed {h['criterion']}; claim {h['claim']}: "
-                  f"{exp.claims.get(h['claim'], '')})" for h in failed]
+        lines += [
+            "## Disagreements with the paper",
+            "",
+            "The following measured numbers do **not** support the paper's claim at these settings "
+            "(the settings were not tuned to hide this):",
+            "",
+        ]
+        lines += [
+            f"- {h['name']} = {_fmt(h['value'])} (needed {h['criterion']}; claim {h['claim']}: "
+            f"{exp.claims.get(h['claim'], '')})"
+            for h in failed
+        ]
         lines.append("")
     else:
         lines += ["Every headline number agrees with the paper's claim at these settings.", ""]
@@ -379,10 +499,18 @@ def write_report(exp: Experiment, settings: dict[str, Any], results: dict[str, A
             rel = f.relative_to(out)
             lines += [f"![{f.stem}]({rel.as_posix()})", f"({rel.with_suffix('.pdf').as_posix()} for print)", ""]
     done = f"{results['n_trials_done']} of {results['n_trials']}" if not complete else f"{results['n_trials']}"
-    lines += ["## Settings", "", "```json", json.dumps(settings, indent=2), "```", "",
-              f"{done} trials; {results['n_trials_computed_this_run']} computed in the last "
-              f"invocation ({results['seconds_this_run']:.1f} s). Rerun with the command in `config.json`; "
-              "redraw with `attsvm plot DIR`.", ""]
+    lines += [
+        "## Settings",
+        "",
+        "```json",
+        json.dumps(settings, indent=2),
+        "```",
+        "",
+        f"{done} trials; {results['n_trials_computed_this_run']} computed in the last "
+        f"invocation ({results['seconds_this_run']:.1f} s). Rerun with the command in `config.json`; "
+        "redraw with `attsvm plot DIR`.",
+        "",
+    ]
     path = out / REPORT
     atomic_write(path, "\n".join(lines))
     return path
@@ -429,20 +557,41 @@ def plot_run(directory: str | Path) -> RunOutput:
                 results = json.loads((out / RESULTS).read_text())
             except (OSError, ValueError):
                 results = None
-            if (not isinstance(results, dict) or results.get("complete") is False or "headlines" not in results
-                    or results.get("fingerprint", config.get("fingerprint")) != config.get("fingerprint")):
+            if (
+                not isinstance(results, dict)
+                or results.get("complete") is False
+                or "headlines" not in results
+                or results.get("fingerprint", config.get("fingerprint")) != config.get("fingerprint")
+            ):
                 results = None
         if results is None:
-            results = _write_results(exp, settings, data, out, seconds=0.0, n_trials=len(keys), computed=0,
-                                     n_done=n_done, fingerprint_of=config.get("fingerprint"))
+            results = _write_results(
+                exp,
+                settings,
+                data,
+                out,
+                seconds=0.0,
+                n_trials=len(keys),
+                computed=0,
+                n_done=n_done,
+                fingerprint_of=config.get("fingerprint"),
+            )
         figures = _draw(exp, settings, data, results, out)
         report = write_report(exp, settings, results, figures, out)
     return RunOutput(exp.name, out, results, figures, report, results.get("n_trials", 0), 0, 0.0)
 
 
-def reproduce_all(*, out: str | Path | None = None, names: list[str] | None = None, runs: int | None = None,
-                  workers: int = 1, scheduler: str | None = None, executor: Executor | None = None,
-                  on_done: Any = None, **kwargs: Any) -> list[RunOutput]:
+def reproduce_all(
+    *,
+    out: str | Path | None = None,
+    names: list[str] | None = None,
+    runs: int | None = None,
+    workers: int = 1,
+    scheduler: str | None = None,
+    executor: Executor | None = None,
+    on_done: Any = None,
+    **kwargs: Any,
+) -> list[RunOutput]:
     """Run every experiment (each into ``out/NAME``, one shared executor) and write ``out/index.md``
     and ``out/index.json``. ``runs`` applies to the experiments that have a run count; ``on_done(run)``
     is called after each experiment (the CLI prints where its outputs are)."""
@@ -452,8 +601,16 @@ def reproduce_all(*, out: str | Path | None = None, names: list[str] | None = No
         return _reproduce_all(root, names, runs, workers, scheduler, executor, on_done, kwargs)
 
 
-def _reproduce_all(root: Path, names: list[str] | None, runs: int | None, workers: int, scheduler: str | None,
-                   executor: Executor | None, on_done: Any, kwargs: dict[str, Any]) -> list[RunOutput]:
+def _reproduce_all(
+    root: Path,
+    names: list[str] | None,
+    runs: int | None,
+    workers: int,
+    scheduler: str | None,
+    executor: Executor | None,
+    on_done: Any,
+    kwargs: dict[str, Any],
+) -> list[RunOutput]:
     for name in names or []:
         get_experiment(name)  # an unknown name fails before anything runs
     runs_out: list[RunOutput] = []
@@ -476,8 +633,12 @@ def _reproduce_all(root: Path, names: list[str] | None, runs: int | None, worker
 
 def write_index(root: Path, runs: list[RunOutput]) -> Path:
     """The index report over experiments: verdicts, headline counts, links."""
-    lines = ["# attsvm: reproduction of Tarzanagh, Li, Thrampoulidis, Oymak (2023)", "",
-             "| experiment | verdict | headlines passed | time (s) | report |", "|---|---|---|---|---|"]
+    lines = [
+        "# attsvm: reproduction of Tarzanagh, Li, Thrampoulidis, Oymak (2023)",
+        "",
+        "| experiment | verdict | headlines passed | time (s) | report |",
+        "|---|---|---|---|---|",
+    ]
     index = []
     for r in runs:
         hl = r.results["headlines"]
@@ -486,8 +647,16 @@ def write_index(root: Path, runs: list[RunOutput]) -> Path:
         verdict = "agrees" if r.passed else "**disagrees (see report)**"
         rel = r.report.relative_to(root).as_posix() if r.report else ""
         lines.append(f"| {r.name} | {verdict} | {ok}/{len(judged)} | {r.seconds:.1f} | [{rel}]({rel}) |")
-        index.append({"experiment": r.name, "passed": r.passed, "headlines_passed": ok,
-                      "headlines_judged": len(judged), "seconds": r.seconds, "report": rel})
+        index.append(
+            {
+                "experiment": r.name,
+                "passed": r.passed,
+                "headlines_passed": ok,
+                "headlines_judged": len(judged),
+                "seconds": r.seconds,
+                "report": rel,
+            }
+        )
     lines.append("")
     for r in runs:
         failed = [h for h in r.results["headlines"] if h["passed"] is False]

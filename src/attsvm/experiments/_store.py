@@ -106,8 +106,9 @@ class TrialStore:
         frame["trial"] = key
         table = pa.Table.from_pandas(frame.reset_index(drop=True), preserve_index=False)
         if self.fingerprint is not None:
-            table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                                   FINGERPRINT_KEY: self.fingerprint.encode()})
+            table = table.replace_schema_metadata(
+                {**(table.schema.metadata or {}), FINGERPRINT_KEY: self.fingerprint.encode()}
+            )
         tmp = self.root / f".{key}.tmp{os.getpid()}"
         pq.write_table(table, tmp)
         with open(tmp, "rb") as fh:

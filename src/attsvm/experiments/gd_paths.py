@@ -54,16 +54,27 @@ class GDPaths(Experiment):
             g = torch.Generator().manual_seed(int(s["init_seed"]))
             K0 = 0.1 * torch.randn((d, d), generator=g, dtype=torch.float64).numpy()
             init = (K0, np.zeros((d, d)))
-        out = train_batch([p], param=trial["param"], steps=s["steps"], lr=s["lr"], init=init,
-                          record_every=s["record_every"], seeds=[int(s["init_seed"])])
+        out = train_batch(
+            [p],
+            param=trial["param"],
+            steps=s["steps"],
+            lr=s["lr"],
+            init=init,
+            record_every=s["record_every"],
+            seeds=[int(s["init_seed"])],
+        )
         steps = np.asarray(out.history["step"], dtype=np.int64)
         sel = out.selected[0]
         fro, nuc = fit_svm(p, sel, "fro"), fit_svm(p, sel, "nuc")
         opt = p.optimal_tokens(ties="first")
         Wh = out.history["W"][0]  # (S, d, d)
         paths = np.einsum("sde,ne->snd", Wh, p.queries)  # W(k) z_i
-        rows = {"step": np.repeat(steps, p.n), "seq": np.tile(np.arange(p.n), len(steps)),
-                "x": paths[..., 0].ravel(), "y": paths[..., 1].ravel()}
+        rows = {
+            "step": np.repeat(steps, p.n),
+            "seq": np.tile(np.arange(p.n), len(steps)),
+            "x": paths[..., 0].ravel(),
+            "y": paths[..., 1].ravel(),
+        }
         df = pd.DataFrame(rows)
         cf = correlation(Wh, fro.W_) if fro.W_ is not None else np.full(len(Wh), np.nan)
         cn = correlation(Wh, nuc.W_) if nuc.W_ is not None else np.full(len(Wh), np.nan)
@@ -82,22 +93,38 @@ class GDPaths(Experiment):
         thr = s["threshold"]
         W = last[last.param == "W"].set_index("T")
         KQ = last[last.param == "KQ"].set_index("T")
-        hl = [headline("W: final corr(W, W_mm) per T", W.corr_fro.to_dict(), "P1", bool((W.corr_fro >= thr).all()),
-                       f">= {thr}"),
-              headline("(K,Q): final corr(KQᵀ, W*_mm) per T", KQ.corr_nuc.to_dict(), "P2",
-                       bool((KQ.corr_nuc >= thr).all()), f">= {thr}"),
-              headline("W: final corr with the nuclear W*_mm (other norm)", W.corr_nuc.to_dict(), "P1", None, "reported"),
-              headline("(K,Q): final corr with the Frobenius W_mm (other norm)", KQ.corr_fro.to_dict(), "P2", None,
-                       "reported"),
-              headline("selected tokens are optimal in every run", bool(last.is_opt.all()), "P3", bool(last.is_opt.all()),
-                       "true")]
+        hl = [
+            headline(
+                "W: final corr(W, W_mm) per T", W.corr_fro.to_dict(), "P1", bool((W.corr_fro >= thr).all()), f">= {thr}"
+            ),
+            headline(
+                "(K,Q): final corr(KQᵀ, W*_mm) per T",
+                KQ.corr_nuc.to_dict(),
+                "P2",
+                bool((KQ.corr_nuc >= thr).all()),
+                f">= {thr}",
+            ),
+            headline("W: final corr with the nuclear W*_mm (other norm)", W.corr_nuc.to_dict(), "P1", None, "reported"),
+            headline(
+                "(K,Q): final corr with the Frobenius W_mm (other norm)", KQ.corr_fro.to_dict(), "P2", None, "reported"
+            ),
+            headline(
+                "selected tokens are optimal in every run",
+                bool(last.is_opt.all()),
+                "P3",
+                bool(last.is_opt.all()),
+                "true",
+            ),
+        ]
         return hl, {}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         Ts = sorted(df["T"].unique())
         fig, ax = subplots(2, len(Ts), width=4.0, height=3.8)
         for r, T in enumerate(Ts):
-            X = gd_paths_instance(cast("Literal[3, 5]", int(T))).X  # the fixed instance's tokens (data, not a recomputation)
+            X = gd_paths_instance(
+                cast("Literal[3, 5]", int(T))
+            ).X  # the fixed instance's tokens (data, not a recomputation)
             for c, param in enumerate(("W", "KQ")):
                 a = ax[r, c]
                 g = df[(df["T"] == T) & (df.param == param)]
@@ -105,8 +132,15 @@ class GDPaths(Experiment):
                 lab = "W(k)" if param == "W" else "KQ^T(k)"
                 for i, gi in g.groupby("seq"):
                     col = f"C{i}"
-                    a.scatter(X[i, :, 0], X[i, :, 1], color=col, marker="o^"[i], s=18, alpha=0.8,
-                              label=f"tokens of sequence {i + 1}")
+                    a.scatter(
+                        X[i, :, 0],
+                        X[i, :, 1],
+                        color=col,
+                        marker="o^"[i],
+                        s=18,
+                        alpha=0.8,
+                        label=f"tokens of sequence {i + 1}",
+                    )
                     v = np.stack([gi.x.to_numpy(), gi.y.to_numpy()], 1)
                     nv = np.linalg.norm(v, axis=1, keepdims=True)
                     u = (v / np.where(nv > 0, nv, 1.0) * 1.6)[nv[:, 0] > 0]  # W(0) = 0 has no direction
@@ -115,9 +149,13 @@ class GDPaths(Experiment):
                     dv = 1.6 * dv / max(float(np.linalg.norm(dv)), 1e-300)
                     a.annotate("", xy=dv, xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": col, "ls": "--"})
                 a.plot([], [], "k--", label=("$W_{mm}$" if nm == "fro" else "$W^*_{mm}$") + " z (SVM direction)")
-                a.set(title=f"T={T}, {'W' if param == 'W' else '(K,Q)'} vs "
-                      f"{'Frobenius' if nm == 'fro' else 'nuclear'} SVM",
-                      xlim=(-2, 2), ylim=(-2, 2), aspect="equal")
+                a.set(
+                    title=f"T={T}, {'W' if param == 'W' else '(K,Q)'} vs "
+                    f"{'Frobenius' if nm == 'fro' else 'nuclear'} SVM",
+                    xlim=(-2, 2),
+                    ylim=(-2, 2),
+                    aspect="equal",
+                )
                 a.legend(fontsize=5, loc="lower left")
         return save(fig, outdir, "gd_paths")
 

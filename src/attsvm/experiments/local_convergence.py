@@ -33,39 +33,64 @@ class LocalConvergence(Experiment):
         "C3": "(K,Q)-parametrised GD: corr(KQᵀ(k), W*_mm) → 1 for the nuclear Att-SVM* of the selected tokens",
         "C4": "each parametrisation is closer to its own norm's SVM than to the other one",
     }
-    defaults = {"n": 6, "T": 8, "d": 10, "steps": 2000, "lr": 0.1, "runs": 100, "chunk": 50,
-                "record_every": 10, "threshold": 0.99, "self_attention": False}
+    defaults = {
+        "n": 6,
+        "T": 8,
+        "d": 10,
+        "steps": 2000,
+        "lr": 0.1,
+        "runs": 100,
+        "chunk": 50,
+        "record_every": 10,
+        "threshold": 0.99,
+        "self_attention": False,
+    }
     quick = {"steps": 400, "runs": 8, "chunk": 4, "record_every": 20, "threshold": 0.95}
     figure_names = ("local_convergence",)
 
     def describe(self) -> str:
-        return ("Normalized GD (η = 0.1) on the published recipe; the selected tokens are the argmax of the "
-                "final softmax; correlations use the SVMs of those tokens (docs/spec.md §3–4).")
+        return (
+            "Normalized GD (η = 0.1) on the published recipe; the selected tokens are the argmax of the "
+            "final softmax; correlations use the SVMs of those tokens (docs/spec.md §3–4)."
+        )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
-        return [{"key": f"{p}-s{a:05d}-{b:05d}", "param": p, "start": a, "stop": b}
-                for p in ("W", "KQ") for a, b in chunks(s["runs"], s["chunk"])]
+        return [
+            {"key": f"{p}-s{a:05d}-{b:05d}", "param": p, "start": a, "stop": b}
+            for p in ("W", "KQ")
+            for a, b in chunks(s["runs"], s["chunk"])
+        ]
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
         seeds = list(range(trial["start"], trial["stop"]))
         probs = paper_problems(s["n"], s["T"], s["d"], seeds, s["self_attention"])
-        out = train_batch(probs, param=trial["param"], steps=s["steps"], lr=s["lr"], seeds=seeds,
-                         record_every=s["record_every"])
+        out = train_batch(
+            probs, param=trial["param"], steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["record_every"]
+        )
         rows = []
         for r, (seed, p) in enumerate(zip(seeds, probs)):
             sel = out.selected[r]
             svms = selected_svms(p, sel)
             opt = optimal_or_none(p)
-            rows.append(pd.DataFrame({
-                "param": trial["param"], "run": seed, "step": np.asarray(out.history["step"], dtype=np.int64),
-                "sfx": out.history["max_prob"][r].mean(-1),
-                "corr_fro": corr_or_nan(out.history["W"][r], svms["fro"]),
-                "corr_nuc": corr_or_nan(out.history["W"][r], svms["nuc"]),
-                "status_fro": svms["fro"].status_, "status_nuc": svms["nuc"].status_,
-                "viol_fro": num(svms["fro"].max_violation_, np.inf), "viol_nuc": num(svms["nuc"].max_violation_, np.inf),
-                "gap_fro": num(svms["fro"].duality_gap_), "gap_nuc": num(svms["nuc"].duality_gap_),
-                "global": bool(opt is not None and np.array_equal(opt, sel)),
-            }))
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "param": trial["param"],
+                        "run": seed,
+                        "step": np.asarray(out.history["step"], dtype=np.int64),
+                        "sfx": out.history["max_prob"][r].mean(-1),
+                        "corr_fro": corr_or_nan(out.history["W"][r], svms["fro"]),
+                        "corr_nuc": corr_or_nan(out.history["W"][r], svms["nuc"]),
+                        "status_fro": svms["fro"].status_,
+                        "status_nuc": svms["nuc"].status_,
+                        "viol_fro": num(svms["fro"].max_violation_, np.inf),
+                        "viol_nuc": num(svms["nuc"].max_violation_, np.inf),
+                        "gap_fro": num(svms["fro"].duality_gap_),
+                        "gap_nuc": num(svms["nuc"].duality_gap_),
+                        "global": bool(opt is not None and np.array_equal(opt, sel)),
+                    }
+                )
+            )
         return pd.concat(rows, ignore_index=True)
 
     def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
@@ -79,26 +104,54 @@ class LocalConvergence(Experiment):
         v = last[["viol_fro", "viol_nuc"]].to_numpy()
         viol = float(v[np.isfinite(v)].max(initial=0.0))  # infeasible SVMs (no W) are counted above
         hl = [
-            headline("mean final top softmax probability", sfx, "C1", min(sfx.values()) >= thr, f">= {thr}",
-                     "→ 1 (Fig. local convergence, left)"),
+            headline(
+                "mean final top softmax probability",
+                sfx,
+                "C1",
+                min(sfx.values()) >= thr,
+                f">= {thr}",
+                "→ 1 (Fig. local convergence, left)",
+            ),
             headline("W: mean final corr with Frobenius W_mm", cW["fro"], "C2", cW["fro"] >= thr, f">= {thr}", "→ 1"),
-            headline("(K,Q): mean final corr with nuclear W*_mm", cK["nuc"], "C3", cK["nuc"] >= thr, f">= {thr}", "→ 1"),
-            headline("W: corr with nuclear W*_mm (other norm)", cW["nuc"], "C4", cW["nuc"] < cW["fro"],
-                     "< corr with W_mm"),
-            headline("(K,Q): corr with Frobenius W_mm (other norm)", cK["fro"], "C4", cK["fro"] < cK["nuc"],
-                     "< corr with W*_mm"),
-            headline("share of W runs with corr(W, W_mm) ≥ threshold", float((W.corr_fro >= thr).mean()), "C2",
-                     None, "reported"),
-            headline("share of (K,Q) runs with corr(KQᵀ, W*_mm) ≥ threshold", float((KQ.corr_nuc >= thr).mean()),
-                     "C3", None, "reported"),
+            headline(
+                "(K,Q): mean final corr with nuclear W*_mm", cK["nuc"], "C3", cK["nuc"] >= thr, f">= {thr}", "→ 1"
+            ),
+            headline(
+                "W: corr with nuclear W*_mm (other norm)", cW["nuc"], "C4", cW["nuc"] < cW["fro"], "< corr with W_mm"
+            ),
+            headline(
+                "(K,Q): corr with Frobenius W_mm (other norm)",
+                cK["fro"],
+                "C4",
+                cK["fro"] < cK["nuc"],
+                "< corr with W*_mm",
+            ),
+            headline(
+                "share of W runs with corr(W, W_mm) ≥ threshold",
+                float((W.corr_fro >= thr).mean()),
+                "C2",
+                None,
+                "reported",
+            ),
+            headline(
+                "share of (K,Q) runs with corr(KQᵀ, W*_mm) ≥ threshold",
+                float((KQ.corr_nuc >= thr).mean()),
+                "C3",
+                None,
+                "reported",
+            ),
             headline("runs whose selected tokens have an infeasible SVM", bad, "C2", None, "reported"),
             headline("max constraint violation of the SVM solutions", viol, "C2", viol <= 1e-6, "<= 1e-6"),
         ]
-        extra = {"global_share": {"W": float(W["global"].mean()), "KQ": float(KQ["global"].mean())},
-                 "runs": int(W.run.nunique()),
-                 "notes": ["'selected tokens' are argmax of the final softmax, as in the published notebook; "
-                           f"share selecting the globally optimal tokens: W {W['global'].mean():.2f}, "
-                           f"(K,Q) {KQ['global'].mean():.2f}"]}
+        extra = {
+            "global_share": {"W": float(W["global"].mean()), "KQ": float(KQ["global"].mean())},
+            "runs": int(W.run.nunique()),
+            "notes": [
+                "'selected tokens' are argmax of the final softmax, as in the published notebook; "
+                f"share selecting the globally optimal tokens: W {W['global'].mean():.2f}, "
+                f"(K,Q) {KQ['global'].mean():.2f}"
+            ],
+        }
         return hl, extra
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
@@ -113,8 +166,9 @@ class LocalConvergence(Experiment):
         ax[0, 0].set(title="(a) top softmax probability", xlabel="iteration", ylabel="mean over sequences")
         ax[0, 0].legend()
         for j, param in enumerate(("W", "(K,Q)")):
-            ax[0, 1 + j].set(title=f"({'bc'[j]}) {param}: 1 − corr(·, SVM of selected)",
-                             xlabel="iteration", yscale="log")
+            ax[0, 1 + j].set(
+                title=f"({'bc'[j]}) {param}: 1 − corr(·, SVM of selected)", xlabel="iteration", yscale="log"
+            )
             ax[0, 1 + j].legend()
         return save(fig, outdir, "local_convergence")
 

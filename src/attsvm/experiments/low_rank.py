@@ -35,8 +35,13 @@ def _rank_m_svm(problem: Any, tokens: np.ndarray, m: int) -> dict[str, Any]:
         est = AttentionSVM("nuc", rank=m).fit(problem, tokens)
     except Exception as exc:  # recorded in the data and counted in the results
         return {"W": None, "status": f"error: {type(exc).__name__}", "objective": np.nan, "reached": None}
-    return {"W": est.W_, "status": est.status_, "objective": float(est.objective_) if est.W_ is not None else np.nan,
-            "reached": getattr(est, "reached_convex_optimum_", None), "viol": num(est.max_violation_, np.inf)}
+    return {
+        "W": est.W_,
+        "status": est.status_,
+        "objective": float(est.objective_) if est.W_ is not None else np.nan,
+        "reached": getattr(est, "reached_convex_optimum_", None),
+        "viol": num(est.max_violation_, np.inf),
+    }
 
 
 @dataclass
@@ -48,8 +53,16 @@ class LowRank(Experiment):
         "L2": "GD on (K, Q) with inner dimension m converges in direction to the rank-m Att-SVM* (m ≥ rank(W*_mm))",
         "L3": "below rank(W*_mm) the rank constraint costs margin (‖W_m‖_* > ‖W*_mm‖_*)",
     }
-    defaults = {"n": 6, "T": 8, "d": 10, "ms": [1, 2, 3, 4, 5, 6, 8, 10], "runs": 20, "steps": 2000, "lr": 0.1,
-                "threshold": 0.98}
+    defaults = {
+        "n": 6,
+        "T": 8,
+        "d": 10,
+        "ms": [1, 2, 3, 4, 5, 6, 8, 10],
+        "runs": 20,
+        "steps": 2000,
+        "lr": 0.1,
+        "threshold": 0.98,
+    }
     quick = {"ms": [1, 3, 6], "runs": 4, "steps": 1500, "threshold": 0.95}
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
@@ -66,13 +79,21 @@ class LowRank(Experiment):
             conv = fit_svm(p, sel, "nuc")
             rk = _rank_m_svm(p, sel, m)
             W = out.W[r]
-            rows.append({"m": m, "seed": seed, "status_convex": conv.status_, "status_m": rk["status"],
-                         "obj_convex": num(conv.objective_) if conv.W_ is not None else np.nan,
-                         "obj_m": rk["objective"], "reached": rk["reached"],
-                         "rank_convex": int(matrix_rank(conv.W_)) if conv.W_ is not None else -1,
-                         "rank_gd": int(matrix_rank(W, 1e-3)),
-                         "corr_m": float(correlation(W, rk["W"])) if rk["W"] is not None else np.nan,
-                         "corr_convex": float(correlation(W, conv.W_)) if conv.W_ is not None else np.nan})
+            rows.append(
+                {
+                    "m": m,
+                    "seed": seed,
+                    "status_convex": conv.status_,
+                    "status_m": rk["status"],
+                    "obj_convex": num(conv.objective_) if conv.W_ is not None else np.nan,
+                    "obj_m": rk["objective"],
+                    "reached": rk["reached"],
+                    "rank_convex": int(matrix_rank(conv.W_)) if conv.W_ is not None else -1,
+                    "rank_gd": int(matrix_rank(W, 1e-3)),
+                    "corr_m": float(correlation(W, rk["W"])) if rk["W"] is not None else np.nan,
+                    "corr_convex": float(correlation(W, conv.W_)) if conv.W_ is not None else np.nan,
+                }
+            )
         return pd.DataFrame(rows)
 
     def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
@@ -85,25 +106,53 @@ class LowRank(Experiment):
         r_below = float(ratio[below.index].mean()) if len(below) else float("nan")
         errors = int(len(df) - len(ok))
         thr = s["threshold"]
-        hl = [headline("max |‖W_m‖_*/‖W*_mm‖_* − 1| over m ≥ rank(W*_mm)", r_above, "L1",
-                       r_above <= 1e-4 if np.isfinite(r_above) else None, "<= 1e-4"),
-              headline("mean corr(K Qᵀ, rank-m W*) over m ≥ rank(W*_mm)", c_above, "L2",
-                       c_above >= thr if np.isfinite(c_above) else None, f">= {thr}"),
-              headline("mean ‖W_m‖_*/‖W*_mm‖_* over m < rank(W*_mm) (margin lost when > 1)", r_below, "L3",
-                       r_below > 1 if np.isfinite(r_below) else None, "> 1"),
-              headline("mean rank(W*_mm) of the selected tokens", float(df[df.rank_convex >= 0].rank_convex.mean()),
-                       "L1", None, "reported"),
-              headline("rank-m solves that raised an error", errors, "L1", errors == 0, "= 0")]
-        per_m = {int(m): {"corr_m": float(g.corr_m.mean()), "objective_ratio": float((g.obj_m / g.obj_convex).mean())}
-                 for m, g in df.groupby("m")}
+        hl = [
+            headline(
+                "max |‖W_m‖_*/‖W*_mm‖_* − 1| over m ≥ rank(W*_mm)",
+                r_above,
+                "L1",
+                r_above <= 1e-4 if np.isfinite(r_above) else None,
+                "<= 1e-4",
+            ),
+            headline(
+                "mean corr(K Qᵀ, rank-m W*) over m ≥ rank(W*_mm)",
+                c_above,
+                "L2",
+                c_above >= thr if np.isfinite(c_above) else None,
+                f">= {thr}",
+            ),
+            headline(
+                "mean ‖W_m‖_*/‖W*_mm‖_* over m < rank(W*_mm) (margin lost when > 1)",
+                r_below,
+                "L3",
+                r_below > 1 if np.isfinite(r_below) else None,
+                "> 1",
+            ),
+            headline(
+                "mean rank(W*_mm) of the selected tokens",
+                float(df[df.rank_convex >= 0].rank_convex.mean()),
+                "L1",
+                None,
+                "reported",
+            ),
+            headline("rank-m solves that raised an error", errors, "L1", errors == 0, "= 0"),
+        ]
+        per_m = {
+            int(m): {"corr_m": float(g.corr_m.mean()), "objective_ratio": float((g.obj_m / g.obj_convex).mean())}
+            for m, g in df.groupby("m")
+        }
         return hl, {"per_m": per_m}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         g = df.groupby("m")
         fig, ax = subplots(2)
         a = ax[0, 0]
-        a.plot(g.m.first(), (df.obj_convex / df.obj_m).groupby(df.m).mean(), "-o",
-               label="margin ratio 1/‖W_m‖_* ÷ 1/‖W*_mm‖_*")
+        a.plot(
+            g.m.first(),
+            (df.obj_convex / df.obj_m).groupby(df.m).mean(),
+            "-o",
+            label="margin ratio 1/‖W_m‖_* ÷ 1/‖W*_mm‖_*",
+        )
         a.axvline(df[df.rank_convex >= 0].rank_convex.mean(), color="gray", ls=":", label="mean rank(W*_mm)")
         a.set(xlabel="m (inner dimension of K, Q)", ylabel="relative margin", title="(a) margin kept as m shrinks")
         a.legend(fontsize=7)

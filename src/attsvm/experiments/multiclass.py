@@ -36,8 +36,20 @@ class Multiclass(Experiment):
         "M2": "W^eq predicts the direction better than the single-token Att-SVM of the top tokens",
         "M3": "the optimal attention mixture (convex program over the simplex) predicts O_i before training",
     }
-    defaults = {"n": 4, "T": 6, "d": 10, "C": 3, "runs": 100, "steps": 2000, "lr": 0.1, "chunk": 50,
-                "record_every": 100, "thred_low": 1e-6, "thred_high": 1e-3, "mixture_tol": 1e-3}
+    defaults = {
+        "n": 4,
+        "T": 6,
+        "d": 10,
+        "C": 3,
+        "runs": 100,
+        "steps": 2000,
+        "lr": 0.1,
+        "chunk": 50,
+        "record_every": 100,
+        "thred_low": 1e-6,
+        "thred_high": 1e-3,
+        "mixture_tol": 1e-3,
+    }
     quick = {"runs": 12, "chunk": 12, "steps": 2000}
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
@@ -45,8 +57,7 @@ class Multiclass(Experiment):
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
         seeds = list(range(trial["start"], trial["stop"]))
-        probs = [random_instance(s["n"], s["T"], s["d"], seed=sd, head="multiclass", n_classes=s["C"])
-                 for sd in seeds]
+        probs = [random_instance(s["n"], s["T"], s["d"], seed=sd, head="multiclass", n_classes=s["C"]) for sd in seeds]
         out = train_batch(probs, param="W", steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["record_every"])
         steps = np.asarray(out.history["step"], dtype=np.int64)
         lo, hi = s["thred_low"], s["thred_high"]
@@ -56,9 +67,15 @@ class Multiclass(Experiment):
             sel = S > hi
             mix = optimal_mixture(p).weights
             match = bool(np.array_equal(mix > s["mixture_tol"], sel))
-            status = ("ambiguous" if ((S > lo) & (S <= hi)).any() else "finite" if not (S <= lo).any() else "clean")
-            row = {"seed": seed, "status": status, "mixture_match": match, "multi": bool((sel.sum(1) > 1).any()),
-                   "corr_eq": np.nan, "corr_single": np.nan}
+            status = "ambiguous" if ((S > lo) & (S <= hi)).any() else "finite" if not (S <= lo).any() else "clean"
+            row = {
+                "seed": seed,
+                "status": status,
+                "mixture_match": match,
+                "multi": bool((sel.sum(1) > 1).any()),
+                "corr_eq": np.nan,
+                "corr_single": np.nan,
+            }
             if status == "clean":
                 eq = fit_svm(equivalence_constraints(p, sel, S)[0], norm="fro")
                 single = fit_svm(p, np.argmax(S, axis=1), "fro")
@@ -71,8 +88,9 @@ class Multiclass(Experiment):
                 else:
                     row["status"] = "svm infeasible"
             rows.append(row)
-        return pd.concat([pd.DataFrame(rows).assign(kind="run")] + [t.assign(kind="traj") for t in traj],
-                         ignore_index=True)
+        return pd.concat(
+            [pd.DataFrame(rows).assign(kind="run")] + [t.assign(kind="traj") for t in traj], ignore_index=True
+        )
 
     def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
         runs = df[df.kind == "run"]
@@ -82,15 +100,31 @@ class Multiclass(Experiment):
         e_eq = float((1 - multi.corr_eq).mean()) if len(multi) else float("nan")
         e_single = float((1 - multi.corr_single).mean()) if len(multi) else float("nan")
         counts = runs.status.value_counts().to_dict()
-        hl = [headline("median final corr(W, W^eq) over clean runs", med, "M1", med >= 0.99, ">= 0.99"),
-              headline("multi-token clean runs: mean final 1 − corr, W^eq vs single-token W_mm",
-                       {"W^eq": e_eq, "single": e_single, "runs": len(multi)}, "M2",
-                       (e_eq < e_single) if len(multi) else None, "W^eq smaller (untested without multi-token runs)"),
-              headline("share of runs whose selected sets the optimal mixture predicts exactly",
-                       float(runs.mixture_match.mean()), "M3", float(runs.mixture_match.mean()) >= 0.5, ">= 0.5"),
-              headline("share of clean runs with a multi-token selection", float(clean.multi.mean()) if len(clean) else 0.0,
-                       "M1", None, "reported"),
-              headline("runs by status (svm-eq acceptance rule)", counts, "M1", None, "reported")]
+        hl = [
+            headline("median final corr(W, W^eq) over clean runs", med, "M1", med >= 0.99, ">= 0.99"),
+            headline(
+                "multi-token clean runs: mean final 1 − corr, W^eq vs single-token W_mm",
+                {"W^eq": e_eq, "single": e_single, "runs": len(multi)},
+                "M2",
+                (e_eq < e_single) if len(multi) else None,
+                "W^eq smaller (untested without multi-token runs)",
+            ),
+            headline(
+                "share of runs whose selected sets the optimal mixture predicts exactly",
+                float(runs.mixture_match.mean()),
+                "M3",
+                float(runs.mixture_match.mean()) >= 0.5,
+                ">= 0.5",
+            ),
+            headline(
+                "share of clean runs with a multi-token selection",
+                float(clean.multi.mean()) if len(clean) else 0.0,
+                "M1",
+                None,
+                "reported",
+            ),
+            headline("runs by status (svm-eq acceptance rule)", counts, "M1", None, "reported"),
+        ]
         return hl, {"status_counts": counts}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:

@@ -42,8 +42,13 @@ def _min_over_factorisations(A: np.ndarray, B: np.ndarray, rng: np.random.Genera
 
     G0 = np.eye(r) + 0.5 * rng.standard_normal((r, r))
     # limited-memory BFGS: dense BFGS spends O(r⁴) per step on its r² × r² inverse-Hessian (20× slower at r = 20)
-    res = minimize(f, G0.ravel(), jac=True, method="L-BFGS-B",
-                   options={"gtol": 1e-12, "ftol": 1e-16, "maxiter": 20000, "maxcor": 30})
+    res = minimize(
+        f,
+        G0.ravel(),
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": 1e-12, "ftol": 1e-16, "maxiter": 20000, "maxcor": 30},
+    )
     return float(res.fun)
 
 
@@ -56,8 +61,13 @@ class NuclearIdentity(Experiment):
         "N2": "no factorisation W = KQᵀ has ½(‖K‖² + ‖Q‖²) below ‖W‖_*",
         "N3": "minimising ½(‖K‖² + ‖Q‖²) over all factorisations recovers ‖W‖_*",
     }
-    defaults = {"ds": [2, 5, 10, 20], "rank_fracs": [0.25, 0.5, 1.0], "runs": 100, "random_factorisations": 20,
-                "minimise_runs": 10}
+    defaults = {
+        "ds": [2, 5, 10, 20],
+        "rank_fracs": [0.25, 0.5, 1.0],
+        "runs": 100,
+        "random_factorisations": 20,
+        "minimise_runs": 10,
+    }
     quick = {"ds": [3, 8], "runs": 10, "random_factorisations": 5, "minimise_runs": 5}
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
@@ -85,20 +95,32 @@ class NuclearIdentity(Experiment):
             sv = np.linalg.svd(W, compute_uv=False)
             nuc = float(sv.sum())
             K, Q = balanced_factors(W, rank=r)
-            bal = 0.5 * float((K ** 2).sum() + (Q ** 2).sum())
+            bal = 0.5 * float((K**2).sum() + (Q**2).sum())
             recon = float(np.abs(K @ Q.T - W).max() / np.abs(W).max())
             rand = []
             for _ in range(s["random_factorisations"]):
                 G = rng.standard_normal((r, r))
                 Kr, Qr = K @ G, Q @ np.linalg.inv(G).T
-                rand.append(0.5 * float((Kr ** 2).sum() + (Qr ** 2).sum()))
+                rand.append(0.5 * float((Kr**2).sum() + (Qr**2).sum()))
             mn = np.nan
-            if seed < s["minimise_runs"]:  # a numerical minimisation over GL(r) per run is the costly part: a subset per cell
+            if (
+                seed < s["minimise_runs"]
+            ):  # a numerical minimisation over GL(r) per run is the costly part: a subset per cell
                 A = rng.standard_normal((r, r))
                 K2, Q2 = K @ A, Q @ np.linalg.inv(A).T  # an unbalanced starting factorisation of W
                 mn = _min_over_factorisations(K2, Q2, rng)
-            rows.append({"d": d, "r": r, "seed": seed, "nuc": nuc, "balanced": bal, "reconstruction": recon,
-                         "min_random": float(min(rand)), "minimised": mn})
+            rows.append(
+                {
+                    "d": d,
+                    "r": r,
+                    "seed": seed,
+                    "nuc": nuc,
+                    "balanced": bal,
+                    "reconstruction": recon,
+                    "min_random": float(min(rand)),
+                    "minimised": mn,
+                }
+            )
         return pd.DataFrame(rows)
 
     def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
@@ -106,12 +128,21 @@ class NuclearIdentity(Experiment):
         e_rec = float(df.reconstruction.max())
         worst_rand = float((df.min_random / df.nuc).min())
         e_min = float((np.abs(df.minimised - df.nuc) / df.nuc).max())  # NaN rows (not minimised) skipped
-        hl = [headline("max relative |½(‖K‖²+‖Q‖²) − ‖W‖_*| for balanced factors", e_bal, "N1", e_bal <= 1e-10, "<= 1e-10"),
-              headline("max relative error of KQᵀ = W for balanced factors", e_rec, "N1", e_rec <= 1e-10, "<= 1e-10"),
-              headline("min over random factorisations of ½(‖K‖²+‖Q‖²) / ‖W‖_*", worst_rand, "N2",
-                       worst_rand >= 1 - 1e-12, ">= 1"),
-              headline("max relative gap of the numerical minimum to ‖W‖_*", e_min, "N3", e_min <= 1e-6, "<= 1e-6"),
-              headline("matrices tested", len(df), "N1", None, "reported")]
+        hl = [
+            headline(
+                "max relative |½(‖K‖²+‖Q‖²) − ‖W‖_*| for balanced factors", e_bal, "N1", e_bal <= 1e-10, "<= 1e-10"
+            ),
+            headline("max relative error of KQᵀ = W for balanced factors", e_rec, "N1", e_rec <= 1e-10, "<= 1e-10"),
+            headline(
+                "min over random factorisations of ½(‖K‖²+‖Q‖²) / ‖W‖_*",
+                worst_rand,
+                "N2",
+                worst_rand >= 1 - 1e-12,
+                ">= 1",
+            ),
+            headline("max relative gap of the numerical minimum to ‖W‖_*", e_min, "N3", e_min <= 1e-6, "<= 1e-6"),
+            headline("matrices tested", len(df), "N1", None, "reported"),
+        ]
         return hl, {}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
@@ -128,8 +159,9 @@ class NuclearIdentity(Experiment):
         rel = df.min_random / df.nuc
         b.hist(rel, bins=40)
         b.axvline(1.0, color="k", ls=":")
-        b.set(xlabel="½(‖K‖²+‖Q‖²)/‖W‖_* (random factorisations)", ylabel="count", title="(b) never below 1",
-              yscale="log")
+        b.set(
+            xlabel="½(‖K‖²+‖Q‖²)/‖W‖_* (random factorisations)", ylabel="count", title="(b) never below 1", yscale="log"
+        )
         return save(fig, outdir, "nuclear_identity")
 
 

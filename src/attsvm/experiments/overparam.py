@@ -42,17 +42,30 @@ class Overparam(Experiment):
         "O3": "in the overparameterized regime every non-optimal token becomes a support vector of W_mm",
         "O4": "below it, GD often converges locally (to a locally-optimal selection) or not to an SVM at all",
     }
-    defaults = {"n": 5, "T": 5, "ds": [2, 3, 4, 5, 6, 8, 10, 20, 50, 100, 200], "runs": 200, "steps": 2000,
-                "lr": 0.1, "chunk": 100, "tau": 0.99}
+    defaults = {
+        "n": 5,
+        "T": 5,
+        "ds": [2, 3, 4, 5, 6, 8, 10, 20, 50, 100, 200],
+        "runs": 200,
+        "steps": 2000,
+        "lr": 0.1,
+        "chunk": 100,
+        "tau": 0.99,
+    }
     quick = {"n": 3, "T": 3, "ds": [1, 3, 40], "runs": 12, "chunk": 12, "steps": 1500, "tau": 0.95}
 
     def describe(self) -> str:
-        return ("n = 5, T = 5 (so max(T−1, n) = 5); W-parametrised normalized GD; convergence type of docs/spec.md §4 "
-                "from the final W.")
+        return (
+            "n = 5, T = 5 (so max(T−1, n) = 5); W-parametrised normalized GD; convergence type of docs/spec.md §4 "
+            "from the final W."
+        )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
-        return [{"key": f"d{d:03d}-s{a:05d}-{b:05d}", "d": d, "start": a, "stop": b}
-                for d in s["ds"] for a, b in chunks(s["runs"], s["chunk"])]
+        return [
+            {"key": f"d{d:03d}-s{a:05d}-{b:05d}", "d": d, "start": a, "stop": b}
+            for d in s["ds"]
+            for a, b in chunks(s["runs"], s["chunk"])
+        ]
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
         seeds = list(range(trial["start"], trial["stop"]))
@@ -71,9 +84,20 @@ class Overparam(Experiment):
                     mask[np.arange(p.n), opt] = False
                     all_sv = bool(sup[mask].all())
             ct = convergence_type(p, W_final[r], tau=s["tau"], both_norms=False)
-            rows.append({"seed": seed, "d": trial["d"], "feasible": feas, "all_support": all_sv,
-                         "type": ct.kind, "corr": ct.corr, "selected_is_opt": ct.is_optimal,
-                         "locally_optimal": ct.locally_optimal, "svm_status": ct.svm_status, "tie": opt is None})
+            rows.append(
+                {
+                    "seed": seed,
+                    "d": trial["d"],
+                    "feasible": feas,
+                    "all_support": all_sv,
+                    "type": ct.kind,
+                    "corr": ct.corr,
+                    "selected_is_opt": ct.is_optimal,
+                    "locally_optimal": ct.locally_optimal,
+                    "svm_status": ct.svm_status,
+                    "tie": opt is None,
+                }
+            )
         return pd.DataFrame(rows)
 
     def _table(self, df: pd.DataFrame) -> pd.DataFrame:
@@ -93,25 +117,49 @@ class Overparam(Experiment):
         feas_over = float(over.feasible.min()) if len(over) else float("nan")
         hl = [
             headline(f"min feasibility share for d ≥ {thr_d}", feas_over, "O1", feas_over >= 0.99, ">= 0.99"),
-            headline(f"global-convergence share at the largest d = {int(top.d)}", float(top["global"]), "O2",
-                     top["global"] >= 0.9, ">= 0.9"),
-            headline("global share grows from the smallest to the largest d",
-                     [float(tab["global"].iloc[0]), float(top["global"])], "O2",
-                     top["global"] > tab["global"].iloc[0], "increasing"),
-            headline(f"all-support-vector share at the largest d = {int(top.d)}", float(top["all_support"]), "O3",
-                     top["all_support"] >= 0.9, ">= 0.9"),
-            headline("all-support-vector share grows from d = max(T−1, n) to the largest d",
-                     [float(over.all_support.iloc[0]) if len(over) else float("nan"), float(top["all_support"])], "O3",
-                     bool(len(over)) and top["all_support"] > over.all_support.iloc[0], "increasing"),
-            headline(f"share of non-global runs for d < {thr_d}",
-                     float(1 - under["global"].mean()) if len(under) else float("nan"), "O4",
-                     (len(under) == 0) or bool(1 - under["global"].mean() > 0), "> 0"),
+            headline(
+                f"global-convergence share at the largest d = {int(top.d)}",
+                float(top["global"]),
+                "O2",
+                top["global"] >= 0.9,
+                ">= 0.9",
+            ),
+            headline(
+                "global share grows from the smallest to the largest d",
+                [float(tab["global"].iloc[0]), float(top["global"])],
+                "O2",
+                top["global"] > tab["global"].iloc[0],
+                "increasing",
+            ),
+            headline(
+                f"all-support-vector share at the largest d = {int(top.d)}",
+                float(top["all_support"]),
+                "O3",
+                top["all_support"] >= 0.9,
+                ">= 0.9",
+            ),
+            headline(
+                "all-support-vector share grows from d = max(T−1, n) to the largest d",
+                [float(over.all_support.iloc[0]) if len(over) else float("nan"), float(top["all_support"])],
+                "O3",
+                bool(len(over)) and top["all_support"] > over.all_support.iloc[0],
+                "increasing",
+            ),
+            headline(
+                f"share of non-global runs for d < {thr_d}",
+                float(1 - under["global"].mean()) if len(under) else float("nan"),
+                "O4",
+                (len(under) == 0) or bool(1 - under["global"].mean() > 0),
+                "> 0",
+            ),
         ]
         notes = []
         if len(over) and over.all_support.iloc[0] < 0.5:
-            notes.append(f"at d = {int(over.d.iloc[0])} = max(T−1, n) only {over.all_support.iloc[0]:.0%} of the instances "
-                         "have every non-optimal token as a support vector: with this data recipe that takes d of the "
-                         "order of n·T or more, not d just past max(T−1, n)")
+            notes.append(
+                f"at d = {int(over.d.iloc[0])} = max(T−1, n) only {over.all_support.iloc[0]:.0%} of the instances "
+                "have every non-optimal token as a support vector: with this data recipe that takes d of the "
+                "order of n·T or more, not d just past max(T−1, n)"
+            )
         return hl, {"table": tab.to_dict(orient="records"), "notes": notes}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:

@@ -44,10 +44,17 @@ class RegPath(Experiment):
         radii = np.geomspace(s["r_min"], s["r_max"], s["n_radii"])
         rp = regularization_path(p, radii, param=trial["param"], seed=trial["seed"])
         nan = np.full(len(radii), np.nan)
-        return pd.DataFrame({"param": trial["param"], "seed": trial["seed"], "R": radii,
-                             "corr_fro": rp.corr_fro if rp.corr_fro is not None else nan,
-                             "corr_nuc": rp.corr_nuc if rp.corr_nuc is not None else nan,
-                             "converged": rp.converged, "loss": rp.loss})
+        return pd.DataFrame(
+            {
+                "param": trial["param"],
+                "seed": trial["seed"],
+                "R": radii,
+                "corr_fro": rp.corr_fro if rp.corr_fro is not None else nan,
+                "corr_nuc": rp.corr_nuc if rp.corr_nuc is not None else nan,
+                "converged": rp.converged,
+                "loss": rp.loss,
+            }
+        )
 
     def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
         thr = s["threshold"]
@@ -55,20 +62,41 @@ class RegPath(Experiment):
         W, KQ = big[big.param == "W"], big[big.param == "KQ"]
         small = df[df.R == df.R.min()]
         cW, cK = float(W.corr_fro.mean()), float(KQ.corr_nuc.mean())
-        hl = [headline("W path: mean corr(W̄_R, W_mm) at the largest R", cW, "G1", cW >= thr, f">= {thr}"),
-              headline("W path: mean corr grows from the smallest to the largest R",
-                       [float(small[small.param == "W"].corr_fro.mean()), cW], "G1",
-                       cW > small[small.param == "W"].corr_fro.mean(), "increasing"),
-              headline("(K,Q) path: mean corr(K̄Q̄ᵀ, W*_mm) at the largest R", cK, "G2", cK >= thr, f">= {thr}"),
-              headline("(K,Q) path: mean corr grows from the smallest to the largest R",
-                       [float(small[small.param == "KQ"].corr_nuc.mean()), cK], "G2",
-                       cK > small[small.param == "KQ"].corr_nuc.mean(), "increasing"),
-              headline("own-norm SVM closer at the largest R (W: fro > nuc; KQ: nuc > fro)",
-                       {"W": [float(W.corr_fro.mean()), float(W.corr_nuc.mean())],
-                        "KQ": [float(KQ.corr_nuc.mean()), float(KQ.corr_fro.mean())]}, "G3",
-                       W.corr_fro.mean() > W.corr_nuc.mean() and KQ.corr_nuc.mean() > KQ.corr_fro.mean(), "true"),
-              headline("share of radii whose projected solve met its stopping rule", float(df.converged.mean()), "G1",
-                       None, "reported")]
+        hl = [
+            headline("W path: mean corr(W̄_R, W_mm) at the largest R", cW, "G1", cW >= thr, f">= {thr}"),
+            headline(
+                "W path: mean corr grows from the smallest to the largest R",
+                [float(small[small.param == "W"].corr_fro.mean()), cW],
+                "G1",
+                cW > small[small.param == "W"].corr_fro.mean(),
+                "increasing",
+            ),
+            headline("(K,Q) path: mean corr(K̄Q̄ᵀ, W*_mm) at the largest R", cK, "G2", cK >= thr, f">= {thr}"),
+            headline(
+                "(K,Q) path: mean corr grows from the smallest to the largest R",
+                [float(small[small.param == "KQ"].corr_nuc.mean()), cK],
+                "G2",
+                cK > small[small.param == "KQ"].corr_nuc.mean(),
+                "increasing",
+            ),
+            headline(
+                "own-norm SVM closer at the largest R (W: fro > nuc; KQ: nuc > fro)",
+                {
+                    "W": [float(W.corr_fro.mean()), float(W.corr_nuc.mean())],
+                    "KQ": [float(KQ.corr_nuc.mean()), float(KQ.corr_fro.mean())],
+                },
+                "G3",
+                W.corr_fro.mean() > W.corr_nuc.mean() and KQ.corr_nuc.mean() > KQ.corr_fro.mean(),
+                "true",
+            ),
+            headline(
+                "share of radii whose projected solve met its stopping rule",
+                float(df.converged.mean()),
+                "G1",
+                None,
+                "reported",
+            ),
+        ]
         return hl, {}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
@@ -78,8 +106,13 @@ class RegPath(Experiment):
             for col, lab in (("corr_fro", "Frobenius $W_{mm}$"), ("corr_nuc", "nuclear $W^*_{mm}$")):
                 piv = g.pivot_table(index="seed", columns="R", values=col)
                 band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), 1e-16), lab)
-            ax[0, j].set(xscale="log", yscale="log", xlabel="R", ylabel="1 − corr",
-                         title=f"({'ab'[j]}) {'W̄_R' if param == 'W' else 'K̄_R Q̄_Rᵀ'} vs SVM directions")
+            ax[0, j].set(
+                xscale="log",
+                yscale="log",
+                xlabel="R",
+                ylabel="1 − corr",
+                title=f"({'ab'[j]}) {'W̄_R' if param == 'W' else 'K̄_R Q̄_Rᵀ'} vs SVM directions",
+            )
             ax[0, j].legend(fontsize=7)
         return save(fig, outdir, "reg_path")
 

@@ -54,8 +54,7 @@ def relu_instance(n: int, T: int, d: int, seed: int) -> AttentionProblem:
     Y = 2 * torch.ones(n) * (torch.randn(n, generator=g) > 0) - 1
     Z = torch.randn((n, d), generator=g)
     Z /= torch.norm(Z, dim=-1, keepdim=True)
-    return AttentionProblem(X.double().numpy(), Y.double().numpy(), Head.relu(V.double().numpy()),
-                            Z=Z.double().numpy())
+    return AttentionProblem(X.double().numpy(), Y.double().numpy(), Head.relu(V.double().numpy()), Z=Z.double().numpy())
 
 
 @dataclass
@@ -68,14 +67,28 @@ class SVMEq(Experiment):
         "E3": "W(k) ≈ R·W^eq + W_fin (the finite component inside the selected sets)",
         "E4": "the published acceptance rule keeps runs whose unselected tokens have vanishing probability",
     }
-    defaults = {"n": 3, "T": 4, "ds": [4, 6, 8, 10], "runs": 500, "steps": 2001, "lr": 0.1,
-                "record_every": 100, "thred_low": 1e-6, "thred_high": 1e-3, "first": 2000,
-                "chunk": 4000, "overshoot": 1.1, "max_seeds": 100000}
+    defaults = {
+        "n": 3,
+        "T": 4,
+        "ds": [4, 6, 8, 10],
+        "runs": 500,
+        "steps": 2001,
+        "lr": 0.1,
+        "record_every": 100,
+        "thred_low": 1e-6,
+        "thred_high": 1e-3,
+        "first": 2000,
+        "chunk": 4000,
+        "overshoot": 1.1,
+        "max_seeds": 100000,
+    }
     quick = {"ds": [4, 6], "runs": 6, "first": 60, "chunk": 60, "max_seeds": 2000}
 
     def describe(self) -> str:
-        return ("ReLU head, normalized GD on W; correlations at every 100th step against W^eq (directional "
-                "SVM-equivalence), W_fin + R·W^eq, and the single-token Frobenius SVM of the argmax tokens.")
+        return (
+            "ReLU head, normalized GD on W; correlations at every 100th step against W^eq (directional "
+            "SVM-equivalence), W_fin + R·W^eq, and the single-token Frobenius SVM of the argmax tokens."
+        )
 
     def validate(self, s: dict[str, Any]) -> None:
         super().validate(s)
@@ -96,8 +109,11 @@ class SVMEq(Experiment):
         stop = min(start + count, 1 + s["max_seeds"])
         k = max(1, math.ceil((stop - start) / s["chunk"]))
         edges = np.linspace(start, stop, k + 1).round().astype(int)
-        return [{"key": f"d{d}-s{a:06d}-{b:06d}", "d": d, "start": int(a), "stop": int(b)}
-                for a, b in itertools.pairwise(edges) if b > a]
+        return [
+            {"key": f"d{d}-s{a:06d}-{b:06d}", "d": d, "start": int(a), "stop": int(b)}
+            for a, b in itertools.pairwise(edges)
+            if b > a
+        ]
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [t for d in s["ds"] for t in self._trials(d, 1, s["first"], s)]
@@ -130,8 +146,14 @@ class SVMEq(Experiment):
             rows.append({"seed": int(sd), "accepted": False, "reason": "no negative label"})
         if len(train_idx):
             tr = [probs[i] for i in train_idx]
-            out = train_batch(tr, param="W", steps=s["steps"], lr=s["lr"], seeds=[seeds[i] for i in train_idx],
-                              record_every=s["record_every"])
+            out = train_batch(
+                tr,
+                param="W",
+                steps=s["steps"],
+                lr=s["lr"],
+                seeds=[seeds[i] for i in train_idx],
+                record_every=s["record_every"],
+            )
             S = out.probs  # (R, n, T)
             steps, W_hist = np.asarray(out.history["step"], dtype=np.int64), out.history["W"]
             amb = ((S > lo) & (S <= hi)).any(axis=(1, 2))
@@ -155,15 +177,31 @@ class SVMEq(Experiment):
                 R = float(np.sum((Wg - wfin.W_) * Wd) / np.sum(Wd * Wd))
                 full = wfin.W_ + R * Wd
                 Wh = W_hist[r]
-                traj.append(pd.DataFrame({"seed": seed, "step": steps, "corr_eq": correlation(Wh, Wd),
-                                          "corr_full": correlation(Wh, full),
-                                          "corr_single": correlation(Wh, single.W_)}))
-                rows.append({"seed": seed, "accepted": True, "reason": "",
-                             "zero_max": float(np.where(sel, 0.0, sr).max()),
-                             "n_selected_mean": float(sel.sum(1).mean()), "multi": bool((sel.sum(1) > 1).any()),
-                             "R": R, "viol_eq": num(eq.max_violation_, np.inf),
-                             "viol_single": num(single.max_violation_, np.inf),
-                             "fit_residual": float(np.linalg.norm(Wg - full) / np.linalg.norm(Wg))})
+                traj.append(
+                    pd.DataFrame(
+                        {
+                            "seed": seed,
+                            "step": steps,
+                            "corr_eq": correlation(Wh, Wd),
+                            "corr_full": correlation(Wh, full),
+                            "corr_single": correlation(Wh, single.W_),
+                        }
+                    )
+                )
+                rows.append(
+                    {
+                        "seed": seed,
+                        "accepted": True,
+                        "reason": "",
+                        "zero_max": float(np.where(sel, 0.0, sr).max()),
+                        "n_selected_mean": float(sel.sum(1).mean()),
+                        "multi": bool((sel.sum(1) > 1).any()),
+                        "R": R,
+                        "viol_eq": num(eq.max_violation_, np.inf),
+                        "viol_single": num(single.max_violation_, np.inf),
+                        "fit_residual": float(np.linalg.norm(Wg - full) / np.linalg.norm(Wg)),
+                    }
+                )
         runs = pd.DataFrame(rows).assign(kind="run")
         frames = [runs] + [t.assign(kind="traj") for t in traj]
         df = pd.concat(frames, ignore_index=True)
@@ -191,7 +229,8 @@ class SVMEq(Experiment):
             a = acc[acc.d == d]
             l = last[last.d == d]
             per_d[int(d)] = {
-                "accepted": len(a), "seeds_consumed": len(g),
+                "accepted": len(a),
+                "seeds_consumed": len(g),
                 **{f"dropped: {r}": int((g.reason == r).sum()) for r in DROP_REASONS},
                 "mean 1-corr(W, W^eq)": float((1 - l.corr_eq).mean()),
                 "mean 1-corr(W, W_fin+R W^eq)": float((1 - l.corr_full).mean()),
@@ -207,30 +246,50 @@ class SVMEq(Experiment):
         med_single = float((1 - last.corr_single).median())
         mid = tr[tr.step == tr.step[tr.step <= tr.step.max() / 2].max()]
         e_mid = float((1 - mid.corr_eq).mean())
-        worse = [int(d) for d, g in last.groupby("d")
-                 if not (1 - g.corr_eq).median() < (1 - g.corr_single).median()]
+        worse = [int(d) for d, g in last.groupby("d") if not (1 - g.corr_eq).median() < (1 - g.corr_single).median()]
         enough = all(v["accepted"] >= s["runs"] for v in per_d.values())
         hl = [
             headline("median final 1 − corr(W, W^eq)", med_eq, "E1", med_eq <= 0.01, "<= 0.01"),
             headline("mean 1 − corr(W, W^eq): half-way → final", [e_mid, e_eq], "E1", e_eq < e_mid, "decreasing"),
-            headline("mean final 1 − corr(W, W^eq) vs single-token W_mm", {"W^eq": e_eq, "single": e_single},
-                     "E2", None, "reported (means are dominated by a few runs, see notes)"),
-            headline("median ratio 1−corr(single-token) / 1−corr(W^eq)", med_single / max(med_eq, 1e-300), "E2",
-                     med_single >= 3 * med_eq, ">= 3"),
-            headline("d where W^eq is not better than the single-token SVM (median 1 − corr)", worse, "E2", not worse,
-                     "none"),
+            headline(
+                "mean final 1 − corr(W, W^eq) vs single-token W_mm",
+                {"W^eq": e_eq, "single": e_single},
+                "E2",
+                None,
+                "reported (means are dominated by a few runs, see notes)",
+            ),
+            headline(
+                "median ratio 1−corr(single-token) / 1−corr(W^eq)",
+                med_single / max(med_eq, 1e-300),
+                "E2",
+                med_single >= 3 * med_eq,
+                ">= 3",
+            ),
+            headline(
+                "d where W^eq is not better than the single-token SVM (median 1 − corr)", worse, "E2", not worse, "none"
+            ),
             headline("mean final 1 − corr(W, W_fin + R·W^eq)", e_full, "E3", e_full <= e_eq, "<= 1−corr(W^eq)"),
-            headline("max over accepted runs of the largest unselected softmax probability",
-                     float(acc.zero_max.max()) if len(acc) else float("nan"), "E4",
-                     bool(len(acc)) and float(acc.zero_max.max()) <= s["thred_low"], f"<= {s['thred_low']}"),
+            headline(
+                "max over accepted runs of the largest unselected softmax probability",
+                float(acc.zero_max.max()) if len(acc) else float("nan"),
+                "E4",
+                bool(len(acc)) and float(acc.zero_max.max()) <= s["thred_low"],
+                f"<= {s['thred_low']}",
+            ),
             headline("every d reached `runs` accepted seeds", enough, "E4", enough, "true"),
             headline("per-d acceptance and drop counts", per_d, "E4", None, "reported"),
         ]
-        notes = [f"d={d}: {v['accepted']} accepted of {v['seeds_consumed']} seeds (" +
-                 ", ".join(f"{r}: {v['dropped: ' + r]}" for r in DROP_REASONS) + ")" for d, v in per_d.items()]
-        notes.append("the mean of 1 − corr(W, W^eq) is dominated by runs whose selected sets cover most tokens: "
-                     "there W^eq has few constraints and W is mostly its finite component W_fin after 2001 "
-                     f"steps (median {med_eq:.2g} vs mean {e_eq:.2g}); W_fin + R·W^eq captures those runs")
+        notes = [
+            f"d={d}: {v['accepted']} accepted of {v['seeds_consumed']} seeds ("
+            + ", ".join(f"{r}: {v['dropped: ' + r]}" for r in DROP_REASONS)
+            + ")"
+            for d, v in per_d.items()
+        ]
+        notes.append(
+            "the mean of 1 − corr(W, W^eq) is dominated by runs whose selected sets cover most tokens: "
+            "there W^eq has few constraints and W is mostly its finite component W_fin after 2001 "
+            f"steps (median {med_eq:.2g} vs mean {e_eq:.2g}); W_fin + R·W^eq captures those runs"
+        )
         return hl, {"per_d": per_d, "notes": notes}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
@@ -239,8 +298,11 @@ class SVMEq(Experiment):
         fig, ax = subplots(len(ds) + 1, width=3.6)
         for j, d in enumerate(ds):
             g = tr[tr.d == d]
-            for col, lab in (("corr_single", "single-token $W_{mm}$"), ("corr_eq", "$W^{eq}$"),
-                             ("corr_full", "$W_{fin} + R W^{eq}$")):
+            for col, lab in (
+                ("corr_single", "single-token $W_{mm}$"),
+                ("corr_eq", "$W^{eq}$"),
+                ("corr_full", "$W_{fin} + R W^{eq}$"),
+            ):
                 piv = g.pivot_table(index="seed", columns="step", values=col)
                 band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), 1e-16), lab)
             ax[0, j].set(title=f"d = {d}", xlabel="iteration", yscale="log", ylabel="1 − corr" if j == 0 else None)
@@ -250,8 +312,13 @@ class SVMEq(Experiment):
         for d in ds:
             l = last[last.d == d]
             a.scatter(np.maximum(l.zero_max, 1e-300), np.maximum(1 - l.corr_eq, 1e-16), s=6, label=f"d={d}")
-        a.set(xscale="log", yscale="log", xlabel="largest unselected softmax prob.", ylabel="1 − corr(W, $W^{eq}$)",
-              title="final correlation vs masked prob.")
+        a.set(
+            xscale="log",
+            yscale="log",
+            xlabel="largest unselected softmax prob.",
+            ylabel="1 − corr(W, $W^{eq}$)",
+            title="final correlation vs masked prob.",
+        )
         a.legend(fontsize=7)
         return save(fig, outdir, "svm_eq")
 

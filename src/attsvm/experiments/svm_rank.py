@@ -36,13 +36,20 @@ class SVMRank(Experiment):
         "R2": "rank(W_mm) ≤ n and some W*_mm has rank ≤ n (solutions live in span{z_i})",
         "R3": "feasibility: for generic data the Att-SVM is feasible once d ≥ max(T−1, n)",
     }
-    defaults = {"nT": [[5, 5], [10, 5], [15, 5], [5, 10], [5, 15]], "ds": [1, 2, 3, 4, 5, 10, 15, 20],
-                "runs": 100, "max_seeds": 1000, "rank_tol": 1e-7}
+    defaults = {
+        "nT": [[5, 5], [10, 5], [15, 5], [5, 10], [5, 15]],
+        "ds": [1, 2, 3, 4, 5, 10, 15, 20],
+        "runs": 100,
+        "max_seeds": 1000,
+        "rank_tol": 1e-7,
+    }
     quick = {"nT": [[5, 5], [5, 10]], "ds": [2, 5, 10], "runs": 6, "max_seeds": 60}
 
     def describe(self) -> str:
-        return ("For each (n, T, d) the first `runs` feasible instances of the published recipe (optimal "
-                "tokens) are solved with both norms; ranks at a relative tolerance.")
+        return (
+            "For each (n, T, d) the first `runs` feasible instances of the published recipe (optimal "
+            "tokens) are solved with both norms; ranks at a relative tolerance."
+        )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"n{n}-T{T}-d{d}", "n": n, "T": T, "d": d} for n, T in s["nT"] for d in s["ds"]]
@@ -65,12 +72,21 @@ class SVMRank(Experiment):
             if nuc.W_ is None:  # cannot happen for a feasible set; recorded if the solver fails
                 rows.append({"seed": seed, "feasible": False, "reason": "nuclear " + nuc.status_})
                 continue
-            rows.append({"seed": seed, "feasible": True, "reason": "",
-                         "rank_fro": int(matrix_rank(fro.W_, s["rank_tol"])),
-                         "rank_nuc": int(matrix_rank(nuc.W_, s["rank_tol"])),
-                         "viol_fro": num(fro.max_violation_, np.inf), "viol_nuc": num(nuc.max_violation_, np.inf),
-                         "status_fro": fro.status_, "status_nuc": nuc.status_,
-                         "gap_fro": num(fro.duality_gap_), "gap_nuc": num(nuc.duality_gap_)})
+            rows.append(
+                {
+                    "seed": seed,
+                    "feasible": True,
+                    "reason": "",
+                    "rank_fro": int(matrix_rank(fro.W_, s["rank_tol"])),
+                    "rank_nuc": int(matrix_rank(nuc.W_, s["rank_tol"])),
+                    "viol_fro": num(fro.max_violation_, np.inf),
+                    "viol_nuc": num(nuc.max_violation_, np.inf),
+                    "status_fro": fro.status_,
+                    "status_nuc": nuc.status_,
+                    "gap_fro": num(fro.duality_gap_),
+                    "gap_nuc": num(nuc.duality_gap_),
+                }
+            )
             feasible += 1
             if feasible >= s["runs"]:
                 break
@@ -104,20 +120,34 @@ class SVMRank(Experiment):
         feas_share_big = float((big_d.feasible / big_d.seeds_tried).min()) if len(big_d) else float("nan")
         short = tab[tab.feasible < s["runs"]]
         hl = [
-            headline("cells with d ≥ n where mean rank(W*_mm) < mean rank(W_mm)",
-                     f"{int((multi.rank_nuc < multi.rank_fro).sum())}/{len(multi)}", "R1", below, "all"),
+            headline(
+                "cells with d ≥ n where mean rank(W*_mm) < mean rank(W_mm)",
+                f"{int((multi.rank_nuc < multi.rank_fro).sum())}/{len(multi)}",
+                "R1",
+                below,
+                "all",
+            ),
             headline("mean rank(W*_mm) never above mean rank(W_mm)", never_above, "R1", never_above, "true"),
             headline("max rank over instances ≤ n (both norms)", le_n, "R2", le_n, "true"),
-            headline("min feasible share over cells with d ≥ max(T−1, n)", feas_share_big, "R3",
-                     feas_share_big >= 0.99 if np.isfinite(feas_share_big) else None, ">= 0.99"),
+            headline(
+                "min feasible share over cells with d ≥ max(T−1, n)",
+                feas_share_big,
+                "R3",
+                feas_share_big >= 0.99 if np.isfinite(feas_share_big) else None,
+                ">= 0.99",
+            ),
             headline("max constraint violation over all solutions", viol, "R2", viol <= 1e-6, "<= 1e-6"),
-            headline("solutions whose solver status is not 'optimal' (e.g. optimal_inaccurate)", bad, "R2", None,
-                     "reported"),
+            headline(
+                "solutions whose solver status is not 'optimal' (e.g. optimal_inaccurate)", bad, "R2", None, "reported"
+            ),
             headline("cells short of `runs` feasible instances within max_seeds", len(short), "R3", None, "reported"),
         ]
-        notes = [f"(n={int(r.n)}, T={int(r.T)}, d={int(r.d)}): only {int(r.feasible)} feasible of "
-                 f"{int(r.seeds_tried)} seeds (small d: ties or infeasible; the published code would count "
-                 "these as rank 1)" for r in short.itertuples()]
+        notes = [
+            f"(n={int(r.n)}, T={int(r.T)}, d={int(r.d)}): only {int(r.feasible)} feasible of "
+            f"{int(r.seeds_tried)} seeds (small d: ties or infeasible; the published code would count "
+            "these as rank 1)"
+            for r in short.itertuples()
+        ]
         return hl, {"table": tab.to_dict(orient="records"), "notes": notes}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:

@@ -74,7 +74,7 @@ def _query_rope(module: Any, hidden: torch.Tensor, kwargs: dict, n: int) -> tupl
     positions = kwargs.get(_POSITIONS)
     if positions is None:
         emb = kwargs.get("position_embeddings")
-        if emb is not None and emb[0].shape[-2] == hidden.shape[1]:    # this pass's own queries (prefill)
+        if emb is not None and emb[0].shape[-2] == hidden.shape[1]:  # this pass's own queries (prefill)
             return emb[0][:, -n:], emb[1][:, -n:]
         pid = kwargs.get("position_ids")
         if pid is None:
@@ -83,14 +83,17 @@ def _query_rope(module: Any, hidden: torch.Tensor, kwargs: dict, n: int) -> tupl
         positions = pid[:, -1:] - (n - 1) + torch.arange(n, device=pid.device)
     rotary = getattr(module, "rotary_emb", None)
     if rotary is None:
-        raise ValueError(f"{type(module).__name__} has no rotary_emb: the margin presses need a RoPE model "
-                         "(Llama, Qwen2/3, Mistral, ...) used through the press's context manager")
+        raise ValueError(
+            f"{type(module).__name__} has no rotary_emb: the margin presses need a RoPE model "
+            "(Llama, Qwen2/3, Mistral, ...) used through the press's context manager"
+        )
     cos, sin = rotary(hidden, position_ids=positions[:, -n:].expand(hidden.shape[0], -1))
     return cos, sin
 
 
-def window_logits(module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict, window_size: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def window_logits(
+    module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict, window_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (B, H_q, w, K) of the last ``w = min(window_size, len(hidden_states))`` queries on all ``K`` keys,
     recomputed with RoPE at the queries' own positions, and the causal visibility (w, K): the ``w`` queries are the
     tokens of the last ``w`` key slots."""
@@ -98,13 +101,13 @@ def window_logits(module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, 
 
     B, Hkv, K, d = keys.shape
     w = min(window_size, hidden_states.shape[1], K)
-    q = get_prerope_query_states(module, hidden_states[:, -w:])                # (B, H_q, w, d)
+    q = get_prerope_query_states(module, hidden_states[:, -w:])  # (B, H_q, w, d)
     cos, sin = _query_rope(module, hidden_states, kwargs, w)
     q = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
     G = q.shape[1] // Hkv
     k = keys.repeat_interleave(G, dim=1) if G > 1 else keys
-    scaling = getattr(module, "scaling", d ** -0.5)
-    logits = torch.matmul(q, k.transpose(-1, -2).to(q.dtype)) * scaling       # (B, H_q, w, K)
+    scaling = getattr(module, "scaling", d**-0.5)
+    logits = torch.matmul(q, k.transpose(-1, -2).to(q.dtype)) * scaling  # (B, H_q, w, K)
     visible = torch.arange(K, device=keys.device)[None, :] <= (K - w + torch.arange(w, device=keys.device))[:, None]
     return logits, visible
 
@@ -113,7 +116,7 @@ def margin_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) 
     """Minus the smallest SV margin ``logit_top − logit_t`` of every key over the queries (B, H_q, w, K) that see
     it, then the minimum margin over each KV head's group: (B, H_kv, K)."""
     masked = logits.masked_fill(~visible, -math.inf)
-    margin = masked.amax(-1, keepdim=True) - masked                   # +inf where a query does not see the key
+    margin = masked.amax(-1, keepdim=True) - masked  # +inf where a query does not see the key
     B, Hq, _, K = logits.shape
     m = margin.amin(dim=-2).view(B, n_kv_heads, Hq // n_kv_heads, K).amin(dim=2)
     return -m
@@ -163,12 +166,18 @@ def _classes() -> dict[str, type]:
             _check_int(self.n_sink, "n_sink", 0)
             super().__post_init__()
 
-        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict
-                      ) -> torch.Tensor:
+        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
             raise NotImplementedError
 
-        def score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  attentions: Any, kwargs: dict) -> torch.Tensor:
+        def score(
+            self,
+            module: Any,
+            hidden_states: torch.Tensor,
+            keys: torch.Tensor,
+            values: torch.Tensor,
+            attentions: Any,
+            kwargs: dict,
+        ) -> torch.Tensor:
             raw = self.raw_score(module, hidden_states, keys, kwargs)
             return protect(raw, min(self.window_size, hidden_states.shape[1], keys.shape[2]), self.n_sink)
 
@@ -177,10 +186,9 @@ def _classes() -> dict[str, type]:
         """Keep the keys with the smallest support-vector margin over the last ``window_size`` queries
         (RoPE-recomputed logits; minimum over each GQA group); sinks and the window are protected."""
 
-        combine = "max"   # score = −margin: the running minimum margin is the running maximum score
+        combine = "max"  # score = −margin: the running minimum margin is the running maximum score
 
-        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict
-                      ) -> torch.Tensor:
+        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
             logits, visible = window_logits(module, hidden_states, keys, kwargs, self.window_size)
             return margin_scores(logits, visible, keys.shape[1])
 
@@ -191,8 +199,7 @@ def _classes() -> dict[str, type]:
 
         combine = "sum"
 
-        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict
-                      ) -> torch.Tensor:
+        def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
             logits, visible = window_logits(module, hidden_states, keys, kwargs, self.window_size)
             return attention_scores(logits, visible, keys.shape[1])
 
@@ -216,7 +223,7 @@ def _classes() -> dict[str, type]:
             super().__post_init__()
             self._positions: dict[int, list[torch.Tensor]] = defaultdict(list)
             self._carried: dict[int, torch.Tensor] = {}
-            self._since: dict[int, int] = defaultdict(int)   # tokens appended since the last compression
+            self._since: dict[int, int] = defaultdict(int)  # tokens appended since the last compression
 
         def carried_scores(self, layer_idx: int) -> torch.Tensor | None:
             """The statistic carried for the keys a layer kept at its last compression (B, H_kv, n_kept), if any."""
@@ -244,12 +251,19 @@ def _classes() -> dict[str, type]:
                 out = super().forward_hook(module, input, kwargs, output)
             finally:
                 kwargs.pop(_POSITIONS, None)
-            kept = len(self.hidden_states_buffer[layer])   # mirror the hidden-state buffer (cleared, trimmed)
-            self._positions[layer] = self._positions[layer][len(self._positions[layer]) - kept:] if kept else []
+            kept = len(self.hidden_states_buffer[layer])  # mirror the hidden-state buffer (cleared, trimmed)
+            self._positions[layer] = self._positions[layer][len(self._positions[layer]) - kept :] if kept else []
             return out
 
-        def compress(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     attentions: Any, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        def compress(
+            self,
+            module: Any,
+            hidden_states: torch.Tensor,
+            keys: torch.Tensor,
+            values: torch.Tensor,
+            attentions: Any,
+            kwargs: dict,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             base = self.base_press
             K = keys.shape[2]
             layer = module.layer_idx
@@ -258,22 +272,24 @@ def _classes() -> dict[str, type]:
             raw = base.raw_score(module, hidden_states, keys, kwargs)
             prev = self._carried.get(layer)
             if prev is not None and prev.shape[:2] == raw.shape[:2] and prev.shape[-1] + self._since[layer] == K:
-                old = raw[..., :prev.shape[-1]]   # the carried keys come first, the keys appended since after
+                old = raw[..., : prev.shape[-1]]  # the carried keys come first, the keys appended since after
                 if base.combine == "sum":
                     old.add_(prev)
                 else:
                     torch.maximum(old, prev, out=old)
             self._since[layer] = 0
-            if K <= self.target_size:             # nothing to evict yet: carry every key's statistic
+            if K <= self.target_size:  # nothing to evict yet: carry every key's statistic
                 self._carried[layer] = raw
                 return keys, values
-            n_kept = self.target_size             # = compute_n_kept(K, ratio) at DecodingPress's target ratio
+            n_kept = self.target_size  # = compute_n_kept(K, ratio) at DecodingPress's target ratio
             scores = protect(raw, min(base.window_size, hidden_states.shape[1], K), base.n_sink)
-            idx = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values             # kept keys stay in order
+            idx = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values  # kept keys stay in order
             self._carried[layer] = raw.gather(2, idx)
             gather = idx.unsqueeze(-1)
-            return (keys.gather(2, gather.expand(-1, -1, -1, keys.shape[-1])).contiguous(),
-                    values.gather(2, gather.expand(-1, -1, -1, values.shape[-1])).contiguous())
+            return (
+                keys.gather(2, gather.expand(-1, -1, -1, keys.shape[-1])).contiguous(),
+                values.gather(2, gather.expand(-1, -1, -1, values.shape[-1])).contiguous(),
+            )
 
     @dataclass
     class SVMarginDecodingPress(_CarryingDecodingPress):
@@ -290,8 +306,12 @@ def _classes() -> dict[str, type]:
 
         _base_class = H2OPress
 
-    found: dict[str, type] = {"SVMarginPress": SVMarginPress, "H2OPress": H2OPress,
-                              "SVMarginDecodingPress": SVMarginDecodingPress, "H2ODecodingPress": H2ODecodingPress}
+    found: dict[str, type] = {
+        "SVMarginPress": SVMarginPress,
+        "H2OPress": H2OPress,
+        "SVMarginDecodingPress": SVMarginDecodingPress,
+        "H2ODecodingPress": H2ODecodingPress,
+    }
     for name, cls in found.items():
         cls.__module__, cls.__qualname__ = __name__, name
     return found

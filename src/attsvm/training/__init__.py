@@ -22,7 +22,27 @@ from .optim import NORMALIZE_EPS, NORMALIZED_LR
 from .path import REG_PATH_MAX_ITER, REG_PATH_TOL, SADDLE_KICK, RegularizationPath, regularization_path
 from .recording import QUANTITIES, Recording
 
-__all__ = ["train", "TrainResult", "Recording", "QUANTITIES", "optim", "Parameterization", "FullW",
-           "FactoredKQ", "parameterization", "smoothness_bound", "gradient_bound", "cone_init", "INITS",
-           "regularization_path", "RegularizationPath", "NORMALIZED_LR", "NORMALIZE_EPS", "REG_PATH_TOL",
-           "REG_PATH_MAX_ITER", "SADDLE_KICK", "SMALL_PROBLEM_ELEMENTS", "PROGRESS_MIN_WORK"]
+__all__ = [
+    "train",
+    "TrainResult",
+    "Recording",
+    "QUANTITIES",
+    "optim",
+    "Parameterization",
+    "FullW",
+    "FactoredKQ",
+    "parameterization",
+    "smoothness_bound",
+    "gradient_bound",
+    "cone_init",
+    "INITS",
+    "regularization_path",
+    "RegularizationPath",
+    "NORMALIZED_LR",
+    "NORMALIZE_EPS",
+    "REG_PATH_TOL",
+    "REG_PATH_MAX_ITER",
+    "SADDLE_KICK",
+    "SMALL_PROBLEM_ELEMENTS",
+    "PROGRESS_MIN_WORK",
+]

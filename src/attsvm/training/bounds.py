@@ -21,7 +21,7 @@ def _head_constants(problem: AttentionProblem, loss: str) -> tuple[NDArray[np.fl
     kind = problem.head.kind
     if kind == "multiclass":
         s2 = float(np.linalg.norm(Wh, 2))
-        return np.full(n, math.sqrt(2.0) * s2), np.full(n, 0.5 * s2 ** 2)
+        return np.full(n, math.sqrt(2.0) * s2), np.full(n, 0.5 * s2**2)
     if kind == "linear":
         a = float(np.linalg.norm(Wh))  # ‖v‖
         b = a
@@ -35,11 +35,11 @@ def _head_constants(problem: AttentionProblem, loss: str) -> tuple[NDArray[np.fl
         f = problem.head(problem.X)  # (n, T) ≥ 0; f is convex so f(o) ≤ max_t f(x_t)
         umin = np.where(problem.y > 0, 0.0, -f.max(axis=1))
     if loss == "logistic":
-        return np.full(n, a), np.full(n, 0.25 * b ** 2)
+        return np.full(n, a), np.full(n, 0.25 * b**2)
     if loss == "correlation":
         return np.full(n, a), np.zeros(n)
     M = np.exp(np.minimum(-umin, 700.0))  # exponential: |ℓ'| = ℓ'' = e^{−u} ≤ e^{−u_min}
-    return a * M, b ** 2 * M
+    return a * M, b**2 * M
 
 
 def _radii(problem: AttentionProblem) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -63,17 +63,15 @@ def smoothness_bound(problem: AttentionProblem, loss: str | None = None) -> floa
     scaled by ``e^{−min_t γ_it}``; cross-entropy: G = √2‖V‖₂, B = ‖V‖₂²/2). For the ReLU head the
     bound covers the smooth pieces only (the kinks have unbounded curvature).
     """
-    loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss,
-                        problem.head.kind)
+    loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss, problem.head.kind)
     G, B = _head_constants(problem, loss)
     rho, zn = _radii(problem)
-    return float(np.mean(rho ** 2 * zn ** 2 * (B * rho ** 2 + 2.0 * G * rho)))
+    return float(np.mean(rho**2 * zn**2 * (B * rho**2 + 2.0 * G * rho)))
 
 
 def gradient_bound(problem: AttentionProblem, loss: str | None = None) -> float:
     """An upper bound on ``‖∇_W L(W)‖_F`` over all W: ``(1/n) Σ_i G_i ρ_i² ‖z_i‖`` (see :func:`smoothness_bound`)."""
-    loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss,
-                        problem.head.kind)
+    loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss, problem.head.kind)
     G, _ = _head_constants(problem, loss)
     rho, zn = _radii(problem)
-    return float(np.mean(G * rho ** 2 * zn))
+    return float(np.mean(G * rho**2 * zn))

@@ -18,8 +18,9 @@ __all__ = ["cone_init", "initial_params", "run_seeds", "INITS"]
 INITS: tuple[str, ...] = ("pytorch", "zeros", "gaussian", "cone")
 
 
-def cone_init(center: ArrayLike, *, runs: int = 1, mu: float = 0.1, scale: float = 1.0,
-              seed: int = 0) -> NDArray[np.float64]:
+def cone_init(
+    center: ArrayLike, *, runs: int = 1, mu: float = 0.1, scale: float = 1.0, seed: int = 0
+) -> NDArray[np.float64]:
     """Random W (runs, d, d) inside the cone ``{W : corr(W, W̄) ≥ 1 − μ}`` around ``center`` with ‖W‖_F = scale.
 
     The cone of a locally optimal direction (docs/spec.md §4, the paper's ``C_{μ,R}(W^α_mm)``): each draw has
@@ -43,8 +44,7 @@ def cone_init(center: ArrayLike, *, runs: int = 1, mu: float = 0.1, scale: float
         G -= np.einsum("rij,ij->r", G, Chat)[:, None, None] * Chat
         G /= np.linalg.norm(G, axis=(1, 2), keepdims=True)
     c = 1.0 - mu * rng.uniform(size=runs)
-    return scale * (c[:, None, None] * Chat + np.sqrt(np.maximum(1.0 - c ** 2, 0.0))[:, None, None] * G)
-
+    return scale * (c[:, None, None] * Chat + np.sqrt(np.maximum(1.0 - c**2, 0.0))[:, None, None] * G)
 
 
 def run_seeds(seed: int | Sequence[int], R: int) -> NDArray[np.int64]:
@@ -60,9 +60,16 @@ def run_seeds(seed: int | Sequence[int], R: int) -> NDArray[np.int64]:
     return arr.astype(np.int64)
 
 
-def initial_params(param: Parameterization, init: Any, *, runs: int, seeds: NDArray[np.int64],
-                   init_scale: float | None = None, cone_center: ArrayLike | None = None, cone_mu: float = 0.1
-                   ) -> tuple[NDArray[np.float64], ...]:
+def initial_params(
+    param: Parameterization,
+    init: Any,
+    *,
+    runs: int,
+    seeds: NDArray[np.int64],
+    init_scale: float | None = None,
+    cone_center: ArrayLike | None = None,
+    cone_mu: float = 0.1,
+) -> tuple[NDArray[np.float64], ...]:
     """The initial groups of ``param`` (numpy float64, leading axis R = ``runs``); see :func:`attsvm.train`.
 
     Random draws use one ``torch.Generator`` per run seeded with ``seeds[r]``, so a run does not depend
@@ -76,8 +83,10 @@ def initial_params(param: Parameterization, init: Any, *, runs: int, seeds: NDAr
             return param.zeros(R)
         if init == "cone":
             if cone_center is None:
-                raise ValueError("init='cone' needs cone_center: the SVM direction W^α_mm (d, d), or one per "
-                                 "run (R, d, d) (Frobenius for param='W', nuclear W*_mm for param='KQ')")
+                raise ValueError(
+                    "init='cone' needs cone_center: the SVM direction W^α_mm (d, d), or one per "
+                    "run (R, d, d) (Frobenius for param='W', nuclear W*_mm for param='KQ')"
+                )
             Cc = as_float_array(cone_center, "cone_center")
             if Cc.shape not in ((d, d), (R, d, d)):
                 raise ValueError(f"cone_center must have shape ({d}, {d}) or ({R}, {d}, {d}), got {Cc.shape}")
@@ -85,10 +94,14 @@ def initial_params(param: Parameterization, init: Any, *, runs: int, seeds: NDAr
             mu = check_finite_scalar(cone_mu, "cone_mu")
             W = np.stack([cone_init(Cs[r], mu=mu, scale=scale, seed=int(seeds[r]))[0] for r in range(R)])
             return param.from_W(W)
-        draws = [param.draw(init, torch.Generator().manual_seed(int(seeds[r])), scale)  # type: ignore[arg-type]
-                 for r in range(R)]
+        draws = [
+            param.draw(init, torch.Generator().manual_seed(int(seeds[r])), scale)  # type: ignore[arg-type]
+            for r in range(R)
+        ]
         return tuple(np.stack(group) for group in zip(*draws))
     if isinstance(init, (tuple, np.ndarray, torch.Tensor, list)):
         return param.from_given(init, R)
-    raise TypeError(f"init must be one of {', '.join(repr(i) for i in INITS)}, an array W or a tuple (K, Q); "
-                    f"got {type(init).__name__}")
+    raise TypeError(
+        f"init must be one of {', '.join(repr(i) for i in INITS)}, an array W or a tuple (K, Q); "
+        f"got {type(init).__name__}"
+    )

@@ -143,19 +143,30 @@ class TrainResult:
 
     def to_model(self) -> AttentionModel:
         """The final state as an :class:`~attsvm.model.AttentionModel` (R runs, float64, CPU)."""
-        par = self.parameterization or parameterization(self.param, self.W.shape[-1],  # type: ignore[arg-type]
-                                                        self.m if self.param == "KQ" else None)
+        par = self.parameterization or parameterization(
+            self.param,
+            self.W.shape[-1],  # type: ignore[arg-type]
+            self.m if self.param == "KQ" else None,
+        )
         model = AttentionModel(par.d, param=par, runs=self.n_runs)
         return model.load([getattr(self, g) for g in par.groups])
 
     def trajectory_arrays(self) -> dict[str, NDArray]:
         """Flat dict of arrays (final state, settings and ``history/…``) for ``np.savez``."""
-        out: dict[str, NDArray] = {"W": self.W, "probs": self.probs, "problem_index": self.problem_index,
-                                   "seeds": self.seeds, "param": np.array(self.param),
-                                   "steps": np.array(self.steps), "normalized": np.array(self.normalized),
-                                   "loss": np.array(self.loss), "init": np.array(self.init),
-                                   "penalty": np.array(self.penalty), "m": np.array(self.m),
-                                   "lr": np.asarray(self.lr) if not isinstance(self.lr, str) else np.array(self.lr)}
+        out: dict[str, NDArray] = {
+            "W": self.W,
+            "probs": self.probs,
+            "problem_index": self.problem_index,
+            "seeds": self.seeds,
+            "param": np.array(self.param),
+            "steps": np.array(self.steps),
+            "normalized": np.array(self.normalized),
+            "loss": np.array(self.loss),
+            "init": np.array(self.init),
+            "penalty": np.array(self.penalty),
+            "m": np.array(self.m),
+            "lr": np.asarray(self.lr) if not isinstance(self.lr, str) else np.array(self.lr),
+        }
         if self.K is not None and self.Q is not None:
             out["K"], out["Q"] = self.K, self.Q
         for k, v in self.history.items():
@@ -180,9 +191,18 @@ def threads_context(n: int | None) -> Iterator[None]:
 LrSpec = Literal["auto"] | float | ArrayLike | Callable[[int], Any]
 
 
-def _legacy_rule(par: Parameterization, *, lr: LrSpec, normalized: bool | None, penalty: float | None,
-                 normalize_eps: float | None, runs: int, LW: Callable[[], NDArray[np.float64]],
-                 GW: Callable[[], NDArray[np.float64]], params0: tuple[NDArray[np.float64], ...]) -> Chain:
+def _legacy_rule(
+    par: Parameterization,
+    *,
+    lr: LrSpec,
+    normalized: bool | None,
+    penalty: float | None,
+    normalize_eps: float | None,
+    runs: int,
+    LW: Callable[[], NDArray[np.float64]],
+    GW: Callable[[], NDArray[np.float64]],
+    params0: tuple[NDArray[np.float64], ...],
+) -> Chain:
     """The update rule of the keyword arguments ``lr``, ``normalized``, ``penalty``, ``normalize_eps``."""
     normalized = True if normalized is None else normalized
     if not isinstance(normalized, (bool, np.bool_)):
@@ -205,8 +225,10 @@ def _legacy_rule(par: Parameterization, *, lr: LrSpec, normalized: bool | None, 
     else:
         arr = np.asarray(lr, dtype=np.float64) if not isinstance(lr, bool) else None
         if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-            raise ValueError(f"lr must be 'auto', a positive float, {runs} positive floats (one per run) or a "
-                             f"callable step -> float; got {lr!r}")
+            raise ValueError(
+                f"lr must be 'auto', a positive float, {runs} positive floats (one per run) or a "
+                f"callable step -> float; got {lr!r}"
+            )
         step = np.broadcast_to(arr, (runs,)).copy()
     parts: list[Transform] = [AddPenalty(lam)] if lam else []
     if normalized:
@@ -221,8 +243,10 @@ def _recording(record: Recording | None, record_every: int | None, record_W: boo
     if not isinstance(record, Recording):
         raise TypeError(f"record must be a Recording, got {type(record).__name__}")
     if record_every is not None or record_W is not None:
-        raise ValueError("record= replaces record_every and record_W; set them on the Recording "
-                         f"(got record_every={record_every!r}, record_W={record_W!r})")
+        raise ValueError(
+            "record= replaces record_every and record_W; set them on the Recording "
+            f"(got record_every={record_every!r}, record_W={record_W!r})"
+        )
     return record
 
 
@@ -230,14 +254,32 @@ def _transforms(rule: Transform) -> list[Transform]:
     return rule.find(Transform) if isinstance(rule, Chain) else [rule]
 
 
-def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Param | Parameterization = "W",
-          steps: int, lr: LrSpec = "auto", normalized: bool | None = None, loss: str | None = None,
-          init: Any = "pytorch", init_scale: float | None = None, m: int | None = None, n_init: int = 1,
-          seed: int | Sequence[int] = 0, record_every: int | None = None, record_W: bool | None = None,
-          device: torch.device | str | None = None, penalty: float | None = None,
-          cone_center: ArrayLike | None = None, cone_mu: float = 0.1, normalize_eps: float | None = None,
-          threads: int | None = None, progress: bool | None = None, dtype: torch.dtype = torch.float64,
-          optimizer: Transform | None = None, record: Recording | None = None) -> TrainResult:
+def train(
+    problems: AttentionProblem | Sequence[AttentionProblem],
+    *,
+    param: Param | Parameterization = "W",
+    steps: int,
+    lr: LrSpec = "auto",
+    normalized: bool | None = None,
+    loss: str | None = None,
+    init: Any = "pytorch",
+    init_scale: float | None = None,
+    m: int | None = None,
+    n_init: int = 1,
+    seed: int | Sequence[int] = 0,
+    record_every: int | None = None,
+    record_W: bool | None = None,
+    device: torch.device | str | None = None,
+    penalty: float | None = None,
+    cone_center: ArrayLike | None = None,
+    cone_mu: float = 0.1,
+    normalize_eps: float | None = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+    dtype: torch.dtype = torch.float64,
+    optimizer: Transform | None = None,
+    record: Recording | None = None,
+) -> TrainResult:
     """Train R one-layer attention models by (normalized) gradient descent, as one batched program (docs/spec.md §4).
 
     Parameters
@@ -330,22 +372,39 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
     par = parameterization(param, d, m)
     seeds = run_seeds(seed, R)
     problem_index = np.repeat(np.arange(P, dtype=np.int64), n_init)
-    params0 = initial_params(par, init, runs=R, seeds=seeds, init_scale=init_scale, cone_center=cone_center,
-                             cone_mu=cone_mu)
+    params0 = initial_params(
+        par, init, runs=R, seeds=seeds, init_scale=init_scale, cone_center=cone_center, cone_mu=cone_mu
+    )
     if optimizer is None:
         rule: Transform = _legacy_rule(
-            par, lr=lr, normalized=normalized, penalty=penalty, normalize_eps=normalize_eps, runs=R,
+            par,
+            lr=lr,
+            normalized=normalized,
+            penalty=penalty,
+            normalize_eps=normalize_eps,
+            runs=R,
             LW=lambda: np.array([smoothness_bound(p, batch.loss) for p in plist])[problem_index],
-            GW=lambda: np.array([gradient_bound(p, batch.loss) for p in plist])[problem_index], params0=params0)
+            GW=lambda: np.array([gradient_bound(p, batch.loss) for p in plist])[problem_index],
+            params0=params0,
+        )
     else:
         if not isinstance(optimizer, Transform):
             raise TypeError(f"optimizer must be a Transform (attsvm.training.optim), got {type(optimizer).__name__}")
-        given = [name for name, was_given in (("lr", not (isinstance(lr, str) and lr == "auto")),
-                                              ("normalized", normalized is not None), ("penalty", penalty is not None),
-                                              ("normalize_eps", normalize_eps is not None)) if was_given]
+        given = [
+            name
+            for name, was_given in (
+                ("lr", not (isinstance(lr, str) and lr == "auto")),
+                ("normalized", normalized is not None),
+                ("penalty", penalty is not None),
+                ("normalize_eps", normalize_eps is not None),
+            )
+            if was_given
+        ]
         if given:
-            raise ValueError(f"optimizer= replaces lr, normalized, penalty and normalize_eps; set them in the "
-                             f"update rule instead (got {', '.join(given)})")
+            raise ValueError(
+                f"optimizer= replaces lr, normalized, penalty and normalize_eps; set them in the "
+                f"update rule instead (got {', '.join(given)})"
+            )
         rule = optimizer
     parts = _transforms(rule)
     steps_ = [t for t in parts if isinstance(t, StepSize)]
@@ -367,8 +426,13 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
         from tqdm.auto import tqdm
 
         state = rule.init(params)
-        bar = tqdm(total=steps, desc=f"train {par.name}", unit="step",
-                   disable=(None if show is None else not show), leave=False)
+        bar = tqdm(
+            total=steps,
+            desc=f"train {par.name}",
+            unit="step",
+            disable=(None if show is None else not show),
+            leave=False,
+        )
         for k in range(steps + 1):
             W = par.weights(params)
             L, gS, s, logc = risk_and_scaled_grad(batch, W)  # gS = e^{c} ∇_W L
@@ -379,8 +443,7 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
                     recorder.record(L, W, grads, params, s)
             if k == steps:
                 break
-            updates, state = rule.update(par.grads(gS, params) if scale_free else grads, state, params,
-                                         loss=L, step=k)
+            updates, state = rule.update(par.grads(gS, params) if scale_free else grads, state, params, loss=L, step=k)
             params = tuple(p + u for p, u in zip(params, updates))
             bar.update(1)
         bar.close()
@@ -389,14 +452,35 @@ def train(problems: AttentionProblem | Sequence[AttentionProblem], *, param: Par
     final = {g: p.cpu().numpy() for g, p in zip(par.groups, params)}
     Wn = W.cpu().numpy().astype(np.float64)
     if not (np.all(np.isfinite(Wn)) and np.all(np.isfinite(history.get("loss", 0.0)))):
-        warnings.warn("training produced non-finite values (NaN/inf); check lr and the data", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "training produced non-finite values (NaN/inf); check lr and the data", RuntimeWarning, stacklevel=2
+        )
     init_name = init if isinstance(init, str) else ("given (K, Q)" if isinstance(init, tuple) else "given W")
     return TrainResult(
-        W=Wn, K=final.get("K"), Q=final.get("Q"), probs=s.cpu().numpy(), history=history, problems=plist,
-        problem_index=problem_index, seeds=seeds, lr=lr_value, param=par.name, steps=steps,
-        normalized=bool(norms_), loss=batch.loss, init=init_name, penalty=lam_, m=getattr(par, "m", d),
-        record_every=rec.every, device=str(dev), wall_time=wall,
-        info={"threads": threads_used if threads_used is not None else torch.get_num_threads(),
-              "normalize_eps": norms_[0].eps if norms_ else None},
-        optimizer=rule, record=rec, parameterization=par)
+        W=Wn,
+        K=final.get("K"),
+        Q=final.get("Q"),
+        probs=s.cpu().numpy(),
+        history=history,
+        problems=plist,
+        problem_index=problem_index,
+        seeds=seeds,
+        lr=lr_value,
+        param=par.name,
+        steps=steps,
+        normalized=bool(norms_),
+        loss=batch.loss,
+        init=init_name,
+        penalty=lam_,
+        m=getattr(par, "m", d),
+        record_every=rec.every,
+        device=str(dev),
+        wall_time=wall,
+        info={
+            "threads": threads_used if threads_used is not None else torch.get_num_threads(),
+            "normalize_eps": norms_[0].eps if norms_ else None,
+        },
+        optimizer=rule,
+        record=rec,
+        parameterization=par,
+    )

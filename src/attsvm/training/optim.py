@@ -35,8 +35,23 @@ from torch import Tensor
 
 from .._validation import check_finite_scalar
 
-__all__ = ["Transform", "Chain", "chain", "AddPenalty", "NormalizeByNorm", "StepSize", "PolyakStep", "MirrorMap",
-           "gd", "normalized_gd", "mirror_descent", "polyak", "NORMALIZE_EPS", "NORMALIZED_LR", "Updates"]
+__all__ = [
+    "Transform",
+    "Chain",
+    "chain",
+    "AddPenalty",
+    "NormalizeByNorm",
+    "StepSize",
+    "PolyakStep",
+    "MirrorMap",
+    "gd",
+    "normalized_gd",
+    "mirror_descent",
+    "polyak",
+    "NORMALIZE_EPS",
+    "NORMALIZED_LR",
+    "Updates",
+]
 
 Updates = tuple[Tensor, ...]
 
@@ -70,8 +85,7 @@ class Transform:
     def init(self, params: Updates) -> Any:
         return None
 
-    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
-               ) -> tuple[Updates, Any]:
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         raise NotImplementedError
 
 
@@ -95,8 +109,9 @@ class Chain(Transform):
     def init(self, params: Updates) -> tuple[Any, ...]:
         return tuple(t.init(params) for t in self.transforms)
 
-    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
-               ) -> tuple[Updates, tuple[Any, ...]]:
+    def update(
+        self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
+    ) -> tuple[Updates, tuple[Any, ...]]:
         new_state = [None] * len(self.transforms)
         for j, t in enumerate(self.transforms):
             updates, new_state[j] = t.update(updates, state[j], params, loss=loss, step=step)
@@ -137,8 +152,7 @@ class AddPenalty(Transform):
     def degree(self) -> float | None:  # type: ignore[override]
         return 1.0 if self.lam == 0.0 else None
 
-    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
-               ) -> tuple[Updates, Any]:
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         if self.lam == 0.0:
             return updates, state
         c = 2.0 * self.lam
@@ -166,8 +180,7 @@ class NormalizeByNorm(Transform):
     def degree(self) -> float | None:  # type: ignore[override]
         return 0.0 if self.eps == 0.0 else None
 
-    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
-               ) -> tuple[Updates, Any]:
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         if self.eps > 0:
             return tuple([u / (_col(_fro(u)) + self.eps) for u in updates]), state
         out = []
@@ -201,21 +214,22 @@ class StepSize(Transform):
             return "schedule"
         arr = np.asarray(self.lr, dtype=np.float64) if not isinstance(self.lr, (bool, str)) else None
         if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-            raise ValueError(f"lr must be a positive float, {runs} positive floats (one per run) or a callable "
-                             f"step -> float; got {self.lr!r}")
+            raise ValueError(
+                f"lr must be a positive float, {runs} positive floats (one per run) or a callable "
+                f"step -> float; got {self.lr!r}"
+            )
         return np.broadcast_to(arr, (runs,)).copy()
 
-    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
-               ) -> tuple[Updates, Any]:
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         neg_eta = state
         if neg_eta is None:  # schedule
             R = int(params[0].shape[0])
             v = np.asarray(self.lr(step), dtype=np.float64)  # type: ignore[operator]
             if v.shape not in ((), (R,)) or not np.all(np.isfinite(v)) or np.any(v <= 0):
-                raise ValueError(f"lr schedule must return a positive finite float or {R} such floats, "
-                                 f"got {v!r} at step {step}")
-            neg_eta = _col(torch.as_tensor(-np.broadcast_to(v, (R,)), dtype=params[0].dtype,
-                                           device=params[0].device))
+                raise ValueError(
+                    f"lr schedule must return a positive finite float or {R} such floats, got {v!r} at step {step}"
+                )
+            neg_eta = _col(torch.as_tensor(-np.broadcast_to(v, (R,)), dtype=params[0].dtype, device=params[0].device))
         return tuple([neg_eta * u for u in updates]), state
 
 
@@ -239,8 +253,7 @@ class PolyakStep(Transform):
 
     degree = -1.0
 
-    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
-               ) -> tuple[Updates, Any]:
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         tiny = torch.finfo(updates[0].dtype).tiny
         a = torch.stack([u.abs().amax(dim=(-2, -1)) for u in updates]).amax(0)  # (R,) max|u|
         a_safe = a.clamp_min(tiny)
@@ -277,15 +290,14 @@ class MirrorMap(Transform):
     def degree(self) -> float | None:  # type: ignore[override]
         return 1.0 if self.p == 2.0 else None
 
-    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int
-               ) -> tuple[Updates, Any]:
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         q1 = self.p - 1.0
         out = []
         for u, th in zip(updates, params):
             s = torch.maximum(th.abs().amax(dim=(-2, -1)), u.abs().amax(dim=(-2, -1)) ** (1.0 / q1))
             s = _col(torch.where(s > 0, s, torch.ones_like(s)))  # θ = u = 0: any scale, no 0/0
             # ∇ψ(θ) + u, divided by s^{p−1}; |u| ≤ s^{p−1}, so where that underflows u is 0 too
-            U = torch.sign(th) * (th.abs() / s) ** q1 + torch.where(u == 0, torch.zeros_like(u), u / s ** q1)
+            U = torch.sign(th) * (th.abs() / s) ** q1 + torch.where(u == 0, torch.zeros_like(u), u / s**q1)
             new = s * torch.sign(U) * U.abs() ** (1.0 / q1)
             out.append(new - th)
         return tuple(out), state
@@ -294,14 +306,19 @@ class MirrorMap(Transform):
 # ---------------------------------------------------------------------------------------------
 # ready-made rules
 
+
 def gd(lr: float | Sequence[float] | Callable[[int], Any], *, penalty: float = 0.0) -> Chain:
     """Plain GD ``θ ← θ − η(∇L + 2λθ)``."""
     parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
     return chain(*parts, StepSize(lr))
 
 
-def normalized_gd(lr: float | Sequence[float] | Callable[[int], Any] = NORMALIZED_LR, *,
-                  eps: float = NORMALIZE_EPS, penalty: float = 0.0) -> Chain:
+def normalized_gd(
+    lr: float | Sequence[float] | Callable[[int], Any] = NORMALIZED_LR,
+    *,
+    eps: float = NORMALIZE_EPS,
+    penalty: float = 0.0,
+) -> Chain:
     """The paper's normalized GD: ``θ_g ← θ_g − η g_g/(‖g_g‖_F + ε)`` per group, with ``g = ∇L + 2λθ``."""
     parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
     return chain(*parts, NormalizeByNorm(eps), StepSize(lr))

@@ -78,7 +78,9 @@ class RegularizationPath:
     param: str
 
 
-def _svm_reference(problem: AttentionProblem, tokens: NDArray[np.int64], norm: Literal["fro", "nuc"]) -> NDArray[np.float64] | None:
+def _svm_reference(
+    problem: AttentionProblem, tokens: NDArray[np.int64], norm: Literal["fro", "nuc"]
+) -> NDArray[np.float64] | None:
     """W_mm / W*_mm of ``tokens`` from the solvers (imported here: svm and training are siblings)."""
     from ..svm import AttentionSVM
 
@@ -89,11 +91,21 @@ def _svm_reference(problem: AttentionProblem, tokens: NDArray[np.int64], norm: L
     return np.asarray(est.W_, dtype=np.float64)
 
 
-def regularization_path(problem: AttentionProblem, radii: ArrayLike, *, param: Param = "W",
-                        loss: str | None = None, m: int | None = None, tokens: ArrayLike | None = None,
-                        W_mm: ArrayLike | None = None, W_star: ArrayLike | None = None,
-                        tol: float = REG_PATH_TOL, max_iter: int = REG_PATH_MAX_ITER, seed: int = 0,
-                        device: torch.device | str | None = None) -> RegularizationPath:
+def regularization_path(
+    problem: AttentionProblem,
+    radii: ArrayLike,
+    *,
+    param: Param = "W",
+    loss: str | None = None,
+    m: int | None = None,
+    tokens: ArrayLike | None = None,
+    W_mm: ArrayLike | None = None,
+    W_star: ArrayLike | None = None,
+    tol: float = REG_PATH_TOL,
+    max_iter: int = REG_PATH_MAX_ITER,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> RegularizationPath:
     """The regularization path of docs/spec.md §4: ``W̄_R = argmin_{‖W‖_F ≤ R} L(W)`` for growing R.
 
     Each radius is solved by projected accelerated gradient (FISTA with a local-Lipschitz backtracking
@@ -212,15 +224,33 @@ def regularization_path(problem: AttentionProblem, radii: ArrayLike, *, param: P
                 Ks[j], Qs[j] = x[0].cpu().numpy(), x[1].cpu().numpy()  # type: ignore[index]
                 Ws[j] = Ks[j] @ Qs[j].T  # type: ignore[index]
             if not conv[j]:
-                logger.warning("regularization path: radius %g stopped at max_iter=%d with stationarity %.2e "
-                               "> tol=%.1e", Rj, max_iter, s_meas, tol)
-    alpha = (problem.check_tokens(tokens) if tokens is not None
-             else np.argmax(problem.logits(Ws[-1]), axis=-1).astype(np.int64))
+                logger.warning(
+                    "regularization path: radius %g stopped at max_iter=%d with stationarity %.2e > tol=%.1e",
+                    Rj,
+                    max_iter,
+                    s_meas,
+                    tol,
+                )
+    alpha = (
+        problem.check_tokens(tokens)
+        if tokens is not None
+        else np.argmax(problem.logits(Ws[-1]), axis=-1).astype(np.int64)
+    )
     Wf = as_float_array(W_mm, "W_mm", shape=(d, d)) if W_mm is not None else _svm_reference(problem, alpha, "fro")
-    Wn = (as_float_array(W_star, "W_star", shape=(d, d)) if W_star is not None
-          else _svm_reference(problem, alpha, "nuc"))
+    Wn = as_float_array(W_star, "W_star", shape=(d, d)) if W_star is not None else _svm_reference(problem, alpha, "nuc")
     return RegularizationPath(
-        radii=r_arr, W=Ws, K=Ks, Q=Qs, loss=losses, n_iter=iters, converged=conv, stationarity=stat,
-        tokens=alpha, W_mm=Wf, W_star=Wn,
+        radii=r_arr,
+        W=Ws,
+        K=Ks,
+        Q=Qs,
+        loss=losses,
+        n_iter=iters,
+        converged=conv,
+        stationarity=stat,
+        tokens=alpha,
+        W_mm=Wf,
+        W_star=Wn,
         corr_fro=None if Wf is None else np.asarray(correlation(Ws, Wf)),
-        corr_nuc=None if Wn is None else np.asarray(correlation(Ws, Wn)), param=param)
+        corr_nuc=None if Wn is None else np.asarray(correlation(Ws, Wn)),
+        param=param,
+    )

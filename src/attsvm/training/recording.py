@@ -82,8 +82,18 @@ def _group_norm(grads: tuple[Tensor, ...]) -> Tensor:
 class Recorder:
     """The history buffers of one training (on the training device; copied to numpy once at the end)."""
 
-    def __init__(self, options: Recording, param: Parameterization, *, steps: int, runs: int, n: int, T: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        options: Recording,
+        param: Parameterization,
+        *,
+        steps: int,
+        runs: int,
+        n: int,
+        T: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.steps = record_steps(steps, options.every)
         S = len(self.steps)
         R, d = runs, param.d
@@ -101,7 +111,7 @@ class Recorder:
         if "selected" in q:
             H["selected"] = buf(n, dt=torch.int64)
         # per-group norms, unless the only group is W itself (then it is W_norm)
-        self._group_norms = ("group_norms" in q and param.groups != ("W",))
+        self._group_norms = "group_norms" in q and param.groups != ("W",)
         if self._group_norms:
             for g in param.groups:
                 H[f"{g}_norm"] = buf()
@@ -138,8 +148,7 @@ class Recorder:
             direct.append(("probs", lambda L, W, g, p, s: s))
         self._direct = tuple(direct)
 
-    def record(self, loss: Tensor, W: Tensor, grads: tuple[Tensor, ...], params: tuple[Tensor, ...],
-               s: Tensor) -> None:
+    def record(self, loss: Tensor, W: Tensor, grads: tuple[Tensor, ...], params: tuple[Tensor, ...], s: Tensor) -> None:
         """Store the state after ``self.next_step`` updates."""
         H, j = self.H, self.j
         for key, value in self._direct:  # (name, what) pairs fixed at construction
