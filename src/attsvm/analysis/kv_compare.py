@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -239,10 +239,10 @@ def _attsvm_cache(name: str) -> Method:
     policy, kind = name.rsplit("_", 1)
 
     def build(model: Any, ratio: float, n_kept: int) -> Any:
-        from .kv_cache import EvictionCache
+        from .kv_cache import EvictionCache, PolicyName
 
-        kw = {"seed": 0} if policy == "random" else {}
-        return EvictionCache(model, policy, budget=n_kept, **kw)
+        kw: dict[str, Any] = {"seed": 0} if policy == "random" else {}
+        return EvictionCache(model, cast(PolicyName, policy), budget=n_kept, **kw)
 
     return Method(name, "attsvm", "decode" if kind == "cache" else "oneshot", build)
 
@@ -331,8 +331,8 @@ def answer_context(
             _, q = encode_query(tok, "", question, prefix)
             preds.append(decode_answer(model, tok, cache, q, n, max_new))
             for layer, length in zip(cache.layers, lengths):  # drop the question and answer (kvpress does too)
-                layer.keys = layer.keys[:, :, :length]
-                layer.values = layer.values[:, :, :length]
+                layer.keys = layer.keys[:, :, :length]  # type: ignore[union-attr,index]  # a DynamicCache layer
+                layer.values = layer.values[:, :, :length]  # type: ignore[union-attr,index]  # a DynamicCache layer
         return preds, n, n_kept
     for question, prefix, max_new in queries:
         cache = method.build(model, ratio, n_kept)
@@ -689,10 +689,10 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for k, m in enumerate(methods):
-        pts = sorted((p["ratio"], p["perplexity"]) for p in res["perplexity"] if p["method"] == m)
+        pts = sorted((q["ratio"], q["perplexity"]) for q in res["perplexity"] if q["method"] == m)
         if not pts:
             continue
-        r, p = zip(*pts)
+        r, p = zip(*pts, strict=True)
         if m == "full":
             ax.axhline(p[0], color="k", ls="--", lw=1, label="full cache")
         else:

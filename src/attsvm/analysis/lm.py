@@ -478,10 +478,10 @@ def _task_batch(
     ids = torch.full((batch, T), tok.pad_token_id, dtype=torch.long)
     labels = torch.full((batch, T), -100, dtype=torch.long)
     amask = torch.zeros((batch, T), dtype=torch.bool)
-    for b, (s, m) in enumerate(zip(seqs, masks)):
-        ids[b, : len(s)] = torch.tensor(s)
-        labels[b, : len(s)] = ids[b, : len(s)]
-        amask[b, : len(s)] = torch.tensor(m)
+    for b, (seq, m) in enumerate(zip(seqs, masks)):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        labels[b, : len(seq)] = ids[b, : len(seq)]
+        amask[b, : len(seq)] = torch.tensor(m)
     return ids, labels, amask
 
 

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -144,8 +144,8 @@ class TrainResult:
     def to_model(self) -> AttentionModel:
         """The final state as an :class:`~attsvm.model.AttentionModel` (R runs, float64, CPU)."""
         par = self.parameterization or parameterization(
-            self.param,
-            self.W.shape[-1],  # type: ignore[arg-type]
+            cast(Literal["W", "KQ"], self.param),
+            self.W.shape[-1],
             self.m if self.param == "KQ" else None,
         )
         model = AttentionModel(par.d, param=par, runs=self.n_runs)
