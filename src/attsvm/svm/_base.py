@@ -138,8 +138,9 @@ class ConstraintSet:
     A: NDArray[np.float64]
     Z: NDArray[np.float64]
     mask: NDArray[np.bool_]
-    rhs: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    equality: NDArray[np.bool_] = field(default=None)  # type: ignore[assignment]
+    # None means "all ones" / "all inequalities"; __post_init__ replaces it with an array
+    rhs: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # filled in __post_init__
+    equality: NDArray[np.bool_] = field(default=None)  # type: ignore[arg-type]  # filled in __post_init__
 
     def __post_init__(self) -> None:
         n, T, d = self.A.shape

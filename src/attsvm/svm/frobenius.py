@@ -30,7 +30,8 @@ Two linear-algebra paths:
 
 Constraint generation (K > ``FrobeniusOptions.working_set_min``): the support is usually a small part
 of K, so the method runs on a working set — the ``working_set_start`` hardest constraints of each
-sequence (largest ``b_k/(‖a_k‖‖z_k‖)``) — then adds the most violated of the others and re-solves, warm-started, until no
+sequence (largest ``b_k/(‖a_k‖‖z_k‖)``) —
+then adds the most violated of the others and re-solves, warm-started, until no
 constraint is violated. The last sub-problem's solution is then optimal for the full problem (its
 multipliers, padded with zeros, satisfy every KKT condition), so the answer stays exact.
 
@@ -438,12 +439,13 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
             else:
                 fidx = np.flatnonzero(free)
 
-                def mv(v: NDArray[np.float64]) -> NDArray[np.float64]:
+                def mv(v: NDArray[np.float64], fidx: NDArray[np.intp] = fidx) -> NDArray[np.float64]:
                     full = np.zeros(K)
                     full[fidx] = v
                     return op.apply_flat(op.adjoint_flat(full))[fidx] + ridge * v
 
                 rtol = min(1e-2, max(1e-14, 0.1 * float(np.linalg.norm(pg)) / max(1.0, float(np.linalg.norm(b)))))
+                assert precond is not None  # set whenever the method is matrix-free
                 x, k_cg = _pcg(mv, -gF, precond[fidx], rtol, cg_max_iter)
                 cg_total += k_cg
                 dvec[fidx] = x
@@ -458,7 +460,8 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
                 break
             alpha *= 0.5
         if not accepted:  # Newton direction useless here: a projected-gradient (Cauchy) step
-            Gg = G @ np.where(binding, 0.0, g) if G is not None else op.apply_flat(op.adjoint_flat(np.where(binding, 0.0, g)))
+            gfree = np.where(binding, 0.0, g)
+            Gg = G @ gfree if G is not None else op.apply_flat(op.adjoint_flat(gfree))
             gg = float(g[~binding] @ g[~binding])
             step = gg / max(float(np.where(binding, 0.0, g) @ Gg), np.finfo(float).tiny)
             cand = project(lam - step * np.where(binding, 0.0, g))
