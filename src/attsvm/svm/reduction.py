@@ -54,6 +54,7 @@ class Reduction:
     row_scale : (n, T) ``s_k = ‖a_k‖‖z_k‖`` (1 where masked or zero).
     global_scale : ``g``.
     zero : (n, T) bool, constraint rows whose feature vanishes.
+    identity_sub : True when step 2 was skipped (U = V = I), so that lifting skips the products.
     """
 
     original: ConstraintSet
@@ -62,6 +63,7 @@ class Reduction:
     row_scale: NDArray[np.float64]
     global_scale: float
     zero: NDArray[np.bool_]
+    identity_sub: bool = False
 
     @property
     def unattainable(self) -> NDArray[np.bool_]:
@@ -71,7 +73,7 @@ class Reduction:
 
     def lift_W(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
         """``W = g · U M Vᵀ`` (d, d) from a reduced solution M (r_a, r_z)."""
-        return self.global_scale * self.sub.lift(M)
+        return self.global_scale * (M if self.identity_sub else self.sub.lift(M))
 
     def reduce_W(self, W: NDArray[np.float64]) -> NDArray[np.float64]:
         """The inverse of :meth:`lift_W` on its range: ``M = Uᵀ W V / g``."""
@@ -144,4 +146,5 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     else:
         sub = Subspaces(U=np.eye(d), V=np.eye(Z.shape[1]), A=A, Z=Z)
         problem = norm
-    return Reduction(original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero)
+    return Reduction(original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero,
+                     identity_sub=not subspace)
