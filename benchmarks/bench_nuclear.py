@@ -26,11 +26,11 @@ import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from attsvm.datasets import paper_instance  # noqa: E402
-from attsvm.svm import att_svm_constraints, solve_cvxpy  # noqa: E402
-from attsvm.svm.nuclear import solve_nuclear  # noqa: E402
+from attsvm.datasets import paper_instance
+from attsvm.svm import att_svm_constraints, solve_cvxpy
+from attsvm.svm.nuclear import solve_nuclear
 
 DEFAULT_SIZES = ["6,8,10", "15,15,20", "50,20,50", "100,20,100", "200,32,128"]
 # Solves faster than this many seconds are repeated (--repeat times) and the best time is kept:
@@ -47,7 +47,7 @@ def _nuc(W: np.ndarray) -> float:
     return float(np.linalg.svd(W, compute_uv=False).sum())
 
 
-def _timed(fn, repeat: int):  # noqa: ANN001, ANN202
+def _timed(fn, repeat: int):
     """(best wall time, result of the first run); solves under REPEAT_BELOW_S are repeated at least
     ``repeat`` times and until MIN_TOTAL_S was spent on them (the same rule for both sides)."""
     t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def main() -> None:
         n, T, d = (int(v) for v in size.split(","))
         p = paper_instance(n, T, d, seed=args.seed)
         cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
-        t_ours, raw = _timed(lambda: solve_nuclear(cs), args.repeat)
+        t_ours, raw = _timed(lambda cs=cs: solve_nuclear(cs), args.repeat)
         f_ours = _nuc(raw.W) if raw.W is not None else float("nan")
         print(f"{size:>12} {'ours':>10} {t_ours:9.4f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
               f"{cs.violation(raw.W):9.1e} {raw.info.get('relative_gap', float('nan')):9.1e}  [{raw.status}]")
@@ -104,7 +104,8 @@ def main() -> None:
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                t_ref, ref = _timed(lambda: solve_cvxpy(cs, "nuc", solver=solver, time_limit=args.cap),
+                t_ref, ref = _timed(lambda cs=cs, solver=solver: solve_cvxpy(cs, "nuc", solver=solver,
+                                                                        time_limit=args.cap),
                                     args.repeat)
             if ref.W is None:
                 print(f"{size:>12} {solver:>10} {t_ref:9.4f} {t_ref / t_ours:8.1f} {'—':>16} {'—':>9} {'—':>9} "

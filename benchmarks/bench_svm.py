@@ -33,7 +33,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 SIZES = [(6, 8, 10), (15, 15, 20), (50, 20, 50), (100, 20, 100), (200, 32, 128)]
 QUICK_SIZES = SIZES[:3]
@@ -86,7 +86,6 @@ def time_cvxpy(size, norm, solver, formulation, cap, skip=False):
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     proc = ctx.Process(target=_cvxpy_child, args=(q, size, norm, solver, formulation, cap))
-    t0 = time.perf_counter()
     proc.start()
     try:
         elapsed, status, W = q.get(timeout=cap + 5)
@@ -305,7 +304,8 @@ def render(rows_fro, rows_nuc, large, cap, quick) -> str:
         if r["ours"] is None:
             out.append(f"| {r['size']} | {r['K']} | > cap | — | — | — | — | — |")
             continue
-        out.append(f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} ({r['status']}) | {_e(r['viol'])} / {_e(r['gap'])} | "
+        out.append(f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} ({r['status']}) | "
+                   f"{_e(r['viol'])} / {_e(r['gap'])} | "
                    f"{fmt_t(r['scs'])} ({_e(r['scs_viol'])}) | {fmt_t(r['clarabel'])} ({_e(r['clarabel_viol'])}) | "
                    f"{fmt_ratio(best, r['ours'], cap)} | {_e(r['clarabel_objdiff'])} |")
     if large is not None:

@@ -79,7 +79,7 @@ def test_estimator_infeasible_status_and_raise(case, norm, backend):
     assert svm.status_ == "infeasible" and svm.W_ is None and svm.objective_ is None
     _assert_certificate(p, alpha, svm.certificate_)
     assert "infeasible" in svm.summary()
-    with pytest.raises(InfeasibleSVMError, match="infeasible.*certifies it") as exc:
+    with pytest.raises(InfeasibleSVMError, match=r"infeasible.*certifies it") as exc:
         AttentionSVM(norm, backend=backend, on_infeasible="raise").fit(p, alpha)
     _assert_certificate(p, alpha, exc.value.certificate)
     np.testing.assert_array_equal(exc.value.tokens, alpha)

@@ -5,6 +5,8 @@ reference-token reduction the module uses."""
 
 from __future__ import annotations
 
+import itertools
+
 import cvxpy as cp
 import numpy as np
 import pytest
@@ -49,7 +51,7 @@ def _pairwise_cvxpy(p: AttentionProblem, O: np.ndarray, norm: str, probs: np.nda
     for i in range(p.n):
         u = W @ p.queries[i]
         ins, outs = np.flatnonzero(O[i]), np.flatnonzero(~O[i])
-        for a, b in zip(ins[:-1], ins[1:]):  # a chain of pairs implies every pair inside O_i
+        for a, b in itertools.pairwise(ins):  # a chain of pairs implies every pair inside O_i
             gap = (p.X[i, a] - p.X[i, b]) @ u
             rhs = 0.0 if probs is None else np.log(probs[i, a] / probs[i, b])
             cons.append(gap == rhs)

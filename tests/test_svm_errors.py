@@ -97,7 +97,7 @@ def test_backend_arguments():
         solve_cvxpy(cs, "fro", time_limit=0)
     with pytest.raises(ValueError, match="method must be one of 'auto', 'dense', 'matrix_free'; got 'cg'"):
         solve_frobenius(cs, method="cg")
-    with pytest.raises(ValueError, match="tol must be > 0, got -1.0"):
+    with pytest.raises(ValueError, match=r"tol must be > 0, got -1\.0"):
         solve_frobenius(cs, tol=-1.0)
     with pytest.raises(ValueError, match="max_iter must be >= 1, got 0"):
         solve_frobenius(cs, max_iter=0)
@@ -113,7 +113,7 @@ def test_unfitted_estimator():
     with pytest.raises(NotFittedError, match="not fitted yet"):
         svm.to_dict()
     with pytest.raises(NotFittedError, match="not fitted yet"):
-        svm.W_
+        _ = svm.W_
     assert not hasattr(svm, "status_")  # an AttributeError, as scikit-learn's NotFittedError
     assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
 

@@ -48,7 +48,10 @@ def test_three_implementations_agree(n, T, d):
     ref = solve_cvxpy(cs, "fro")
     assert ref.status in ("optimal", "optimal_inaccurate")
     W_skl = _sklearn_W(cs)
-    f = lambda W: float(np.linalg.norm(W))
+
+    def f(W):
+        return float(np.linalg.norm(W))
+
     assert f(ours.W) == pytest.approx(f(ref.W), rel=OBJ_RTOL)
     assert f(ours.W) == pytest.approx(f(W_skl), rel=OBJ_RTOL)
     np.testing.assert_allclose(ours.W, ref.W, atol=W_ATOL)

@@ -521,7 +521,9 @@ def test_infeasible_primal_is_never_reported_optimal(monkeypatch: pytest.MonkeyP
     import attsvm.svm.nuclear as nuclear
     from attsvm.svm import _alm
 
-    zeros = lambda red, p, *args, **kwargs: (np.zeros((red.A.shape[2], p)), np.zeros((red.Z.shape[1], p)))
+    def zeros(red, p, *args, **kwargs):
+        return np.zeros((red.A.shape[2], p)), np.zeros((red.Z.shape[1], p))
+
     monkeypatch.setattr(_alm, "_escape_origin", lambda red, lam, rho, p: zeros(red, p))
     # both paths (the lean one and scipy's, which solve_nuclear falls back to) start on the saddle
     monkeypatch.setattr(nuclear, "_initial_factors", zeros)

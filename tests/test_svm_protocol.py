@@ -20,7 +20,7 @@ def test_clone_round_trips():
     svm.fit(p)
     fresh = sklearn_base.clone(svm)  # clone drops fitted state
     with pytest.raises(NotFittedError):
-        fresh.status_
+        _ = fresh.status_
     assert fresh.get_params() == svm.get_params()
 
 
@@ -58,9 +58,9 @@ def test_not_fitted_error_is_value_and_attribute_error():
         with pytest.raises(NotFittedError, match="not fitted yet"):
             getattr(svm, name)
         assert not hasattr(svm, name)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not fitted yet"):
         svm.summary()
     with pytest.raises(AttributeError, match="no attribute 'bogus'"):
-        svm.bogus
+        _ = svm.bogus
     svm.fit(paper_instance(4, 5, 6, seed=0))
     assert np.isfinite(svm.objective_) and svm.dual_ is svm.dual_coef_

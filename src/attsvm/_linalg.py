@@ -22,17 +22,17 @@ def correlation(A: ArrayLike, B: ArrayLike) -> NDArray[np.float64] | float:
     ``A`` and ``B`` broadcast against each other over all but their last two axes, e.g. a
     trajectory (K, d, d) against one W_mm (d, d). A zero matrix has correlation 0 with anything.
     """
-    A = np.asarray(A, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
-    if A.ndim < 2 or B.ndim < 2 or A.shape[-2:] != B.shape[-2:]:
-        raise ValueError(f"A and B must be matrices (or stacks) of the same shape, got {A.shape} and {B.shape}")
+    a = np.asarray(A, dtype=np.float64)
+    b = np.asarray(B, dtype=np.float64)
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-2:] != b.shape[-2:]:
+        raise ValueError(f"A and B must be matrices (or stacks) of the same shape, got {a.shape} and {b.shape}")
     # scale first so that huge norms (GD diverges in norm) never overflow
-    sa = np.abs(A).max(axis=(-2, -1), keepdims=True)
-    sb = np.abs(B).max(axis=(-2, -1), keepdims=True)
-    A = np.divide(A, sa, out=np.zeros_like(A), where=sa > 0)
-    B = np.divide(B, sb, out=np.zeros_like(B), where=sb > 0)
-    num = (A * B).sum(axis=(-2, -1))
-    den = np.sqrt((A * A).sum(axis=(-2, -1)) * (B * B).sum(axis=(-2, -1)))
+    sa = np.abs(a).max(axis=(-2, -1), keepdims=True)
+    sb = np.abs(b).max(axis=(-2, -1), keepdims=True)
+    a = np.divide(a, sa, out=np.zeros_like(a), where=sa > 0)
+    b = np.divide(b, sb, out=np.zeros_like(b), where=sb > 0)
+    num = (a * b).sum(axis=(-2, -1))
+    den = np.sqrt((a * a).sum(axis=(-2, -1)) * (b * b).sum(axis=(-2, -1)))
     out = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
     return float(out) if out.ndim == 0 else out
 

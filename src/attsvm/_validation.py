@@ -38,10 +38,11 @@ def as_float_array(value: Any, name: str, *, ndim: int | None = None,
     arr = arr.astype(np.float64, copy=True)
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {arr.shape}")
-    if shape is not None:
-        if arr.ndim != len(shape) or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
-            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
-            raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
+    if shape is not None and (
+        arr.ndim != len(shape) or any(s is not None and s != a for s, a in zip(shape, arr.shape))
+    ):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
     if not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         raise ValueError(f"{name} must be finite, got {bad} NaN/inf entries")

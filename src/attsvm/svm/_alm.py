@@ -78,10 +78,10 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
     r_z = Q.shape[0]
     p_max = min(r_a, r_z)
     rng = np.random.default_rng(0) if rng is None else rng
-    lam = np.zeros_like(red.b) if lam is None else lam.copy()
     mask, ineq = red.mask, red.ineq
-    if rho is None:
-        rho = max(1.0, float(np.sqrt(mask.sum())))
+    # fresh names with the narrowed types, which the closures below (fg, fg_nt) can see
+    lam_: NDArray[np.float64] = np.zeros_like(red.b) if lam is None else lam.copy()
+    rho_: float = max(1.0, float(np.sqrt(mask.sum()))) if rho is None else rho
 
     failed_polish = 0
     # the constraint rows flattened once: every evaluation is then a few dense products on (K_c, ·)
@@ -99,9 +99,9 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         Qx = x[nK:].reshape(r_z, p)
         FK = Fs @ Kx  # (K_c, p): Kᵀa_k
         ZQ = (red.Z @ Qx)[seq]  # (K_c, p): Qᵀz_k
-        mu = shift - rho * np.einsum("kp,kp->k", FK, ZQ)  # λ − ρ(𝒜(KQᵀ) − b)
+        mu = shift - rho_ * np.einsum("kp,kp->k", FK, ZQ)  # λ − ρ(𝒜(KQᵀ) − b)
         np.maximum(mu, 0.0, out=mu, where=ineq_s)
-        f = 0.5 * (x @ x) + (mu @ mu - lam_sq) / (2 * rho)
+        f = 0.5 * (x @ x) + (mu @ mu - lam_sq) / (2 * rho_)
         # Y = 𝒜*(μ) = Σ μ_k a_k z_kᵀ; grad_K = K − Y Q, grad_Q = Q − Yᵀ K, without forming Y
         g = x.copy()
         g[:nK] -= (Fs.T @ (mu[:, None] * ZQ)).ravel()
@@ -119,9 +119,9 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         Kx = x[:nK].reshape(r_a, p)
         Qx = x[nK:].reshape(r_z, p)
         c = red.apply_factored(Kx, Qx) - red.b
-        mu = lam - rho * c
+        mu = lam_ - rho_ * c
         mu = np.where(ineq, np.maximum(mu, 0.0), mu) * mask
-        f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam * mask, lam)) / (2 * rho)
+        f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam_ * mask, lam_)) / (2 * rho_)
         B = np.einsum("nt,ntr->nr", mu, red.A)  # (n, r_a)
         gK = Kx - B.T @ (red.Z @ Qx)
         gQ = Qx - red.Z.T @ (B @ Kx)
@@ -136,8 +136,8 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
     gtol = run.gtol0
     next_polish = opt.polish_gap
     for outer in range(1, max_iter + 1):
-        lam_s = lam.ravel()[idx]
-        shift, lam_sq = lam_s + rho * bs, float(lam_s @ lam_s)  # constants of this subproblem
+        lam_s = lam_.ravel()[idx]
+        shift, lam_sq = lam_s + rho_ * bs, float(lam_s @ lam_s)  # constants of this subproblem
         for _attempt in range(2):
             if lean:
                 x, nit = lbfgs(fg, x, gtol=gtol, max_iter=inner_max, memory=opt.lbfgs_memory,
@@ -153,32 +153,32 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
             # penalty is inactive and f = ½‖x‖², a quasi-Newton step can land on it exactly. Restart
             # along the descent directions there, the top singular pairs of 𝒜*(μ) at M = 0.
             logger.debug("  factors collapsed onto K = Q = 0: restarting along 𝒜*(μ)")
-            x = np.concatenate([v.ravel() for v in _escape_origin(red, lam, rho, p)])
+            x = np.concatenate([v.ravel() for v in _escape_origin(red, lam_, rho_, p)])
         nK = r_a * p
         Kx = x[:nK].reshape(r_a, p)
         Qx = x[nK:].reshape(r_z, p)
         m = red.apply_factored(Kx, Qx)
         c = m - red.b
-        lam = lam - rho * c
-        lam = np.where(ineq, np.maximum(lam, 0.0), lam) * mask
+        lam_ = lam_ - rho_ * c
+        lam_ = np.where(ineq, np.maximum(lam_, 0.0), lam_) * mask
         raw_viol = float(np.max(np.where(ineq, np.maximum(-c, 0.0), np.where(red.eq, np.abs(c), 0.0)),
                                 initial=0.0))
-        lam_cert = lam
+        lam_cert = lam_
         if certify:
             M = Kx @ Qx.T
             Mf = _make_feasible(red, M)
             viol = red.violation(red.apply(Mf))
             primal = _nuclear(Mf)
-            dual, spec = _dual_bound(red, lam)
+            dual, spec = _dual_bound(red, lam_)
             gap = (primal - dual) / max(primal, 1e-300)
             if gap > tol and viol <= 1e-9 * scale_b and gap <= next_polish:
                 next_polish = gap * 0.1
                 _tp = time.perf_counter()
                 # first the rank read off with a loose threshold (fewer, better-conditioned Newton
                 # rounds), then, if that fails, the conservative guess of every non-negligible direction
-                pol = _kkt._polish(red, M, lam, opt, rank_rtol=opt.rank_rtol_fast)
+                pol = _kkt._polish(red, M, lam_, opt, rank_rtol=opt.rank_rtol_fast)
                 if pol is None:
-                    pol = _kkt._polish(red, M, lam, opt, rank_rtol=opt.rank_rtol_safe)
+                    pol = _kkt._polish(red, M, lam_, opt, rank_rtol=opt.rank_rtol_safe)
                 logger.debug("  polish took %.2fs", time.perf_counter() - _tp)
                 if pol is not None:
                     Mp = _make_feasible(red, pol.K @ pol.Q.T)
@@ -199,10 +199,8 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         cur = _ALMResult(Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False,
                          Mf)
         logger.debug("ALM outer %d: rho=%.2e inner=%d viol=%.2e primal=%.12g dual=%.12g gap=%.2e",
-                      outer, rho, nit, raw_viol, primal, dual, gap)
-        if certify and (best is None or _better(cur, best, 1e-9 * scale_b)):
-            best = cur
-        elif not certify:
+                      outer, rho_, nit, raw_viol, primal, dual, gap)
+        if not certify or best is None or _better(cur, best, 1e-9 * scale_b):
             best = cur
         feas_tol = 1e-9 * scale_b
         if certify and viol <= feas_tol and gap <= tol:
@@ -210,20 +208,20 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
             best.converged = True
             return best
         if not certify and raw_viol <= max(tol, 1e-12) * scale_b and outer > 1:
-            best.converged = True
-            return best
+            cur.converged = True  # without certification the latest iterate is the result (best is cur)
+            return cur
         if max_failed_polish is not None and failed_polish >= max_failed_polish:
             assert best is not None
             return best
         # penalty update: raise rho when the violation does not drop fast enough
         if raw_viol > 0.25 * prev_viol and raw_viol > 1e-10 * scale_b:
-            rho = min(rho * 5.0, opt.rho_max)
-            stall = stall + 1 if rho >= opt.rho_max else stall
+            rho_ = min(rho_ * 5.0, opt.rho_max)
+            stall = stall + 1 if rho_ >= opt.rho_max else stall
         prev_viol = raw_viol
         if grow_rank and certify:
             # saddle escape: a singular value of 𝒜*(λ) above 1 is a descent direction (u₁, v₁) of the
             # Lagrangian ½(‖K‖² + ‖Q‖²) − ⟨𝒜*(λ), KQᵀ⟩; put it into a dead column if there is one
-            Uy, sy, Vyt = np.linalg.svd(red.adjoint(lam), full_matrices=False)
+            Uy, sy, Vyt = np.linalg.svd(red.adjoint(lam_), full_matrices=False)
             if sy[0] > 1.0 + 1e-6:
                 Um, sm, Vmt = np.linalg.svd(Kx @ Qx.T, full_matrices=False)
                 if sm[p - 1] < 1e-6 * sm[0]:  # the factorisation does not use all p directions

@@ -138,8 +138,9 @@ class ConstraintSet:
     A: NDArray[np.float64]
     Z: NDArray[np.float64]
     mask: NDArray[np.bool_]
-    rhs: NDArray[np.float64] = field(default=None)  # type: ignore[assignment]
-    equality: NDArray[np.bool_] = field(default=None)  # type: ignore[assignment]
+    # None means "all ones" / "all inequalities"; __post_init__ replaces it with an array
+    rhs: NDArray[np.float64] = field(default=None)  # type: ignore[arg-type]  # filled in __post_init__
+    equality: NDArray[np.bool_] = field(default=None)  # type: ignore[arg-type]  # filled in __post_init__
 
     def __post_init__(self) -> None:
         n, T, d = self.A.shape
@@ -151,6 +152,17 @@ class ConstraintSet:
         object.__setattr__(self, "rhs", np.where(self.mask, rhs, 0.0))
         eq = np.zeros((n, T), dtype=bool) if self.equality is None else np.asarray(self.equality, dtype=bool)
         object.__setattr__(self, "equality", eq & self.mask)
+
+    @classmethod
+    def _trusted(cls, A: NDArray[np.float64], Z: NDArray[np.float64], mask: NDArray[np.bool_],
+                 rhs: NDArray[np.float64], equality: NDArray[np.bool_]) -> ConstraintSet:
+        """A set from arrays that already satisfy :meth:`__post_init__`'s invariants (float64 A, Z and
+        rhs; bool mask and equality; A, rhs and equality zero/False where masked) — for the reduction,
+        whose arrays are built that way, so that tiny solves skip re-masking them."""
+        self = object.__new__(cls)
+        for name, value in (("A", A), ("Z", Z), ("mask", mask), ("rhs", rhs), ("equality", equality)):
+            object.__setattr__(self, name, value)
+        return self
 
     # ---------------------------------------------------------------- sizes
     @property
@@ -171,7 +183,13 @@ class ConstraintSet:
 
     @property
     def inequality(self) -> NDArray[np.bool_]:
-        return self.mask & ~self.equality
+        """(n, T) bool, True for inequality constraints (computed once)."""
+        ineq = self.__dict__.get("_inequality")
+        if ineq is None:
+            ineq = self.mask & ~self.equality
+            ineq.flags.writeable = False  # shared by every caller
+            object.__setattr__(self, "_inequality", ineq)
+        return ineq
 
     # ---------------------------------------------------------------- operator and adjoint
     @property
@@ -203,6 +221,17 @@ class ConstraintSet:
         """``‖a_it z_iᵀ‖_F² = ‖a_it‖² ‖z_i‖²`` of shape (n, T) (0 where masked)."""
         return (self.A ** 2).sum(-1) * (self.Z ** 2).sum(-1)[:, None] * self.mask
 
+    @property
+    def feature_norms(self) -> NDArray[np.float64]:
+        """``‖a_it z_iᵀ‖_F = ‖a_it‖ ‖z_i‖`` of shape (n, T) (0 where masked; computed once, read-only)."""
+        fn = self.__dict__.get("_feature_norms")
+        if fn is None:
+            nz = np.sqrt(np.einsum("nd,nd->n", self.Z, self.Z))
+            fn = np.sqrt(np.einsum("ntd,ntd->nt", self.A, self.A)) * nz[:, None]
+            fn.flags.writeable = False
+            object.__setattr__(self, "_feature_norms", fn)
+        return fn
+
     def gram(self) -> NDArray[np.float64]:
         """Dense Gram matrix ``G_kl = (a_kᵀa_l)(z_kᵀz_l)`` over the K masked pairs (K, K), row-major order.
 
@@ -232,7 +261,8 @@ class ConstraintSet:
 
     def restrict(self, sub: Subspaces) -> ConstraintSet:
         """The same constraints written for the reduced variable M (r_a, r_z)."""
-        return ConstraintSet(sub.A, sub.Z, self.mask, self.rhs, self.equality)
+        # (sub.A = A U is zero on the masked rows, as A is; rhs and equality are already masked)
+        return ConstraintSet._trusted(sub.A, sub.Z, self.mask, self.rhs, self.equality)
 
 
 SolverStatus = str  # one of attsvm.svm.status.Status (a str enum)

@@ -88,10 +88,14 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
     # LAPACK's LU directly: scipy's wrappers cost more than the factorisation at these sizes
     lu, piv, info = dgetrf(Jr, overwrite_a=1)
     if info == 0:
-        solve = lambda b: dgetrs(lu, piv, b)[0]
+
+        def solve(b: NDArray[np.float64]) -> NDArray[np.float64]:
+            return dgetrs(lu, piv, b)[0]
     else:  # pragma: no cover - singular reduced system
         pinv = np.linalg.pinv(Jr)
-        solve = lambda b: pinv @ b
+
+        def solve(b: NDArray[np.float64]) -> NDArray[np.float64]:
+            return pinv @ b
 
     def step(F: NDArray[np.float64]) -> NDArray[np.float64]:
         fu, fw, fa, fb = to_xi(-F[:nK].reshape(r_a, r), -F[nK:nK + nQ].reshape(r_z, r))
@@ -128,10 +132,10 @@ def _newton_solver_direct(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: N
     FK, ZQ = Fs @ K, Zs @ Q  # (s, r): Kᵀa_k and Qᵀz_k
     CK = (Fs[:, :, None] * ZQ[:, None, :]).reshape(s, nK)
     CQ = (Zs[:, :, None] * FK[:, None, :]).reshape(s, nQ)
-    B = np.zeros((r_a, r, r_z, r))
+    B4 = np.zeros((r_a, r, r_z, r))
     ar = np.arange(r)
-    B[:, ar, :, ar] = -Y  # ∂(K − YQ)/∂Q = −Y ⊗ I_r
-    B = B.reshape(nK, nQ)
+    B4[:, ar, :, ar] = -Y  # ∂(K − YQ)/∂Q = −Y ⊗ I_r
+    B = B4.reshape(nK, nQ)
     J = np.zeros((nX + s, nX + s))
     J.flat[: nX * (nX + s + 1): nX + s + 1] = 1.0 + delta
     J[:nK, nK:nX] = B

@@ -194,7 +194,7 @@ class AttentionSVM:
             from .cvxpy_backend import solve_cvxpy
 
             try:
-                raw = solve_cvxpy(cs, self.norm, solver=self.solver)  # type: ignore[arg-type]
+                raw = solve_cvxpy(cs, self.norm, solver=self.solver)
             except Exception as exc:  # a solver failure is a status with info, never an escaping exception
                 raw = RawSolution(None, np.zeros(cs.mask.shape), ERROR, 0,
                                   {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"})
@@ -256,8 +256,8 @@ class AttentionSVM:
             warnings.warn(f"AttentionSVM: backend {self.backend_} reported infeasible but no Farkas certificate "
                           "verifies it (the feasibility LP finds none)", RuntimeWarning, stacklevel=3)
             return self
-        self.certificate_ = cert.lam
-        self.certificate_residual_ = cert.residual
+        self.certificate_: NDArray[np.float64] | None = cert.lam
+        self.certificate_residual_: float | None = cert.residual
         self.info_["certificate_source"] = cert.source
         if self.on_infeasible == "raise":
             where = "" if self.tokens_ is None else f" for tokens {self.tokens_.tolist()[:20]}"

@@ -109,9 +109,9 @@ def feasible_constraints(cs: ConstraintSet, *, method: str = "solver", tokens: N
         if raw.status == OPTIMAL and raw.W is not None:
             return _report_feasible(cs, raw.W, "solver", tokens)
         # the solver did not settle it: fall through to the LP
-    cert = find_farkas(cs)
-    if cert is not None:
-        return FeasibilityReport(False, cert.lam, cert.residual, None, None, None, "lp", tokens)
+    lp_cert = find_farkas(cs)
+    if lp_cert is not None:
+        return FeasibilityReport(False, lp_cert.lam, lp_cert.residual, None, None, None, "lp", tokens)
     raw = solve_frobenius(cs) if raw is None else raw
     return _report_feasible(cs, raw.W, "lp", tokens)
 

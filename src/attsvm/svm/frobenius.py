@@ -30,7 +30,8 @@ Two linear-algebra paths:
 
 Constraint generation (K > ``FrobeniusOptions.working_set_min``): the support is usually a small part
 of K, so the method runs on a working set — the ``working_set_start`` hardest constraints of each
-sequence (largest ``b_k/(‖a_k‖‖z_k‖)``) — then adds the most violated of the others and re-solves, warm-started, until no
+sequence (largest ``b_k/(‖a_k‖‖z_k‖)``) —
+then adds the most violated of the others and re-solves, warm-started, until no
 constraint is violated. The last sub-problem's solution is then optimal for the full problem (its
 multipliers, padded with zeros, satisfy every KKT condition), so the answer stays exact.
 
@@ -48,6 +49,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -64,6 +66,7 @@ from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL
 __all__ = ["solve_frobenius", "FrobeniusOptions", "DENSE_MAX"]
 
 log = logging.getLogger(__name__)
+_TINY = float(np.finfo(float).tiny)  # (np.finfo costs a microsecond or two per call)
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,14 @@ class FrobeniusOptions:
 
 
 DENSE_MAX = FrobeniusOptions.dense_max
+_OPTION_NAMES = frozenset(f.name for f in fields(FrobeniusOptions))
+
+
+@lru_cache(maxsize=64)
+def _cached_options(items: tuple[tuple[str, Any], ...]) -> FrobeniusOptions:
+    # the options are frozen, so one validated instance per distinct set of overrides can be shared:
+    # building (and validating) them costs about as much as a tiny solve
+    return FrobeniusOptions(**dict(items))
 
 
 def _pcg(matvec, rhs: NDArray[np.float64], precond: NDArray[np.float64], rtol: float, maxiter: int
@@ -176,20 +187,25 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
     """
     if not isinstance(cs, ConstraintSet):
         raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
-    opt = options if options is not None else FrobeniusOptions()
-    if not isinstance(opt, FrobeniusOptions):
-        raise TypeError(f"options must be a FrobeniusOptions, got {type(opt).__name__}")
+    if options is not None and not isinstance(options, FrobeniusOptions):
+        raise TypeError(f"options must be a FrobeniusOptions, got {type(options).__name__}")
     if overrides:
-        unknown = sorted(set(overrides) - {f.name for f in fields(FrobeniusOptions)})
+        unknown = sorted(set(overrides) - _OPTION_NAMES)
         if unknown:
             raise TypeError(f"solve_frobenius got unknown option(s) {unknown}; see FrobeniusOptions")
-        opt = replace(opt, **overrides)
+    if options is not None:
+        opt = replace(options, **overrides) if overrides else options
+    else:
+        try:
+            opt = _cached_options(tuple(sorted(overrides.items())))
+        except TypeError:  # an unhashable value: build (and validate) it directly
+            opt = FrobeniusOptions(**overrides)
     t0 = time.perf_counter()
     # (rows normalised and scaled here; the subspace step is taken inside, where it pays: the
     # matrix-free and LDP paths reduce, the dense path works on the K × K Gram matrix)
     red = reduce(cs, subspace=False)
     n, T = cs.mask.shape
-    if red.unattainable.any():
+    if red.zero.any() and red.unattainable.any():
         cert = find_farkas(cs, red=red, lp=False)
         assert cert is not None
         return RawSolution(None, cert.lam, INFEASIBLE, 0,
@@ -287,7 +303,7 @@ def _ldp_nnls(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution | None:
     lam_k = u[: idx.size].copy()
     lam_k[eq] -= u[idx.size:]
     cert = np.zeros(n * T)
-    cert[idx] = lam_k / max(np.abs(lam_k).sum(), np.finfo(float).tiny)
+    cert[idx] = lam_k / max(np.abs(lam_k).sum(), _TINY)
     return RawSolution(None, cert.reshape(n, T), INFEASIBLE, 1, info)
 
 
@@ -307,7 +323,7 @@ def _pdas(G: NDArray[np.float64], b: NDArray[np.float64], ineq: NDArray[np.bool_
     K = b.size
     Gr = G.copy()
     Gr.flat[:: K + 1] += ridge
-    c = 1.0 / max(float(np.trace(G)) / K, np.finfo(float).tiny)  # λ and gradients in common units
+    c = 1.0 / max(float(np.trace(G)) / K, _TINY)  # λ and gradients in common units
     active = ineq & (b <= 0)  # λ = 0: the gradient is −b
     for it in range(1, max_iter + 1):
         free = (~active).nonzero()[0]
@@ -360,7 +376,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
     b = red.rhs.ravel()[op.idx]
     ineq = ~red.equality.ravel()[op.idx]
     feat_scale = float(np.sqrt(diag.max()))
-    ridge = opt.ridge * max(float(diag.sum()) / K, np.finfo(float).tiny)
+    ridge = opt.ridge * max(float(diag.sum()) / K, _TINY)
     precond = None if dense else np.maximum(diag, ridge) + ridge
 
     def project(lam: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -398,11 +414,14 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
         sigma = np.maximum(np.abs(b), ROW_FLOOR * np.sqrt(max(wsq, 0.0)))
         rv = np.where(ineq, np.maximum(res, 0.0), np.abs(res))
         viol = float(max(rv.max(initial=0.0), 0.0))
-        rel_viol = float(np.where(rv > 0, rv / np.where(sigma > 0, sigma, np.inf), 0.0).max(initial=0.0))
-        if not np.isfinite(rel_viol) or np.any((rv > 0) & (sigma == 0)):
-            rel_viol = np.inf
+        if viol > 0:
+            rel_viol = float(np.where(rv > 0, rv / np.where(sigma > 0, sigma, np.inf), 0.0).max(initial=0.0))
+            if not np.isfinite(rel_viol) or np.any((rv > 0) & (sigma == 0)):
+                rel_viol = np.inf
+        else:  # no row violated (or a NaN margin, which the next test rejects)
+            rel_viol = 0.0 if viol == 0 else np.inf
         gap = wsq - float(b @ lam)
-        if rel_viol <= tol and abs(gap) <= tol * max(wsq, np.finfo(float).tiny):
+        if rel_viol <= tol and abs(gap) <= tol * max(wsq, _TINY):
             status = OPTIMAL
             break
         # infeasibility: λ/‖λ‖₁ with 𝒜*(·) ≈ 0 and bᵀ(·) > 0 (a ray of the unbounded dual)
@@ -438,12 +457,13 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
             else:
                 fidx = np.flatnonzero(free)
 
-                def mv(v: NDArray[np.float64]) -> NDArray[np.float64]:
+                def mv(v: NDArray[np.float64], fidx: NDArray[np.intp] = fidx) -> NDArray[np.float64]:
                     full = np.zeros(K)
                     full[fidx] = v
                     return op.apply_flat(op.adjoint_flat(full))[fidx] + ridge * v
 
                 rtol = min(1e-2, max(1e-14, 0.1 * float(np.linalg.norm(pg)) / max(1.0, float(np.linalg.norm(b)))))
+                assert precond is not None  # set whenever the method is matrix-free
                 x, k_cg = _pcg(mv, -gF, precond[fidx], rtol, cg_max_iter)
                 cg_total += k_cg
                 dvec[fidx] = x
@@ -458,9 +478,10 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
                 break
             alpha *= 0.5
         if not accepted:  # Newton direction useless here: a projected-gradient (Cauchy) step
-            Gg = G @ np.where(binding, 0.0, g) if G is not None else op.apply_flat(op.adjoint_flat(np.where(binding, 0.0, g)))
+            gfree = np.where(binding, 0.0, g)
+            Gg = G @ gfree if G is not None else op.apply_flat(op.adjoint_flat(gfree))
             gg = float(g[~binding] @ g[~binding])
-            step = gg / max(float(np.where(binding, 0.0, g) @ Gg), np.finfo(float).tiny)
+            step = gg / max(float(np.where(binding, 0.0, g) @ Gg), _TINY)
             cand = project(lam - step * np.where(binding, 0.0, g))
             Mc, mc, gc, qc, wsqc = evaluate(cand)
             if qc > q:

@@ -27,7 +27,7 @@ class Norm:
     name: str
     degree: int  # homogeneity of the solver objective φ
 
-    def value(self, W: NDArray[np.float64], svals: NDArray[np.float64] | None = None) -> float:
+    def value(self, W: NDArray[np.float64], svals: NDArray[np.floating] | None = None) -> float:
         """``‖W‖`` (``svals``: the singular values of W, when already at hand)."""
         raise NotImplementedError
 
@@ -35,7 +35,7 @@ class Norm:
         """``‖Y‖° = max{⟨Y, W⟩ : ‖W‖ ≤ 1}``."""
         raise NotImplementedError
 
-    def objective(self, W: NDArray[np.float64], svals: NDArray[np.float64] | None = None) -> float:
+    def objective(self, W: NDArray[np.float64], svals: NDArray[np.floating] | None = None) -> float:
         """The solver objective ``φ(W)``."""
         raise NotImplementedError
 

@@ -176,7 +176,7 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
         return triv
     r_a, r_z = red.A.shape[2], red.Z.shape[1]
     # start near the rank that typical optima have (~√K/2 here), never below _P0; grown as needed
-    p = min(r_a, r_z, max(opt.p0, int(round(0.5 * np.sqrt(red.mask.sum())))))
+    p = min(r_a, r_z, max(opt.p0, round(0.5 * np.sqrt(red.mask.sum()))))
     rng = np.random.default_rng(seed)
     K, Q = _initial_factors(red, p, rng)
     # small problems: a looser first subproblem before the first polish (fewer L-BFGS iterations;

@@ -23,6 +23,7 @@ Lifting: ``W = g · U M Vᵀ``. For a solver of ``min φ(W)`` with φ positively
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,7 @@ class Reduction:
     row_scale : (n, T) ``s_k = ‖a_k‖‖z_k‖`` (1 where masked or zero).
     global_scale : ``g``.
     zero : (n, T) bool, constraint rows whose feature vanishes.
+    identity_sub : True when step 2 was skipped (U = V = I), so that lifting skips the products.
     """
 
     original: ConstraintSet
@@ -61,6 +63,7 @@ class Reduction:
     row_scale: NDArray[np.float64]
     global_scale: float
     zero: NDArray[np.bool_]
+    identity_sub: bool = False
 
     @property
     def unattainable(self) -> NDArray[np.bool_]:
@@ -70,7 +73,7 @@ class Reduction:
 
     def lift_W(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
         """``W = g · U M Vᵀ`` (d, d) from a reduced solution M (r_a, r_z)."""
-        return self.global_scale * self.sub.lift(M)
+        return self.global_scale * (M if self.identity_sub else self.sub.lift(M))
 
     def reduce_W(self, W: NDArray[np.float64]) -> NDArray[np.float64]:
         """The inverse of :meth:`lift_W` on its range: ``M = Uᵀ W V / g``."""
@@ -91,7 +94,10 @@ class Reduction:
 
 def _pow2(x: float) -> float:
     """The power of two ``g`` with ``x/g ∈ (1/2, 1]`` (1 for the unit-norm data of most instances)."""
-    return float(2.0 ** int(np.ceil(np.log2(x)))) if x > 0 and np.isfinite(x) else 1.0
+    if not (x > 0 and math.isfinite(x)):
+        return 1.0
+    m, e = math.frexp(x)  # x = m·2^e exactly, m ∈ [½, 1)
+    return math.ldexp(1.0, e - 1 if m == 0.5 else e)
 
 
 def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> Reduction:
@@ -99,20 +105,31 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     if not isinstance(cs, ConstraintSet):
         raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
     n, T, d = cs.A.shape
-    na = np.sqrt((cs.A ** 2).sum(-1))  # (n, T)
-    nz = np.sqrt((cs.Z ** 2).sum(-1))  # (n,)
-    seq_scale = np.where(cs.mask, na, 0.0).max(axis=1, initial=0.0)  # (n,)
-    zero = cs.mask & ((na <= ZERO_ROW_RTOL * seq_scale[:, None]) | (na == 0) | (nz == 0)[:, None])
+    # (einsum: one pass and no temporaries; these few vectorised steps are most of a tiny solve's overhead)
+    na = np.sqrt(np.einsum("ntd,ntd->nt", cs.A, cs.A))  # (n, T), 0 where masked
+    nz = np.sqrt(np.einsum("nd,nd->n", cs.Z, cs.Z))  # (n,)
+    seq_scale = na.max(axis=1, initial=0.0)  # (n,) (masked rows have na = 0)
+    # (na = 0 is caught by the relative test, as seq_scale ≥ 0)
+    zero = cs.mask & (na <= ZERO_ROW_RTOL * seq_scale[:, None])
+    zero_z = nz == 0
+    if zero_z.any():
+        zero |= cs.mask & zero_z[:, None]
+        nz = np.where(zero_z, 1.0, nz)
     mask = cs.mask & ~zero
     sa = np.where(mask, na, 1.0)
-    sz = np.where(nz > 0, nz, 1.0)
-    A = np.where(mask[..., None], cs.A / sa[..., None], 0.0)
-    Z = cs.Z / sz[:, None]
-    s = sa * sz[:, None]
-    b = np.where(mask, cs.rhs / s, 0.0)
-    nzb = np.abs(b[mask & (b != 0)])
+    A = cs.A / sa[..., None]
+    if zero.any():  # (masked rows are already zero)
+        A[zero] = 0.0
+    Z = cs.Z / nz[:, None]
+    s = sa * nz[:, None]
+    b = cs.rhs / s
+    b[~mask] = 0.0
+    nzb = np.abs(b[b != 0])
     g = _pow2(float(np.partition(nzb, nzb.size // 2)[nzb.size // 2])) if nzb.size else 1.0  # (upper) median
-    norm = ConstraintSet(A, Z, mask, b / g, cs.equality & mask)
+    if g != 1.0:
+        b /= g
+    # (A, rhs and equality are zero/False off the mask by construction)
+    norm = ConstraintSet._trusted(A, Z, mask, b, cs.equality & mask)
     if subspace:
         # bases from the user's rows when their norms are within SPREAD_MAX of each other (the same
         # bases, up to round-off, under any global change of units), else from the normalised rows,
@@ -129,4 +146,5 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     else:
         sub = Subspaces(U=np.eye(d), V=np.eye(Z.shape[1]), A=A, Z=Z)
         problem = norm
-    return Reduction(original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero)
+    return Reduction(original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero,
+                     identity_sub=not subspace)
