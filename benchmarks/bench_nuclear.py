@@ -65,16 +65,29 @@ def _timed(fn, repeat: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", nargs="*", action="extend", default=None,
-                    help="n,T,d triples (the flag may be repeated; default: the five sizes of the README table)")
+    ap.add_argument(
+        "--sizes",
+        nargs="*",
+        action="extend",
+        default=None,
+        help="n,T,d triples (the flag may be repeated; default: the five sizes of the README table)",
+    )
     ap.add_argument("--cap", type=float, default=300.0, help="time cap per cvxpy solve, seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--solvers", default="SCS,CLARABEL", help="cvxpy solvers to time")
-    ap.add_argument("--clarabel-max-nd", type=int, default=CLARABEL_MAX_ND,
-                    help="skip Clarabel when n*d exceeds this (its SDP needs tens of GB beyond)")
-    ap.add_argument("--repeat", type=int, default=3,
-                    help=f"best of at least this many runs for solves under {REPEAT_BELOW_S:g} s, and of as many as "
-                         f"fit in {MIN_TOTAL_S:g} s (both sides)")
+    ap.add_argument(
+        "--clarabel-max-nd",
+        type=int,
+        default=CLARABEL_MAX_ND,
+        help="skip Clarabel when n*d exceeds this (its SDP needs tens of GB beyond)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help=f"best of at least this many runs for solves under {REPEAT_BELOW_S:g} s, and of as many as "
+        f"fit in {MIN_TOTAL_S:g} s (both sides)",
+    )
     args = ap.parse_args()
     args.sizes = args.sizes or DEFAULT_SIZES
     # warm-up outside the timings: first-call costs (imports, cvxpy's canonicalisation caches, BLAS
@@ -86,8 +99,10 @@ def main() -> None:
         warnings.simplefilter("ignore")
         for solver in args.solvers.split(","):
             solve_cvxpy(cs0, "nuc", solver=solver, time_limit=args.cap)
-    header = f"{'n,T,d':>12} {'solver':>10} {'time[s]':>9} {'ratio':>8} {'objective':>16} {'rel.diff':>9} " \
-             f"{'violation':>9} {'rel.gap':>9}"
+    header = (
+        f"{'n,T,d':>12} {'solver':>10} {'time[s]':>9} {'ratio':>8} {'objective':>16} {'rel.diff':>9} "
+        f"{'violation':>9} {'rel.gap':>9}"
+    )
     print(header)
     print("-" * len(header))
     for size in args.sizes:
@@ -96,24 +111,30 @@ def main() -> None:
         cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
         t_ours, raw = _timed(lambda cs=cs: solve_nuclear(cs), args.repeat)
         f_ours = _nuc(raw.W) if raw.W is not None else float("nan")
-        print(f"{size:>12} {'ours':>10} {t_ours:9.4f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
-              f"{cs.violation(raw.W):9.1e} {raw.info.get('relative_gap', float('nan')):9.1e}  [{raw.status}]")
+        print(
+            f"{size:>12} {'ours':>10} {t_ours:9.4f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
+            f"{cs.violation(raw.W):9.1e} {raw.info.get('relative_gap', float('nan')):9.1e}  [{raw.status}]"
+        )
         for solver in args.solvers.split(","):
             if solver == "CLARABEL" and n * d > args.clarabel_max_nd:
                 print(f"{size:>12} {solver:>10}  skipped (n*d > {args.clarabel_max_nd}: memory)")
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                t_ref, ref = _timed(lambda cs=cs, solver=solver: solve_cvxpy(cs, "nuc", solver=solver,
-                                                                        time_limit=args.cap),
-                                    args.repeat)
+                t_ref, ref = _timed(
+                    lambda cs=cs, solver=solver: solve_cvxpy(cs, "nuc", solver=solver, time_limit=args.cap), args.repeat
+                )
             if ref.W is None:
-                print(f"{size:>12} {solver:>10} {t_ref:9.4f} {t_ref / t_ours:8.1f} {'—':>16} {'—':>9} {'—':>9} "
-                      f"{'—':>9}  [{ref.status}, cap {args.cap:.0f}s]")
+                print(
+                    f"{size:>12} {solver:>10} {t_ref:9.4f} {t_ref / t_ours:8.1f} {'—':>16} {'—':>9} {'—':>9} "
+                    f"{'—':>9}  [{ref.status}, cap {args.cap:.0f}s]"
+                )
                 continue
             f_ref = _nuc(ref.W)
-            print(f"{size:>12} {solver:>10} {t_ref:9.4f} {t_ref / t_ours:8.1f} {f_ref:16.10f} "
-                  f"{(f_ref - f_ours) / f_ours:9.1e} {cs.violation(ref.W):9.1e} {'':>9}  [{ref.status}]")
+            print(
+                f"{size:>12} {solver:>10} {t_ref:9.4f} {t_ref / t_ours:8.1f} {f_ref:16.10f} "
+                f"{(f_ref - f_ours) / f_ours:9.1e} {cs.violation(ref.W):9.1e} {'':>9}  [{ref.status}]"
+            )
 
 
 if __name__ == "__main__":

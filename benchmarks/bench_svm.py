@@ -161,9 +161,20 @@ def _large_child(q):
     t0 = time.perf_counter()
     svm = AttentionSVM("fro").fit(p, p.optimal_tokens(ties="first"))
     elapsed = time.perf_counter() - t0
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # Linux: KiB
-    q.put((elapsed, peak_gb, svm.status_, svm.objective_, svm.max_violation_, svm.relative_gap_,
-           int(svm.support_.sum()), svm.constraints_.n_constraints, svm.info_.get("rounds")))
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
+    q.put(
+        (
+            elapsed,
+            peak_gb,
+            svm.status_,
+            svm.objective_,
+            svm.max_violation_,
+            svm.relative_gap_,
+            int(svm.support_.sum()),
+            svm.constraints_.n_constraints,
+            svm.info_.get("rounds"),
+        )
+    )
 
 
 def run_large(cap: float):
@@ -196,10 +207,22 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="sizes up to (50, 20, 50), 20 s cap, no large case")
     ap.add_argument("--cap", type=float, default=300.0, help="wall-clock cap per cvxpy solve in seconds (default 300)")
     ap.add_argument("--skip-large", action="store_true", help="skip the n·T = 100,000 case")
-    ap.add_argument("--sizes", nargs="*", action="extend", default=None, metavar="n,T,d",
-                    help="only these sizes (n,T,d triples) instead of the default list (or --quick's)")
-    ap.add_argument("--write", type=Path, nargs="?", const=Path(__file__).with_name("README_svm_table.md"),
-                    default=None, help="write the markdown table (default benchmarks/README_svm_table.md)")
+    ap.add_argument(
+        "--sizes",
+        nargs="*",
+        action="extend",
+        default=None,
+        metavar="n,T,d",
+        help="only these sizes (n,T,d triples) instead of the default list (or --quick's)",
+    )
+    ap.add_argument(
+        "--write",
+        type=Path,
+        nargs="?",
+        const=Path(__file__).with_name("README_svm_table.md"),
+        default=None,
+        help="write the markdown table (default benchmarks/README_svm_table.md)",
+    )
     args = ap.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
     if args.sizes:
@@ -216,38 +239,70 @@ def main(argv=None) -> int:
     rows_fro, rows_nuc = [], []
     for size in sizes:
         t_ours, svm, cs = time_ours(size, "fro")
-        line = {"size": size, "K": cs.n_constraints, "ours": t_ours, "viol": svm.max_violation_,
-                "gap": svm.relative_gap_, "status": svm.status_}
-        add_references(line, size, "fro", (("loop", "CLARABEL", "loop"), ("aux", "CLARABEL", "aux")),
-                       svm, cs, cap, capped)
+        line = {
+            "size": size,
+            "K": cs.n_constraints,
+            "ours": t_ours,
+            "viol": svm.max_violation_,
+            "gap": svm.relative_gap_,
+            "status": svm.status_,
+        }
+        add_references(
+            line, size, "fro", (("loop", "CLARABEL", "loop"), ("aux", "CLARABEL", "aux")), svm, cs, cap, capped
+        )
         rows_fro.append(line)
         best = min([t for t in (line["loop"], line["aux"]) if t is not None], default=None)
-        print(f"fro {size}: ours {fmt_t(t_ours)} ({svm.status_}, viol {svm.max_violation_:.1e}, gap "
-              f"{svm.relative_gap_:.1e}) | loop {fmt_t(line['loop'])} [{fmt_ratio(line['loop'], t_ours, cap)}] "
-              f"| aux {fmt_t(line['aux'])} [{fmt_ratio(line['aux'], t_ours, cap)}] | best cvxpy "
-              f"[{fmt_ratio(best, t_ours, cap)}] | obj diff aux {line['aux_objdiff']}", flush=True)
+        print(
+            f"fro {size}: ours {fmt_t(t_ours)} ({svm.status_}, viol {svm.max_violation_:.1e}, gap "
+            f"{svm.relative_gap_:.1e}) | loop {fmt_t(line['loop'])} [{fmt_ratio(line['loop'], t_ours, cap)}] "
+            f"| aux {fmt_t(line['aux'])} [{fmt_ratio(line['aux'], t_ours, cap)}] | best cvxpy "
+            f"[{fmt_ratio(best, t_ours, cap)}] | obj diff aux {line['aux_objdiff']}",
+            flush=True,
+        )
 
         res = time_ours_child(size, "nuc", max(cap, 60.0))
         if res is None:
             print(f"nuc {size}: ours did not finish within {max(cap, 60.0):.0f} s", flush=True)
-            rows_nuc.append({"size": size, "K": cs.n_constraints, "ours": None, "viol": None, "gap": None,
-                             "status": "cap", "scs": None, "scs_viol": None, "clarabel": None,
-                             "clarabel_viol": None, "clarabel_objdiff": None})
+            rows_nuc.append(
+                {
+                    "size": size,
+                    "K": cs.n_constraints,
+                    "ours": None,
+                    "viol": None,
+                    "gap": None,
+                    "status": "cap",
+                    "scs": None,
+                    "scs_viol": None,
+                    "clarabel": None,
+                    "clarabel_viol": None,
+                    "clarabel_objdiff": None,
+                }
+            )
             continue
         t_ours, svm, cs = res
-        line = {"size": size, "K": cs.n_constraints, "ours": t_ours, "viol": svm.max_violation_,
-                "gap": svm.relative_gap_, "status": svm.status_}
+        line = {
+            "size": size,
+            "K": cs.n_constraints,
+            "ours": t_ours,
+            "viol": svm.max_violation_,
+            "gap": svm.relative_gap_,
+            "status": svm.status_,
+        }
         n_, _, d_ = size
         if n_ * d_ > CLARABEL_NUC_MAX_ND:  # Clarabel's nuclear SDP needed > 20 GB at (100, 20, 100)
             capped.add("nucclarabel")
-        add_references(line, size, "nuc", (("scs", "SCS", "aux"), ("clarabel", "CLARABEL", "aux")),
-                       svm, cs, cap, capped)
+        add_references(
+            line, size, "nuc", (("scs", "SCS", "aux"), ("clarabel", "CLARABEL", "aux")), svm, cs, cap, capped
+        )
         rows_nuc.append(line)
         best = min([t for t in (line["scs"], line["clarabel"]) if t is not None], default=None)
-        print(f"nuc {size}: ours {fmt_t(t_ours)} ({svm.status_}, viol {svm.max_violation_:.1e}, gap "
-              f"{svm.relative_gap_:.1e}) | SCS {fmt_t(line['scs'])} viol {line['scs_viol']} "
-              f"[{fmt_ratio(line['scs'], t_ours, cap)}] | Clarabel {fmt_t(line['clarabel'])} "
-              f"[{fmt_ratio(line['clarabel'], t_ours, cap)}] | best [{fmt_ratio(best, t_ours, cap)}]", flush=True)
+        print(
+            f"nuc {size}: ours {fmt_t(t_ours)} ({svm.status_}, viol {svm.max_violation_:.1e}, gap "
+            f"{svm.relative_gap_:.1e}) | SCS {fmt_t(line['scs'])} viol {line['scs_viol']} "
+            f"[{fmt_ratio(line['scs'], t_ours, cap)}] | Clarabel {fmt_t(line['clarabel'])} "
+            f"[{fmt_ratio(line['clarabel'], t_ours, cap)}] | best [{fmt_ratio(best, t_ours, cap)}]",
+            flush=True,
+        )
 
     large = None
     if not (args.quick or args.skip_large):
@@ -255,9 +310,11 @@ def main(argv=None) -> int:
         if large is None:
             print("large case: did not finish", flush=True)
         else:
-            print(f"large {LARGE} (K={large[7]}): {large[0]:.1f} s, peak RSS {large[1]:.2f} GB, status {large[2]}, "
-                  f"violation {large[4]:.1e}, relative gap {large[5]:.1e}, support {large[6]}, rounds {large[8]}",
-                  flush=True)
+            print(
+                f"large {LARGE} (K={large[7]}): {large[0]:.1f} s, peak RSS {large[1]:.2f} GB, status {large[2]}, "
+                f"violation {large[4]:.1e}, relative gap {large[5]:.1e}, support {large[6]}, rounds {large[8]}",
+                flush=True,
+            )
 
     if args.write is not None:
         args.write.write_text(render(rows_fro, rows_nuc, large, cap, args.quick))
@@ -281,38 +338,51 @@ def _e(x):
 
 
 def render(rows_fro, rows_nuc, large, cap, quick) -> str:
-    out = [f"Measured by `benchmarks/bench_svm.py{' --quick' if quick else ''}` (cap {cap:.0f} s per cvxpy solve, "
-           f"wall clock incl. modelling; {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-           f"shared with other jobs, `OMP_NUM_THREADS=1`; timings are noisy, ratios are from back-to-back runs).",
-           "",
-           "**Frobenius** (Att-SVM): ours = exact projected Newton on the dual (certificate included).",
-           "",
-           "| (n, T, d) | K | ours | violation / rel. gap | cvxpy loop (published) | cvxpy aux (Clarabel) | "
-           "× loop | × best cvxpy | obj. diff (aux) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"Measured by `benchmarks/bench_svm.py{' --quick' if quick else ''}` (cap {cap:.0f} s per cvxpy solve, "
+        f"wall clock incl. modelling; {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+        f"shared with other jobs, `OMP_NUM_THREADS=1`; timings are noisy, ratios are from back-to-back runs).",
+        "",
+        "**Frobenius** (Att-SVM): ours = exact projected Newton on the dual (certificate included).",
+        "",
+        "| (n, T, d) | K | ours | violation / rel. gap | cvxpy loop (published) | cvxpy aux (Clarabel) | "
+        "× loop | × best cvxpy | obj. diff (aux) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows_fro:
         best = min([t for t in (r["loop"], r["aux"]) if t is not None], default=None)
-        out.append(f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} | {_e(r['viol'])} / {_e(r['gap'])} | "
-                   f"{fmt_t(r['loop'])} | {fmt_t(r['aux'])} | {fmt_ratio(r['loop'], r['ours'], cap)} | "
-                   f"{fmt_ratio(best, r['ours'], cap)} | {_e(r['aux_objdiff'])} |")
-    out += ["", "**Nuclear** (Att-SVM\\*): ours = augmented Lagrangian on factors (`svm/nuclear.py`).", "",
-            "| (n, T, d) | K | ours | violation / rel. gap | cvxpy SCS (violation) | cvxpy Clarabel (violation) | "
-            "× best cvxpy | obj. diff (Clarabel) |",
-            "|---|---|---|---|---|---|---|---|"]
+        out.append(
+            f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} | {_e(r['viol'])} / {_e(r['gap'])} | "
+            f"{fmt_t(r['loop'])} | {fmt_t(r['aux'])} | {fmt_ratio(r['loop'], r['ours'], cap)} | "
+            f"{fmt_ratio(best, r['ours'], cap)} | {_e(r['aux_objdiff'])} |"
+        )
+    out += [
+        "",
+        "**Nuclear** (Att-SVM\\*): ours = augmented Lagrangian on factors (`svm/nuclear.py`).",
+        "",
+        "| (n, T, d) | K | ours | violation / rel. gap | cvxpy SCS (violation) | cvxpy Clarabel (violation) | "
+        "× best cvxpy | obj. diff (Clarabel) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows_nuc:
         best = min([t for t in (r["scs"], r["clarabel"]) if t is not None], default=None)
         if r["ours"] is None:
             out.append(f"| {r['size']} | {r['K']} | > cap | — | — | — | — | — |")
             continue
-        out.append(f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} ({r['status']}) | "
-                   f"{_e(r['viol'])} / {_e(r['gap'])} | "
-                   f"{fmt_t(r['scs'])} ({_e(r['scs_viol'])}) | {fmt_t(r['clarabel'])} ({_e(r['clarabel_viol'])}) | "
-                   f"{fmt_ratio(best, r['ours'], cap)} | {_e(r['clarabel_objdiff'])} |")
+        out.append(
+            f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} ({r['status']}) | "
+            f"{_e(r['viol'])} / {_e(r['gap'])} | "
+            f"{fmt_t(r['scs'])} ({_e(r['scs_viol'])}) | {fmt_t(r['clarabel'])} ({_e(r['clarabel_viol'])}) | "
+            f"{fmt_ratio(best, r['ours'], cap)} | {_e(r['clarabel_objdiff'])} |"
+        )
     if large is not None:
-        out += ["", f"**Large case** (our Frobenius solver only): (n, T, d) = {LARGE}, K = {large[7]:,} constraints: "
-                f"{large[0]:.1f} s, peak resident memory {large[1]:.2f} GB, status {large[2]}, violation "
-                f"{large[4]:.0e}, relative gap {large[5]:.0e}, {large[6]:,} support constraints, "
-                f"{large[8]} working-set rounds."]
+        out += [
+            "",
+            f"**Large case** (our Frobenius solver only): (n, T, d) = {LARGE}, K = {large[7]:,} constraints: "
+            f"{large[0]:.1f} s, peak resident memory {large[1]:.2f} GB, status {large[2]}, violation "
+            f"{large[4]:.0e}, relative gap {large[5]:.0e}, {large[6]:,} support constraints, "
+            f"{large[8]} working-set rounds.",
+        ]
     out.append(NOTES)
     return "\n".join(out) + "\n"
 

@@ -59,7 +59,8 @@ def test_infeasible_cases_are_certified(case, method):
     assert rep.W is None and rep.method == method
     _assert_certificate(p, alpha, rep.certificate)
     assert rep.certificate_residual == pytest.approx(
-        np.linalg.norm(att_svm_constraints(p, alpha).adjoint(rep.certificate)), abs=1e-15)
+        np.linalg.norm(att_svm_constraints(p, alpha).adjoint(rep.certificate)), abs=1e-15
+    )
 
 
 def test_certificate_points_at_the_cause():

@@ -34,7 +34,7 @@ def _check_certificate(svm: AttentionSVM, problem, tokens, cs_tol: float = CS_TO
     # strong duality, recomputed: ½‖W‖² = 1ᵀλ − ½‖𝒜*λ‖² (Frobenius)
     if svm.norm == "fro":
         dual = lam.sum() - 0.5 * np.sum(cs.adjoint(lam) ** 2)
-        assert 0.5 * np.sum(W ** 2) - dual <= GAP_TOL * max(1.0, 0.5 * np.sum(W ** 2))
+        assert 0.5 * np.sum(W**2) - dual <= GAP_TOL * max(1.0, 0.5 * np.sum(W**2))
         assert svm.objective_ == pytest.approx(np.linalg.norm(W), rel=1e-12)
         assert svm.rank_ <= problem.n  # row space ⊂ span{z_i} (SPEC §3)
     else:
@@ -49,8 +49,13 @@ def _check_certificate(svm: AttentionSVM, problem, tokens, cs_tol: float = CS_TO
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 12), T=st.integers(2, 12), extra=st.integers(0, 10), self_att=st.booleans(),
-       seed=st.integers(0, 10_000))
+@given(
+    n=st.integers(1, 12),
+    T=st.integers(2, 12),
+    extra=st.integers(0, 10),
+    self_att=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
 def test_frobenius_certificate_on_random_instances(n, T, extra, self_att, seed):
     d = max(T - 1, n) + extra + (1 if self_att else 0)  # generic feasibility (SPEC §3)
     p = random_instance(n, T, d, seed=seed, self_attention=self_att)

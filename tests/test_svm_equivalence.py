@@ -23,13 +23,13 @@ from attsvm.svm.equivalence import (
     w_fin,
 )
 
-VIOL_TOL = 1e-8     # constraint violations of the certified solutions
-GAP_RTOL = 1e-8     # relative duality gap
-REF_RTOL = 1e-6     # objective agreement with the cvxpy formulation (Clarabel)
-W_ATOL = 1e-4       # solution agreement with cvxpy (Frobenius: unique optimum)
+VIOL_TOL = 1e-8  # constraint violations of the certified solutions
+GAP_RTOL = 1e-8  # relative duality gap
+REF_RTOL = 1e-6  # objective agreement with the cvxpy formulation (Clarabel)
+W_ATOL = 1e-4  # solution agreement with cvxpy (Frobenius: unique optimum)
 CVX_SDP_RTOL = 1e-4  # accuracy of Clarabel on the nuclear-norm SDPs (it warns "inaccurate" on some)
 MIX_LOSS_ATOL = 1e-8  # optimal mixture losses against cvxpy
-MIX_ATOL = 2e-3     # optimal mixture weights against cvxpy (near one-hot optima are flat)
+MIX_ATOL = 2e-3  # optimal mixture weights against cvxpy (near one-hot optima are flat)
 
 
 def _instance(seed: int, d: int = 8) -> tuple[AttentionProblem, np.ndarray, np.ndarray]:

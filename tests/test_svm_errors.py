@@ -21,36 +21,42 @@ def problem():
     return paper_instance(6, 8, 10, seed=0)
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(norm="l1"), ValueError, r"norm must be one of 'fro', 'nuc'; got 'l1'"),
-    (dict(norm=True), ValueError, r"norm must be one of"),
-    (dict(backend="scs"), ValueError, r"backend must be one of 'auto', 'cvxpy'; got 'scs'"),
-    (dict(on_infeasible="ignore"), ValueError, r"on_infeasible must be one of 'status', 'raise'"),
-    (dict(norm="nuc", rank=0), ValueError, r"rank must be None or an integer >= 1; got 0"),
-    (dict(norm="nuc", rank=2.5), TypeError, r"rank must be None or an integer >= 1; got 2.5"),
-    (dict(norm="nuc", rank="2"), TypeError, r"rank must be None or an integer >= 1; got '2'"),
-    (dict(rank=2), ValueError, r"rank=2 is only defined for norm='nuc'"),
-    (dict(norm="nuc", rank=2, backend="cvxpy"), ValueError, r"rank=2 needs backend='auto'"),
-    (dict(tol=0.0), ValueError, r"tol must be a finite number > 0; got 0.0"),
-    (dict(tol=float("nan")), ValueError, r"tol must be a finite number > 0"),
-    (dict(tol="small"), TypeError, r"tol must be a finite number > 0; got 'small'"),
-    (dict(max_iter=0), ValueError, r"max_iter must be None or an integer >= 1; got 0"),
-    (dict(seed=-1), ValueError, r"seed must be an integer >= 0; got -1"),
-    (dict(solver="ECOS", backend="cvxpy"), ValueError, r"solver must be one of None, 'CLARABEL', 'SCS'"),
-    (dict(solver="SCS"), ValueError, r"solver='SCS' applies to backend='cvxpy' only"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(norm="l1"), ValueError, r"norm must be one of 'fro', 'nuc'; got 'l1'"),
+        (dict(norm=True), ValueError, r"norm must be one of"),
+        (dict(backend="scs"), ValueError, r"backend must be one of 'auto', 'cvxpy'; got 'scs'"),
+        (dict(on_infeasible="ignore"), ValueError, r"on_infeasible must be one of 'status', 'raise'"),
+        (dict(norm="nuc", rank=0), ValueError, r"rank must be None or an integer >= 1; got 0"),
+        (dict(norm="nuc", rank=2.5), TypeError, r"rank must be None or an integer >= 1; got 2.5"),
+        (dict(norm="nuc", rank="2"), TypeError, r"rank must be None or an integer >= 1; got '2'"),
+        (dict(rank=2), ValueError, r"rank=2 is only defined for norm='nuc'"),
+        (dict(norm="nuc", rank=2, backend="cvxpy"), ValueError, r"rank=2 needs backend='auto'"),
+        (dict(tol=0.0), ValueError, r"tol must be a finite number > 0; got 0.0"),
+        (dict(tol=float("nan")), ValueError, r"tol must be a finite number > 0"),
+        (dict(tol="small"), TypeError, r"tol must be a finite number > 0; got 'small'"),
+        (dict(max_iter=0), ValueError, r"max_iter must be None or an integer >= 1; got 0"),
+        (dict(seed=-1), ValueError, r"seed must be an integer >= 0; got -1"),
+        (dict(solver="ECOS", backend="cvxpy"), ValueError, r"solver must be one of None, 'CLARABEL', 'SCS'"),
+        (dict(solver="SCS"), ValueError, r"solver='SCS' applies to backend='cvxpy' only"),
+    ],
+)
 def test_bad_parameters_are_named(problem, kwargs, exc, match):
     svm = AttentionSVM(**kwargs)  # __init__ only stores (sklearn style) ...
     with pytest.raises(exc, match=match):  # ... fit checks
         svm.fit(problem)
 
 
-@pytest.mark.parametrize("tokens,exc,match", [
-    ([0, 1], ValueError, r"tokens must hold one token index per sequence: shape \(6,\), got \(2,\)"),
-    ([0, 1, 2, 3, 4, 8], ValueError, r"tokens must be token indices in \[0, 8\)"),
-    ([0, 1, 2, 3, 4, -1], ValueError, r"tokens must be token indices in \[0, 8\)"),
-    ([0.5, 1, 2, 3, 4, 5], TypeError, r"tokens must be integer token indices"),
-])
+@pytest.mark.parametrize(
+    "tokens,exc,match",
+    [
+        ([0, 1], ValueError, r"tokens must hold one token index per sequence: shape \(6,\), got \(2,\)"),
+        ([0, 1, 2, 3, 4, 8], ValueError, r"tokens must be token indices in \[0, 8\)"),
+        ([0, 1, 2, 3, 4, -1], ValueError, r"tokens must be token indices in \[0, 8\)"),
+        ([0.5, 1, 2, 3, 4, 5], TypeError, r"tokens must be integer token indices"),
+    ],
+)
 def test_bad_tokens(problem, tokens, exc, match):
     with pytest.raises(exc, match=match):
         AttentionSVM().fit(problem, tokens)
@@ -118,11 +124,14 @@ def test_unfitted_estimator():
     assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(n=0, T=3, d=2), ValueError, "n must be >= 1, got 0"),
-    (dict(n=2, T=1, d=2), ValueError, "T must be >= 2, got 1"),
-    (dict(n=2, T=3, d=2.0), TypeError, "d must be an integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(n=0, T=3, d=2), ValueError, "n must be >= 1, got 0"),
+        (dict(n=2, T=1, d=2), ValueError, "T must be >= 2, got 1"),
+        (dict(n=2, T=3, d=2.0), TypeError, "d must be an integer"),
+    ],
+)
 def test_dataset_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         paper_instance(**kwargs, seed=0)

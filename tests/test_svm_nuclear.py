@@ -33,12 +33,12 @@ from attsvm.svm.nuclear import (
     solve_nuclear_rank,
 )
 
-OBJ_RTOL = 1e-5        # objective agreement with cvxpy (issue #2)
-VIOL_TOL = 1e-8        # max constraint violation
-GAP_RTOL = 1e-8        # relative duality gap of our certificate
-DUAL_FEAS_TOL = 1e-8   # ‖𝒜*(λ)‖₂ ≤ 1 + this
+OBJ_RTOL = 1e-5  # objective agreement with cvxpy (issue #2)
+VIOL_TOL = 1e-8  # max constraint violation
+GAP_RTOL = 1e-8  # relative duality gap of our certificate
+DUAL_FEAS_TOL = 1e-8  # ‖𝒜*(λ)‖₂ ≤ 1 + this
 IDENTITY_RTOL = 1e-12  # variational identity at balanced factors
-CERT_TOL = 1e-8        # ‖𝒜*(λ)‖_F of an infeasibility certificate (relative)
+CERT_TOL = 1e-8  # ‖𝒜*(λ)‖_F of an infeasibility certificate (relative)
 NEWTON_GIVE_UP_STEPS = 10  # Newton steps allowed on a KKT system without a solution
 
 
@@ -189,13 +189,13 @@ def test_variational_identity_balanced_factors_attain_nuclear_norm(rng: np.rando
         W = rng.normal(size=(shape[0], rank)) @ rng.normal(size=(rank, shape[1]))
         K, Q = balanced_factors(W)
         assert np.allclose(K @ Q.T, W, atol=1e-12)
-        assert abs(0.5 * (np.sum(K ** 2) + np.sum(Q ** 2)) - _nuc(W)) <= IDENTITY_RTOL * _nuc(W) * 10
+        assert abs(0.5 * (np.sum(K**2) + np.sum(Q**2)) - _nuc(W)) <= IDENTITY_RTOL * _nuc(W) * 10
         # any other factorisation (K G, Q G^{-T}) is never below ‖W‖_*
         for _ in range(20):
             G = rng.normal(size=(K.shape[1], K.shape[1])) + 3 * np.eye(K.shape[1])
             K2, Q2 = K @ G, Q @ np.linalg.inv(G).T
             assert np.allclose(K2 @ Q2.T, W, atol=1e-9)
-            assert 0.5 * (np.sum(K2 ** 2) + np.sum(Q2 ** 2)) >= _nuc(W) * (1 - 1e-12)
+            assert 0.5 * (np.sum(K2**2) + np.sum(Q2**2)) >= _nuc(W) * (1 - 1e-12)
 
 
 def test_variational_identity_on_the_svm_solution() -> None:
@@ -203,7 +203,7 @@ def test_variational_identity_on_the_svm_solution() -> None:
     est = AttentionSVM("nuc").fit(p)
     K, Q = balanced_factors(est.W_, rank=est.rank_)
     assert np.allclose(K @ Q.T, est.W_, atol=1e-9)
-    assert abs(0.5 * (np.sum(K ** 2) + np.sum(Q ** 2)) - est.objective_) <= 1e-9 * est.objective_
+    assert abs(0.5 * (np.sum(K**2) + np.sum(Q**2)) - est.objective_) <= 1e-9 * est.objective_
 
 
 # --------------------------------------------------------------------------- rank-constrained
@@ -327,15 +327,14 @@ FAST_PATH_CASES = [(6, 8, 10, 0), (15, 15, 20, 0), (12, 6, 9, 7), (20, 10, 16, 3
 
 
 @pytest.mark.parametrize("n,T,d,seed", FAST_PATH_CASES)
-def test_early_polish_matches_late_polish(n: int, T: int, d: int,
-                                          seed: int) -> None:
+def test_early_polish_matches_late_polish(n: int, T: int, d: int, seed: int) -> None:
     """The speculative early Newton polish (after a loose first ALM solve) gives the same certified
     optimum as the conservative schedule (polish only once the ALM gap is below 1e-2, patient Newton)."""
 
     p = paper_instance(n, T, d, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     fast = solve_nuclear(cs)
-    slow = solve_nuclear(cs, NuclearOptions(polish_gap=1e-2, newton_patience=10 ** 6, seed=1))
+    slow = solve_nuclear(cs, NuclearOptions(polish_gap=1e-2, newton_patience=10**6, seed=1))
     for raw in (fast, slow):
         assert raw.status == "optimal"
         viol, gap, spec = _certify(cs, raw.W, raw.dual)
@@ -394,6 +393,7 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
         def counted(F: np.ndarray) -> np.ndarray:
             steps.append(1)
             return step(F)
+
         return counted
 
     monkeypatch.setattr(_kkt, "_newton_solver", counting)
@@ -435,8 +435,9 @@ def test_lbfgs_reaches_the_minimiser_of_a_convex_quadratic_and_rosenbrock(seed: 
 
 
 @pytest.mark.parametrize("n,T,d,seed", FAST_PATH_CASES)
-def test_early_newton_exit_matches_full_rounds(monkeypatch: pytest.MonkeyPatch, n: int, T: int, d: int,
-                                               seed: int) -> None:
+def test_early_newton_exit_matches_full_rounds(
+    monkeypatch: pytest.MonkeyPatch, n: int, T: int, d: int, seed: int
+) -> None:
     """Stopping a Newton round early on a wrong-signed multiplier (then correcting the active set)
     gives the same certified optimum as converging every round to round-off."""
     from attsvm.svm import _kkt

@@ -38,13 +38,16 @@ def test_grid_search_style_set_params():
     assert objectives[(("norm", "nuc"), ("rank", 10))] == pytest.approx(nuc, rel=1e-6)
 
 
-@pytest.mark.parametrize("params,exc,match", [
-    ({"norm": "l1"}, ValueError, "norm must be one of 'fro', 'nuc'; got 'l1'"),
-    ({"tol": "small"}, TypeError, "tol must be a finite number > 0; got 'small'"),
-    ({"rank": 0}, ValueError, "rank must be None or an integer >= 1; got 0"),
-    ({"max_iter": 2.5}, TypeError, "max_iter must be None or an integer >= 1; got 2.5"),
-    ({"C": 1.0}, ValueError, "invalid parameter 'C' for AttentionSVM"),
-])
+@pytest.mark.parametrize(
+    "params,exc,match",
+    [
+        ({"norm": "l1"}, ValueError, "norm must be one of 'fro', 'nuc'; got 'l1'"),
+        ({"tol": "small"}, TypeError, "tol must be a finite number > 0; got 'small'"),
+        ({"rank": 0}, ValueError, "rank must be None or an integer >= 1; got 0"),
+        ({"max_iter": 2.5}, TypeError, "max_iter must be None or an integer >= 1; got 2.5"),
+        ({"C": 1.0}, ValueError, "invalid parameter 'C' for AttentionSVM"),
+    ],
+)
 def test_set_params_validates(params, exc, match):
     svm = AttentionSVM()
     with pytest.raises(exc, match=match):

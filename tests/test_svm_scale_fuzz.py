@@ -57,15 +57,23 @@ def _instance(n, T, extra, seed, near_tie):
     return p
 
 
-FUZZ = dict(n=st.integers(1, 6), T=st.integers(2, 8), extra=st.integers(0, 4), seed=st.integers(0, 10_000),
-            gx=scales, gz=scales, per=st.lists(st.floats(-8, 8), min_size=6, max_size=6),
-            norm=st.sampled_from(["fro", "nuc"]), near_tie=st.booleans())
+FUZZ = dict(
+    n=st.integers(1, 6),
+    T=st.integers(2, 8),
+    extra=st.integers(0, 4),
+    seed=st.integers(0, 10_000),
+    gx=scales,
+    gz=scales,
+    per=st.lists(st.floats(-8, 8), min_size=6, max_size=6),
+    norm=st.sampled_from(["fro", "nuc"]),
+    near_tie=st.booleans(),
+)
 
 
 def _fuzz_analytic(n, T, extra, seed, gx, gz, per, norm, near_tie):
     p = _instance(n, T, extra, seed, near_tie)
     c = 10.0 ** np.asarray(per[:n])  # per sequence: X_i × c_i, z_i / c_i (the same problem) ...
-    cx, cz = 10.0 ** gx, 10.0 ** gz  # ... and global units of X and Z
+    cx, cz = 10.0**gx, 10.0**gz  # ... and global units of X and Z
     _check(p, _rescale(p, cx * c, cz / c), 1.0 / (cx * cz), norm)
 
 
@@ -89,8 +97,13 @@ def _fuzz_cvxpy(n, T, extra, seed, per):
     _check(q, q, 1.0, "fro", backend="cvxpy")
 
 
-CVX = dict(n=st.integers(1, 5), T=st.integers(2, 6), extra=st.integers(0, 3), seed=st.integers(0, 10_000),
-           per=st.lists(st.floats(-3, 3), min_size=5, max_size=5))
+CVX = dict(
+    n=st.integers(1, 5),
+    T=st.integers(2, 6),
+    extra=st.integers(0, 3),
+    seed=st.integers(0, 10_000),
+    per=st.lists(st.floats(-3, 3), min_size=5, max_size=5),
+)
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -9,15 +9,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["correlation", "singular_values", "matrix_rank", "effective_rank", "nuc_fro_ratio",
-           "RANK_TOL"]
+__all__ = ["correlation", "singular_values", "matrix_rank", "effective_rank", "nuc_fro_ratio", "RANK_TOL"]
 
-# Relative tolerance on singular values for the numerical rank (SPEC §6 svm-rank uses 1e-7).
+# Relative tolerance on singular values for the numerical rank (docs/spec.md §6 svm-rank uses 1e-7).
 RANK_TOL = 1e-7
 
 
 def correlation(A: ArrayLike, B: ArrayLike) -> NDArray[np.float64] | float:
-    """``corr(A, B) = ⟨A, B⟩ / (‖A‖_F ‖B‖_F)`` (SPEC §4), batched over leading axes.
+    """``corr(A, B) = ⟨A, B⟩ / (‖A‖_F ‖B‖_F)`` (docs/spec.md §4), batched over leading axes.
 
     ``A`` and ``B`` broadcast against each other over all but their last two axes, e.g. a
     trajectory (K, d, d) against one W_mm (d, d). A zero matrix has correlation 0 with anything.
@@ -63,6 +62,6 @@ def effective_rank(W: ArrayLike) -> NDArray[np.float64] | float:
 def nuc_fro_ratio(W: ArrayLike) -> NDArray[np.float64] | float:
     """‖W‖_* / ‖W‖_F ∈ [1, √rank]: 1 for rank one, √r for r equal singular values."""
     s = singular_values(W)
-    fro = np.sqrt((s ** 2).sum(axis=-1))
+    fro = np.sqrt((s**2).sum(axis=-1))
     out = np.divide(s.sum(axis=-1), fro, out=np.zeros_like(fro), where=fro > 0)
     return float(out) if out.ndim == 0 else out

@@ -13,12 +13,22 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["as_float_array", "check_choice", "check_positive_int", "check_finite_scalar", "Choice", "Integer",
-           "Real", "ParamSpec", "check_param"]
+__all__ = [
+    "as_float_array",
+    "check_choice",
+    "check_positive_int",
+    "check_finite_scalar",
+    "Choice",
+    "Integer",
+    "Real",
+    "ParamSpec",
+    "check_param",
+]
 
 
-def as_float_array(value: Any, name: str, *, ndim: int | None = None,
-                   shape: tuple[int | None, ...] | None = None) -> NDArray[np.float64]:
+def as_float_array(
+    value: Any, name: str, *, ndim: int | None = None, shape: tuple[int | None, ...] | None = None
+) -> NDArray[np.float64]:
     """Return ``value`` as a finite float64 array, or raise naming ``name``.
 
     ``shape`` entries that are ``None`` are free; others must match exactly.

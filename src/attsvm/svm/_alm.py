@@ -36,10 +36,10 @@ class _ALMRun:
 
     tol: float
     max_iter: int
-    certify: bool = True        # certify (exactly feasible primal + dual bound) and polish
-    grow_rank: bool = False     # double the factor columns while all are in use
-    lean: bool = True           # our L-BFGS (else scipy's L-BFGS-B)
-    gtol0: float = 1e-3         # gradient tolerance of the first subproblem
+    certify: bool = True  # certify (exactly feasible primal + dual bound) and polish
+    grow_rank: bool = False  # double the factor columns while all are in use
+    lean: bool = True  # our L-BFGS (else scipy's L-BFGS-B)
+    gtol0: float = 1e-3  # gradient tolerance of the first subproblem
     max_failed_polish: int | None = None  # return early after this many polishes that did not certify
 
 
@@ -60,9 +60,17 @@ class _ALMResult:
     M: NDArray[np.float64] | None = None  # the exactly feasible primal whose ‖·‖_* is ``primal`` (certify)
 
 
-def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: NuclearOptions, run: _ALMRun, *,
-         rho: float | None = None, lam: NDArray[np.float64] | None = None,
-         rng: np.random.Generator | None = None) -> _ALMResult:
+def _alm(
+    red: _Reduced,
+    K: NDArray[np.float64],
+    Q: NDArray[np.float64],
+    opt: NuclearOptions,
+    run: _ALMRun,
+    *,
+    rho: float | None = None,
+    lam: NDArray[np.float64] | None = None,
+    rng: np.random.Generator | None = None,
+) -> _ALMResult:
     """Augmented Lagrangian on ``M = K Qᵀ`` with the objective ``½(‖K‖² + ‖Q‖²)`` (module doc).
 
     ``run`` says how this run behaves (:class:`_ALMRun`): with ``grow_rank`` the number of columns p
@@ -140,11 +148,17 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         shift, lam_sq = lam_s + rho_ * bs, float(lam_s @ lam_s)  # constants of this subproblem
         for _attempt in range(2):
             if lean:
-                x, nit = lbfgs(fg, x, gtol=gtol, max_iter=inner_max, memory=opt.lbfgs_memory,
-                                max_halvings=opt.lbfgs_max_halvings)
+                x, nit = lbfgs(
+                    fg, x, gtol=gtol, max_iter=inner_max, memory=opt.lbfgs_memory, max_halvings=opt.lbfgs_max_halvings
+                )
             else:  # large subproblems: the evaluation dominates, and scipy's line search is the safer one
-                res = minimize(fg_nt, x, jac=True, method="L-BFGS-B",
-                               options={"maxiter": inner_max, "maxcor": opt.lbfgs_memory, "gtol": gtol, "ftol": 1e-16})
+                res = minimize(
+                    fg_nt,
+                    x,
+                    jac=True,
+                    method="L-BFGS-B",
+                    options={"maxiter": inner_max, "maxcor": opt.lbfgs_memory, "gtol": gtol, "ftol": 1e-16},
+                )
                 x, nit = res.x, int(res.nit)
             n_inner += nit
             if np.any(x):
@@ -161,8 +175,7 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         c = m - red.b
         lam_ = lam_ - rho_ * c
         lam_ = np.where(ineq, np.maximum(lam_, 0.0), lam_) * mask
-        raw_viol = float(np.max(np.where(ineq, np.maximum(-c, 0.0), np.where(red.eq, np.abs(c), 0.0)),
-                                initial=0.0))
+        raw_viol = float(np.max(np.where(ineq, np.maximum(-c, 0.0), np.where(red.eq, np.abs(c), 0.0)), initial=0.0))
         lam_cert = lam_
         if certify:
             M = Kx @ Qx.T
@@ -186,8 +199,15 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
                     pp = _nuclear(Mp)
                     dp, _ = _dual_bound(red, pol.lam)
                     gp = (pp - dp) / max(pp, 1e-300)
-                    logger.debug("  polish: rounds=%d res=%.1e primal=%.15g dual=%.15g gap=%.2e viol=%.1e",
-                                 pol.rounds, pol.residual, pp, dp, gp, vp)
+                    logger.debug(
+                        "  polish: rounds=%d res=%.1e primal=%.15g dual=%.15g gap=%.2e viol=%.1e",
+                        pol.rounds,
+                        pol.residual,
+                        pp,
+                        dp,
+                        gp,
+                        vp,
+                    )
                     if vp <= 1e-9 * scale_b and gp < gap:
                         Kx, Qx, viol, primal, dual, gap, lam_cert = pol.K, pol.Q, vp, pp, dp, gp, pol.lam
                         Mf = Mp
@@ -196,10 +216,19 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
         else:
             viol, primal, dual, gap = raw_viol, 0.5 * float(np.vdot(Kx, Kx) + np.vdot(Qx, Qx)), -np.inf, np.inf
             Mf = None
-        cur = _ALMResult(Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False,
-                         Mf)
-        logger.debug("ALM outer %d: rho=%.2e inner=%d viol=%.2e primal=%.12g dual=%.12g gap=%.2e",
-                      outer, rho_, nit, raw_viol, primal, dual, gap)
+        cur = _ALMResult(
+            Kx.copy(), Qx.copy(), lam_cert.copy(), primal, dual, gap, viol, outer, n_inner, False, False, Mf
+        )
+        logger.debug(
+            "ALM outer %d: rho=%.2e inner=%d viol=%.2e primal=%.12g dual=%.12g gap=%.2e",
+            outer,
+            rho_,
+            nit,
+            raw_viol,
+            primal,
+            dual,
+            gap,
+        )
         if not certify or best is None or _better(cur, best, 1e-9 * scale_b):
             best = cur
         feas_tol = 1e-9 * scale_b
@@ -252,8 +281,9 @@ def _alm(red: _Reduced, K: NDArray[np.float64], Q: NDArray[np.float64], opt: Nuc
     return best
 
 
-def _escape_origin(red: _Reduced, lam: NDArray[np.float64], rho: float, p: int, *, eps: float = 1e-2
-                   ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def _escape_origin(
+    red: _Reduced, lam: NDArray[np.float64], rho: float, p: int, *, eps: float = 1e-2
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Factors (K, Q) with p columns near the saddle K = Q = 0 of the augmented Lagrangian, along its
     descent directions: at M = 0 the multipliers are ``μ = λ + ρb`` (clipped on inequalities) and
     ``f(εu, εv) ≈ f(0) + ε²(½‖u‖² + ½‖v‖² − uᵀ𝒜*(μ)v)``, which decreases along the top singular
@@ -278,8 +308,9 @@ def _better(a: _ALMResult, b: _ALMResult, feas_tol: float) -> bool:
     return a.gap < b.gap if fa else a.violation < b.violation
 
 
-def _initial_factors(red: _Reduced, p: int, rng: np.random.Generator, *, noise: float = 1e-3
-                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def _initial_factors(
+    red: _Reduced, p: int, rng: np.random.Generator, *, noise: float = 1e-3
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Balanced factors of a rescaled ``𝒜*(b)`` (a cheap point aligned with the constraints) plus noise."""
     r_a, r_z = red.A.shape[2], red.Z.shape[1]
     M0 = red.adjoint(np.where(red.mask, np.maximum(red.b, 0.0) + (red.b == 0), 0.0))
@@ -294,4 +325,3 @@ def _initial_factors(red: _Reduced, p: int, rng: np.random.Generator, *, noise: 
     pad_q[:, : Q.shape[1]] = Q
     s = noise * max(1.0, float(np.sqrt(np.abs(pad_k).max(initial=0.0) * np.abs(pad_q).max(initial=0.0))))
     return pad_k + s * rng.standard_normal((r_a, p)), pad_q + s * rng.standard_normal((r_z, p))
-

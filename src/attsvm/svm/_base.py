@@ -90,7 +90,7 @@ class Operator:
 
     def gram_diag_flat(self) -> NDArray[np.float64]:
         Af, Zf = self._flat_rows()
-        return (Af ** 2).sum(1) * (Zf ** 2).sum(1)
+        return (Af**2).sum(1) * (Zf**2).sum(1)
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,14 @@ class ConstraintSet:
         object.__setattr__(self, "equality", eq & self.mask)
 
     @classmethod
-    def _trusted(cls, A: NDArray[np.float64], Z: NDArray[np.float64], mask: NDArray[np.bool_],
-                 rhs: NDArray[np.float64], equality: NDArray[np.bool_]) -> ConstraintSet:
+    def _trusted(
+        cls,
+        A: NDArray[np.float64],
+        Z: NDArray[np.float64],
+        mask: NDArray[np.bool_],
+        rhs: NDArray[np.float64],
+        equality: NDArray[np.bool_],
+    ) -> ConstraintSet:
         """A set from arrays that already satisfy :meth:`__post_init__`'s invariants (float64 A, Z and
         rhs; bool mask and equality; A, rhs and equality zero/False where masked) — for the reduction,
         whose arrays are built that way, so that tiny solves skip re-masking them."""
@@ -219,7 +225,7 @@ class ConstraintSet:
 
     def gram_diag(self) -> NDArray[np.float64]:
         """``‖a_it z_iᵀ‖_F² = ‖a_it‖² ‖z_i‖²`` of shape (n, T) (0 where masked)."""
-        return (self.A ** 2).sum(-1) * (self.Z ** 2).sum(-1)[:, None] * self.mask
+        return (self.A**2).sum(-1) * (self.Z**2).sum(-1)[:, None] * self.mask
 
     @property
     def feature_norms(self) -> NDArray[np.float64]:

@@ -91,12 +91,12 @@ def _options(options: NuclearOptions | None, overrides: dict[str, Any], fn: str)
 class _Reduced:
     """Row-normalised constraints on the reduced variable M (r_a, r_z), flattened over k."""
 
-    A: NDArray[np.float64]      # (n, T, r_a) features / scale (0 where not a constraint)
-    Z: NDArray[np.float64]      # (n, r_z)
-    b: NDArray[np.float64]      # (n, T) rhs / scale
-    ineq: NDArray[np.bool_]     # (n, T)
-    eq: NDArray[np.bool_]       # (n, T)
-    mask: NDArray[np.bool_]     # (n, T) active constraints (non-zero features)
+    A: NDArray[np.float64]  # (n, T, r_a) features / scale (0 where not a constraint)
+    Z: NDArray[np.float64]  # (n, r_z)
+    b: NDArray[np.float64]  # (n, T) rhs / scale
+    ineq: NDArray[np.bool_]  # (n, T)
+    eq: NDArray[np.bool_]  # (n, T)
+    mask: NDArray[np.bool_]  # (n, T) active constraints (non-zero features)
     scale: NDArray[np.float64]  # (n, T) ‖a_it‖ ‖z_i‖ (1 where masked out)
 
     # 𝒜, 𝒜* as in :class:`~attsvm.svm._base.Operator`, but summed by einsum rather than batched
@@ -124,17 +124,24 @@ def _reduce(reduction: Reduction) -> _Reduced:
     """The ALM's view of a reduced, normalised instance (:func:`~attsvm.svm.reduction.reduce`):
     the rows flattened to unit features (their norms are 1 up to round-off; dividing makes them 1)."""
     cs = reduction.problem
-    scale = np.sqrt((cs.A ** 2).sum(-1)) * np.sqrt((cs.Z ** 2).sum(-1))[:, None]  # (n, T)
+    scale = np.sqrt((cs.A**2).sum(-1)) * np.sqrt((cs.Z**2).sum(-1))[:, None]  # (n, T)
     mask = cs.mask & (scale > 0)
     s = np.where(mask, scale, 1.0)
-    return _Reduced(A=np.where(mask[..., None], cs.A / s[..., None], 0.0), Z=cs.Z,
-                    b=np.where(mask, cs.rhs / s, 0.0), ineq=mask & ~cs.equality, eq=mask & cs.equality,
-                    mask=mask, scale=s)
+    return _Reduced(
+        A=np.where(mask[..., None], cs.A / s[..., None], 0.0),
+        Z=cs.Z,
+        b=np.where(mask, cs.rhs / s, 0.0),
+        ineq=mask & ~cs.equality,
+        eq=mask & cs.equality,
+        mask=mask,
+        scale=s,
+    )
 
 
 # ----------------------------------------------------------------------------- helpers
-def balanced_factors(W: NDArray[np.float64], rank: int | None = None
-                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def balanced_factors(
+    W: NDArray[np.float64], rank: int | None = None
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``K = U √Σ``, ``Q = V √Σ`` from the SVD of W (optionally truncated to ``rank`` columns).
 
     They attain the variational identity ``½(‖K‖_F² + ‖Q‖_F²) = ‖W‖_*`` (docs/spec.md §3).
@@ -198,4 +205,3 @@ def _rescale_only(red: _Reduced, M: NDArray[np.float64]) -> NDArray[np.float64]:
     if pos.any() and np.all(m[pos] > 0):
         return M * float(np.max(red.b[pos] / m[pos]))
     return M
-

@@ -27,8 +27,16 @@ class _Polished:
     rounds: int
 
 
-def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[np.float64],
-                   Q: NDArray[np.float64], lam_s: NDArray[np.float64], *, delta: float = 1e-7, tau: float = 1e-3):
+def _newton_solver(
+    Fs: NDArray[np.float64],
+    Zs: NDArray[np.float64],
+    K: NDArray[np.float64],
+    Q: NDArray[np.float64],
+    lam_s: NDArray[np.float64],
+    *,
+    delta: float = 1e-7,
+    tau: float = 1e-3,
+):
     """Factor the Jacobian J of the KKT system of :func:`_kkt_newton` at (K, Q, λ_S); return ``F ↦ −J⁻¹F``.
 
     The returned function is reused for several (chord) steps while it keeps converging fast.
@@ -55,8 +63,9 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
         b = V.T @ XQ
         return c * (a[:q] + b[:q]), c * (a[:q] - b[:q]), a[q:], b[q:]
 
-    def from_xi(u: NDArray[np.float64], w: NDArray[np.float64], ra: NDArray[np.float64], rb: NDArray[np.float64]
-                ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    def from_xi(
+        u: NDArray[np.float64], w: NDArray[np.float64], ra: NDArray[np.float64], rb: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return U @ np.vstack([c * (u + w), ra]), V @ np.vstack([c * (u - w), rb])
 
     h_m = 1.0 - sig + delta  # eigenvalues on the u coordinates (≈ δ where σ_i ≈ 1)
@@ -98,8 +107,8 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
             return pinv @ b
 
     def step(F: NDArray[np.float64]) -> NDArray[np.float64]:
-        fu, fw, fa, fb = to_xi(-F[:nK].reshape(r_a, r), -F[nK:nK + nQ].reshape(r_z, r))
-        g = -F[nK + nQ:]
+        fu, fw, fa, fb = to_xi(-F[:nK].reshape(r_a, r), -F[nK : nK + nQ].reshape(r_z, r))
+        g = -F[nK + nQ :]
         # Cᵀ D⁻¹ f over the eliminated coordinates, through the orthogonal inverse transform
         GK, GQ = from_xi(fu * eu[:, None], fw / h_p[:, None], fa / h_r, fb / h_r)
         ctf = ((Fs @ GK) * ZQ).sum(1) + ((Zs @ GQ) * FK).sum(1)
@@ -114,8 +123,15 @@ def _newton_solver(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[
     return step
 
 
-def _newton_solver_direct(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: NDArray[np.float64],
-                          Q: NDArray[np.float64], lam_s: NDArray[np.float64], *, delta: float = 1e-7):
+def _newton_solver_direct(
+    Fs: NDArray[np.float64],
+    Zs: NDArray[np.float64],
+    K: NDArray[np.float64],
+    Q: NDArray[np.float64],
+    lam_s: NDArray[np.float64],
+    *,
+    delta: float = 1e-7,
+):
     """The same ``F ↦ −J⁻¹F`` as :func:`_newton_solver`, by one LU of the whole Jacobian.
 
     ``J = [[(1 + δ)I, −Y ⊗ I_r, −C_K], [−Yᵀ ⊗ I_r, (1 + δ)I, −C_Q], [C_Kᵀ, C_Qᵀ, 0]]`` (row-major
@@ -137,7 +153,7 @@ def _newton_solver_direct(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: N
     B4[:, ar, :, ar] = -Y  # ∂(K − YQ)/∂Q = −Y ⊗ I_r
     B = B4.reshape(nK, nQ)
     J = np.zeros((nX + s, nX + s))
-    J.flat[: nX * (nX + s + 1): nX + s + 1] = 1.0 + delta
+    J.flat[: nX * (nX + s + 1) : nX + s + 1] = 1.0 + delta
     J[:nK, nK:nX] = B
     J[nK:nX, :nK] = B.T
     J[:nK, nX:] = -CK.T
@@ -151,10 +167,18 @@ def _newton_solver_direct(Fs: NDArray[np.float64], Zs: NDArray[np.float64], K: N
     return lambda F: -(pinv @ F)
 
 
-def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q: NDArray[np.float64],
-                lam_s: NDArray[np.float64], opt: NuclearOptions, *, max_newton: int = 30, ftol: float = 1e-13,
-                ineq_s: NDArray[np.bool_] | None = None
-                ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], float]:
+def _kkt_newton(
+    red: _Reduced,
+    idx: NDArray[np.int64],
+    K: NDArray[np.float64],
+    Q: NDArray[np.float64],
+    lam_s: NDArray[np.float64],
+    opt: NuclearOptions,
+    *,
+    max_newton: int = 30,
+    ftol: float = 1e-13,
+    ineq_s: NDArray[np.bool_] | None = None,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], float]:
     """Newton's method on the smooth KKT system of the fixed-rank, fixed-active-set problem.
 
     ``min ½(‖K‖² + ‖Q‖²) s.t. a_kᵀ K Qᵀ z_k = b_k (k ∈ S)`` has the optimality conditions
@@ -201,8 +225,8 @@ def _kkt_newton(red: _Reduced, idx: NDArray[np.int64], K: NDArray[np.float64], Q
         t = 1.0
         for _ls in range(30):
             Kn = K + t * step[:nK].reshape(r_a, r)
-            Qn = Q + t * step[nK:nK + nQ].reshape(r_z, r)
-            ln = lam_s + t * step[nK + nQ:]
+            Qn = Q + t * step[nK : nK + nQ].reshape(r_z, r)
+            ln = lam_s + t * step[nK + nQ :]
             Fn = resid(Kn, Qn, ln)
             nn = float(np.linalg.norm(Fn))
             if np.isfinite(nn) and nn < (1 - 1e-4 * t) * nrm:
@@ -226,9 +250,17 @@ def _wrong_sign(lam_s: NDArray[np.float64], ineq_s: NDArray[np.bool_], rtol: flo
     return bool(np.any(lam_s[ineq_s] < -rtol * np.abs(lam_s).max(initial=0.0)))
 
 
-def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], opt: NuclearOptions, *,
-            max_rounds: int = 8,
-            max_failed: int = 2, rank_rtol: float = 1e-6, tight_rtol: float = 1e-3) -> _Polished | None:
+def _polish(
+    red: _Reduced,
+    M: NDArray[np.float64],
+    lam0: NDArray[np.float64],
+    opt: NuclearOptions,
+    *,
+    max_rounds: int = 8,
+    max_failed: int = 2,
+    rank_rtol: float = 1e-6,
+    tight_rtol: float = 1e-3,
+) -> _Polished | None:
     """Active-set Newton polish: guess the rank r and the tight rows S from an approximate solution,
     solve the KKT system by :func:`_kkt_newton`, then fix the guess (drop rows with λ < 0, add
     violated rows, add a rank when ``‖𝒜*λ‖₂ > 1``) until the KKT conditions hold."""
@@ -241,8 +273,7 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], op
     Q = Vt[:r].T * np.sqrt(sv[:r])
     m = red.apply(M)
     lam_n = lam0 / max(1e-300, float(np.abs(lam0).max(initial=0.0)))
-    S = red.mask & (red.eq | (np.abs(m - red.b) <= tight_rtol * np.maximum(1.0, np.abs(red.b)))
-                    | (lam_n > 1e-3))
+    S = red.mask & (red.eq | (np.abs(m - red.b) <= tight_rtol * np.maximum(1.0, np.abs(red.b))) | (lam_n > 1e-3))
     lam_full = lam0.copy()
     res = np.inf
     failed = 0
@@ -298,4 +329,3 @@ def _polish(red: _Reduced, M: NDArray[np.float64], lam0: NDArray[np.float64], op
         if not changed and res <= 1e-10:
             return _Polished(K, Q, lam_full, res, rounds)
     return None
-

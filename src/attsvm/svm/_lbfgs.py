@@ -10,8 +10,9 @@ __all__ = ["lbfgs"]
 
 
 # ----------------------------------------------------------------------------- L-BFGS
-def lbfgs(fg, x: NDArray[np.float64], *, gtol: float, max_iter: int, memory: int = 20, max_halvings: int = 40
-           ) -> tuple[NDArray[np.float64], int]:
+def lbfgs(
+    fg, x: NDArray[np.float64], *, gtol: float, max_iter: int, memory: int = 20, max_halvings: int = 40
+) -> tuple[NDArray[np.float64], int]:
     """Minimise a smooth function by L-BFGS until ``max|∇f| ≤ gtol``; returns (x, iterations).
 
     ``fg(x) -> (f, ∇f)``. A lean replacement for scipy's L-BFGS-B on our small, unconstrained
@@ -83,4 +84,3 @@ def lbfgs(fg, x: NDArray[np.float64], *, gtol: float, max_iter: int, memory: int
         if stop:
             return x, it
     return x, it
-

@@ -50,8 +50,16 @@ from ._base import ConstraintSet
 from .norms import Norm, get_norm
 from .reduction import Reduction, reduce
 
-__all__ = ["OptimalityCertificate", "FarkasCertificate", "optimality_certificate", "farkas_certificate",
-           "find_farkas", "ROW_FLOOR", "FARKAS_RTOL", "FARKAS_BMIN"]
+__all__ = [
+    "OptimalityCertificate",
+    "FarkasCertificate",
+    "optimality_certificate",
+    "farkas_certificate",
+    "find_farkas",
+    "ROW_FLOOR",
+    "FARKAS_RTOL",
+    "FARKAS_BMIN",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +76,19 @@ class OptimalityCertificate:
     """Optimality certificate of ``(W, λ)`` (module doc); arrays have the (n, T) layout."""
 
     norm: str
-    objective: float          # ‖W‖
-    primal: float             # φ(W), the solver objective (½‖W‖_F² or ‖W‖_*)
-    dual: float               # the norm's dual objective at λ
-    gap: float                # primal − dual
-    relative_gap: float       # |gap| / (|primal| + |dual|)
-    violation: float          # max_k v_k, absolute
+    objective: float  # ‖W‖
+    primal: float  # φ(W), the solver objective (½‖W‖_F² or ‖W‖_*)
+    dual: float  # the norm's dual objective at λ
+    gap: float  # primal − dual
+    relative_gap: float  # |gap| / (|primal| + |dual|)
+    violation: float  # max_k v_k, absolute
     relative_violation: float  # max_k v_k / σ_k
-    complementarity: float    # max_k |λ_k (m_k − b_k)|
-    dual_norm: float          # ‖𝒜*(λ)‖° (≤ 1 for a nuclear dual-feasible λ)
+    complementarity: float  # max_k |λ_k (m_k − b_k)|
+    dual_norm: float  # ‖𝒜*(λ)‖° (≤ 1 for a nuclear dual-feasible λ)
     lam: NDArray[np.float64]  # λ made sign-feasible (λ_I ≥ 0, 0 where masked)
     margins: NDArray[np.float64]  # m_k (0 where masked)
-    support: NDArray[np.bool_]    # tight rows (equalities included)
-    rank: int                 # numerical rank of W (relative RANK_TOL)
+    support: NDArray[np.bool_]  # tight rows (equalities included)
+    rank: int  # numerical rank of W (relative RANK_TOL)
 
     def passes(self, tol: float) -> bool:
         """``relative_violation ≤ tol`` and ``relative_gap ≤ tol``."""
@@ -93,8 +101,12 @@ def _row_violation(cs: ConstraintSet, m: NDArray[np.float64]) -> NDArray[np.floa
     return np.where(cs.equality, np.abs(r), v) + 0.0
 
 
-def relative_violation(cs: ConstraintSet, W: NDArray[np.float64], m: NDArray[np.float64] | None = None,
-                       v: NDArray[np.float64] | None = None) -> float:
+def relative_violation(
+    cs: ConstraintSet,
+    W: NDArray[np.float64],
+    m: NDArray[np.float64] | None = None,
+    v: NDArray[np.float64] | None = None,
+) -> float:
     """``max_k v_k / σ_k`` of the module doc (0 when no row is violated)."""
     if v is None:
         v = _row_violation(cs, cs.apply(W) if m is None else m)
@@ -109,8 +121,9 @@ def relative_violation(cs: ConstraintSet, W: NDArray[np.float64], m: NDArray[np.
     return float((v / np.where(violated, sigma, 1.0)).max())
 
 
-def optimality_certificate(cs: ConstraintSet, W: NDArray[np.float64], lam: NDArray[np.float64],
-                           norm: str | Norm) -> OptimalityCertificate:
+def optimality_certificate(
+    cs: ConstraintSet, W: NDArray[np.float64], lam: NDArray[np.float64], norm: str | Norm
+) -> OptimalityCertificate:
     """Compute the optimality certificate of ``(W, λ)`` for ``min ‖W‖ s.t. cs`` (module doc).
 
     One operator call, one adjoint and one SVD of W (shared by the nuclear value and the rank).
@@ -137,10 +150,21 @@ def optimality_certificate(cs: ConstraintSet, W: NDArray[np.float64], lam: NDArr
         support = cs.mask & ((np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(b))) | cs.equality)
     rank = int((svals > RANK_TOL * svals[0]).sum()) if svals.size and svals[0] > 0 else 0
     return OptimalityCertificate(
-        norm=nm.name, objective=nm.value(W, svals), primal=float(primal), dual=float(dual), gap=float(gap),
-        relative_gap=float(rel_gap), violation=float(v.max(initial=0.0)) + 0.0,
-        relative_violation=relative_violation(cs, W, m, v), complementarity=float(np.abs(lam * r).max(initial=0.0)),
-        dual_norm=nm.dual_norm(Y), lam=lam, margins=m, support=support, rank=rank)
+        norm=nm.name,
+        objective=nm.value(W, svals),
+        primal=float(primal),
+        dual=float(dual),
+        gap=float(gap),
+        relative_gap=float(rel_gap),
+        violation=float(v.max(initial=0.0)) + 0.0,
+        relative_violation=relative_violation(cs, W, m, v),
+        complementarity=float(np.abs(lam * r).max(initial=0.0)),
+        dual_norm=nm.dual_norm(Y),
+        lam=lam,
+        margins=m,
+        support=support,
+        rank=rank,
+    )
 
 
 @dataclass(frozen=True)
@@ -148,9 +172,9 @@ class FarkasCertificate:
     """An infeasibility certificate (module doc): λ normalised to ``Σ|λ_k| = 1``."""
 
     lam: NDArray[np.float64]
-    residual: float            # ‖𝒜*(λ)‖_F
-    relative_residual: float   # residual / Σ|λ_k|‖a_k‖‖z_k‖ (0 when both vanish)
-    b_ratio: float             # bᵀλ / Σ|λ_k||b_k|
+    residual: float  # ‖𝒜*(λ)‖_F
+    relative_residual: float  # residual / Σ|λ_k|‖a_k‖‖z_k‖ (0 when both vanish)
+    b_ratio: float  # bᵀλ / Σ|λ_k||b_k|
     valid: bool
     source: str = ""
     info: dict = field(default_factory=dict)
@@ -199,8 +223,7 @@ def _farkas_lp(red: Reduction) -> tuple[NDArray[np.float64] | None, dict]:
     Af = cs.A.reshape(-1, ra)[idx]
     rows1 = (seq[:, None] * ra + np.arange(ra)[None, :]).ravel()
     cols1 = np.repeat(np.arange(K), ra)
-    E1 = sp.hstack([sp.csr_matrix((Af.ravel(), (rows1, cols1)), shape=(n * ra, K)),
-                    -sp.identity(n * ra, format="csr")])
+    E1 = sp.hstack([sp.csr_matrix((Af.ravel(), (rows1, cols1)), shape=(n * ra, K)), -sp.identity(n * ra, format="csr")])
     E2 = sp.hstack([sp.csr_matrix((rz * ra, K)), sp.kron(sp.csr_matrix(cs.Z.T), sp.identity(ra))])
     E3 = sp.hstack([sp.csr_matrix(b[None, :]), sp.csr_matrix((1, n * ra))])
     A_eq = sp.vstack([E1, E2, E3]).tocsc()
@@ -209,8 +232,7 @@ def _farkas_lp(red: Reduction) -> tuple[NDArray[np.float64] | None, dict]:
     lo = np.concatenate([np.where(ineq, 0.0, -np.inf), np.full(n * ra, -np.inf)])
     c = np.concatenate([np.where(ineq, 1.0, 0.0), np.zeros(n * ra)])
     try:
-        res = linprog(c, A_eq=A_eq, b_eq=b_eq, bounds=np.column_stack([lo, np.full(lo.size, np.inf)]),
-                      method="highs")
+        res = linprog(c, A_eq=A_eq, b_eq=b_eq, bounds=np.column_stack([lo, np.full(lo.size, np.inf)]), method="highs")
     except Exception as exc:  # a solver failure is a status, never an escaping exception
         return None, {"lp": "exception", "lp_message": f"{type(exc).__name__}: {exc}"}
     info = {"lp": int(res.status), "lp_message": str(res.message)}
@@ -221,8 +243,13 @@ def _farkas_lp(red: Reduction) -> tuple[NDArray[np.float64] | None, dict]:
     return out.reshape(n, T), info
 
 
-def find_farkas(cs: ConstraintSet, *, candidates: tuple[tuple[str, NDArray[np.float64] | None], ...] = (),
-                red: Reduction | None = None, lp: bool = True) -> FarkasCertificate | None:
+def find_farkas(
+    cs: ConstraintSet,
+    *,
+    candidates: tuple[tuple[str, NDArray[np.float64] | None], ...] = (),
+    red: Reduction | None = None,
+    lp: bool = True,
+) -> FarkasCertificate | None:
     """The one route to an infeasibility certificate: the first *verified* λ among the solvers'
     ``candidates`` (name, λ), an unattainable zero row, or the LP of :func:`_farkas_lp`. None when
     no verified certificate exists (the constraints are then treated as feasible)."""
@@ -248,7 +275,10 @@ def find_farkas(cs: ConstraintSet, *, candidates: tuple[tuple[str, NDArray[np.fl
         return None
     cert = farkas_certificate(cs, red.lift_farkas(lam_hat), "lp")
     if not cert.valid:
-        log.debug("find_farkas: the LP's λ fails the check (relative residual %.1e, b ratio %.1e)",
-                  cert.relative_residual, cert.b_ratio)
+        log.debug(
+            "find_farkas: the LP's λ fails the check (relative residual %.1e, b ratio %.1e)",
+            cert.relative_residual,
+            cert.b_ratio,
+        )
         return None
     return FarkasCertificate(cert.lam, cert.residual, cert.relative_residual, cert.b_ratio, True, "lp", info)

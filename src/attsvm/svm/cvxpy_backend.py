@@ -76,9 +76,16 @@ def _solver_options(solver: str, time_limit: float | None, verbose: bool) -> dic
     return opts
 
 
-def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solver: str | None = None,
-                formulation: Literal["aux", "loop"] = "aux", time_limit: float | None = None,
-                reduce: bool = False, verbose: bool = False) -> RawSolution:
+def solve_cvxpy(
+    cs: ConstraintSet,
+    norm: Literal["fro", "nuc"] = "fro",
+    *,
+    solver: str | None = None,
+    formulation: Literal["aux", "loop"] = "aux",
+    time_limit: float | None = None,
+    reduce: bool = False,
+    verbose: bool = False,
+) -> RawSolution:
     """Solve ``min ‖W‖ s.t. 𝒜(W) (≥ | =) b`` with cvxpy (docs/spec.md §3; the reference backend).
 
     Parameters
@@ -158,9 +165,12 @@ def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solve
         return RawSolution(None, np.zeros((cs.n, cs.T)), ERROR, 0, info)
     elapsed = time.perf_counter() - t0
     stats = prob.solver_stats
-    info.update(cvxpy_status=prob.status, time=elapsed,
-                solve_time=getattr(stats, "solve_time", None),
-                setup_time=getattr(stats, "setup_time", None))
+    info.update(
+        cvxpy_status=prob.status,
+        time=elapsed,
+        solve_time=getattr(stats, "solve_time", None),
+        setup_time=getattr(stats, "setup_time", None),
+    )
     status = STATUS_MAP.get(prob.status, ERROR)
     n_iter = int(getattr(stats, "num_iters", 0) or 0)
 
@@ -186,8 +196,7 @@ def solve_cvxpy(cs: ConstraintSet, norm: Literal["fro", "nuc"] = "fro", *, solve
     info["global_scale"] = red.global_scale
     if status in (OPTIMAL, OPTIMAL_INACCURATE, MAX_ITER) and W.value is not None:
         Wv = np.asarray(W.value, dtype=float)
-        return RawSolution(red.lift_W(Wv), red.lift_dual(dual, degree=2 if norm == "fro" else 1), status,
-                           n_iter, info)
+        return RawSolution(red.lift_W(Wv), red.lift_dual(dual, degree=2 if norm == "fro" else 1), status, n_iter, info)
     if status == INFEASIBLE:
         # cvxpy stores a Farkas ray in the duals when the solver gives one; normalise to 1ᵀ|λ| = 1
         # (the estimator accepts it only after .certificate has verified it)

@@ -37,8 +37,17 @@ from .._validation import (
 from ..problem import AttentionProblem
 from ._base import ConstraintSet
 
-__all__ = ["SELECT_EPS", "selected_sets", "equivalence_constraints", "svm_eq", "w_fin", "Decomposition",
-           "decomposition", "MixtureResult", "optimal_mixture"]
+__all__ = [
+    "SELECT_EPS",
+    "selected_sets",
+    "equivalence_constraints",
+    "svm_eq",
+    "w_fin",
+    "Decomposition",
+    "decomposition",
+    "MixtureResult",
+    "optimal_mixture",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +107,16 @@ def _check_sets(sets: ArrayLike, problem: AttentionProblem) -> NDArray[np.bool_]
     return O
 
 
-def _reference(O: NDArray[np.bool_], probs: NDArray[np.float64] | None,
-               reference: ArrayLike | None) -> NDArray[np.int64]:
+def _reference(
+    O: NDArray[np.bool_], probs: NDArray[np.float64] | None, reference: ArrayLike | None
+) -> NDArray[np.int64]:
     n = O.shape[0]
     if reference is not None:
         ref = np.asarray(reference)
         if ref.shape != (n,) or not np.issubdtype(ref.dtype, np.integer):
-            raise ValueError(f"reference must hold one integer token index per sequence, shape ({n},), "
-                             f"got {ref.shape} {ref.dtype}")
+            raise ValueError(
+                f"reference must hold one integer token index per sequence, shape ({n},), got {ref.shape} {ref.dtype}"
+            )
         if np.any(ref < 0) or np.any(ref >= O.shape[1]) or not np.all(O[np.arange(n), ref]):
             raise ValueError("reference must pick a token inside each selected set O_i")
         return ref.astype(np.int64)
@@ -113,8 +124,9 @@ def _reference(O: NDArray[np.bool_], probs: NDArray[np.float64] | None,
     return np.argmax(score, axis=1).astype(np.int64)  # most probable member (first one without probs)
 
 
-def equivalence_constraints(problem: AttentionProblem, sets: ArrayLike, probs: ArrayLike | None = None, *,
-                            reference: ArrayLike | None = None) -> tuple[ConstraintSet, ConstraintSet | None]:
+def equivalence_constraints(
+    problem: AttentionProblem, sets: ArrayLike, probs: ArrayLike | None = None, *, reference: ArrayLike | None = None
+) -> tuple[ConstraintSet, ConstraintSet | None]:
     """The constraint sets of ``W^eq`` and ``W_fin`` (docs/spec.md §5) with reference tokens ``r_i ∈ O_i``.
 
     Returns ``(cs_eq, cs_fin)``: ``cs_eq`` has equalities ``(x_ir − x_it)ᵀ W z_i = 0`` for
@@ -150,8 +162,15 @@ def _fit(cs: ConstraintSet, norm: str, tol: float):  # -> AttentionSVM
     return AttentionSVM(norm, tol=tol).fit_constraints(cs)  # type: ignore[arg-type]
 
 
-def svm_eq(problem: AttentionProblem, sets: ArrayLike, *, norm: Literal["fro", "nuc"] = "fro",
-           probs: ArrayLike | None = None, reference: ArrayLike | None = None, tol: float = 1e-9):
+def svm_eq(
+    problem: AttentionProblem,
+    sets: ArrayLike,
+    *,
+    norm: Literal["fro", "nuc"] = "fro",
+    probs: ArrayLike | None = None,
+    reference: ArrayLike | None = None,
+    tol: float = 1e-9,
+):
     """Solve the SVM-equivalence problem ``W^eq`` of docs/spec.md §5 for the selected sets ``sets`` (n, T).
 
     Returns the fitted, certified :class:`~attsvm.svm.AttentionSVM` (``W_``, ``status_``,
@@ -163,8 +182,15 @@ def svm_eq(problem: AttentionProblem, sets: ArrayLike, *, norm: Literal["fro", "
     return _fit(cs_eq, norm, tol)
 
 
-def w_fin(problem: AttentionProblem, sets: ArrayLike, probs: ArrayLike, *, norm: Literal["fro", "nuc"] = "fro",
-          reference: ArrayLike | None = None, tol: float = 1e-9):
+def w_fin(
+    problem: AttentionProblem,
+    sets: ArrayLike,
+    probs: ArrayLike,
+    *,
+    norm: Literal["fro", "nuc"] = "fro",
+    reference: ArrayLike | None = None,
+    tol: float = 1e-9,
+):
     """Solve the finite component ``W_fin`` of docs/spec.md §5: logit gaps inside ``O_i`` equal ``log(s_it/s_iτ)``.
 
     Returns the fitted :class:`~attsvm.svm.AttentionSVM`. When every ``O_i`` is a single token
@@ -197,8 +223,12 @@ class Decomposition:
     corr_eq_fin: float
 
     def to_dict(self) -> dict[str, float]:
-        return {"scale": self.scale, "residual": self.residual, "corr_eq": self.corr_eq,
-                "corr_eq_fin": self.corr_eq_fin}
+        return {
+            "scale": self.scale,
+            "residual": self.residual,
+            "corr_eq": self.corr_eq,
+            "corr_eq_fin": self.corr_eq_fin,
+        }
 
 
 def decomposition(W: ArrayLike, W_eq: ArrayLike, W_fin: ArrayLike | None = None) -> Decomposition:
@@ -216,8 +246,9 @@ def decomposition(W: ArrayLike, W_eq: ArrayLike, W_fin: ArrayLike | None = None)
     R = float(np.sum(D * We)) / ee
     nW = float(np.linalg.norm(W))
     res = float(np.linalg.norm(D - R * We)) / nW if nW > 0 else float("inf")
-    return Decomposition(scale=R, residual=res, corr_eq=float(correlation(W, We)),
-                         corr_eq_fin=float(correlation(D, We)))
+    return Decomposition(
+        scale=R, residual=res, corr_eq=float(correlation(W, We)), corr_eq_fin=float(correlation(D, We))
+    )
 
 
 # ----------------------------------------------------------------------------- optimal mixture
@@ -253,8 +284,9 @@ def _simplex_project(V: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.maximum(V - theta, 0.0)
 
 
-def _ce_and_grad(S: NDArray[np.float64], B: NDArray[np.float64], y: NDArray[np.int64]
-                 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def _ce_and_grad(
+    S: NDArray[np.float64], B: NDArray[np.float64], y: NDArray[np.int64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Cross-entropy of logits ``Σ_t s_t B_t`` per sequence (stable log-sum-exp) and its gradient."""
     logits = np.einsum("nt,ntc->nc", S, B)  # (n, C)
     mx = logits.max(axis=1, keepdims=True)
@@ -266,8 +298,9 @@ def _ce_and_grad(S: NDArray[np.float64], B: NDArray[np.float64], y: NDArray[np.i
     return loss, np.einsum("ntc,nc->nt", B, P)
 
 
-def optimal_mixture(problem: AttentionProblem, *, tol: float = 1e-10, max_iter: int = 50_000,
-                    support_tol: float = MIXTURE_SUPPORT_TOL) -> MixtureResult:
+def optimal_mixture(
+    problem: AttentionProblem, *, tol: float = 1e-10, max_iter: int = 50_000, support_tol: float = MIXTURE_SUPPORT_TOL
+) -> MixtureResult:
     """The best attention mixture per sequence: ``s*_i = argmin_{s ∈ Δ_T} CE(Vᵀ X_iᵀ s, y_i)`` (docs/spec.md §5).
 
     For the linear multiclass head the per-sequence cross-entropy is convex in the attention
@@ -279,8 +312,10 @@ def optimal_mixture(problem: AttentionProblem, *, tol: float = 1e-10, max_iter: 
     if not isinstance(problem, AttentionProblem):
         raise TypeError(f"problem must be an AttentionProblem, got {type(problem).__name__}")
     if problem.head.kind != "multiclass":
-        raise ValueError("optimal_mixture needs a convex head: a linear multiclass head with cross-entropy "
-                         f"(Head.multiclass); got head {problem.head.kind!r}")
+        raise ValueError(
+            "optimal_mixture needs a convex head: a linear multiclass head with cross-entropy "
+            f"(Head.multiclass); got head {problem.head.kind!r}"
+        )
     tol = check_finite_scalar(tol, "tol", positive=True)
     max_iter = check_positive_int(max_iter, "max_iter")
     support_tol = check_finite_scalar(support_tol, "support_tol", positive=True)

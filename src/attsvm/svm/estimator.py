@@ -45,8 +45,9 @@ class InfeasibleSVMError(ValueError):
     ``residual`` its ``‖𝒜*(λ)‖_F``, ``tokens`` the selection α (None for a raw ConstraintSet).
     """
 
-    def __init__(self, message: str, certificate: NDArray[np.float64], residual: float,
-                 tokens: NDArray[np.int64] | None = None) -> None:
+    def __init__(
+        self, message: str, certificate: NDArray[np.float64], residual: float, tokens: NDArray[np.int64] | None = None
+    ) -> None:
         super().__init__(message)
         self.certificate = certificate
         self.residual = residual
@@ -74,10 +75,31 @@ _PARAMETERS: dict[str, ParamSpec] = {
 }
 
 # Attributes set by fit (reading one before fit raises NotFittedError).
-_FITTED = ("status_", "W_", "objective_", "dual_coef_", "dual_", "margins_", "support_", "max_violation_",
-           "relative_violation_", "duality_gap_", "relative_gap_", "complementary_slackness_", "rank_",
-           "certificate_", "certificate_residual_", "tokens_", "n_iter_", "solve_time_", "backend_",
-           "reached_convex_optimum_", "constraints_", "info_", "factors_")
+_FITTED = (
+    "status_",
+    "W_",
+    "objective_",
+    "dual_coef_",
+    "dual_",
+    "margins_",
+    "support_",
+    "max_violation_",
+    "relative_violation_",
+    "duality_gap_",
+    "relative_gap_",
+    "complementary_slackness_",
+    "rank_",
+    "certificate_",
+    "certificate_residual_",
+    "tokens_",
+    "n_iter_",
+    "solve_time_",
+    "backend_",
+    "reached_convex_optimum_",
+    "constraints_",
+    "info_",
+    "factors_",
+)
 
 
 class AttentionSVM:
@@ -122,10 +144,18 @@ class AttentionSVM:
     reached_convex_optimum_ (rank-constrained problem; None otherwise), constraints_, info_.
     """
 
-    def __init__(self, norm: Literal["fro", "nuc"] = "fro", *, rank: int | None = None,
-                 backend: Literal["auto", "cvxpy"] = "auto", tol: float = 1e-9, max_iter: int | None = None,
-                 on_infeasible: Literal["status", "raise"] = "status", seed: int = 0,
-                 solver: str | None = None) -> None:
+    def __init__(
+        self,
+        norm: Literal["fro", "nuc"] = "fro",
+        *,
+        rank: int | None = None,
+        backend: Literal["auto", "cvxpy"] = "auto",
+        tol: float = 1e-9,
+        max_iter: int | None = None,
+        on_infeasible: Literal["status", "raise"] = "status",
+        seed: int = 0,
+        solver: str | None = None,
+    ) -> None:
         self.norm = norm
         self.rank = rank
         self.backend = backend
@@ -146,8 +176,9 @@ class AttentionSVM:
         parameter table, combinations of parameters are checked by ``fit``."""
         for name, value in params.items():
             if name not in _PARAMETERS:
-                raise ValueError(f"invalid parameter {name!r} for AttentionSVM; valid parameters are "
-                                 f"{', '.join(_PARAMETERS)}")
+                raise ValueError(
+                    f"invalid parameter {name!r} for AttentionSVM; valid parameters are {', '.join(_PARAMETERS)}"
+                )
             check_param(value, name, _PARAMETERS[name])
         for name, value in params.items():
             setattr(self, name, value)
@@ -156,16 +187,20 @@ class AttentionSVM:
     def __getattr__(self, name: str) -> Any:
         # only reached when normal lookup fails: a fitted attribute read before fit
         if name in _FITTED:
-            raise NotFittedError(f"this AttentionSVM is not fitted yet (no attribute {name!r}): call "
-                                 "fit(problem) or fit_constraints(cs) first")
+            raise NotFittedError(
+                f"this AttentionSVM is not fitted yet (no attribute {name!r}): call "
+                "fit(problem) or fit_constraints(cs) first"
+            )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _validate_params(self) -> None:
         for name, spec in _PARAMETERS.items():
             check_param(getattr(self, name), name, spec)
         if self.rank is not None and self.norm != "nuc":
-            raise ValueError(f"rank={self.rank} is only defined for norm='nuc' (the rank-constrained "
-                             f"Att-SVM*); got norm={self.norm!r}")
+            raise ValueError(
+                f"rank={self.rank} is only defined for norm='nuc' (the rank-constrained "
+                f"Att-SVM*); got norm={self.norm!r}"
+            )
         if self.rank is not None and self.backend == "cvxpy":
             raise ValueError(f"rank={self.rank} needs backend='auto': cvxpy cannot express a rank constraint")
         if self.solver is not None and self.backend != "cvxpy":
@@ -196,8 +231,13 @@ class AttentionSVM:
             try:
                 raw = solve_cvxpy(cs, self.norm, solver=self.solver)
             except Exception as exc:  # a solver failure is a status with info, never an escaping exception
-                raw = RawSolution(None, np.zeros(cs.mask.shape), ERROR, 0,
-                                  {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"})
+                raw = RawSolution(
+                    None,
+                    np.zeros(cs.mask.shape),
+                    ERROR,
+                    0,
+                    {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"},
+                )
             return raw, f"cvxpy:{raw.info.get('solver', '?')}"
         if self.norm == "fro":
             from .frobenius import solve_frobenius
@@ -227,17 +267,28 @@ class AttentionSVM:
         if raw.W is None:  # the backend failed: report it, never hide it
             self._clear(status=MAX_ITER if raw.status == MAX_ITER else ERROR)
             msg = raw.info.get("message", raw.info.get("cvxpy_status", raw.status))
-            warnings.warn(f"AttentionSVM: backend {backend} returned no solution ({msg})", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(f"AttentionSVM: backend {backend} returned no solution ({msg})", RuntimeWarning, stacklevel=3)
             return self
         self._set_certificate(cs, raw)
         return self
 
     def _clear(self, status: str) -> None:
         self.status_ = status
-        for name in ("W_", "objective_", "dual_coef_", "margins_", "support_", "max_violation_",
-                     "relative_violation_", "duality_gap_", "relative_gap_", "complementary_slackness_", "rank_",
-                     "certificate_", "certificate_residual_"):
+        for name in (
+            "W_",
+            "objective_",
+            "dual_coef_",
+            "margins_",
+            "support_",
+            "max_violation_",
+            "relative_violation_",
+            "duality_gap_",
+            "relative_gap_",
+            "complementary_slackness_",
+            "rank_",
+            "certificate_",
+            "certificate_residual_",
+        ):
             setattr(self, name, None)
 
     @property
@@ -253,8 +304,12 @@ class AttentionSVM:
         cert = find_farkas(cs, candidates=((f"{self.backend_} certificate", raw.dual),))
         if cert is None:
             self._clear(ERROR)
-            warnings.warn(f"AttentionSVM: backend {self.backend_} reported infeasible but no Farkas certificate "
-                          "verifies it (the feasibility LP finds none)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"AttentionSVM: backend {self.backend_} reported infeasible but no Farkas certificate "
+                "verifies it (the feasibility LP finds none)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return self
         self.certificate_: NDArray[np.float64] | None = cert.lam
         self.certificate_residual_: float | None = cert.residual
@@ -263,8 +318,11 @@ class AttentionSVM:
             where = "" if self.tokens_ is None else f" for tokens {self.tokens_.tolist()[:20]}"
             raise InfeasibleSVMError(
                 f"the attention SVM is infeasible{where}: λ ≥ 0 with 1ᵀλ = 1 and ‖Σ λ_k a_k z_kᵀ‖_F = "
-                f"{cert.residual:.1e} certifies it (docs/spec.md §3); see .certificate", self.certificate_,
-                cert.residual, self.tokens_)
+                f"{cert.residual:.1e} certifies it (docs/spec.md §3); see .certificate",
+                self.certificate_,
+                cert.residual,
+                self.tokens_,
+            )
         return self
 
     def _set_certificate(self, cs: ConstraintSet, raw: RawSolution) -> None:
@@ -293,9 +351,12 @@ class AttentionSVM:
         else:
             self.status_ = MAX_ITER if raw.status == MAX_ITER else OPTIMAL_INACCURATE
             if raw.status == MAX_ITER:
-                warnings.warn(f"AttentionSVM: the {self.backend_} backend hit its iteration limit "
-                              f"(violation {self.max_violation_:.1e}, relative gap {self.relative_gap_:.1e})",
-                              RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"AttentionSVM: the {self.backend_} backend hit its iteration limit "
+                    f"(violation {self.max_violation_:.1e}, relative gap {self.relative_gap_:.1e})",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:
@@ -319,8 +380,11 @@ class AttentionSVM:
         if self.margins_ is not None:
             margins = [[None if not np.isfinite(v) else float(v) for v in row] for row in self.margins_]
         support = None if self.support_ is None else [np.flatnonzero(r).tolist() for r in self.support_]
-        info = {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in self.info_.items()
-                if isinstance(v, (int, float, str, bool, type(None)))}
+        info = {
+            k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+            for k, v in self.info_.items()
+            if isinstance(v, (int, float, str, bool, type(None)))
+        }
         return {
             "params": self.get_params(),
             "status": self.status_,
@@ -350,9 +414,11 @@ class AttentionSVM:
         """A short human-readable report of the fit."""
         self._check_fitted()
         cs = self.constraints_
-        head = (f"Att-SVM ({'Frobenius' if self.norm == 'fro' else 'nuclear'} norm"
-                f"{'' if self.rank is None else f', rank <= {self.rank}'}) via {self.backend_}: "
-                f"status {self.status_}")
+        head = (
+            f"Att-SVM ({'Frobenius' if self.norm == 'fro' else 'nuclear'} norm"
+            f"{'' if self.rank is None else f', rank <= {self.rank}'}) via {self.backend_}: "
+            f"status {self.status_}"
+        )
         lines = [head, f"  constraints   {cs.n_constraints} (n={cs.n}, T={cs.T}, d={cs.d})"]
         if self.status_ == INFEASIBLE:
             lines.append(f"  certificate   lambda >= 0, sum 1, ||A*(lambda)||_F = {self.certificate_residual_:.2e}")

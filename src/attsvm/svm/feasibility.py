@@ -64,10 +64,12 @@ class FeasibilityReport:
 
     def to_dict(self) -> dict:
         return {
-            "feasible": self.feasible, "method": self.method,
+            "feasible": self.feasible,
+            "method": self.method,
             "certificate": None if self.certificate is None else self.certificate.tolist(),
             "certificate_residual": self.certificate_residual,
-            "min_margin": self.min_margin, "max_violation": self.max_violation,
+            "min_margin": self.min_margin,
+            "max_violation": self.max_violation,
             "tokens": None if self.tokens is None else self.tokens.tolist(),
         }
 
@@ -80,8 +82,9 @@ def farkas_lp(cs: ConstraintSet) -> NDArray[np.float64] | None:
     return None if cert is None else cert.lam
 
 
-def _report_feasible(cs: ConstraintSet, W: NDArray[np.float64] | None, method: str,
-                     tokens: NDArray[np.int64] | None) -> FeasibilityReport:
+def _report_feasible(
+    cs: ConstraintSet, W: NDArray[np.float64] | None, method: str, tokens: NDArray[np.int64] | None
+) -> FeasibilityReport:
     mm = viol = None
     if W is not None:
         m = cs.apply(W)
@@ -90,8 +93,9 @@ def _report_feasible(cs: ConstraintSet, W: NDArray[np.float64] | None, method: s
     return FeasibilityReport(True, None, None, W, mm, viol, method, tokens)
 
 
-def feasible_constraints(cs: ConstraintSet, *, method: str = "solver", tokens: NDArray[np.int64] | None = None
-                         ) -> FeasibilityReport:
+def feasible_constraints(
+    cs: ConstraintSet, *, method: str = "solver", tokens: NDArray[np.int64] | None = None
+) -> FeasibilityReport:
     """Feasibility of a general :class:`ConstraintSet` with its certificate (see module doc).
 
     "infeasible" is reported only with a Farkas certificate verified by
@@ -116,8 +120,9 @@ def feasible_constraints(cs: ConstraintSet, *, method: str = "solver", tokens: N
     return _report_feasible(cs, raw.W, "lp", tokens)
 
 
-def feasible(problem: AttentionProblem, tokens: ArrayLike | None = None, *, method: str = "solver"
-             ) -> FeasibilityReport:
+def feasible(
+    problem: AttentionProblem, tokens: ArrayLike | None = None, *, method: str = "solver"
+) -> FeasibilityReport:
     """Is ``Att-SVM(α)`` feasible? (docs/spec.md §3). ``tokens=None`` uses the optimal tokens.
 
     Returns a :class:`FeasibilityReport` carrying a margin certificate W (all margins ≥ 1) when

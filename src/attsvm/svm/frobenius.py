@@ -133,8 +133,9 @@ def _cached_options(items: tuple[tuple[str, Any], ...]) -> FrobeniusOptions:
     return FrobeniusOptions(**dict(items))
 
 
-def _pcg(matvec, rhs: NDArray[np.float64], precond: NDArray[np.float64], rtol: float, maxiter: int
-         ) -> tuple[NDArray[np.float64], int]:
+def _pcg(
+    matvec, rhs: NDArray[np.float64], precond: NDArray[np.float64], rtol: float, maxiter: int
+) -> tuple[NDArray[np.float64], int]:
     """Preconditioned conjugate gradients for an SPD operator; returns (x, iterations)."""
     x = np.zeros_like(rhs)
     r = rhs.copy()
@@ -208,9 +209,18 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
     if red.zero.any() and red.unattainable.any():
         cert = find_farkas(cs, red=red, lp=False)
         assert cert is not None
-        return RawSolution(None, cert.lam, INFEASIBLE, 0,
-                           {"backend": "frobenius", "path": "trivial", "reason": "zero feature, rhs unattainable",
-                            "time": time.perf_counter() - t0})
+        return RawSolution(
+            None,
+            cert.lam,
+            INFEASIBLE,
+            0,
+            {
+                "backend": "frobenius",
+                "path": "trivial",
+                "reason": "zero feature, rhs unattainable",
+                "time": time.perf_counter() - t0,
+            },
+        )
     raw = _solve_reduced(red.problem, opt)
     info = dict(raw.info, time=time.perf_counter() - t0, global_scale=red.global_scale)
     if raw.status == INFEASIBLE:
@@ -286,14 +296,14 @@ def _ldp_nnls(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution | None:
         # large relative error. w lies along Fᵀu: with homogeneous equalities its length is fixed
         # exactly by the tightest row, b_k / (F Fᵀu)_k, instead of by the denominator)
         u_k = u[: idx.size].copy()
-        u_k[eq] -= u[idx.size:]
+        u_k[eq] -= u[idx.size :]
         D = F.T @ u_k
         m = F @ D
         pos = ~eq & (b > 0)
         if not np.any(eq & (b != 0)) and pos.any() and np.all(m[pos] > 0):
             t = float(np.max(b[pos] / m[pos]))
         else:
-            t = 1.0 / (denom * scale ** 2)
+            t = 1.0 / (denom * scale**2)
         lam = np.zeros(n * T)
         lam[idx] = t * u_k
         M = (t * D).reshape(ra, rz)
@@ -301,15 +311,19 @@ def _ldp_nnls(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution | None:
             return RawSolution(sub.lift(M), lam.reshape(n, T), OPTIMAL, 1, info)
     # r ≈ 0: u is a candidate Farkas certificate (the caller verifies it)
     lam_k = u[: idx.size].copy()
-    lam_k[eq] -= u[idx.size:]
+    lam_k[eq] -= u[idx.size :]
     cert = np.zeros(n * T)
     cert[idx] = lam_k / max(np.abs(lam_k).sum(), _TINY)
     return RawSolution(None, cert.reshape(n, T), INFEASIBLE, 1, info)
 
 
-
-def _pdas(G: NDArray[np.float64], b: NDArray[np.float64], ineq: NDArray[np.bool_], ridge: float,
-          max_iter: int = FrobeniusOptions.pdas_max_iter) -> tuple[NDArray[np.float64] | None, int]:
+def _pdas(
+    G: NDArray[np.float64],
+    b: NDArray[np.float64],
+    ineq: NDArray[np.bool_],
+    ridge: float,
+    max_iter: int = FrobeniusOptions.pdas_max_iter,
+) -> tuple[NDArray[np.float64] | None, int]:
     """Primal-dual active-set warm start for the dense dual QP (Hintermüller, Ito & Kunisch, 2002).
 
     Iterates ``A = {k ∈ I : λ_k − c·(Gλ − b)_k ≤ 0}``, ``λ_A = 0``, ``(Gλ − b)_F = 0`` on the rest
@@ -496,8 +510,9 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
         info["certificate_residual"] = float(np.linalg.norm(op.adjoint_flat(lam))) / float(np.abs(lam).sum())
         return RawSolution(None, cert, INFEASIBLE, pdas_iter + it, info)
     if status == MAX_ITER:
-        log.warning("frobenius solver stopped after max_iter=%d iterations (violation %.2e, gap %.2e)",
-                    max_iter, viol, gap)
+        log.warning(
+            "frobenius solver stopped after max_iter=%d iterations (violation %.2e, gap %.2e)", max_iter, viol, gap
+        )
     if M is None:
         M = op.adjoint_flat(lam)
     return RawSolution(M if sub is None else sub.lift(M), dual, status, pdas_iter + it, info)
@@ -560,8 +575,13 @@ def _working_set(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
         S.flat[flat] = True
         log.debug("frobenius working set: round %d, %d constraints, %d added", rounds, int(S.sum()), flat.size)
     info = dict(raw.info)
-    info.update(path=f"working_set+{raw.info.get('path')}", rounds=rounds, working_set_size=int(S.sum()),
-                time=time.perf_counter() - t0, K=cs.n_constraints)
+    info.update(
+        path=f"working_set+{raw.info.get('path')}",
+        rounds=rounds,
+        working_set_size=int(S.sum()),
+        time=time.perf_counter() - t0,
+        K=cs.n_constraints,
+    )
     if raw.status == INFEASIBLE:  # a subset is infeasible: so is the full set
         return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, total_iter, info)
     if raw.W is not None:

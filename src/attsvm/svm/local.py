@@ -17,8 +17,9 @@ from .status import INFEASIBLE, SOLUTION_PRESENT
 __all__ = ["locally_optimal"]
 
 
-def locally_optimal(problem: AttentionProblem, tokens: ArrayLike | None = None, *, tol: float = 1e-9
-                    ) -> LocalOptimalityReport:
+def locally_optimal(
+    problem: AttentionProblem, tokens: ArrayLike | None = None, *, tol: float = 1e-9
+) -> LocalOptimalityReport:
     """Is the selection ``tokens`` (default: the optimal tokens) locally optimal? (docs/spec.md §2).
 
     Returns a :class:`~attsvm.tokens.LocalOptimalityReport`: feasibility, the support tokens of

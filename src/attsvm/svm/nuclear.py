@@ -82,9 +82,15 @@ from .certificate import find_farkas, relative_violation
 from .reduction import Reduction, reduce
 from .status import INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
-__all__ = ["solve_nuclear", "solve_nuclear_rank", "NuclearOptions",
-           "infeasibility_certificate", "balanced_factors",
-           "NUCLEAR_GAP_TOL", "CONVEX_OPT_RTOL"]
+__all__ = [
+    "solve_nuclear",
+    "solve_nuclear_rank",
+    "NuclearOptions",
+    "infeasibility_certificate",
+    "balanced_factors",
+    "NUCLEAR_GAP_TOL",
+    "CONVEX_OPT_RTOL",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -113,23 +119,40 @@ def _lift_dual(red: _Reduced, lam_scaled: NDArray[np.float64]) -> NDArray[np.flo
     return np.where(red.ineq, np.maximum(lam, 0.0), lam)
 
 
-def _trivial(cs: ConstraintSet, reduction: Reduction, red: _Reduced, t0: float, solver: str
-             ) -> RawSolution | None:
+def _trivial(cs: ConstraintSet, reduction: Reduction, red: _Reduced, t0: float, solver: str) -> RawSolution | None:
     """Handle the infeasible-by-inspection and constraint-free cases; None otherwise."""
     if reduction.unattainable.any():
         cert = find_farkas(cs, red=reduction, lp=False)
         assert cert is not None
-        return RawSolution(None, cert.lam, INFEASIBLE, 0,
-                           {"solver": solver, "reason": "zero constraint feature with positive right-hand side",
-                            "time": time.perf_counter() - t0})
+        return RawSolution(
+            None,
+            cert.lam,
+            INFEASIBLE,
+            0,
+            {
+                "solver": solver,
+                "reason": "zero constraint feature with positive right-hand side",
+                "time": time.perf_counter() - t0,
+            },
+        )
     # W = 0 satisfies every row when b ≤ 0 on the inequalities and b = 0 on the equalities, and has the
     # smallest possible norm: exact, with λ = 0 (the augmented Lagrangian would only crawl towards it)
     homogeneous = bool(np.all(cs.rhs[cs.inequality] <= 0) and np.all(cs.rhs[cs.equality] == 0))
     if homogeneous or not red.mask.any() or red.A.shape[2] == 0 or red.Z.shape[1] == 0:
         d = cs.d
-        return RawSolution(np.zeros((d, d)), np.zeros(cs.mask.shape), OPTIMAL, 0,
-                           {"solver": solver, "objective": 0.0, "dual_objective": 0.0, "relative_gap": 0.0,
-                            "time": time.perf_counter() - t0})
+        return RawSolution(
+            np.zeros((d, d)),
+            np.zeros(cs.mask.shape),
+            OPTIMAL,
+            0,
+            {
+                "solver": solver,
+                "objective": 0.0,
+                "dual_objective": 0.0,
+                "relative_gap": 0.0,
+                "time": time.perf_counter() - t0,
+            },
+        )
     return None
 
 
@@ -183,8 +206,14 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
     # the active-set corrections of the polish absorb the rougher guess at that size)
     small = bool(red.mask.sum() <= opt.small_k) if opt.path == "auto" else opt.path == "lean"
     if small:  # the fast path; it hands over after lean_max_failed_polish polishes that did not certify
-        run = _ALMRun(tol=tol, max_iter=max_iter, grow_rank=True, lean=True, gtol0=opt.gtol0_small,
-                      max_failed_polish=opt.lean_max_failed_polish if opt.path == "auto" else None)
+        run = _ALMRun(
+            tol=tol,
+            max_iter=max_iter,
+            grow_rank=True,
+            lean=True,
+            gtol0=opt.gtol0_small,
+            max_failed_polish=opt.lean_max_failed_polish if opt.path == "auto" else None,
+        )
         res = _alm(red, K, Q, opt, run, rng=rng)
     path = "lean"
     bmax = max(1.0, float(np.abs(red.b).max(initial=0.0)))
@@ -195,19 +224,30 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
         # the reference path: scipy's L-BFGS-B (its Wolfe line search gives the polish steadier points on
         # badly scaled data, e.g. real attention heads), from the same start
         if small:
-            logger.debug("lean path did not certify after %d outer iterations: rerunning with scipy's L-BFGS-B",
-                         res.n_outer)
+            logger.debug(
+                "lean path did not certify after %d outer iterations: rerunning with scipy's L-BFGS-B", res.n_outer
+            )
             rng = np.random.default_rng(seed)
             K, Q = _initial_factors(red, p, rng)
         lean_res = res if small else None
-        res = _alm(red, K, Q, opt, _ALMRun(tol=tol, max_iter=max_iter, grow_rank=True, lean=False, gtol0=opt.gtol0),
-                   rng=rng)
+        res = _alm(
+            red, K, Q, opt, _ALMRun(tol=tol, max_iter=max_iter, grow_rank=True, lean=False, gtol0=opt.gtol0), rng=rng
+        )
         path = "scipy" if not small else "lean, then scipy"
-        if lean_res is not None and not res.converged and _better(lean_res, res, 1e-9 * float(
-                max(1.0, np.abs(red.b).max(initial=0.0)))):
+        if (
+            lean_res is not None
+            and not res.converged
+            and _better(lean_res, res, 1e-9 * float(max(1.0, np.abs(red.b).max(initial=0.0))))
+        ):
             res = lean_res
-    info = {"solver": "alm-burer-monteiro", "rank_reduced": (r_a, r_z), "outer_iterations": res.n_outer,
-            "inner_iterations": res.n_inner, "path": path, "time": None}
+    info = {
+        "solver": "alm-burer-monteiro",
+        "rank_reduced": (r_a, r_z),
+        "outer_iterations": res.n_outer,
+        "inner_iterations": res.n_inner,
+        "path": path,
+        "time": None,
+    }
     if res.violation > 1e-6 * bmax:
         if cert is None:
             cert = find_farkas(cs, red=reduction)
@@ -220,8 +260,11 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
             if fro.status == INFEASIBLE:
                 cert = find_farkas(cs, candidates=(("frobenius dual ray", fro.dual),), red=reduction, lp=False)
         if cert is not None:
-            info.update(reason=f"augmented Lagrangian stalled; Farkas certificate from the {cert.source}",
-                        certificate_source=cert.source, time=time.perf_counter() - t0)
+            info.update(
+                reason=f"augmented Lagrangian stalled; Farkas certificate from the {cert.source}",
+                certificate_source=cert.source,
+                time=time.perf_counter() - t0,
+            )
             return RawSolution(None, cert.lam, INFEASIBLE, res.n_outer, info)
     M = _make_feasible(red, res.K @ res.Q.T) if res.M is None else res.M  # (already made feasible)
     W = reduction.lift_W(M)
@@ -229,19 +272,34 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
     feasible = res.violation <= 1e-9 * max(1.0, float(np.abs(red.b).max(initial=0.0)))
     status = OPTIMAL if (res.converged or (res.gap <= tol and feasible)) else OPTIMAL_INACCURATE
     if status != "optimal":
-        warnings.warn(f"solve_nuclear stopped after {res.n_outer} outer iterations with relative gap "
-                      f"{res.gap:.2e} > tol={tol:.1e} (violation {res.violation:.1e})", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"solve_nuclear stopped after {res.n_outer} outer iterations with relative gap "
+            f"{res.gap:.2e} > tol={tol:.1e} (violation {res.violation:.1e})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     # (the ALM works in the reduced units: ‖W‖_* = g · ‖M‖_*, and the dual bound scales alike)
     g = reduction.global_scale
     objective = g * (res.primal if res.M is not None else _nuclear(M))
-    info.update(objective=objective, dual_objective=g * res.dual, relative_gap=res.gap,
-                violation=cs.violation(W), time=time.perf_counter() - t0)
+    info.update(
+        objective=objective,
+        dual_objective=g * res.dual,
+        relative_gap=res.gap,
+        violation=cs.violation(W),
+        time=time.perf_counter() - t0,
+    )
     return RawSolution(W, reduction.lift_dual(_lift_dual(red, res.lam)), status, res.n_outer, info)
 
 
-def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, options: NuclearOptions | None = None, restarts: int = 3,
-                       convex: RawSolution | None = None, **overrides: Any) -> RawSolution:
+def solve_nuclear_rank(
+    cs: ConstraintSet,
+    *,
+    rank: int,
+    options: NuclearOptions | None = None,
+    restarts: int = 3,
+    convex: RawSolution | None = None,
+    **overrides: Any,
+) -> RawSolution:
     """Rank-constrained Att-SVM* (docs/spec.md §3): ``min ½(‖K‖_F² + ‖Q‖_F²)`` s.t. the constraints on ``W = KQᵀ``.
 
     ``K, Q`` have ``rank`` columns (so ``rank(W) ≤ rank``). The problem is non-convex: we run the
@@ -268,8 +326,14 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, options: NuclearOptions 
     if convex is None:
         convex = solve_nuclear(cs, replace(opt, tol=min(tol, NUCLEAR_GAP_TOL)))
     if convex.status == INFEASIBLE:
-        info = dict(convex.info, rank=rank, reached_convex_optimum=False, convex_objective=None,
-                    objective=None, solver="alm-burer-monteiro-rank")
+        info = dict(
+            convex.info,
+            rank=rank,
+            reached_convex_optimum=False,
+            convex_objective=None,
+            objective=None,
+            solver="alm-burer-monteiro-rank",
+        )
         return RawSolution(None, convex.dual, INFEASIBLE, 0, info)
     assert convex.W is not None
     f_convex = float(convex.info["objective"])
@@ -293,8 +357,14 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, options: NuclearOptions 
     lam_cvx = reduction.reduce_dual(convex.dual) * red.scale * red.mask
     scale_b = max(1.0, float(np.abs(red.b).max(initial=0.0)))
     for K0, Q0 in starts:
-        res = _alm(red, K0, Q0, opt, _ALMRun(tol=tol, max_iter=max_iter, certify=False,
-                                             lean=bool(red.mask.sum() <= opt.small_k)), lam=lam_cvx)
+        res = _alm(
+            red,
+            K0,
+            Q0,
+            opt,
+            _ALMRun(tol=tol, max_iter=max_iter, certify=False, lean=bool(red.mask.sum() <= opt.small_k)),
+            lam=lam_cvx,
+        )
         total_outer += res.n_outer
         M = res.K @ res.Q.T
         Mf = _rescale_only(red, M)
@@ -317,11 +387,20 @@ def solve_nuclear_rank(cs: ConstraintSet, *, rank: int, options: NuclearOptions 
     violation = cs.violation(W)
     feasible = relative_violation(cs, W) <= 1e-8
     status = OPTIMAL if reached else (OPTIMAL_INACCURATE if feasible else MAX_ITER)
-    info = {"solver": "alm-burer-monteiro-rank", "rank": rank, "objective": obj, "convex_objective": f_convex,
-            "relative_excess": rel, "reached_convex_optimum": reached, "violation": violation,
-            "convex_rank_reduced": (r_a, r_z), "restarts": restarts, "K": K, "Q": Q,
-            "start_objectives": start_objectives,
-            "global_guarantee": reached,
-            "time": time.perf_counter() - t0}
+    info = {
+        "solver": "alm-burer-monteiro-rank",
+        "rank": rank,
+        "objective": obj,
+        "convex_objective": f_convex,
+        "relative_excess": rel,
+        "reached_convex_optimum": reached,
+        "violation": violation,
+        "convex_rank_reduced": (r_a, r_z),
+        "restarts": restarts,
+        "K": K,
+        "Q": Q,
+        "start_objectives": start_objectives,
+        "global_guarantee": reached,
+        "time": time.perf_counter() - t0,
+    }
     return RawSolution(W, reduction.lift_dual(_lift_dual(red, res.lam)), status, total_outer, info)
-

@@ -146,5 +146,6 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     else:
         sub = Subspaces(U=np.eye(d), V=np.eye(Z.shape[1]), A=A, Z=Z)
         problem = norm
-    return Reduction(original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero,
-                     identity_sub=not subspace)
+    return Reduction(
+        original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero, identity_sub=not subspace
+    )

@@ -8,18 +8,28 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Status", "OPTIMAL", "OPTIMAL_INACCURATE", "INFEASIBLE", "MAX_ITER", "ERROR",
-           "SOLUTION_PRESENT", "CERTIFIED", "FAILED", "ALL_STATUSES"]
+__all__ = [
+    "Status",
+    "OPTIMAL",
+    "OPTIMAL_INACCURATE",
+    "INFEASIBLE",
+    "MAX_ITER",
+    "ERROR",
+    "SOLUTION_PRESENT",
+    "CERTIFIED",
+    "FAILED",
+    "ALL_STATUSES",
+]
 
 
 class Status(StrEnum):
     """Outcome of a solve (docs/spec.md §3)."""
 
-    OPTIMAL = "optimal"                        # certificate checked at the requested tolerance
+    OPTIMAL = "optimal"  # certificate checked at the requested tolerance
     OPTIMAL_INACCURATE = "optimal_inaccurate"  # a primal point, certificate misses the tolerance
-    INFEASIBLE = "infeasible"                  # a verified Farkas certificate (see certificate.py)
-    MAX_ITER = "max_iter"                      # the iteration limit cut the solve short
-    ERROR = "error"                            # the backend failed; ``info`` says why
+    INFEASIBLE = "infeasible"  # a verified Farkas certificate (see certificate.py)
+    MAX_ITER = "max_iter"  # the iteration limit cut the solve short
+    ERROR = "error"  # the backend failed; ``info`` says why
 
 
 OPTIMAL = Status.OPTIMAL
