@@ -689,14 +689,14 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for k, m in enumerate(methods):
-        pts = sorted((q["ratio"], q["perplexity"]) for q in res["perplexity"] if q["method"] == m)
-        if not pts:
+        ppl = sorted((q["ratio"], q["perplexity"]) for q in res["perplexity"] if q["method"] == m)
+        if not ppl:
             continue
-        r, p = zip(*pts, strict=True)
+        r_ppl, p = zip(*ppl, strict=True)
         if m == "full":
             ax.axhline(p[0], color="k", ls="--", lw=1, label="full cache")
         else:
-            ax.plot(r, p, marker="o", ms=3, color=cmap(k % 20), ls="-" if m in SVM_METHODS else "-.", label=m)
+            ax.plot(r_ppl, p, marker="o", ms=3, color=cmap(k % 20), ls="-" if m in SVM_METHODS else "-.", label=m)
     ax.set_xlabel("compression ratio")
     ax.set_ylabel("held-out perplexity")
     ax.set_yscale("log")

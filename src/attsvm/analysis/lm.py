@@ -460,11 +460,13 @@ def _task_batch(
             continue
         if u < repeat + drill:
             text, vals = _drill(rng, words, n_tokens)
-            ids = [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
+            drill_ids = [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
             tail = len(vals) * 3
             vset = set(tok.convert_tokens_to_ids(vals))
-            m = [False] * (len(ids) - tail) + [i in vset and j % 3 == 1 for j, i in enumerate(ids[len(ids) - tail :])]
-            seqs.append(ids)
+            m = [False] * (len(drill_ids) - tail) + [
+                i in vset and j % 3 == 1 for j, i in enumerate(drill_ids[len(drill_ids) - tail :])
+            ]
+            seqs.append(drill_ids)
             masks.append(m)
             continue
         task = TASKS[int(rng.integers(len(TASKS)))]

@@ -203,10 +203,8 @@ def sample_example(
     context = _insert(_haystack(words, rng, n_tokens - need), needles, rng)
     n_asked = spec.n_queries if task == "mqar" else 1
     asked = rng.choice(n_needles, size=n_asked, replace=False).tolist()
-    queries: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
-        (*_value_question(keys[i]), (values[i],)) for i in asked
-    )
-    return Example(task, " ".join(context), queries, max_new_tokens=2)
+    asked_queries = tuple((*_value_question(keys[i]), (values[i],)) for i in asked)
+    return Example(task, " ".join(context), asked_queries, max_new_tokens=2)
 
 
 def make_rows(
