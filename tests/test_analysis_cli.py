@@ -35,7 +35,7 @@ def test_analyze_minilm_quick_writes_heads_report_and_figures(tmp_path):
         assert (out / name).stat().st_size > 0, name
     view = json.loads((out / "svm_view.json").read_text())
     assert view["fro_status"] == "optimal" and view["fro_certificate"]["max_violation"] < 1e-8
-    assert view["fro_certificate"]["rank"] <= view["n_pairs"]  # rank(W_mm) <= n (SPEC §3)
+    assert view["fro_certificate"]["rank"] <= view["n_pairs"]  # rank(W_mm) <= n (docs/spec.md §3)
     assert view["margin_efficiency"] <= 1.0 + 1e-9  # W_mm has the largest normalized margin
     assert view["margin_efficiency"] > 0  # the head separates its own selection
     assert "What the numbers show" in (out / "report.md").read_text()

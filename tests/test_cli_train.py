@@ -18,7 +18,7 @@ def test_train_command_summary_and_json(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "trained 2 run(s): param=W steps=2000 normalized GD" in text
-    assert "convergence types (SPEC §4, tau=0.99): global: 2" in text
+    assert "convergence types (docs/spec.md §4, tau=0.99): global: 2" in text
     data = json.loads(out.read_text())
     assert data["settings"]["param"] == "W" and data["settings"]["seeds"] == [0, 1]
     np.testing.assert_array_equal(data["history"]["step"], [0, 500, 1000, 1500, 2000])

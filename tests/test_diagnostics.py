@@ -1,4 +1,4 @@
-"""Diagnostics against the SVM theory (SPEC §4, §5): convergence type, correlations, SVM-equivalence."""
+"""Diagnostics against the SVM theory (docs/spec.md §4, §5): convergence type, correlations, SVM-equivalence."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def test_mixture_prediction_matches_cvxpy_convex_program():
 
 
 def _independent_eq_constraints(p, O, s):
-    """W^eq / W_fin constraints written directly from SPEC §5, all pairs (t, τ), by cvxpy."""
+    """W^eq / W_fin constraints written directly from docs/spec.md §5, all pairs (t, τ), by cvxpy."""
     W = cp.Variable((p.d, p.d))
     cons_eq, cons_fin = [], []
     for i in range(p.n):

@@ -1,4 +1,4 @@
-"""Feasibility and infeasibility certificates (SPEC §3, theorem of alternatives)."""
+"""Feasibility and infeasibility certificates (docs/spec.md §3, theorem of alternatives)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_general_constraint_set_with_equalities():
 
 
 def test_locally_optimal_report():
-    """SPEC §2: opt is locally optimal; a selection whose support holds a better token is not."""
+    """docs/spec.md §2: opt is locally optimal; a selection whose support holds a better token is not."""
     from attsvm.svm import locally_optimal
 
     p = paper_instance(6, 8, 10, seed=0)

@@ -1,4 +1,4 @@
-"""The attention model and its analytic gradient (SPEC §1, §4): finite differences, stability, conventions."""
+"""The attention model and its analytic gradient (docs/spec.md §1, §4): finite differences, stability, conventions."""
 
 from __future__ import annotations
 

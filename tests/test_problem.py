@@ -1,4 +1,4 @@
-"""AttentionProblem, heads, datasets, tokens and metrics (SPEC §1–2, §6)."""
+"""AttentionProblem, heads, datasets, tokens and metrics (docs/spec.md §1–2, §6)."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_npz_round_trip(tmp_path, rng):
 
 # ---------------------------------------------------------------- datasets
 def test_paper_recipe_matches_published_draws():
-    """Re-derive the published generator inline (SPEC §6) and compare draw for draw."""
+    """Re-derive the published generator inline (docs/spec.md §6) and compare draw for draw."""
     n, T, d, seed = 6, 8, 10, 7
     g = torch.Generator().manual_seed(seed)
     v = torch.randn((d,), generator=g)

@@ -1,4 +1,4 @@
-"""Every solution carries a certificate that actually certifies it (SPEC §3; cvxpy's test_KKT style)."""
+"""Every solution carries a certificate that actually certifies it (docs/spec.md §3; cvxpy's test_KKT style)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _check_certificate(svm: AttentionSVM, problem, tokens, cs_tol: float = CS_TO
         dual = lam.sum() - 0.5 * np.sum(cs.adjoint(lam) ** 2)
         assert 0.5 * np.sum(W**2) - dual <= GAP_TOL * max(1.0, 0.5 * np.sum(W**2))
         assert svm.objective_ == pytest.approx(np.linalg.norm(W), rel=1e-12)
-        assert svm.rank_ <= problem.n  # row space ⊂ span{z_i} (SPEC §3)
+        assert svm.rank_ <= problem.n  # row space ⊂ span{z_i} (docs/spec.md §3)
     else:
         dual = lam.sum() / max(1.0, np.linalg.norm(cs.adjoint(lam), 2))
         nuc = np.linalg.svd(W, compute_uv=False).sum()
@@ -57,7 +57,7 @@ def _check_certificate(svm: AttentionSVM, problem, tokens, cs_tol: float = CS_TO
     seed=st.integers(0, 10_000),
 )
 def test_frobenius_certificate_on_random_instances(n, T, extra, self_att, seed):
-    d = max(T - 1, n) + extra + (1 if self_att else 0)  # generic feasibility (SPEC §3)
+    d = max(T - 1, n) + extra + (1 if self_att else 0)  # generic feasibility (docs/spec.md §3)
     p = random_instance(n, T, d, seed=seed, self_attention=self_att)
     alpha = p.optimal_tokens(ties="first")
     svm = AttentionSVM("fro").fit(p, alpha)

@@ -1,4 +1,4 @@
-"""SPEC §5: selected sets, the SVM-equivalence W^eq, the finite component W_fin, the decomposition
+"""docs/spec.md §5: selected sets, the SVM-equivalence W^eq, the finite component W_fin, the decomposition
 fit, and the optimal attention mixture of convex heads — each against an independent cvxpy
 formulation written here from the SPEC's pairwise definitions (all pairs t, τ), not from the
 reference-token reduction the module uses."""
@@ -41,7 +41,7 @@ def _instance(seed: int, d: int = 8) -> tuple[AttentionProblem, np.ndarray, np.n
 
 
 def _pairwise_cvxpy(p: AttentionProblem, O: np.ndarray, norm: str, probs: np.ndarray | None) -> np.ndarray:
-    """min ‖W‖ with the pairs of SPEC §5 as separate constraints (W^eq if probs is None, else W_fin).
+    """min ‖W‖ with the pairs of docs/spec.md §5 as separate constraints (W^eq if probs is None, else W_fin).
 
     Equalities are written along a chain of consecutive members of O_i (linearly independent, so the
     interior-point solver stays well posed); inequalities for every (t ∈ O_i, τ ∉ O_i)."""
@@ -97,7 +97,7 @@ def test_svm_eq_certified_and_matches_pairwise_cvxpy(seed: int, norm: str) -> No
     assert est.max_violation_ <= VIOL_TOL
     assert est.relative_gap_ <= GAP_RTOL
     logits = p.logits(est.W_)
-    for i in range(p.n):  # every pair of SPEC §5 holds, not just the reference-token rows
+    for i in range(p.n):  # every pair of docs/spec.md §5 holds, not just the reference-token rows
         inside, outside = logits[i, O[i]], logits[i, ~O[i]]
         assert np.ptp(inside) <= 1e-8 * max(1.0, np.abs(inside).max())
         if outside.size:
@@ -234,11 +234,11 @@ def test_optimal_mixture_matches_cvxpy(seed: int, token_norm: float) -> None:
     assert np.array_equal(mix.weights > 1e-2, ref > 1e-2)  # the same predicted sets
     assert np.allclose(mix.weights.sum(axis=1), 1.0) and np.all(mix.weights >= 0)
     # optimal losses are no worse than any single token or the uniform mixture
-    tok = -p.scores  # per-token cross-entropy (SPEC §2)
+    tok = -p.scores  # per-token cross-entropy (docs/spec.md §2)
     assert np.all(mix.loss <= tok.min(axis=1) + 1e-10)
     assert np.array_equal(mix.support, mix.weights >= 1e-6)
     assert mix.support.any(axis=1).all()
-    if token_norm == 1.0:  # small logits: the best mixtures use several tokens (|O_i| > 1, SPEC §5)
+    if token_norm == 1.0:  # small logits: the best mixtures use several tokens (|O_i| > 1, docs/spec.md §5)
         assert (mix.support.sum(axis=1) > 1).any()
 
 

@@ -1,4 +1,4 @@
-"""Our Frobenius solver against two independent implementations (cvxpy, scikit-learn SVC), SPEC §3."""
+"""Our Frobenius solver against two independent implementations (cvxpy, scikit-learn SVC), docs/spec.md §3."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_three_implementations_agree(n, T, d):
     assert f(ours.W) == pytest.approx(f(W_skl), rel=OBJ_RTOL)
     np.testing.assert_allclose(ours.W, ref.W, atol=W_ATOL)
     np.testing.assert_allclose(ours.W, W_skl, atol=W_ATOL)
-    # the duals are the SVM's support coefficients: W = 𝒜*(λ), ‖W‖² = 1ᵀλ (SPEC §3)
+    # the duals are the SVM's support coefficients: W = 𝒜*(λ), ‖W‖² = 1ᵀλ (docs/spec.md §3)
     np.testing.assert_allclose(cs.adjoint(ours.dual), ours.W, atol=1e-12)
     assert f(ours.W) ** 2 == pytest.approx(ours.dual.sum(), rel=1e-10)
 
@@ -75,7 +75,7 @@ def test_dense_and_matrix_free_paths_agree(n, T, d):
 
 
 def test_solution_lives_in_the_data_subspaces():
-    """Row space ⊂ span{z_i}, column space ⊂ span{a_k}; hence rank(W_mm) ≤ n (SPEC §3)."""
+    """Row space ⊂ span{z_i}, column space ⊂ span{a_k}; hence rank(W_mm) ≤ n (docs/spec.md §3)."""
     p = random_instance(4, 6, 12, seed=5)
     svm = AttentionSVM().fit(p, p.optimal_tokens())
     Z = p.queries
@@ -85,7 +85,7 @@ def test_solution_lives_in_the_data_subspaces():
 
 
 def _eq_constraints(seed: int, n=5, T=6, d=8) -> ConstraintSet:
-    """A SPEC §5 shaped set: equalities inside O_i (free-sign rhs), inequalities ≥ 1 outside."""
+    """A docs/spec.md §5 shaped set: equalities inside O_i (free-sign rhs), inequalities ≥ 1 outside."""
     rng = np.random.default_rng(seed)
     p = random_instance(n, T, d, seed=seed)
     A, mask = att_svm_constraints(p, np.zeros(n, dtype=np.int64)).A, None
@@ -183,7 +183,7 @@ def test_stalled_newton_instance_is_solved_exactly():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_ldp_route_matches_cvxpy(seed):
-    """The NNLS least-distance route on its own, with equality rows (SPEC §5 shape)."""
+    """The NNLS least-distance route on its own, with equality rows (docs/spec.md §5 shape)."""
     from attsvm.svm.frobenius import FrobeniusOptions, _ldp_nnls
 
     p = random_instance(4, 5, 6, seed=seed)

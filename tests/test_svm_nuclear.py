@@ -1,4 +1,4 @@
-"""The nuclear-norm attention SVM (Att-SVM*, SPEC §3) and its rank-constrained variant.
+"""The nuclear-norm attention SVM (Att-SVM*, docs/spec.md §3) and its rank-constrained variant.
 
 Checks: agreement with cvxpy (Clarabel, an interior-point SDP solve of the same problem), exact
 feasibility, a tight duality gap recomputed here from the returned multipliers, the low-rank claim of
@@ -88,7 +88,7 @@ def test_matches_cvxpy_and_certifies(n: int, T: int, d: int, self_att: bool, see
     assert spec <= 1 + DUAL_FEAS_TOL
     # our optimum is never worse than the interior-point one (up to its own accuracy)
     assert f_ours <= f_ref * (1 + 1e-7)
-    # some optimum lies in span{a} × span{z}: rank ≤ n (SPEC §3)
+    # some optimum lies in span{a} × span{z}: rank ≤ n (docs/spec.md §3)
     assert matrix_rank(raw.W) <= min(n, d)
 
 
@@ -104,7 +104,7 @@ def test_estimator_nuclear_certificate_on_paper_instance() -> None:
 
 
 def test_equality_rows_match_cvxpy() -> None:
-    """General ConstraintSets (SPEC §5's SVM-eq shape): equalities b = 0 plus inequalities b = 1."""
+    """General ConstraintSets (docs/spec.md §5's SVM-eq shape): equalities b = 0 plus inequalities b = 1."""
     p = random_instance(5, 6, 8, seed=11)
     n, T = p.n, p.T
     rng = np.random.default_rng(3)
@@ -128,7 +128,7 @@ def _assert_certified_and_matches_cvxpy(cs: ConstraintSet) -> None:
 
 
 def test_nonhomogeneous_equalities_wfin_shape() -> None:
-    """Pure equality rows with arbitrary right-hand sides (the W_fin shape of SPEC §5)."""
+    """Pure equality rows with arbitrary right-hand sides (the W_fin shape of docs/spec.md §5)."""
     p = random_instance(4, 5, 9, seed=5)
     n, T = p.n, p.T
     A = p.X[:, :1, :] - p.X
@@ -149,7 +149,7 @@ def test_badly_scaled_instance_escapes_saddle() -> None:
     assert abs(_nuc(raw.W) - _nuc(cv.W)) <= OBJ_RTOL * _nuc(cv.W)
 
 
-# --------------------------------------------------------------------------- svm-rank (SPEC §6)
+# --------------------------------------------------------------------------- svm-rank (docs/spec.md §6)
 def _rank_check(n: int, T: int, d: int, seeds: range, *, enough: int | None = None) -> int:
     checked = 0
     for seed in seeds:

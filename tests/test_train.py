@@ -1,4 +1,4 @@
-"""Batched (normalized) GD training and the regularization path (SPEC §4)."""
+"""Batched (normalized) GD training and the regularization path (docs/spec.md §4)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from attsvm.train import (
 BATCH_ATOL = 1e-10
 # our trainer vs an independent autograd / nn.Linear / torch.optim.SGD loop, before saturation
 PUBLISHED_ATOL = 1e-9
-# SPEC §4 convergence threshold
+# docs/spec.md §4 convergence threshold
 TAU = 0.99
 # "the other norm's solution clearly further away"
 CLEAR_GAP = 0.03
@@ -186,7 +186,7 @@ def _check_local_convergence(out, min_share=1.0):
 
 
 def test_local_convergence_published_recipe():
-    """SPEC §6 local-convergence: W → Frobenius SVM, (K, Q) → nuclear SVM of the selected tokens."""
+    """docs/spec.md §6 local-convergence: W → Frobenius SVM, (K, Q) → nuclear SVM of the selected tokens."""
     _check_local_convergence(_local_convergence(range(3)))
 
 
@@ -403,7 +403,7 @@ def test_cuda_matches_cpu():
 
 
 def test_regularization_path_aligns_with_svms():
-    """SPEC §4: W̄_R/R → W_mm/‖W_mm‖ and K̄Q̄ᵀ aligns with W*_mm as R grows (solvers' references
+    """docs/spec.md §4: W̄_R/R → W_mm/‖W_mm‖ and K̄Q̄ᵀ aligns with W*_mm as R grows (solvers' references
     checked against an independent cvxpy solve)."""
     p = paper_instance(6, 8, 10, seed=0)
     radii = [1.0, 3.0, 10.0, 30.0, 300.0]
