@@ -65,12 +65,7 @@ test: lint docs $(KVSTAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # a fresh virtual environment with only the core install fits AttentionSVM and trains
-test-core-$(KVSTAMP): pyproject.toml scripts/kvpress_env.sh
-	PYTHON=$(PYTHON) bash scripts/kvpress_env.sh $(KVVENV)
-
-install: $(STAMP)
-
-install-kvpress: $(KVSTAMP)
+test-core-install: $(STAMP)
 	$(PY) -m pytest -q -m core_install tests/test_packaging.py
 
 test-slow: $(STAMP)
