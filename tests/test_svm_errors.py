@@ -24,7 +24,7 @@ def problem():
 @pytest.mark.parametrize(
     "kwargs,exc,match",
     [
-        (dict(norm="l1"), ValueError, r"norm must be one of 'fro', 'nuc'; got 'l1'"),
+        (dict(norm="l3"), ValueError, r"norm must be one of 'fro', 'nuc', 'lp', 'l1', 'linf'; got 'l3'"),
         (dict(norm=True), ValueError, r"norm must be one of"),
         (dict(backend="scs"), ValueError, r"backend must be one of 'auto', 'cvxpy'; got 'scs'"),
         (dict(on_infeasible="ignore"), ValueError, r"on_infeasible must be one of 'status', 'raise'"),

@@ -206,3 +206,86 @@ def solve_cvxpy(
     if status == MAX_ITER:
         info["message"] = f"{solver} stopped at the time limit ({time_limit} s) without a solution"
     return RawSolution(None, dual, ERROR if status != MAX_ITER else status, n_iter, info)
+
+
+def solve_cvxpy_lp(
+    cs: ConstraintSet,
+    p: float,
+    *,
+    solver: str | None = None,
+    formulation: Literal["aux", "loop"] = "loop",
+    time_limit: float | None = None,
+    verbose: bool = False,
+) -> RawSolution:
+    """The ℓp attention SVM ``min ½‖W‖_p² s.t. cs`` with cvxpy's ``pnorm`` (docs/spec.md §8; the reference).
+
+    ``formulation="loop"`` (default) is the published one: one cvxpy constraint per pair, as
+    AttentionMD's code writes it; ``"aux"`` is the vectorised form of :func:`solve_cvxpy`. The data go
+    through the one reduction without its subspace step (an entrywise norm is not rotation invariant).
+    """
+    import cvxpy as cp
+
+    from .norms import lp_norm
+
+    p = lp_norm(p).p
+    check_choice(formulation, "formulation", FORMULATIONS)
+    solver = "CLARABEL" if solver is None else str(solver).upper()
+    check_choice(solver, "solver", SOLVERS)
+    if not isinstance(cs, ConstraintSet):
+        raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
+    t0 = time.perf_counter()
+    red = reduce_constraints(cs, subspace=False)
+    work = red.problem
+    n, T, d = work.A.shape
+    W = cp.Variable((d, work.Z.shape[1]), name="W")
+    ineq, eq = work.inequality, work.equality
+    info: dict = {"backend": "cvxpy", "solver": solver, "formulation": formulation, "p": p}
+    if red.unattainable.any():
+        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
+        info.update(cvxpy_status="infeasible", reason="zero feature row")
+        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info)
+    cons_ineq: list = []
+    cons_eq: list = []
+    if formulation == "aux":
+        U = cp.Variable((n, d), name="U")
+        link = [U == work.Z @ W.T]
+        u = cp.vec(U, order="F")
+        if ineq.any():
+            cons_ineq = [_margin_operator(work, ineq) @ u >= work.rhs[ineq]]
+        if eq.any():
+            cons_eq = [_margin_operator(work, eq) @ u == work.rhs[eq]]
+        constraints = link + cons_ineq + cons_eq
+    else:
+        for i, t in zip(*np.nonzero(work.mask)):
+            expr = work.A[i, t] @ W @ work.Z[i]
+            (cons_eq if work.equality[i, t] else cons_ineq).append(
+                (expr == work.rhs[i, t]) if work.equality[i, t] else (expr >= work.rhs[i, t])
+            )
+        constraints = cons_ineq + cons_eq
+    prob = cp.Problem(cp.Minimize(0.5 * cp.square(cp.pnorm(cp.vec(W, order="F"), p))), constraints)
+    try:
+        prob.solve(solver=solver, **_solver_options(solver, time_limit, verbose))
+    except Exception as exc:  # a solver failure is a status with info
+        info.update(cvxpy_status="solver_error", message=str(exc), time=time.perf_counter() - t0)
+        return RawSolution(None, np.zeros((cs.n, cs.T)), ERROR, 0, info)
+    info.update(cvxpy_status=prob.status, time=time.perf_counter() - t0)
+    status = STATUS_MAP.get(prob.status, ERROR)
+
+    def _collect(cons: list, rows: NDArray[np.bool_]) -> NDArray[np.float64]:
+        out = np.zeros((cs.n, cs.T))
+        if not cons:
+            return out
+        if formulation == "aux":
+            vals = cons[0].dual_value
+        else:
+            vals = np.array([c.dual_value if c.dual_value is not None else np.nan for c in cons], dtype=float)
+        if vals is None:
+            return out * np.nan
+        out[rows] = np.asarray(vals, dtype=float).ravel()
+        return out
+
+    dual = _collect(cons_ineq, ineq) - _collect(cons_eq, eq)
+    dual = np.nan_to_num(dual)
+    if status in (OPTIMAL, OPTIMAL_INACCURATE, MAX_ITER) and W.value is not None:
+        return RawSolution(red.lift_W(np.asarray(W.value, dtype=float)), red.lift_dual(dual, degree=2), status, 0, info)
+    return RawSolution(None, dual, status, 0, info)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -28,6 +29,7 @@ from .._validation import Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, att_svm_constraints
 from .certificate import FARKAS_RTOL, find_farkas, optimality_certificate
+from .norms import Norm, get_norm, lp_norm
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
 __all__ = ["AttentionSVM", "InfeasibleSVMError", "NotFittedError", "CERTIFICATE_RTOL"]
@@ -63,8 +65,23 @@ class NotFittedError(ValueError, AttributeError):
 
 # Declarative table of the parameters and their allowed values (checked in one place, with the
 # shared validators of attsvm._validation).
+@dataclass(frozen=True)
+class _Exponent(ParamSpec):
+    """None or a number p with 1 < p < ∞ (the ℓp norm's exponent; a ValueError naming p otherwise)."""
+
+    expected: str = "None or a number with 1 < p < inf"
+
+    def ok(self, value: Any) -> bool:
+        if value is None:
+            return True
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return False
+        return bool(1.0 < float(value) < np.inf)
+
+
 _PARAMETERS: dict[str, ParamSpec] = {
-    "norm": Choice(("fro", "nuc")),
+    "norm": Choice(("fro", "nuc", "lp", "l1", "linf")),
+    "p": _Exponent(),
     "rank": Integer(1, optional=True),
     "backend": Choice(("auto", "cvxpy")),
     "tol": Real(positive=True),
@@ -73,6 +90,9 @@ _PARAMETERS: dict[str, ParamSpec] = {
     "seed": Integer(0),
     "solver": Choice((None, "CLARABEL", "SCS")),
 }
+
+# Names of the norms in summaries.
+_NORM_NAMES = {"fro": "Frobenius", "nuc": "nuclear", "lp": "l{p:g}", "l1": "l1", "linf": "l-inf"}
 
 # Attributes set by fit (reading one before fit raises NotFittedError).
 _FITTED = (
@@ -107,7 +127,11 @@ class AttentionSVM:
 
     Parameters
     ----------
-    norm : {"fro", "nuc"}
+    norm : {"fro", "nuc", "lp", "l1", "linf"}
+        Frobenius (GD on W), nuclear (GD on (K, Q)), entrywise ℓp (ℓp mirror descent,
+        docs/spec.md §8; needs ``p``), or its LP limits ℓ1 / ℓ∞.
+    p : float, optional
+        The exponent of ``norm="lp"``, 1 < p < ∞ (p = 2 is the Frobenius problem).
         Frobenius (Att-SVM, the limit of GD on W) or nuclear (Att-SVM*, the limit of GD on (K, Q)).
     rank : int, optional
         ``norm="nuc"`` only: the rank-constrained Att-SVM* (``W = KQᵀ`` with K, Q of ``rank``
@@ -146,8 +170,9 @@ class AttentionSVM:
 
     def __init__(
         self,
-        norm: Literal["fro", "nuc"] = "fro",
+        norm: Literal["fro", "nuc", "lp", "l1", "linf"] = "fro",
         *,
+        p: float | None = None,
         rank: int | None = None,
         backend: Literal["auto", "cvxpy"] = "auto",
         tol: float = 1e-9,
@@ -157,6 +182,7 @@ class AttentionSVM:
         solver: str | None = None,
     ) -> None:
         self.norm = norm
+        self.p = p
         self.rank = rank
         self.backend = backend
         self.tol = tol
@@ -196,6 +222,12 @@ class AttentionSVM:
     def _validate_params(self) -> None:
         for name, spec in _PARAMETERS.items():
             check_param(getattr(self, name), name, spec)
+        if self.norm == "lp" and self.p is None:
+            raise ValueError("p is required for norm='lp' (an exponent with 1 < p < inf), got p=None")
+        if self.p is not None and self.norm != "lp":
+            raise ValueError(f"p={self.p!r} applies to norm='lp' only; got norm={self.norm!r}")
+        if self.norm in ("lp", "l1", "linf") and self.backend == "cvxpy" and self.norm != "lp":
+            raise ValueError(f"backend='cvxpy' has no {self.norm!r} formulation; use backend='auto' (HiGHS)")
         if self.rank is not None and self.norm != "nuc":
             raise ValueError(
                 f"rank={self.rank} is only defined for norm='nuc' (the rank-constrained "
@@ -205,6 +237,10 @@ class AttentionSVM:
             raise ValueError(f"rank={self.rank} needs backend='auto': cvxpy cannot express a rank constraint")
         if self.solver is not None and self.backend != "cvxpy":
             raise ValueError(f"solver={self.solver!r} applies to backend='cvxpy' only; got backend={self.backend!r}")
+
+    def _norm_object(self) -> Norm:
+        """The :class:`~attsvm.svm.norms.Norm` object of ``norm`` (and ``p``)."""
+        return lp_norm(float(self.p)) if self.norm == "lp" else get_norm(self.norm)
 
     # ------------------------------------------------------------------ fitting
     def fit(self, problem: AttentionProblem, tokens: ArrayLike | None = None) -> AttentionSVM:
@@ -229,7 +265,12 @@ class AttentionSVM:
             from .cvxpy_backend import solve_cvxpy
 
             try:
-                raw = solve_cvxpy(cs, self.norm, solver=self.solver)
+                if self.norm == "lp":
+                    from .cvxpy_backend import solve_cvxpy_lp
+
+                    raw = solve_cvxpy_lp(cs, float(self.p), solver=self.solver)
+                else:
+                    raw = solve_cvxpy(cs, self.norm, solver=self.solver)
             except Exception as exc:  # a solver failure is a status with info, never an escaping exception
                 raw = RawSolution(
                     None,
@@ -239,6 +280,14 @@ class AttentionSVM:
                     {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"},
                 )
             return raw, f"cvxpy:{raw.info.get('solver', '?')}"
+        if self.norm == "lp":
+            from .lp import solve_lp
+
+            return solve_lp(cs, float(self.p), tol=float(self.tol), **kw), "lp"
+        if self.norm in ("l1", "linf"):
+            from .lp import solve_lp_limit
+
+            return solve_lp_limit(cs, self.norm), "highs"
         if self.norm == "fro":
             from .frobenius import solve_frobenius
 
@@ -328,7 +377,7 @@ class AttentionSVM:
     def _set_certificate(self, cs: ConstraintSet, raw: RawSolution) -> None:
         """The optimality certificate of :mod:`.certificate` from ``(cs, W, λ)``."""
         assert raw.W is not None
-        cert = optimality_certificate(cs, raw.W, raw.dual, self.norm)
+        cert = optimality_certificate(cs, raw.W, raw.dual, self._norm_object())
         self.W_ = np.asarray(raw.W, dtype=np.float64)
         self.objective_ = cert.objective
         self.dual_coef_ = cert.lam
@@ -415,7 +464,7 @@ class AttentionSVM:
         self._check_fitted()
         cs = self.constraints_
         head = (
-            f"Att-SVM ({'Frobenius' if self.norm == 'fro' else 'nuclear'} norm"
+            f"Att-SVM ({_NORM_NAMES.get(self.norm, self.norm).format(p=self.p)} norm"
             f"{'' if self.rank is None else f', rank <= {self.rank}'}) via {self.backend_}: "
             f"status {self.status_}"
         )

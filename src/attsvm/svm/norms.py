@@ -12,12 +12,13 @@ for multipliers λ (λ_I ≥ 0) the dual value is ``dual_objective(bᵀλ, 𝒜*
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Norm", "FROBENIUS", "NUCLEAR", "NORMS", "get_norm"]
+__all__ = ["Norm", "LpNorm", "FROBENIUS", "NUCLEAR", "L1", "LINF", "NORMS", "get_norm", "lp_norm"]
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,127 @@ class _Nuclear(Norm):
         return U[:, :r] @ Vt[:r]
 
 
+def _entry_norm(W: NDArray[np.float64], p: float) -> float:
+    """Entrywise ``‖W‖_p`` computed relative to ``max|W|`` (no overflow or underflow of ``|W|^p``)."""
+    a = np.abs(W)
+    s = float(a.max(initial=0.0))
+    if s == 0.0 or not np.isfinite(s):
+        return s
+    if math.isinf(p):
+        return s
+    return s * float(np.sum((a / s) ** p)) ** (1.0 / p)
+
+
+@dataclass(frozen=True)
+class LpNorm(Norm):
+    """Entrywise ℓp norm, 1 < p < ∞ (docs/spec.md §8); the solver objective is ``½‖W‖_p²``.
+
+    Its dual norm is ℓq, ``q = p/(p−1)``; the Lagrange dual of ``min ½‖W‖_p²`` at multipliers with
+    ``bᵀλ = bl`` and ``𝒜*(λ) = Y`` is ``bl − ½‖Y‖_q²`` (as for Frobenius, which is p = 2).
+    """
+
+    name: str = "lp"
+    degree: int = 2
+    p: float = 2.0
+
+    @property
+    def q(self) -> float:
+        """The dual exponent ``p/(p−1)``."""
+        return self.p / (self.p - 1.0)
+
+    def value(self, W, svals=None) -> float:
+        return _entry_norm(W, self.p)
+
+    def dual_norm(self, Y) -> float:
+        return _entry_norm(Y, self.q)
+
+    def objective(self, W, svals=None) -> float:
+        return 0.5 * self.value(W) ** 2
+
+    def dual_objective(self, bl, Y) -> float:
+        return float(bl) - 0.5 * self.dual_norm(Y) ** 2
+
+    def subgradient(self, W) -> NDArray[np.float64]:
+        nrm = self.value(W)
+        if nrm == 0:
+            return np.zeros_like(W)
+        return np.sign(W) * (np.abs(W) / nrm) ** (self.p - 1.0)
+
+
+@dataclass(frozen=True)
+class _L1(Norm):
+    """Entrywise ℓ1 norm (the p → 1 limit, docs/spec.md §8); dual norm max|Y|."""
+
+    name: str = "l1"
+    degree: int = 1
+
+    def value(self, W, svals=None) -> float:
+        return float(np.abs(W).sum())
+
+    def dual_norm(self, Y) -> float:
+        return float(np.abs(Y).max(initial=0.0))
+
+    def objective(self, W, svals=None) -> float:
+        return self.value(W)
+
+    def dual_objective(self, bl, Y) -> float:
+        # λ / max(1, ‖Y‖_∞) is dual feasible: weak duality gives this bound
+        return float(bl) / max(1.0, self.dual_norm(Y))
+
+    def prox(self, Y, t) -> NDArray[np.float64]:
+        return np.sign(Y) * np.maximum(np.abs(Y) - t, 0.0)
+
+    def subgradient(self, W) -> NDArray[np.float64]:
+        return np.sign(W)
+
+
+@dataclass(frozen=True)
+class _Linf(Norm):
+    """Entrywise ℓ∞ norm (the p → ∞ limit, docs/spec.md §8); dual norm Σ|Y|."""
+
+    name: str = "linf"
+    degree: int = 1
+
+    def value(self, W, svals=None) -> float:
+        return float(np.abs(W).max(initial=0.0))
+
+    def dual_norm(self, Y) -> float:
+        return float(np.abs(Y).sum())
+
+    def objective(self, W, svals=None) -> float:
+        return self.value(W)
+
+    def dual_objective(self, bl, Y) -> float:
+        return float(bl) / max(1.0, self.dual_norm(Y))
+
+    def subgradient(self, W) -> NDArray[np.float64]:
+        a = np.abs(W)
+        top = a >= a.max(initial=0.0) * (1 - 1e-12)
+        k = int(top.sum())
+        return np.where(top, np.sign(W) / max(k, 1), 0.0) if a.max(initial=0.0) > 0 else np.zeros_like(W)
+
+
 FROBENIUS: Norm = _Frobenius()
 NUCLEAR: Norm = _Nuclear()
-NORMS: dict[str, Norm] = {"fro": FROBENIUS, "nuc": NUCLEAR}
+L1: Norm = _L1()
+LINF: Norm = _Linf()
+NORMS: dict[str, Norm] = {"fro": FROBENIUS, "nuc": NUCLEAR, "l1": L1, "linf": LINF}
+
+
+def lp_norm(p: float) -> LpNorm:
+    """The entrywise ℓp norm for ``1 < p < ∞`` (a ValueError naming p otherwise)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise ValueError(f"p must be a number with 1 < p < inf, got {p!r}")
+    pf = float(p)
+    if not (pf > 1.0) or math.isinf(pf) or math.isnan(pf):
+        raise ValueError(
+            f"p must satisfy 1 < p < inf (use norm='l1' or norm='linf' for the limits), got p={p!r}"
+        )
+    return LpNorm(p=pf)
 
 
 def get_norm(norm: str | Norm) -> Norm:
-    """The :class:`Norm` named ``norm`` ("fro" or "nuc"), or ``norm`` itself."""
+    """The :class:`Norm` named ``norm`` ("fro", "nuc", "l1" or "linf"), or ``norm`` itself (e.g. :func:`lp_norm`)."""
     if isinstance(norm, Norm):
         return norm
     if norm not in NORMS:
