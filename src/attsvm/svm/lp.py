@@ -163,11 +163,19 @@ class _Dual:
                 step = -np.linalg.solve(J, gs)
             except np.linalg.LinAlgError:
                 break
+            # Armijo on f, or (near the optimum, where f's decrease is below its round-off) a decrease
+            # of the reduced gradient: the step is a Newton step for ∇_S f = 0
+            gnorm = float(np.linalg.norm(gs))
             a = 1.0
             while True:
                 new = lam.copy()
                 new[S] = np.maximum(lam[S] + a * step, lo[S])
-                if self.fg(new)[0] <= val + 1e-4 * a * float(gs @ step) or a < 1e-10:
+                fn, gn = self.fg(new)
+                if fn <= val + 1e-4 * a * float(gs @ step) or (
+                    fn <= val + 1e-12 * abs(val) and float(np.linalg.norm(gn[S])) < gnorm
+                ):
+                    break
+                if a < 1e-10:
                     break
                 a *= 0.5
             if a < 1e-10:
