@@ -40,7 +40,18 @@ from ..model import (
 from ..problem import AttentionProblem
 from .bounds import gradient_bound, smoothness_bound
 from .init import initial_params, run_seeds
-from .optim import NORMALIZE_EPS, NORMALIZED_LR, AddPenalty, Chain, NormalizeByNorm, StepSize, Transform, chain
+from .optim import (
+    NORMALIZE_EPS,
+    NORMALIZED_LR,
+    AddPenalty,
+    Chain,
+    MirrorMap,
+    NormalizeByDualNorm,
+    NormalizeByNorm,
+    StepSize,
+    Transform,
+    chain,
+)
 from .recording import Recorder, Recording
 
 __all__ = ["train", "TrainResult", "threads_context", "SMALL_PROBLEM_ELEMENTS", "PROGRESS_MIN_WORK"]
@@ -202,8 +213,10 @@ def _legacy_rule(
     LW: Callable[[], NDArray[np.float64]],
     GW: Callable[[], NDArray[np.float64]],
     params0: tuple[NDArray[np.float64], ...],
+    mirror_p: float | None = None,
 ) -> Chain:
-    """The update rule of the keyword arguments ``lr``, ``normalized``, ``penalty``, ``normalize_eps``."""
+    """The update rule of the keyword arguments ``lr``, ``normalized``, ``penalty``, ``normalize_eps``
+    (and, for ``optimizer="md"``, ``p``: ℓp mirror descent, normalised by the dual norm)."""
     normalized = True if normalized is None else normalized
     if not isinstance(normalized, (bool, np.bool_)):
         raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
@@ -232,8 +245,10 @@ def _legacy_rule(
         step = np.broadcast_to(arr, (runs,)).copy()
     parts: list[Transform] = [AddPenalty(lam)] if lam else []
     if normalized:
-        parts.append(NormalizeByNorm(eps))
-    return chain(*parts, StepSize(step))
+        parts.append(NormalizeByNorm(eps) if mirror_p is None else NormalizeByDualNorm(mirror_p, eps))
+    if mirror_p is None:
+        return chain(*parts, StepSize(step))
+    return chain(*parts, StepSize(step), MirrorMap(mirror_p))
 
 
 def _recording(record: Recording | None, record_every: int | None, record_W: bool | None) -> Recording:
@@ -277,8 +292,9 @@ def train(
     threads: int | None = None,
     progress: bool | None = None,
     dtype: torch.dtype = torch.float64,
-    optimizer: Transform | None = None,
+    optimizer: Transform | Literal["gd", "md"] | None = None,
     record: Recording | None = None,
+    p: float | None = None,
 ) -> TrainResult:
     """Train R one-layer attention models by (normalized) gradient descent, as one batched program (docs/spec.md §4).
 
@@ -349,8 +365,13 @@ def train(
         otherwise build ``chain(AddPenalty(λ), NormalizeByNorm(ε), StepSize(η))``. A rule of degree 0
         (scale-free in the gradient) is fed ``e^{c}∇L`` instead of ``∇L`` (same direction, never
         underflows).
+        ``"gd"`` is the default rule; ``"md"`` is ℓp mirror descent (docs/spec.md §8) with exponent ``p``,
+        built from ``lr``, ``normalized`` (by the dual norm ``‖∇L‖_q``), ``penalty`` and ``normalize_eps``
+        like the default; it is applied to W, or to each of K and Q.
     record : Recording, optional
         What to record and how often; replaces ``record_every`` and ``record_W``.
+    p : float, optional
+        The exponent of ``optimizer="md"`` (1 < p < ∞); p = 2 is gradient descent.
 
     Returns
     -------
@@ -375,6 +396,18 @@ def train(
     params0 = initial_params(
         par, init, runs=R, seeds=seeds, init_scale=init_scale, cone_center=cone_center, cone_mu=cone_mu
     )
+    mirror_p: float | None = None
+    if isinstance(optimizer, str):
+        check_choice(optimizer, "optimizer", ("gd", "md"))
+        if optimizer == "md":
+            if p is None:
+                raise ValueError("optimizer='md' needs p, the exponent of ψ(W) = ‖W‖_p^p/p (1 < p < inf)")
+            mirror_p = check_finite_scalar(p, "p")
+            if mirror_p <= 1:
+                raise ValueError(f"p must be > 1 for optimizer='md' (ψ = ‖W‖_p^p/p strictly convex), got {p!r}")
+        optimizer = None
+    elif p is not None:
+        raise ValueError(f"p={p!r} applies to optimizer='md' only")
     if optimizer is None:
         rule: Transform = _legacy_rule(
             par,
@@ -386,6 +419,7 @@ def train(
             LW=lambda: np.array([smoothness_bound(p, batch.loss) for p in plist])[problem_index],
             GW=lambda: np.array([gradient_bound(p, batch.loss) for p in plist])[problem_index],
             params0=params0,
+            mirror_p=mirror_p,
         )
     else:
         if not isinstance(optimizer, Transform):

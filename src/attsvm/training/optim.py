@@ -41,6 +41,7 @@ __all__ = [
     "chain",
     "AddPenalty",
     "NormalizeByNorm",
+    "NormalizeByDualNorm",
     "StepSize",
     "PolyakStep",
     "MirrorMap",
@@ -192,6 +193,37 @@ class NormalizeByNorm(Transform):
 
 
 @dataclass(frozen=True)
+class NormalizeByDualNorm(Transform):
+    """``u_g / (‖u_g‖_q + ε)`` per run and per group, q = p/(p−1): normalised ℓp mirror descent
+    (docs/spec.md §8). The entrywise q-norm is taken after scaling by ``max|u_g|`` (no overflow).
+    For p = 2 it is :class:`NormalizeByNorm`.
+    """
+
+    p: float = 2.0
+    eps: float = NORMALIZE_EPS
+
+    def __post_init__(self) -> None:
+        p = check_finite_scalar(self.p, "p")
+        if p <= 1:
+            raise ValueError(f"p must be > 1, got {p}")
+        object.__setattr__(self, "p", p)
+        eps = check_finite_scalar(self.eps, "normalize_eps")
+        if eps < 0:
+            raise ValueError(f"normalize_eps must be >= 0, got {eps}")
+        object.__setattr__(self, "eps", eps)
+
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
+        q = self.p / (self.p - 1.0)
+        out = []
+        for u in updates:
+            tiny = torch.finfo(u.dtype).tiny
+            s = u.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(tiny)
+            nq = s * ((u.abs() / s) ** q).sum(dim=(-2, -1), keepdim=True) ** (1.0 / q)
+            out.append(u / (nq + self.eps))
+        return tuple(out), state
+
+
+@dataclass(frozen=True)
 class StepSize(Transform):
     """``−η u``: a step of size η along the incoming direction.
 
@@ -324,9 +356,13 @@ def normalized_gd(
     return chain(*parts, NormalizeByNorm(eps), StepSize(lr))
 
 
-def mirror_descent(p: float, lr: float | Sequence[float] | Callable[[int], Any]) -> Chain:
-    """ℓp mirror descent (docs/spec.md §8): ``∇ψ(θ⁺) = ∇ψ(θ) − η∇L``, ``ψ = ‖θ‖_p^p/p``."""
-    return chain(StepSize(lr), MirrorMap(p))
+def mirror_descent(
+    p: float, lr: float | Sequence[float] | Callable[[int], Any], *, normalized: bool = False, eps: float = NORMALIZE_EPS
+) -> Chain:
+    """ℓp mirror descent (docs/spec.md §8): ``∇ψ(θ⁺) = ∇ψ(θ) − η∇L``, ``ψ = ‖θ‖_p^p/p``; with
+    ``normalized=True`` the gradient is first divided by its dual norm ``‖∇L‖_q + ε``."""
+    parts: list[Transform] = [NormalizeByDualNorm(p, eps)] if normalized else []
+    return chain(*parts, StepSize(lr), MirrorMap(p))
 
 
 def polyak(*, min_loss: float = 0.0, max_lr: float = math.inf) -> Chain:
