@@ -9,6 +9,8 @@ From a :class:`~attsvm.training.TrainResult`:
 * :func:`svm_equivalence` — docs/spec.md §5 for nonlinear and multiclass heads: the selected sets
   ``O_i = {t : s_it ≥ ε}``, ``W^eq``, ``W_fin``, the fitted scale R in ``W ≈ R·W^eq + W_fin`` and the
   correlations, along the trajectory (solved by :mod:`attsvm.svm.equivalence`);
+* :func:`bregman_alignment` / :func:`bregman_divergence` — the alignment of ℓp mirror descent
+  (docs/spec.md §8): the Bregman divergence of ``ψ = ‖·‖_p^p/p`` between ℓp-normalised directions;
 * :func:`mixture_prediction` — for convex heads, the sets ``O_i`` predicted before training by the
   convex program over the simplex (:func:`attsvm.svm.equivalence.optimal_mixture`), and how often
   training selects exactly them.
@@ -46,6 +48,8 @@ __all__ = [
     "MixturePrediction",
     "mixture_prediction",
     "svm_direction",
+    "bregman_divergence",
+    "bregman_alignment",
 ]
 
 logger = logging.getLogger(__name__)
@@ -425,3 +429,41 @@ def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_
         match_rate=float(match.mean()),
         exact_runs=float(match.all(axis=1).mean()),
     )
+
+
+def _lp_unit(W: NDArray[np.float64], p: float) -> NDArray[np.float64]:
+    """``W/‖W‖_p`` over the last two axes (entrywise ℓp, computed relative to ``max|W|``)."""
+    a = np.abs(W)
+    s = a.max(axis=(-2, -1), keepdims=True)
+    s = np.where(s > 0, s, 1.0)
+    nrm = s * (((a / s) ** p).sum(axis=(-2, -1), keepdims=True)) ** (1.0 / p)
+    return W / np.where(nrm > 0, nrm, 1.0)
+
+
+def bregman_divergence(W: ArrayLike, W_ref: ArrayLike, p: float) -> NDArray[np.float64] | float:
+    """``D_ψ(Ŵ_ref, Ŵ)`` for ``ψ(W) = ‖W‖_p^p/p`` between the ℓp-normalised directions (docs/spec.md §8).
+
+    ``D_ψ(x, y) = ψ(x) − ψ(y) − ⟨∇ψ(y), x − y⟩`` with ``∇ψ(y) = sign(y)|y|^{p−1}``; for unit-ℓp x, y
+    it is ``1 − ⟨∇ψ(ŷ), x̂⟩ ∈ [0, 2]``, zero exactly when the directions agree (Hölder). This is the
+    "Bregman correlation" of the mirror-descent analysis of attention (AttentionMD), with the
+    iterate in the second slot. ``W`` may carry leading axes, e.g. (R, S, d, d); ``W_ref`` broadcasts.
+    """
+    p = check_finite_scalar(p, "p")
+    if p <= 1:
+        raise ValueError(f"p must be > 1 (ψ = ‖W‖_p^p/p), got {p}")
+    Wa = as_float_array(W, "W")
+    Wr = as_float_array(W_ref, "W_ref")
+    if Wa.ndim < 2 or Wr.ndim < 2 or Wa.shape[-2:] != Wr.shape[-2:]:
+        raise ValueError(f"W and W_ref must end in the same (d, d) shape, got {Wa.shape} and {Wr.shape}")
+    y = _lp_unit(Wa, p)
+    x = _lp_unit(Wr, p)
+    grad = np.sign(y) * np.abs(y) ** (p - 1.0)
+    D = 1.0 - (grad * x).sum(axis=(-2, -1))
+    D = np.maximum(D, 0.0)
+    return float(D) if D.ndim == 0 else D
+
+
+def bregman_alignment(W: ArrayLike, W_ref: ArrayLike, p: float) -> NDArray[np.float64] | float:
+    """``1 − D_ψ(Ŵ_ref, Ŵ)`` (:func:`bregman_divergence`): 1 when aligned, next to the cosine correlation."""
+    D = bregman_divergence(W, W_ref, p)
+    return 1.0 - D
