@@ -241,7 +241,9 @@ def test_optimizer_errors():
     p = random_instance(3, 4, 5, seed=0)
     with pytest.raises(ValueError, match=r"optimizer= replaces lr, normalized, penalty and normalize_eps.*lr, penalty"):
         train(p, steps=1, optimizer=polyak(), lr=0.1, penalty=0.0)
-    with pytest.raises(TypeError, match="optimizer must be a Transform"):
+    with pytest.raises(TypeError, match="optimizer must be 'gd', 'md' or a Transform"):
+        train(p, steps=1, optimizer=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="optimizer must be one of 'gd', 'md'"):
         train(p, steps=1, optimizer="adam")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="lr must be a positive float, 2 positive floats"):
         train(p, steps=1, n_init=2, optimizer=optim.gd([0.1, 0.2, 0.3]))

@@ -423,7 +423,9 @@ def train(
         )
     else:
         if not isinstance(optimizer, Transform):
-            raise TypeError(f"optimizer must be a Transform (attsvm.training.optim), got {type(optimizer).__name__}")
+            raise TypeError(
+                f"optimizer must be 'gd', 'md' or a Transform (attsvm.training.optim), got {type(optimizer).__name__}"
+            )
         given = [
             name
             for name, was_given in (
