@@ -19,6 +19,7 @@ EXPERIMENTS: dict[str, str] = {
     "multiclass": "attsvm.experiments.multiclass",
     "nuclear-identity": "attsvm.experiments.nuclear_identity",
     "low-rank": "attsvm.experiments.low_rank",
+    "lp-convergence": "attsvm.experiments.lp_convergence",
 }
 
 
