@@ -134,3 +134,62 @@ def test_bregman_errors():
         bregman_divergence(np.eye(3), np.eye(3), 1.0)
     with pytest.raises(ValueError, match="same"):
         bregman_divergence(np.eye(3), np.eye(4), 2.0)
+
+
+# ----------------------------------------------------------------------------- joint (W, v) training
+
+
+def test_joint_step_matches_fd_gradients_and_batch():
+    from attsvm.training.joint import _risk, train_joint
+
+    import torch
+
+    probs = [paper_instance(3, 4, 5, seed=s) for s in range(2)]
+    one = train_joint(probs[1], p=3.0, steps=1, lr=0.2, normalized=False, seed=1)
+    both = train_joint(probs, p=3.0, steps=1, lr=0.2, normalized=False, seed=[0, 1])
+    assert np.abs(both.W[1] - one.W[0]).max() <= BATCH_RTOL * np.abs(one.W[0]).max()
+    assert np.abs(both.v[1] - one.v[0]).max() <= BATCH_RTOL * np.abs(one.v[0]).max()
+    # the step by hand: W0, v0 recorded at k = 0, gradients by central differences of the numpy risk
+    prob = probs[1]
+    W0, v0 = one.history["W"][0, 0], one.history["v"][0, 0]
+
+    def risk_np(W, v):
+        X, Z, y = prob.X, prob.queries, prob.y
+        lg = np.einsum("ntd,de,ne->nt", X, W, Z)
+        s = np.exp(lg - lg.max(axis=1, keepdims=True))
+        s /= s.sum(axis=1, keepdims=True)
+        return float(np.mean(np.logaddexp(0.0, -y * np.einsum("nt,ntd,d->n", s, X, v))))
+
+    h = 1e-6
+    gW = np.zeros_like(W0)
+    for i in range(5):
+        for j in range(5):
+            E = np.zeros_like(W0)
+            E[i, j] = h
+            gW[i, j] = (risk_np(W0 + E, v0) - risk_np(W0 - E, v0)) / (2 * h)
+    gv = np.array([(risk_np(W0, v0 + h * e) - risk_np(W0, v0 - h * e)) / (2 * h) for e in np.eye(5)])
+    for theta, g, new in ((W0, gW, one.W[0]), (v0, gv, one.v[0])):
+        U = np.sign(theta) * np.abs(theta) ** 2 - 0.2 * g
+        expect = np.sign(U) * np.abs(U) ** 0.5
+        assert np.abs(new - expect).max() <= FD_RTOL * 10 * np.abs(expect).max()
+    # the torch risk equals the numpy one
+    t = lambda a: torch.tensor(np.array(a)[None], dtype=torch.float64)  # noqa: E731
+    r = _risk(t(prob.X), t(prob.queries), t(prob.y), t(W0), t(v0))
+    assert float(r[0]) == pytest.approx(risk_np(W0, v0), rel=1e-12)
+
+
+def test_joint_head_svm_and_errors():
+    from attsvm.training.joint import head_svm_constraints, train_joint
+
+    prob = paper_instance(6, 8, 10, seed=0)
+    cs = head_svm_constraints(prob, prob.optimal_tokens())
+    v = AttentionSVM("lp", p=3.0).fit_constraints(cs)
+    assert v.status_ == "optimal" and v.W_.shape == (10, 1)
+    margins = prob.y * (prob.X[np.arange(6), prob.optimal_tokens()] @ v.W_[:, 0])
+    assert margins.min() == pytest.approx(1.0, abs=1e-9)
+    with pytest.raises(ValueError, match="p must be > 1"):
+        train_joint(prob, p=0.5, steps=1)
+    with pytest.raises(ValueError, match="lr"):
+        train_joint(prob, p=2.0, steps=1, lr=-1.0)
+    res = train_joint(prob, p=1.5, steps=20, init_scale=1e150, lr=1e3)
+    assert np.all(np.isfinite(res.history["loss"]))
