@@ -140,9 +140,9 @@ def test_bregman_errors():
 
 
 def test_joint_step_matches_fd_gradients_and_batch():
-    from attsvm.training.joint import _risk, train_joint
-
     import torch
+
+    from attsvm.training.joint import _risk, train_joint
 
     probs = [paper_instance(3, 4, 5, seed=s) for s in range(2)]
     one = train_joint(probs[1], p=3.0, steps=1, lr=0.2, normalized=False, seed=1)

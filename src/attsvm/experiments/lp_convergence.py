@@ -51,7 +51,9 @@ class LpConvergence(Experiment):
         "C1": "ℓp-MD on W: corr(W(k), W^p_mm) → 1 for the ℓp-AttSVM of the selected tokens, each p",
         "C2": "each p's runs are closer to their own ℓp-AttSVM than to the other p's",
         "C3": "the Bregman alignment of ψ = ‖·‖_p^p/p with the own ℓp-AttSVM → 1",
-        "C4": "joint (W, v) training: v → the ℓp max-margin classifier of the selected tokens, closer than to other p's",
+        "C4": (
+            "joint (W, v) training: v → the ℓp max-margin classifier of the selected tokens, closer than to other p's"
+        ),
     }
     defaults = {
         "n": 6,
@@ -155,9 +157,7 @@ class LpConvergence(Experiment):
         last = df[df["step"] == df["step"].max()]
         md, joint = last[last.kind == "md"], last[last.kind == "joint"]
         own = {f"p={p:g}": float(md[md.p == p].corr_own.mean()) for p in ps}
-        table = {
-            f"p={p:g}": {f"SVM p={q:g}": float(md[md.p == p][f"corr_p{q:g}"].mean()) for q in ps} for p in ps
-        }
+        table = {f"p={p:g}": {f"SVM p={q:g}": float(md[md.p == p][f"corr_p{q:g}"].mean()) for q in ps} for p in ps}
         closer = all(
             table[f"p={p:g}"][f"SVM p={p:g}"] > table[f"p={p:g}"][f"SVM p={q:g}"] for p in ps for q in ps if q != p
         )

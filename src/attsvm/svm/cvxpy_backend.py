@@ -64,6 +64,21 @@ def _margin_operator(cs: ConstraintSet, rows: NDArray[np.bool_]) -> sp.csr_matri
     return sp.csr_matrix((vals.ravel(), (row_idx, col_idx)), shape=(k, n * d))
 
 
+def _constraint_duals(cs: ConstraintSet, cons: list, rows: NDArray[np.bool_], formulation: str) -> NDArray[np.float64]:
+    """The (n, T) duals of the cvxpy constraints ``cons`` on the pairs ``rows`` (NaN where cvxpy has none)."""
+    out = np.zeros((cs.n, cs.T))
+    if not cons:
+        return out
+    if formulation == "aux":
+        vals = cons[0].dual_value
+    else:
+        vals = np.array([c.dual_value if c.dual_value is not None else np.nan for c in cons], dtype=float)
+    if vals is None:
+        return out * np.nan
+    out[rows] = np.asarray(vals, dtype=float).ravel()
+    return out
+
+
 def _solver_options(solver: str, time_limit: float | None, verbose: bool) -> dict:
     opts: dict = {"verbose": verbose}
     if time_limit is not None:
@@ -174,20 +189,7 @@ def solve_cvxpy(
     status = STATUS_MAP.get(prob.status, ERROR)
     n_iter = int(getattr(stats, "num_iters", 0) or 0)
 
-    def _collect(cons: list, rows: NDArray[np.bool_]) -> NDArray[np.float64]:
-        out = np.zeros((cs.n, cs.T))
-        if not cons:
-            return out
-        if formulation == "aux":
-            vals = cons[0].dual_value
-        else:
-            vals = np.array([c.dual_value if c.dual_value is not None else np.nan for c in cons], dtype=float)
-        if vals is None:
-            return out * np.nan
-        out[rows] = np.asarray(vals, dtype=float).ravel()
-        return out
-
-    dual = _collect(cons_ineq, ineq) + _collect(cons_eq, eq)
+    dual = _constraint_duals(cs, cons_ineq, ineq, formulation) + _constraint_duals(cs, cons_eq, eq, formulation)
     # cvxpy's Lagrangian is f + νᵀ(h(x) − b) for equalities: flip to our 𝒜*(λ) ∈ ∂‖W‖ convention
     dual = np.where(eq, -dual, dual)
     if not np.all(np.isfinite(dual)):
@@ -262,7 +264,8 @@ def solve_cvxpy_lp(
                 (expr == work.rhs[i, t]) if work.equality[i, t] else (expr >= work.rhs[i, t])
             )
         constraints = cons_ineq + cons_eq
-    prob = cp.Problem(cp.Minimize(0.5 * cp.square(cp.pnorm(cp.vec(W, order="F"), p))), constraints)
+    norm_p = cp.pnorm(cp.vec(W, order="F"), p)  # type: ignore[arg-type]  # (cvxpy accepts any p ≥ 1)
+    prob = cp.Problem(cp.Minimize(0.5 * cp.square(norm_p)), constraints)
     try:
         prob.solve(solver=solver, **_solver_options(solver, time_limit, verbose))
     except Exception as exc:  # a solver failure is a status with info
@@ -271,20 +274,7 @@ def solve_cvxpy_lp(
     info.update(cvxpy_status=prob.status, time=time.perf_counter() - t0)
     status = STATUS_MAP.get(prob.status, ERROR)
 
-    def _collect(cons: list, rows: NDArray[np.bool_]) -> NDArray[np.float64]:
-        out = np.zeros((cs.n, cs.T))
-        if not cons:
-            return out
-        if formulation == "aux":
-            vals = cons[0].dual_value
-        else:
-            vals = np.array([c.dual_value if c.dual_value is not None else np.nan for c in cons], dtype=float)
-        if vals is None:
-            return out * np.nan
-        out[rows] = np.asarray(vals, dtype=float).ravel()
-        return out
-
-    dual = _collect(cons_ineq, ineq) - _collect(cons_eq, eq)
+    dual = _constraint_duals(cs, cons_ineq, ineq, formulation) - _constraint_duals(cs, cons_eq, eq, formulation)
     dual = np.nan_to_num(dual)
     if status in (OPTIMAL, OPTIMAL_INACCURATE, MAX_ITER) and W.value is not None:
         return RawSolution(red.lift_W(np.asarray(W.value, dtype=float)), red.lift_dual(dual, degree=2), status, 0, info)

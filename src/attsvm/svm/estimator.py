@@ -240,7 +240,13 @@ class AttentionSVM:
 
     def _norm_object(self) -> Norm:
         """The :class:`~attsvm.svm.norms.Norm` object of ``norm`` (and ``p``)."""
-        return lp_norm(float(self.p)) if self.norm == "lp" else get_norm(self.norm)
+        return lp_norm(self._exponent()) if self.norm == "lp" else get_norm(self.norm)
+
+    def _exponent(self) -> float:
+        """``p`` of ``norm="lp"`` (checked by ``_validate_params`` before any solve)."""
+        if self.p is None:
+            raise ValueError("p is required for norm='lp' (an exponent with 1 < p < inf), got p=None")
+        return float(self.p)
 
     # ------------------------------------------------------------------ fitting
     def fit(self, problem: AttentionProblem, tokens: ArrayLike | None = None) -> AttentionSVM:
@@ -268,9 +274,9 @@ class AttentionSVM:
                 if self.norm == "lp":
                     from .cvxpy_backend import solve_cvxpy_lp
 
-                    raw = solve_cvxpy_lp(cs, float(self.p), solver=self.solver)
+                    raw = solve_cvxpy_lp(cs, self._exponent(), solver=self.solver)
                 else:
-                    raw = solve_cvxpy(cs, self.norm, solver=self.solver)
+                    raw = solve_cvxpy(cs, "fro" if self.norm == "fro" else "nuc", solver=self.solver)
             except Exception as exc:  # a solver failure is a status with info, never an escaping exception
                 raw = RawSolution(
                     None,
@@ -283,7 +289,7 @@ class AttentionSVM:
         if self.norm == "lp":
             from .lp import solve_lp
 
-            return solve_lp(cs, float(self.p), tol=float(self.tol), **kw), "lp"
+            return solve_lp(cs, self._exponent(), tol=float(self.tol), **kw), "lp"
         if self.norm in ("l1", "linf"):
             from .lp import solve_lp_limit
 

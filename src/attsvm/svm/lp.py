@@ -113,7 +113,7 @@ class _Dual:
         self.n_eval += 1
         M = self.M(lam)
         W = dual_map(M, self.p)
-        N = float(np.sqrt(max(np.vdot(W, M), 0.0)))  # ⟨W(M), M⟩ = ‖M‖_q²
+        N = float(np.sqrt(max(float(np.vdot(W, M)), 0.0)))  # ⟨W(M), M⟩ = ‖M‖_q²
         return 0.5 * N * N - float(self.b @ lam), self.margins(W) - self.b
 
     def primal(self, lam: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
@@ -126,7 +126,7 @@ class _Dual:
             if np.any(m[ineq] <= 0):
                 return W, np.inf
             W = W * float((self.b[ineq] / m[ineq]).max())
-        N = float(np.sqrt(max(np.vdot(dual_map(M, self.p), M), 0.0)))
+        N = float(np.sqrt(max(float(np.vdot(dual_map(M, self.p), M)), 0.0)))
         dual = float(self.b @ lam) - 0.5 * N * N
         primal = 0.5 * lp_norm(self.p).value(W) ** 2
         den = abs(primal) + abs(dual)
@@ -138,7 +138,7 @@ class _Dual:
         q = self.q
         lo = np.where(self.eq, -np.inf, 0.0)
         steps = 0
-        for steps in range(1, opts.newton_iter + 1):  # noqa: B007
+        for steps in range(1, opts.newton_iter + 1):
             val, g = self.fg(lam)
             if self.primal(lam)[1] <= opts.target_gap:
                 return lam, steps - 1
@@ -267,6 +267,7 @@ def solve_lp_limit(cs: ConstraintSet, norm: Literal["l1", "linf"]) -> RawSolutio
     b = work.rhs[rows]
     eq = work.equality[rows]
     nw = d * rz
+    bounds: list[tuple[float | None, float | None]]
     if norm == "l1":  # x = [U⁺, U⁻] ≥ 0, W = U⁺ − U⁻
         c = np.ones(2 * nw)
         G = np.hstack([F, -F])

@@ -224,9 +224,7 @@ def lp_norm(p: float) -> LpNorm:
         raise ValueError(f"p must be a number with 1 < p < inf, got {p!r}")
     pf = float(p)
     if not (pf > 1.0) or math.isinf(pf) or math.isnan(pf):
-        raise ValueError(
-            f"p must satisfy 1 < p < inf (use norm='l1' or norm='linf' for the limits), got p={p!r}"
-        )
+        raise ValueError(f"p must satisfy 1 < p < inf (use norm='l1' or norm='linf' for the limits), got p={p!r}")
     return LpNorm(p=pf)
 
 

@@ -357,7 +357,11 @@ def normalized_gd(
 
 
 def mirror_descent(
-    p: float, lr: float | Sequence[float] | Callable[[int], Any], *, normalized: bool = False, eps: float = NORMALIZE_EPS
+    p: float,
+    lr: float | Sequence[float] | Callable[[int], Any],
+    *,
+    normalized: bool = False,
+    eps: float = NORMALIZE_EPS,
 ) -> Chain:
     """ℓp mirror descent (docs/spec.md §8): ``∇ψ(θ⁺) = ∇ψ(θ) − η∇L``, ``ψ = ‖θ‖_p^p/p``; with
     ``normalized=True`` the gradient is first divided by its dual norm ``‖∇L‖_q + ε``."""
