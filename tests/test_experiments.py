@@ -240,7 +240,7 @@ def test_solve_constraints_reports_infeasible() -> None:
     assert res.status_ == "infeasible" and res.W_ is None
     assert num(res.max_violation_, np.inf) == np.inf  # recorded as inf in the trial data
     with pytest.raises(ValueError, match="norm"):
-        fit_svm(q, opt, "l1")
+        fit_svm(q, opt, "l3")
 
 
 def test_reproduce_all_writes_an_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
