@@ -46,7 +46,13 @@ def pair_differences(
 
     ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out.
     """
-    alpha = problem.check_tokens(tokens)
+    return _pair_differences(problem, problem.check_tokens(tokens))
+
+
+def _pair_differences(
+    problem: AttentionProblem, alpha: NDArray[np.int64]
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """:func:`pair_differences` at an already validated selection ``alpha``."""
     X = problem.X
     A = X[np.arange(problem.n), alpha][:, None, :] - X  # (n, T, d)
     return A, constraint_mask(problem.n, problem.T, alpha)

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..problem import AttentionProblem
-from ..tokens import pair_differences
+from ..tokens import _pair_differences
 
 __all__ = ["ConstraintSet", "Operator", "att_svm_constraints", "Subspaces", "RawSolution", "SolverStatus"]
 
@@ -52,8 +52,18 @@ class Operator:
         self.Z = Z  # (n, r_z)
         self.mask = mask
         self.n, self.T = mask.shape
-        self.idx = np.flatnonzero(mask.ravel())
-        self.K = self.idx.size
+
+    @property
+    def idx(self) -> NDArray[np.intp]:
+        """Flat (row-major) indices of the masked pairs (computed once, on first use)."""
+        idx = self.__dict__.get("_idx")
+        if idx is None:
+            idx = self.__dict__["_idx"] = np.flatnonzero(self.mask.ravel())
+        return idx
+
+    @property
+    def K(self) -> int:
+        return int(self.idx.size)
 
     def apply(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
         """(n, T) margins of M (r_a, r_z)."""
@@ -197,6 +207,15 @@ class ConstraintSet:
             object.__setattr__(self, "_inequality", ineq)
         return ineq
 
+    @property
+    def has_equality(self) -> bool:
+        """Whether any row is an equality (computed once)."""
+        he = self.__dict__.get("_has_equality")
+        if he is None:
+            he = bool(self.equality.any())
+            object.__setattr__(self, "_has_equality", he)
+        return he
+
     # ---------------------------------------------------------------- operator and adjoint
     @property
     def operator(self) -> Operator:
@@ -293,5 +312,11 @@ class RawSolution:
 
 def att_svm_constraints(problem: AttentionProblem, tokens: NDArray[np.int64] | None = None) -> ConstraintSet:
     """The constraints of Att-SVM(α) (docs/spec.md §3): ``(x_{iα_i} − x_it)ᵀ W z_i ≥ 1`` for ``t ≠ α_i``."""
-    A, mask = pair_differences(problem, tokens)
-    return ConstraintSet(A, problem.queries.copy(), mask)
+    return _att_svm_constraints(problem, problem.check_tokens(tokens))
+
+
+def _att_svm_constraints(problem: AttentionProblem, alpha: NDArray[np.int64]) -> ConstraintSet:
+    """:func:`att_svm_constraints` at an already validated selection ``alpha``."""
+    A, mask = _pair_differences(problem, alpha)
+    # (A is exactly zero at t = α_i, x − x = 0: the invariants of ConstraintSet hold as built)
+    return ConstraintSet._trusted(A, problem.queries.copy(), mask, mask.astype(np.float64), np.zeros_like(mask))

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -71,9 +72,10 @@ FARKAS_RTOL = 1e-9
 FARKAS_BMIN = 1e-9
 
 
-@dataclass(frozen=True)
-class OptimalityCertificate:
-    """Optimality certificate of ``(W, λ)`` (module doc); arrays have the (n, T) layout."""
+class OptimalityCertificate(NamedTuple):
+    """Optimality certificate of ``(W, λ)`` (module doc); arrays have the (n, T) layout.
+
+    (A named tuple: immutable, and cheap to build on the tiny fits of a sweep.)"""
 
     norm: str
     objective: float  # ‖W‖
@@ -96,6 +98,8 @@ class OptimalityCertificate:
 
 
 def _row_violation(cs: ConstraintSet, m: NDArray[np.float64]) -> NDArray[np.float64]:
+    if not cs.has_equality:  # (b − m is exactly 0 on the masked rows: both are)
+        return np.maximum(cs.rhs - m, 0.0)
     r = m - cs.rhs
     v = np.where(cs.inequality, np.maximum(-r, 0.0), 0.0)
     return np.where(cs.equality, np.abs(r), v) + 0.0
@@ -112,13 +116,19 @@ def relative_violation(
         v = _row_violation(cs, cs.apply(W) if m is None else m)
     if not v.max(initial=0.0) > 0:  # no row violated (v ≥ 0)
         return 0.0
-    # (whole-array steps: cheaper than gathering the violated rows at the sizes where this matters)
+    k = np.flatnonzero(v)  # the violated rows (usually a few, violated by round-off)
+    fn = cs.__dict__.get("_feature_norms")
+    if fn is not None:
+        fk = fn.ravel()[k]
+    else:  # ‖a_k‖‖z_k‖ of these rows only
+        Ak = cs.A.reshape(-1, cs.A.shape[-1])[k]
+        Zk = cs.Z[k // cs.mask.shape[1]]
+        fk = np.sqrt(np.einsum("kd,kd->k", Ak, Ak) * np.einsum("kd,kd->k", Zk, Zk))
     wn = float(np.sqrt(np.vdot(W, W)))
-    sigma = np.maximum(np.abs(cs.rhs), (ROW_FLOOR * wn) * cs.feature_norms)
-    violated = v > 0
-    if (violated & (sigma <= 0)).any():
+    sigma = np.maximum(np.abs(cs.rhs.ravel()[k]), (ROW_FLOOR * wn) * fk)
+    if (sigma <= 0).any():
         return float("inf")
-    return float((v / np.where(violated, sigma, 1.0)).max())
+    return float((v.ravel()[k] / sigma).max())
 
 
 def optimality_certificate(
@@ -143,7 +153,7 @@ def optimality_certificate(
     rel_gap = abs(gap) / den if den > 0 else (0.0 if gap == 0 else np.inf)
     v = _row_violation(cs, m)
     r = m - b
-    if not cs.equality.any() and not (cs.mask & (b != 1.0)).any():
+    if not cs.has_equality and not (cs.mask & (b != 1.0)).any():
         # = support_tokens(margins) (docs/spec.md §2), without re-reading the +inf entries
         support = cs.mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
     else:

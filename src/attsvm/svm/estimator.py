@@ -27,7 +27,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .._validation import Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
-from ._base import ConstraintSet, RawSolution, att_svm_constraints
+from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .certificate import FARKAS_RTOL, find_farkas, optimality_certificate
 from .norms import Norm, get_norm, lp_norm
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
@@ -255,7 +255,7 @@ class AttentionSVM:
         if not isinstance(problem, AttentionProblem):
             raise TypeError(f"problem must be an AttentionProblem, got {type(problem).__name__}")
         alpha = problem.check_tokens(tokens)
-        cs = att_svm_constraints(problem, alpha)
+        cs = _att_svm_constraints(problem, alpha)
         return self._fit(cs, alpha)
 
     def fit_constraints(self, cs: ConstraintSet) -> AttentionSVM:

@@ -58,9 +58,9 @@ from numpy.typing import NDArray
 from scipy.linalg.lapack import dposv as _dposv
 
 from .._validation import check_choice, check_finite_scalar, check_positive_int
-from ._base import ConstraintSet, RawSolution
+from ._base import ConstraintSet, Operator, RawSolution
 from .certificate import ROW_FLOOR, find_farkas, relative_violation
-from .reduction import reduce
+from .reduction import DenseReduction, reduce, reduce_dense
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL
 
 __all__ = ["solve_frobenius", "FrobeniusOptions", "DENSE_MAX"]
@@ -202,6 +202,9 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
         except TypeError:  # an unhashable value: build (and validate) it directly
             opt = FrobeniusOptions(**overrides)
     t0 = time.perf_counter()
+    fast = _solve_dense_small(cs, opt, t0)
+    if fast is not None:
+        return fast
     # (rows normalised and scaled here; the subspace step is taken inside, where it pays: the
     # matrix-free and LDP paths reduce, the dense path works on the K × K Gram matrix)
     red = reduce(cs, subspace=False)
@@ -230,10 +233,27 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
             return RawSolution(None, np.zeros((n, T)), ERROR, raw.n_iter, info)
         info.update(certificate_source=cert.source, certificate_residual=cert.residual)
         return RawSolution(None, cert.lam, INFEASIBLE, raw.n_iter, info)
+    # (``violation`` and ``gap`` stay in the solver's normalised units; the estimator's certificate
+    # reports them in the user's)
     W = None if raw.W is None else red.lift_W(raw.W)
-    if W is not None:  # (``gap`` stays in the solver's units; the violation is reported in the user's)
-        info["violation"] = cs.violation(W)
     return RawSolution(W, red.lift_dual(raw.dual, degree=2), raw.status, raw.n_iter, info)
+
+
+def _solve_dense_small(cs: ConstraintSet, opt: FrobeniusOptions, t0: float) -> RawSolution | None:
+    """The dense path of :func:`_solve_reduced` on :func:`~attsvm.svm.reduction.reduce_dense`'s Gram
+    matrix, for the small instances where building a reduced constraint set costs as much as the
+    solve; None (the caller takes the general route) when it does not apply or does not certify."""
+    if opt.working_set or opt.method == "matrix_free":
+        return None
+    dred = reduce_dense(cs, max_rows=min(opt.dense_max, opt.pdas_max_k, opt.working_set_min))
+    if dred is None:
+        return None
+    raw = _projected_newton(dred, None, opt)
+    if raw.status != OPTIMAL:  # the general route has the fallbacks (LDP, Farkas LP)
+        return None
+    info = dict(raw.info, time=time.perf_counter() - t0, global_scale=dred.global_scale)
+    lam = dred.lift_dual(raw.dual, degree=2)
+    return RawSolution(dred.adjoint(lam), dred.to_nt(lam), OPTIMAL, raw.n_iter, info)
 
 
 def _solve_reduced(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
@@ -338,26 +358,41 @@ def _pdas(
     Gr = G.copy()
     Gr.flat[:: K + 1] += ridge
     c = 1.0 / max(float(np.trace(G)) / K, _TINY)  # λ and gradients in common units
+    all_ineq = bool(ineq.all())
     active = ineq & (b <= 0)  # λ = 0: the gradient is −b
     for it in range(1, max_iter + 1):
-        free = (~active).nonzero()[0]
+        free = np.flatnonzero(~active)
         lam = np.zeros(K)
         if free.size:
             _, x, info = _dposv(Gr.take(free, 0).take(free, 1), b[free], lower=1, overwrite_a=1)
             if info != 0:
                 return None, it
             lam[free] = x
-        new = ineq & (lam <= c * (G @ lam - b))
+        new = lam <= c * (G @ lam - b)
+        if not all_ineq:
+            new &= ineq
         if not (new ^ active).any():
             return lam, it
         active = new
     return None, max_iter
 
 
-def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: FrobeniusOptions) -> RawSolution:
-    """The projected Newton method on the dual (module doc), warm-started from ``lam0`` (n, T)."""
+def _projected_newton(
+    cs: ConstraintSet | DenseReduction, lam0: NDArray[np.float64] | None, opt: FrobeniusOptions
+) -> RawSolution:
+    """The projected Newton method on the dual (module doc), warm-started from ``lam0`` (n, T).
+
+    Given a :class:`~attsvm.svm.reduction.DenseReduction` instead of a constraint set, it runs the
+    dense path on its ``G`` and ``b̂`` and returns the flat λ̂ (K,) as ``dual`` with ``W = None``;
+    the caller lifts both.
+    """
     t0 = time.perf_counter()
-    tol, max_iter, method, dense_max, cg_max_iter = opt.tol, opt.max_iter, opt.method, opt.dense_max, opt.cg_max_iter
+    if isinstance(cs, DenseReduction):
+        info0: dict = {"backend": "frobenius", "K": cs.b.size, "path": "dense"}
+        lam, _, status, n_iter = _newton_loop(cs.G, cs.b, cs.ineq, None, None, lam0, opt, info0)
+        info0["time"] = time.perf_counter() - t0
+        return RawSolution(None, lam, status, n_iter, info0)
+    method, dense_max = opt.method, opt.dense_max
     n, T, d = cs.A.shape
     dz = cs.Z.shape[1]
     K = cs.n_constraints
@@ -389,9 +424,43 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
 
     b = red.rhs.ravel()[op.idx]
     ineq = ~red.equality.ravel()[op.idx]
+    lam0_flat = None if lam0 is None else lam0.ravel()[op.idx].astype(np.float64)
+    lam, M, status, n_iter = _newton_loop(G, b, ineq, op, diag, lam0_flat, opt, info)
+    info["time"] = time.perf_counter() - t0
+    dual = op.to_nt(lam)
+    if status == INFEASIBLE:
+        cert = dual / np.abs(dual).sum()
+        info["certificate_residual"] = float(np.linalg.norm(op.adjoint_flat(lam))) / float(np.abs(lam).sum())
+        return RawSolution(None, cert, INFEASIBLE, n_iter, info)
+    if M is None:
+        M = op.adjoint_flat(lam)
+    return RawSolution(M if sub is None else sub.lift(M), dual, status, n_iter, info)
+
+
+def _newton_loop(
+    G: NDArray[np.float64] | None,
+    b: NDArray[np.float64],
+    ineq: NDArray[np.bool_],
+    op: Operator | None,
+    diag: NDArray[np.float64] | None,
+    lam0: NDArray[np.float64] | None,
+    opt: FrobeniusOptions,
+    info: dict,
+) -> tuple[NDArray[np.float64], NDArray[np.float64] | None, str, int]:
+    """The iteration of :func:`_projected_newton` on the flat dual: dense when the Gram matrix ``G``
+    is given, matrix-free through ``op`` otherwise; ``diag`` is G's diagonal (None: read off G),
+    ``lam0`` a flat warm start. Returns (λ (K,), M = 𝒜*(λ) when at hand, status, iterations) and
+    records its counters in ``info``."""
+    tol, max_iter, cg_max_iter = opt.tol, opt.max_iter, opt.cg_max_iter
+    K = b.size
+    dense = G is not None
+    if diag is None:
+        assert G is not None
+        diag = G.diagonal()
     feat_scale = float(np.sqrt(diag.max()))
     ridge = opt.ridge * max(float(diag.sum()) / K, _TINY)
     precond = None if dense else np.maximum(diag, ridge) + ridge
+    all_ineq = bool(ineq.all())
 
     def project(lam: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.where(ineq, np.maximum(lam, 0.0), lam)
@@ -402,6 +471,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
             m = G @ lam
             wsq = float(lam @ m)
             return None, m, m - b, 0.5 * wsq - float(b @ lam), wsq
+        assert op is not None  # matrix-free: the operator is given
         M = op.adjoint_flat(lam)
         m = op.apply_flat(M)
         wsq = float(np.sum(M * M))
@@ -415,7 +485,7 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
         info["pdas_iterations"] = pdas_iter
         lam = np.zeros(K) if lam0_flat is None else lam0_flat
     else:
-        lam = np.zeros(K) if lam0 is None else project(lam0.ravel()[op.idx].astype(np.float64))
+        lam = np.zeros(K) if lam0 is None else project(lam0)
     M, m, g, q, wsq = evaluate(lam)
     status = MAX_ITER
     cg_total = 0
@@ -425,12 +495,13 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
         # certificate of the current iterate (W = 𝒜*(λ) is its own primal point)
         # (rows are normalised, ‖a_k z_kᵀ‖ = 1: each row's violation relative to max(|b_k|, ROW_FLOOR·‖W‖))
         res = b - m
-        sigma = np.maximum(np.abs(b), ROW_FLOOR * np.sqrt(max(wsq, 0.0)))
-        rv = np.where(ineq, np.maximum(res, 0.0), np.abs(res))
+        rv = np.maximum(res, 0.0) if all_ineq else np.where(ineq, np.maximum(res, 0.0), np.abs(res))
         viol = float(max(rv.max(initial=0.0), 0.0))
-        if viol > 0:
-            rel_viol = float(np.where(rv > 0, rv / np.where(sigma > 0, sigma, np.inf), 0.0).max(initial=0.0))
-            if not np.isfinite(rel_viol) or np.any((rv > 0) & (sigma == 0)):
+        if viol > 0:  # (on the violated rows only: usually a few, by round-off)
+            k = np.flatnonzero(rv > 0)
+            sigma = np.maximum(np.abs(b[k]), ROW_FLOOR * np.sqrt(max(wsq, 0.0)))
+            rel_viol = float((rv[k] / sigma).max()) if (sigma > 0).all() else np.inf
+            if not np.isfinite(rel_viol):
                 rel_viol = np.inf
         else:  # no row violated (or a NaN margin, which the next test rejects)
             rel_viol = 0.0 if viol == 0 else np.inf
@@ -471,10 +542,14 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
             else:
                 fidx = np.flatnonzero(free)
 
-                def mv(v: NDArray[np.float64], fidx: NDArray[np.intp] = fidx) -> NDArray[np.float64]:
+                assert op is not None  # matrix-free: the operator is given
+
+                def mv(
+                    v: NDArray[np.float64], fidx: NDArray[np.intp] = fidx, opm: Operator = op
+                ) -> NDArray[np.float64]:
                     full = np.zeros(K)
                     full[fidx] = v
-                    return op.apply_flat(op.adjoint_flat(full))[fidx] + ridge * v
+                    return opm.apply_flat(opm.adjoint_flat(full))[fidx] + ridge * v
 
                 rtol = min(1e-2, max(1e-14, 0.1 * float(np.linalg.norm(pg)) / max(1.0, float(np.linalg.norm(b)))))
                 assert precond is not None  # set whenever the method is matrix-free
@@ -493,7 +568,11 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
             alpha *= 0.5
         if not accepted:  # Newton direction useless here: a projected-gradient (Cauchy) step
             gfree = np.where(binding, 0.0, g)
-            Gg = G @ gfree if G is not None else op.apply_flat(op.adjoint_flat(gfree))
+            if G is not None:
+                Gg = G @ gfree
+            else:
+                assert op is not None  # matrix-free: the operator is given
+                Gg = op.apply_flat(op.adjoint_flat(gfree))
             gg = float(g[~binding] @ g[~binding])
             step = gg / max(float(np.where(binding, 0.0, g) @ Gg), _TINY)
             cand = project(lam - step * np.where(binding, 0.0, g))
@@ -503,19 +582,12 @@ def _projected_newton(cs: ConstraintSet, lam0: NDArray[np.float64] | None, opt: 
                 break
         lam, M, m, g, q, wsq = cand, Mc, mc, gc, qc, wsqc
 
-    info.update(time=time.perf_counter() - t0, violation=viol, gap=gap, cg_iterations=cg_total)
-    dual = op.to_nt(lam)
-    if status == INFEASIBLE:
-        cert = dual / np.abs(dual).sum()
-        info["certificate_residual"] = float(np.linalg.norm(op.adjoint_flat(lam))) / float(np.abs(lam).sum())
-        return RawSolution(None, cert, INFEASIBLE, pdas_iter + it, info)
+    info.update(violation=viol, gap=gap, cg_iterations=cg_total)
     if status == MAX_ITER:
         log.warning(
             "frobenius solver stopped after max_iter=%d iterations (violation %.2e, gap %.2e)", max_iter, viol, gap
         )
-    if M is None:
-        M = op.adjoint_flat(lam)
-    return RawSolution(M if sub is None else sub.lift(M), dual, status, pdas_iter + it, info)
+    return lam, M, status, pdas_iter + it
 
 
 def _compact(cs: ConstraintSet, S: NDArray[np.bool_]) -> tuple[ConstraintSet, NDArray[np.int64], NDArray[np.bool_]]:

@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from ._base import ConstraintSet, Subspaces, _orth
 
-__all__ = ["Reduction", "reduce", "ZERO_ROW_RTOL", "SPREAD_MAX"]
+__all__ = ["Reduction", "reduce", "DenseReduction", "reduce_dense", "ZERO_ROW_RTOL", "SPREAD_MAX"]
 
 # A feature a_k is zero when ‖a_k‖ ≤ ZERO_ROW_RTOL · max_t ‖a_it‖ of its own sequence (duplicate
 # tokens leave round-off of this order); a query is zero when it is exactly zero.
@@ -111,25 +111,35 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     seq_scale = na.max(axis=1, initial=0.0)  # (n,) (masked rows have na = 0)
     # (na = 0 is caught by the relative test, as seq_scale ≥ 0)
     zero = cs.mask & (na <= ZERO_ROW_RTOL * seq_scale[:, None])
+    if "_feature_norms" not in cs.__dict__:  # the certificate's row scale: the same numbers, computed once
+        fn = na * nz[:, None]
+        fn.flags.writeable = False
+        object.__setattr__(cs, "_feature_norms", fn)
     zero_z = nz == 0
     if zero_z.any():
         zero |= cs.mask & zero_z[:, None]
         nz = np.where(zero_z, 1.0, nz)
-    mask = cs.mask & ~zero
-    sa = np.where(mask, na, 1.0)
-    A = cs.A / sa[..., None]
-    if zero.any():  # (masked rows are already zero)
-        A[zero] = 0.0
+    has_zero = bool(zero.any())
+    if has_zero:
+        mask = cs.mask & ~zero
+        sa = np.where(mask, na, 1.0)
+        A = cs.A / sa[..., None]
+        A[zero] = 0.0  # (masked rows are already zero)
+    else:  # the usual case: na is exactly 0 on the masked rows (their features are zero)
+        mask = cs.mask
+        sa = na + ~mask
+        A = cs.A / sa[..., None]
     Z = cs.Z / nz[:, None]
     s = sa * nz[:, None]
-    b = cs.rhs / s
-    b[~mask] = 0.0
+    b = cs.rhs / s  # (rhs is 0 on the masked rows)
+    if has_zero:
+        b[zero] = 0.0
     nzb = np.abs(b[b != 0])
     g = _pow2(float(np.partition(nzb, nzb.size // 2)[nzb.size // 2])) if nzb.size else 1.0  # (upper) median
     if g != 1.0:
         b /= g
     # (A, rhs and equality are zero/False off the mask by construction)
-    norm = ConstraintSet._trusted(A, Z, mask, b, cs.equality & mask)
+    norm = ConstraintSet._trusted(A, Z, mask, b, cs.equality & mask if has_zero else cs.equality)
     if subspace:
         # bases from the user's rows when their norms are within SPREAD_MAX of each other (the same
         # bases, up to round-off, under any global change of units), else from the normalised rows,
@@ -149,3 +159,88 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     return Reduction(
         original=cs, problem=problem, sub=sub, row_scale=s, global_scale=g, zero=zero, identity_sub=not subspace
     )
+
+
+class DenseReduction:
+    """Steps 1 and 3 of :func:`reduce` for solvers of the dense dual ``min ½λᵀGλ − bᵀλ`` (λ_I ≥ 0)
+    of ``min ½‖W‖_F²``: the same normalised instance written as the K × K Gram matrix ``Ĝ`` of
+    the unit rows ``â_k ẑ_kᵀ`` and ``b̂`` (module doc), without building a reduced constraint set.
+    ``Ĝ_kl = G_kl / (s_k s_l)`` from the Gram matrix G of the user's rows, whose diagonal is
+    ``s_k² = ‖a_k‖²‖z_k‖²``.
+
+    Attributes
+    ----------
+    G : (K, K) ``Ĝ``.  b : (K,) ``b̂``.  ineq : (K,) bool.
+    idx : (K,) flat (row-major) indices of the rows in the (n, T) layout.
+    A, Z : (K, d), (K, d_z) the user's rows a_k and z_k.  row_scale : (K,) ``s_k``.
+    global_scale : ``g``.  shape : (n, T).
+    """
+
+    __slots__ = ("A", "G", "Z", "b", "global_scale", "idx", "ineq", "row_scale", "shape")
+
+    def __init__(
+        self,
+        G: NDArray[np.float64],
+        b: NDArray[np.float64],
+        ineq: NDArray[np.bool_],
+        idx: NDArray[np.intp],
+        A: NDArray[np.float64],
+        Z: NDArray[np.float64],
+        row_scale: NDArray[np.float64],
+        global_scale: float,
+        shape: tuple[int, int],
+    ) -> None:
+        self.G, self.b, self.ineq, self.idx, self.A, self.Z = G, b, ineq, idx, A, Z
+        self.row_scale, self.global_scale, self.shape = row_scale, global_scale, shape
+
+    def lift_dual(self, lam_hat: NDArray[np.float64], degree: int = 2) -> NDArray[np.float64]:
+        """Flat multipliers (K,) of the original rows, ``λ_k = g^{p−1} λ̂_k / s_k`` (module doc)."""
+        return lam_hat * (self.global_scale ** (degree - 1)) / self.row_scale
+
+    def to_nt(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Flat (K,) → the (n, T) layout (0 off the rows)."""
+        out = np.zeros(self.shape[0] * self.shape[1])
+        out[self.idx] = lam
+        return out.reshape(self.shape)
+
+    def adjoint(self, lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``𝒜*(λ) = Σ_k λ_k a_k z_kᵀ`` (d, d_z) of flat multipliers of the original rows; with
+        ``λ = lift_dual(λ̂)`` this is the lifted primal point ``W = g · Σ_k λ̂_k â_k ẑ_kᵀ``."""
+        return (self.A.T * lam) @ self.Z
+
+
+def reduce_dense(cs: ConstraintSet, max_rows: int = 300) -> DenseReduction | None:
+    """:class:`DenseReduction` of ``cs``, or None when some row may have a vanishing feature
+    (``s_k ≤ ZERO_ROW_RTOL · max_l s_l``, which every zero row of :func:`reduce` satisfies) or there are
+    no rows or more than ``max_rows`` (G is K × K): :func:`reduce` handles those. Its ``Ĝ``, ``b̂``
+    and ``g`` are those of ``reduce(cs, subspace=False)`` up to round-off."""
+    n, T, d = cs.A.shape
+    idx = np.flatnonzero(cs.mask.ravel())
+    if idx.size == 0 or idx.size > max_rows:
+        return None
+    Af = cs.A.reshape(-1, d)[idx]
+    Zf = cs.Z[idx // T]
+    if idx.size <= d + Zf.shape[1]:  # scale the K × K Gram matrix: fewer, smaller steps
+        G = Af @ Af.T
+        G *= Zf @ Zf.T
+        s = np.sqrt(G.diagonal())  # ‖a_k‖‖z_k‖
+        if not s.min() > ZERO_ROW_RTOL * s.max():
+            return None
+        G /= s
+        G /= s[:, None]
+    else:  # scale the K rows: O(K·d) work instead of O(K²)
+        na = np.sqrt(np.einsum("kd,kd->k", Af, Af))
+        nz = np.sqrt(np.einsum("kd,kd->k", Zf, Zf))
+        s = na * nz
+        if not s.min() > ZERO_ROW_RTOL * s.max():
+            return None
+        An = Af / na[:, None]
+        Zn = Zf / nz[:, None]
+        G = An @ An.T
+        G *= Zn @ Zn.T
+    b = cs.rhs.ravel()[idx] / s
+    nzb = np.abs(b[b != 0])
+    g = _pow2(float(np.partition(nzb, nzb.size // 2)[nzb.size // 2])) if nzb.size else 1.0  # (upper) median
+    if g != 1.0:
+        b /= g
+    return DenseReduction(G, b, ~cs.equality.ravel()[idx], idx, Af, Zf, s, g, (n, T))
