@@ -14,8 +14,8 @@ from attsvm.svm import (
     solve_frobenius,
 )
 
-OBJ_RTOL = 1e-6  # objective agreement between implementations (issue #2)
-W_ATOL = 1e-4  # W agreement between implementations (issue #2)
+OBJ_RTOL = 1e-6  # objective agreement between implementations
+W_ATOL = 1e-4  # W agreement between implementations
 CERT_TOL = 1e-10  # our solver's own violation / gap target
 PATH_TOL = 1e-8  # dense vs matrix-free path
 
@@ -252,3 +252,53 @@ def test_wrong_pdas_guess_only_moves_the_start(monkeypatch):
     bad = solve_frobenius(cs)
     assert bad.status == "optimal" and bad.n_iter > 2
     np.testing.assert_allclose(bad.W, good.W, atol=PATH_TOL * max(1.0, np.abs(good.W).max()))
+
+
+REDUCE_RTOL = 1e-12  # the dense reduction against the general one (round-off only)
+
+
+@pytest.mark.parametrize("n,T,d", [(6, 8, 10), (15, 15, 20), (3, 40, 4)])
+def test_dense_reduction_is_the_general_reduction(n, T, d):
+    """reduce_dense's Gram matrix, b̂ and g are those of reduce(cs, subspace=False) (docs/spec.md §3),
+    on both of its branches (K ≤ d + d_z scales the Gram matrix, larger K the rows)."""
+    from attsvm.svm.reduction import reduce, reduce_dense
+
+    p = paper_instance(n, T, d, seed=1)
+    cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
+    for c in (cs, ConstraintSet(cs.A * 1e-7, cs.Z * 3e5, cs.mask)):  # and in other units
+        dense, full = reduce_dense(c), reduce(c, subspace=False)
+        assert dense is not None
+        np.testing.assert_allclose(dense.G, full.problem.gram(), rtol=REDUCE_RTOL, atol=REDUCE_RTOL)
+        np.testing.assert_allclose(dense.b, full.problem.rhs.ravel()[dense.idx], rtol=REDUCE_RTOL)
+        assert dense.global_scale == full.global_scale
+
+
+def test_dense_reduction_declines_zero_rows_and_the_solver_still_certifies():
+    """A duplicate of the selected token makes a zero row: reduce_dense returns None and the general
+    route reports the instance infeasible with a verified Farkas certificate."""
+    from attsvm.svm.reduction import reduce_dense
+
+    p = paper_instance(3, 4, 5, seed=0)
+    opt = p.optimal_tokens()
+    X = p.X.copy()
+    X[0, (opt[0] + 1) % p.T] = X[0, opt[0]]
+    cs = att_svm_constraints(type(p)(X, p.y, p.v, Z=p.Z), opt)
+    assert reduce_dense(cs) is None
+    raw = solve_frobenius(cs)
+    assert raw.status == "infeasible" and raw.W is None
+
+
+def test_fast_dense_path_equals_the_general_route():
+    """The small dense route (reduce_dense) and the general one (reduce + reduced constraint set)
+    give the same W and λ."""
+    from attsvm.svm.frobenius import FrobeniusOptions, _solve_reduced
+    from attsvm.svm.reduction import reduce
+
+    p = paper_instance(6, 8, 10, seed=3)
+    cs = att_svm_constraints(p, p.optimal_tokens())
+    fast = solve_frobenius(cs)
+    red = reduce(cs, subspace=False)
+    slow = _solve_reduced(red.problem, FrobeniusOptions(tol=1e-10))
+    assert fast.status == slow.status == "optimal"
+    np.testing.assert_allclose(fast.W, red.lift_W(slow.W), rtol=PATH_TOL, atol=PATH_TOL)
+    np.testing.assert_allclose(fast.dual, red.lift_dual(slow.dual, degree=2), rtol=1e-6, atol=PATH_TOL)

@@ -67,3 +67,20 @@ def test_not_fitted_error_is_value_and_attribute_error():
         _ = svm.bogus
     svm.fit(paper_instance(4, 5, 6, seed=0))
     assert np.isfinite(svm.objective_) and svm.dual_ is svm.dual_coef_
+
+
+def test_refit_revalidates_changed_parameters():
+    """fit skips re-checking parameters only while each is the very object last checked: a parameter
+    changed between fits, by attribute or by set_params, is checked again."""
+    p = paper_instance(3, 4, 5, seed=0)
+    est = AttentionSVM().fit(p)
+    assert est.fit(p).status_ == "optimal"
+    est.tol = -1.0
+    with pytest.raises(ValueError, match="tol"):
+        est.fit(p)
+    est.set_params(tol=1e-8, norm="l3")
+    with pytest.raises(ValueError, match="norm"):
+        est.fit(p)
+    est.set_params(norm="fro", rank=2)
+    with pytest.raises(ValueError, match="rank"):
+        est.fit(p)

@@ -275,12 +275,12 @@ class AttentionProblem:
         arr = np.asarray(tokens)
         if arr.shape != (self.n,):
             raise ValueError(f"{name} must hold one token index per sequence: shape ({self.n},), got {arr.shape}")
-        if not np.issubdtype(arr.dtype, np.integer):
-            if np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):
+        if arr.dtype.kind not in "iu":  # (not an integer dtype)
+            if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
                 arr = arr.astype(np.int64)
             else:
                 raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
-        if np.any(arr < 0) or np.any(arr >= self.T):
+        if arr.size and (arr.min() < 0 or arr.max() >= self.T):
             raise ValueError(
                 f"{name} must be token indices in [0, {self.T}), got values outside: "
                 f"{arr[(arr < 0) | (arr >= self.T)][:10]}"

@@ -220,6 +220,11 @@ class AttentionSVM:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _validate_params(self) -> None:
+        # (skipped when every parameter is the very object last validated: sweeps refit one estimator)
+        values = tuple([getattr(self, name) for name in _PARAMETERS])
+        last = self.__dict__.get("_validated_params")
+        if last is not None and all([a is b for a, b in zip(values, last)]):
+            return
         for name, spec in _PARAMETERS.items():
             check_param(getattr(self, name), name, spec)
         if self.norm == "lp" and self.p is None:
@@ -237,6 +242,7 @@ class AttentionSVM:
             raise ValueError(f"rank={self.rank} needs backend='auto': cvxpy cannot express a rank constraint")
         if self.solver is not None and self.backend != "cvxpy":
             raise ValueError(f"solver={self.solver!r} applies to backend='cvxpy' only; got backend={self.backend!r}")
+        self.__dict__["_validated_params"] = values
 
     def _norm_object(self) -> Norm:
         """The :class:`~attsvm.svm.norms.Norm` object of ``norm`` (and ``p``)."""
