@@ -78,9 +78,11 @@ def test_refit_revalidates_changed_parameters():
     est.tol = -1.0
     with pytest.raises(ValueError, match="tol"):
         est.fit(p)
-    est.set_params(tol=1e-8, norm="l3")
+    est.tol, est.norm = 1e-8, "l3"
     with pytest.raises(ValueError, match="norm"):
         est.fit(p)
-    est.set_params(norm="fro", rank=2)
+    est.norm, est.rank = "fro", 2
     with pytest.raises(ValueError, match="rank"):
         est.fit(p)
+    est.set_params(rank=None)
+    assert est.fit(p).status_ == "optimal"

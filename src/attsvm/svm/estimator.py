@@ -223,7 +223,7 @@ class AttentionSVM:
         # (skipped when every parameter is the very object last validated: sweeps refit one estimator)
         values = tuple([getattr(self, name) for name in _PARAMETERS])
         last = self.__dict__.get("_validated_params")
-        if last is not None and all([a is b for a, b in zip(values, last)]):
+        if last is not None and all(a is b for a, b in zip(values, last)):
             return
         for name, spec in _PARAMETERS.items():
             check_param(getattr(self, name), name, spec)
