@@ -60,6 +60,76 @@ class _ALMResult:
     M: NDArray[np.float64] | None = None  # the exactly feasible primal whose ‖·‖_* is ``primal`` (certify)
 
 
+class _Penalty:
+    """The augmented Lagrangian of one subproblem as a function of the flattened factors x = (K, Q),
+    with its gradient (module doc of :mod:`.nuclear`, step 3):
+
+        f(x) = ½(‖K‖² + ‖Q‖²) + (‖μ‖² − ‖λ‖²) / (2ρ),   μ = P(λ − ρ(𝒜(KQᵀ) − b)),
+
+    P clipping the inequality rows at 0. One function, evaluated in two memory layouts:
+    :meth:`flat` on the K_c constraint rows (a few dense products on (K_c, ·), O(K_c·r·p): fastest on
+    small problems, used with our L-BFGS) and :meth:`per_sequence` on the (n, T) layout (z_i shared by
+    the T rows of sequence i, O(n·r·p + K_c·r): 4× faster at (100, 20, 100), used with scipy's
+    L-BFGS-B). The two agree to round-off; which one a path uses is fixed, because the L-BFGS path
+    moves at round-off level and the early polish's success (one outer iteration or two) can hinge
+    on it. :meth:`set_multipliers` sets (λ, ρ) for the next subproblem.
+    """
+
+    def __init__(self, red: _Reduced) -> None:
+        self.red = red
+        mask = red.mask
+        self.r_a, self.r_z = red.A.shape[-1], red.Z.shape[-1]
+        self.idx = np.flatnonzero(mask.ravel())
+        self.seq = self.idx // mask.shape[1]
+        self.Fs = red.A.reshape(-1, self.r_a)[self.idx]  # (K_c, r_a) features a_k
+        self.Zs = red.Z[self.seq]  # (K_c, r_z) queries z_k
+        self.bs = red.b.ravel()[self.idx]
+        self.ineq_s = red.ineq.ravel()[self.idx]
+        self.lam = np.zeros_like(red.b)
+        self.rho = 1.0
+        self.shift = self.bs.copy()
+        self.lam_sq = 0.0
+
+    def set_multipliers(self, lam: NDArray[np.float64], rho: float) -> None:
+        self.lam, self.rho = lam, rho
+        lam_s = lam.ravel()[self.idx]
+        self.shift, self.lam_sq = lam_s + rho * self.bs, float(lam_s @ lam_s)
+
+    def flat(self, x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        """(f, ∇f) on the flat constraint rows."""
+        r_a, r_z, rho = self.r_a, self.r_z, self.rho
+        p = x.size // (r_a + r_z)
+        nK = r_a * p
+        Kx = x[:nK].reshape(r_a, p)
+        Qx = x[nK:].reshape(r_z, p)
+        FK = self.Fs @ Kx  # (K_c, p): Kᵀa_k
+        ZQ = (self.red.Z @ Qx)[self.seq]  # (K_c, p): Qᵀz_k
+        mu = self.shift - rho * np.einsum("kp,kp->k", FK, ZQ)  # λ − ρ(𝒜(KQᵀ) − b)
+        np.maximum(mu, 0.0, out=mu, where=self.ineq_s)
+        f = 0.5 * (x @ x) + (mu @ mu - self.lam_sq) / (2 * rho)
+        # Y = 𝒜*(μ) = Σ μ_k a_k z_kᵀ; grad_K = K − Y Q, grad_Q = Q − Yᵀ K, without forming Y
+        g = x.copy()
+        g[:nK] -= (self.Fs.T @ (mu[:, None] * ZQ)).ravel()
+        g[nK:] -= (self.Zs.T @ (mu[:, None] * FK)).ravel()
+        return float(f), g
+
+    def per_sequence(self, x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        """(f, ∇f) on the (n, T) layout."""
+        red, r_a, r_z, rho, lam = self.red, self.r_a, self.r_z, self.rho, self.lam
+        p = x.size // (r_a + r_z)
+        nK = r_a * p
+        Kx = x[:nK].reshape(r_a, p)
+        Qx = x[nK:].reshape(r_z, p)
+        c = red.apply_factored(Kx, Qx) - red.b
+        mu = lam - rho * c
+        mu = np.where(red.ineq, np.maximum(mu, 0.0), mu) * red.mask
+        f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam * red.mask, lam)) / (2 * rho)
+        B = np.einsum("nt,ntr->nr", mu, red.A)  # (n, r_a)
+        gK = Kx - B.T @ (red.Z @ Qx)
+        gQ = Qx - red.Z.T @ (B @ Kx)
+        return float(f), np.concatenate([gK.ravel(), gQ.ravel()])
+
+
 def _alm(
     red: _Reduced,
     K: NDArray[np.float64],
@@ -87,54 +157,11 @@ def _alm(
     p_max = min(r_a, r_z)
     rng = np.random.default_rng(0) if rng is None else rng
     mask, ineq = red.mask, red.ineq
-    # fresh names with the narrowed types, which the closures below (fg, fg_nt) can see
     lam_: NDArray[np.float64] = np.zeros_like(red.b) if lam is None else lam.copy()
     rho_: float = max(1.0, float(np.sqrt(mask.sum()))) if rho is None else rho
 
     failed_polish = 0
-    # the constraint rows flattened once: every evaluation is then a few dense products on (K_c, ·)
-    idx = np.flatnonzero(mask.ravel())
-    Fs = red.A.reshape(-1, r_a)[idx]  # (K_c, r_a) features a_k
-    seq = idx // mask.shape[1]
-    Zs = red.Z[seq]  # (K_c, r_z) queries z_k
-    bs = red.b.ravel()[idx]
-    ineq_s = ineq.ravel()[idx]
-
-    def fg(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
-        p = x.size // (r_a + r_z)
-        nK = r_a * p
-        Kx = x[:nK].reshape(r_a, p)
-        Qx = x[nK:].reshape(r_z, p)
-        FK = Fs @ Kx  # (K_c, p): Kᵀa_k
-        ZQ = (red.Z @ Qx)[seq]  # (K_c, p): Qᵀz_k
-        mu = shift - rho_ * np.einsum("kp,kp->k", FK, ZQ)  # λ − ρ(𝒜(KQᵀ) − b)
-        np.maximum(mu, 0.0, out=mu, where=ineq_s)
-        f = 0.5 * (x @ x) + (mu @ mu - lam_sq) / (2 * rho_)
-        # Y = 𝒜*(μ) = Σ μ_k a_k z_kᵀ; grad_K = K − Y Q, grad_Q = Q − Yᵀ K, without forming Y
-        g = x.copy()
-        g[:nK] -= (Fs.T @ (mu[:, None] * ZQ)).ravel()
-        g[nK:] -= (Zs.T @ (mu[:, None] * FK)).ravel()
-        return float(f), g
-
-    def fg_nt(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
-        # the same function on the (n, T) layout, for scipy's L-BFGS-B on large problems: it uses the
-        # per-sequence structure (z_i shared by the T rows of sequence i), O(n·r·p + K·r) per call
-        # against fg's O(K·r·p) — 4× faster at (100, 20, 100) — while fg's fewer, flat products win on
-        # small problems. Replacing either by the other also moves the L-BFGS path at round-off level,
-        # on which the early polish's success (one outer iteration or two) can hinge.
-        p = x.size // (r_a + r_z)
-        nK = r_a * p
-        Kx = x[:nK].reshape(r_a, p)
-        Qx = x[nK:].reshape(r_z, p)
-        c = red.apply_factored(Kx, Qx) - red.b
-        mu = lam_ - rho_ * c
-        mu = np.where(ineq, np.maximum(mu, 0.0), mu) * mask
-        f = 0.5 * (np.vdot(Kx, Kx) + np.vdot(Qx, Qx)) + (np.vdot(mu, mu) - np.vdot(lam_ * mask, lam_)) / (2 * rho_)
-        B = np.einsum("nt,ntr->nr", mu, red.A)  # (n, r_a)
-        gK = Kx - B.T @ (red.Z @ Qx)
-        gQ = Qx - red.Z.T @ (B @ Kx)
-        return float(f), np.concatenate([gK.ravel(), gQ.ravel()])
-
+    pen = _Penalty(red)
     x = np.concatenate([K.ravel(), Q.ravel()])
     n_inner = 0
     best: _ALMResult | None = None
@@ -144,16 +171,20 @@ def _alm(
     gtol = run.gtol0
     next_polish = opt.polish_gap
     for outer in range(1, max_iter + 1):
-        lam_s = lam_.ravel()[idx]
-        shift, lam_sq = lam_s + rho_ * bs, float(lam_s @ lam_s)  # constants of this subproblem
+        pen.set_multipliers(lam_, rho_)  # the constants of this subproblem
         for _attempt in range(2):
             if lean:
                 x, nit = lbfgs(
-                    fg, x, gtol=gtol, max_iter=inner_max, memory=opt.lbfgs_memory, max_halvings=opt.lbfgs_max_halvings
+                    pen.flat,
+                    x,
+                    gtol=gtol,
+                    max_iter=inner_max,
+                    memory=opt.lbfgs_memory,
+                    max_halvings=opt.lbfgs_max_halvings,
                 )
             else:  # large subproblems: the evaluation dominates, and scipy's line search is the safer one
                 res = minimize(
-                    fg_nt,
+                    pen.per_sequence,
                     x,
                     jac=True,
                     method="L-BFGS-B",
