@@ -86,3 +86,19 @@ def test_refit_revalidates_changed_parameters():
         est.fit(p)
     est.set_params(rank=None)
     assert est.fit(p).status_ == "optimal"
+
+
+RANK_RTOL = 1e-7  # the documented relative threshold of rank_
+
+
+def test_rank_is_read_off_the_fitted_W_and_follows_refits():
+    """rank_ (computed from W_ on first read for the Frobenius norm, with the certificate's SVD for
+    the nuclear one) is W_'s numerical rank, and a refit on another problem replaces it."""
+    p = paper_instance(3, 4, 5, seed=0)
+    q = paper_instance(6, 8, 10, seed=1)
+    for norm in ("fro", "nuc"):
+        est = AttentionSVM(norm)
+        for prob in (p, q, p):
+            est.fit(prob)
+            s = np.linalg.svd(est.W_, compute_uv=False)
+            assert est.rank_ == int((s > RANK_RTOL * s[0]).sum()) == np.linalg.matrix_rank(est.W_, tol=RANK_RTOL * s[0])

@@ -312,7 +312,7 @@ def svm_view(
             "max_violation": float(s.max_violation_),
             "relative_gap": float(s.relative_gap_),
             "objective": float(s.objective_),
-            "rank": int(s.rank_),
+            "rank": int(s.rank_ if s.rank_ is not None else 0),
         }
 
     oh_fro = np.asarray(other["corr_fro_projected"])

@@ -53,6 +53,7 @@ from .reduction import Reduction, reduce
 
 __all__ = [
     "OptimalityCertificate",
+    "numerical_rank",
     "FarkasCertificate",
     "optimality_certificate",
     "farkas_certificate",
@@ -90,11 +91,18 @@ class OptimalityCertificate(NamedTuple):
     lam: NDArray[np.float64]  # λ made sign-feasible (λ_I ≥ 0, 0 where masked)
     margins: NDArray[np.float64]  # m_k (0 where masked)
     support: NDArray[np.bool_]  # tight rows (equalities included)
-    rank: int  # numerical rank of W (relative RANK_TOL)
+    rank: int | None  # numerical rank of W (relative RANK_TOL); None where no SVD was taken (numerical_rank)
 
     def passes(self, tol: float) -> bool:
         """``relative_violation ≤ tol`` and ``relative_gap ≤ tol``."""
         return bool(self.relative_violation <= tol and self.relative_gap <= tol)
+
+
+def numerical_rank(W: NDArray[np.float64], svals: NDArray[np.floating] | None = None) -> int:
+    """The number of singular values of W above ``RANK_TOL`` times the largest (0 for W = 0)."""
+    if svals is None:
+        svals = np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)
+    return int((svals > RANK_TOL * svals[0]).sum()) if svals.size and svals[0] > 0 else 0
 
 
 def _row_violation(cs: ConstraintSet, m: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -144,7 +152,8 @@ def optimality_certificate(
     m = cs.apply(W)
     b = cs.rhs
     Y = cs.adjoint(lam)
-    svals = np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)
+    # (the SVD only where the norm reads it: the nuclear value and its rank come together)
+    svals = (np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)) if nm.name == "nuc" else None
     bl = float((b * lam).sum())
     primal = nm.objective(W, svals)
     dual = nm.dual_objective(bl, Y)
@@ -158,7 +167,7 @@ def optimality_certificate(
         support = cs.mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
     else:
         support = cs.mask & ((np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(b))) | cs.equality)
-    rank = int((svals > RANK_TOL * svals[0]).sum()) if svals.size and svals[0] > 0 else 0
+    rank = None if svals is None else numerical_rank(W, svals)
     return OptimalityCertificate(
         norm=nm.name,
         objective=nm.value(W, svals),

@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike, NDArray
 from .._validation import Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
-from .certificate import FARKAS_RTOL, find_farkas, optimality_certificate
+from .certificate import FARKAS_RTOL, find_farkas, numerical_rank, optimality_certificate
 from .norms import Norm, get_norm, lp_norm
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
@@ -346,11 +346,23 @@ class AttentionSVM:
             "duality_gap_",
             "relative_gap_",
             "complementary_slackness_",
-            "rank_",
             "certificate_",
             "certificate_residual_",
         ):
             setattr(self, name, None)
+        self.__dict__["_rank"] = None
+
+    @property
+    def rank_(self) -> int | None:
+        """Numerical rank of ``W_`` (singular values above 1e-7 of the largest); None without a W."""
+        if "status_" not in self.__dict__:
+            raise NotFittedError("this AttentionSVM is not fitted yet (no attribute 'rank_'): call fit first")
+        if self.W_ is None:
+            return None
+        r = self.__dict__.get("_rank")
+        if r is None:
+            r = self.__dict__["_rank"] = numerical_rank(self.W_)
+        return r
 
     @property
     def dual_(self) -> NDArray[np.float64] | None:
@@ -400,7 +412,7 @@ class AttentionSVM:
         self.duality_gap_ = cert.gap
         self.relative_gap_ = cert.relative_gap
         self.complementary_slackness_ = cert.complementarity
-        self.rank_ = cert.rank
+        self.__dict__["_rank"] = cert.rank  # (None: computed from W_ when rank_ is first read)
         self.certificate_ = None
         self.certificate_residual_ = None
         ok = cert.passes(self.tol)
