@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -264,6 +265,63 @@ class AttentionSVM:
         cs = _att_svm_constraints(problem, alpha)
         return self._fit(cs, alpha)
 
+    def fit_many(
+        self, problems: Sequence[AttentionProblem], tokens: Sequence[ArrayLike | None] | None = None
+    ) -> list[AttentionSVM]:
+        """Fit one Att-SVM per problem (docs/spec.md §3): new estimators with these parameters, in
+        order (this one is not changed), each exactly as :meth:`fit` would return it.
+
+        Frobenius instances (``backend="auto"``) of one shape with at most ``BATCH_MAX_K`` constraint
+        rows are solved together as one vectorised program and certified together
+        (:mod:`attsvm.svm.batch`); every other instance, and any that leaves the batch (a duplicate
+        token, an unsettled active set, a certificate that misses ``tol``), goes through :meth:`fit`.
+
+        Parameters
+        ----------
+        problems : sequence of AttentionProblem
+        tokens : None, or one selection (or None: the optimal tokens) per problem.
+
+        A selection that :meth:`fit` would refuse (a tie, an index out of range) raises here,
+        before anything is solved, naming the problem's position.
+        """
+        from . import batch
+        from .frobenius import FrobeniusOptions
+
+        self._validate_params()
+        if isinstance(problems, (AttentionProblem, str, bytes)) or not hasattr(problems, "__len__"):
+            raise TypeError(f"problems must be a sequence of AttentionProblem, got {type(problems).__name__}")
+        probs = list(problems)
+        toks: list[ArrayLike | None] = [None] * len(probs) if tokens is None else list(tokens)
+        if len(toks) != len(probs):
+            raise ValueError(
+                f"tokens must hold one selection per problem (or be None); got {len(toks)} for {len(probs)} problems"
+            )
+        alphas: list[NDArray[np.int64]] = []
+        for i, (p, t) in enumerate(zip(probs, toks)):
+            if not isinstance(p, AttentionProblem):
+                raise TypeError(f"problems[{i}] must be an AttentionProblem, got {type(p).__name__}")
+            try:
+                alphas.append(p.check_tokens(t))
+            except TypeError as exc:
+                raise TypeError(f"problems[{i}]: {exc}") from exc
+            except ValueError as exc:
+                raise ValueError(f"problems[{i}]: {exc}") from exc
+        out: list[AttentionSVM | None] = [None] * len(probs)
+        if batch.ready(self):
+            opt = FrobeniusOptions(tol=min(float(self.tol), 1e-10))
+            if self.max_iter is not None:
+                opt = replace(opt, max_iter=int(self.max_iter))
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i, p in enumerate(probs):
+                if 0 < p.n * (p.T - 1) <= batch.BATCH_MAX_K:
+                    groups.setdefault(batch.group_key(p), []).append(i)
+            for members in groups.values():
+                fitted = batch.solve_group(self, [probs[i] for i in members], [alphas[i] for i in members], opt)
+                for i, e in zip(members, fitted):
+                    out[i] = e
+        params = self.get_params()
+        return [e if e is not None else type(self)(**params).fit(p, a) for e, p, a in zip(out, probs, alphas)]
+
     def fit_constraints(self, cs: ConstraintSet) -> AttentionSVM:
         """Solve ``min ‖W‖ s.t. cs`` for any constraint set (e.g. docs/spec.md §5's SVM-eq / W_fin)."""
         self._validate_params()
@@ -430,6 +488,48 @@ class AttentionSVM:
                     RuntimeWarning,
                     stacklevel=4,
                 )
+
+    def _set_batched(
+        self,
+        cs: ConstraintSet,
+        alpha: NDArray[np.int64],
+        *,
+        W: NDArray[np.float64],
+        lam: NDArray[np.float64],
+        margins: NDArray[np.float64],
+        support: NDArray[np.bool_],
+        violation: float,
+        relative_violation: float,
+        gap: float,
+        relative_gap: float,
+        complementarity: float,
+        n_iter: int,
+        info: dict[str, Any],
+        solve_time: float,
+    ) -> None:
+        """The fitted attributes of an instance certified by :mod:`attsvm.svm.batch` (as :meth:`_fit`)."""
+        self.solve_time_ = solve_time
+        self.backend_ = "frobenius"
+        self.n_iter_ = n_iter
+        self.info_ = info
+        self.factors_ = None
+        self.tokens_ = alpha
+        self.constraints_ = cs
+        self.reached_convex_optimum_ = None
+        self.W_ = W
+        self.objective_ = float(np.sqrt(np.vdot(W, W)))
+        self.dual_coef_ = lam
+        self.margins_ = np.where(cs.mask, margins, np.inf)
+        self.support_ = support
+        self.max_violation_ = violation
+        self.relative_violation_ = relative_violation
+        self.duality_gap_ = gap
+        self.relative_gap_ = relative_gap
+        self.complementary_slackness_ = complementarity
+        self.__dict__["_rank"] = None
+        self.certificate_ = None
+        self.certificate_residual_ = None
+        self.status_ = OPTIMAL
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:

@@ -1,0 +1,221 @@
+"""Many certified Frobenius attention SVMs as one vectorised program (docs/spec.md §3).
+
+:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` hands the Frobenius instances here.
+Instances of one shape (n, T, d, d_z) are stacked and solved together, each step a batched
+NumPy/LAPACK call over the stack:
+
+1. **Constraints** ``a_it = x_{iα_i} − x_it`` and their K = n(T − 1) flat rows, for the whole stack.
+2. **Reduction** (steps 1 and 3 of :mod:`.reduction`): the Gram matrix of the unit rows
+   ``Ĝ_kl = G_kl / (s_k s_l)``, ``b̂ = b / (s g)`` with ``s_k = ‖a_k‖‖z_k‖`` and g the power of two
+   at the median of b/s — the same numbers as :func:`~attsvm.svm.reduction.reduce_dense`.
+3. **Primal-dual active set** (Hintermüller–Ito–Kunisch, as :func:`attsvm.svm.frobenius._pdas`): each
+   round solves every pending instance's face system at once — the active rows' rows and columns
+   replaced by the identity, so that one batched LU solves faces of different sizes — until each
+   instance's active set repeats.
+4. **Lift and certify** in the user's units: ``λ_k = g λ̂_k / s_k``, ``W = Σ_k λ_k a_k z_kᵀ``, and the
+   certificate of :mod:`.certificate` (relative violation, duality gap, complementarity, support)
+   computed for the whole stack.
+
+An instance leaves the batch for :meth:`AttentionSVM.fit` — the one-at-a-time route with all its
+fallbacks (constraint generation, LDP, the Farkas LP) — when a feature vanishes (a duplicate token:
+possibly infeasible), its active set does not settle, its face system is singular, or its
+certificate misses the tolerance. So every instance comes back exactly as ``fit`` would return it:
+the same status, a certificate that passes, or the infeasibility certificate; a failing instance
+never changes the others.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..tokens import SUPPORT_TOL
+from ._base import ConstraintSet
+from .certificate import ROW_FLOOR
+from .frobenius import FrobeniusOptions
+from .reduction import ZERO_ROW_RTOL
+
+if TYPE_CHECKING:
+    from ..problem import AttentionProblem
+    from .estimator import AttentionSVM
+
+__all__ = ["BATCH_MAX_K", "group_key", "ready", "solve_group"]
+
+# Instances with more constraint rows than this go one at a time (the stack holds B·K² floats).
+BATCH_MAX_K = 300
+# Gram entries per chunk of the stack (1 MiB of float64: the arrays of a step stay in cache).
+CHUNK_FLOATS = 131_072
+
+
+def _pow2(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Elementwise :func:`attsvm.svm.reduction._pow2`: the power of two g with x/g ∈ (½, 1]."""
+    m, e = np.frexp(x)
+    return np.ldexp(1.0, np.where(m == 0.5, e - 1, e))
+
+
+def _pdas_many(
+    G: NDArray[np.float64], b: NDArray[np.float64], ridge: NDArray[np.float64], max_iter: int
+) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.int64]]:
+    """Batched primal-dual active set on ``min ½λᵀĜλ − b̂ᵀλ, λ ≥ 0`` (module doc, step 3).
+
+    Returns λ (B, K), whether each instance settled, and its number of face solves."""
+    B, K = b.shape
+    Gr = G.copy()
+    Gr.reshape(B, K * K)[:, :: K + 1] += ridge[:, None]
+    c = 1.0 / np.maximum(np.trace(G, axis1=1, axis2=2) / K, 1e-300)
+    active = b <= 0  # λ = 0 where the gradient −b is ≥ 0
+    lam = np.zeros((B, K))
+    done = np.zeros(B, dtype=bool)
+    iters = np.zeros(B, dtype=np.int64)
+    pending = np.arange(B)
+    for _ in range(max_iter):
+        if pending.size == 0:
+            break
+        every = pending.size == B  # (no gathers while every instance is pending)
+        act = active[pending]
+        free = (~act).astype(np.float64)
+        Gm = Gr.copy() if every else Gr[pending]
+        Gm *= free[:, :, None]
+        Gm *= free[:, None, :]
+        Gm.reshape(pending.size, K * K)[:, :: K + 1] += act  # identity on the active rows: λ = 0 there
+        try:
+            x = np.linalg.solve(Gm, (b[pending] * free)[:, :, None])[:, :, 0]
+        except np.linalg.LinAlgError:  # a singular face somewhere: those instances go one at a time
+            break
+        iters[pending] += 1
+        grad = np.matmul(G if every else G[pending], x[:, :, None])[:, :, 0] - b[pending]
+        new = x <= c[pending, None] * grad
+        settled = (new == act).all(axis=1)
+        lam[pending] = x
+        done[pending[settled]] = True
+        active[pending] = new
+        pending = pending[~settled]
+    return lam, done, iters
+
+
+def solve_group(
+    est: AttentionSVM,
+    problems: list[AttentionProblem],
+    alphas: list[NDArray[np.int64]],
+    opt: FrobeniusOptions,
+) -> list[AttentionSVM | None]:
+    """Fit the Frobenius SVMs of ``problems`` (one shape) at ``alphas`` as one program (module doc).
+
+    Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
+    must go through ``fit`` (a vanishing feature, an unsettled or singular face, a certificate that
+    misses ``est.tol``). The stack is processed in chunks of about ``CHUNK_FLOATS`` Gram entries, so
+    that each step's arrays stay in cache."""
+    n, T, _ = problems[0].X.shape
+    K = n * (T - 1)
+    size = max(1, CHUNK_FLOATS // (K * K))
+    out: list[AttentionSVM | None] = []
+    for start in range(0, len(problems), size):
+        stop = start + size
+        out += _solve_chunk(est, problems[start:stop], alphas[start:stop], opt)
+    return out
+
+
+def _solve_chunk(
+    est: AttentionSVM,
+    problems: list[AttentionProblem],
+    alphas: list[NDArray[np.int64]],
+    opt: FrobeniusOptions,
+) -> list[AttentionSVM | None]:
+    """:func:`solve_group` on one chunk (steps 1–4 of the module doc)."""
+    t0 = time.perf_counter()
+    B = len(problems)
+    n, T, d = problems[0].X.shape
+    X = np.stack([p.X for p in problems])  # (B, n, T, d)
+    Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
+    alpha = np.stack(alphas)  # (B, n)
+    # 1. constraints (A is exactly 0 at t = α_i) and their flat rows, K = n(T − 1) per instance
+    A = np.take_along_axis(X, alpha[:, :, None, None], axis=2) - X
+    mask = np.ones((B, n, T), dtype=bool)
+    np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
+    K = n * (T - 1)
+    idx = np.nonzero(mask.reshape(B, n * T))[1].reshape(B, K)  # row-major, as ConstraintSet's
+    rows = np.arange(B)[:, None]
+    Af = A.reshape(B, n * T, d)[rows, idx]  # (B, K, d)
+    Zf = Zq[rows, idx // T]  # (B, K, d_z)
+    # 2. the reduction: Gram matrix of the unit rows, b̂ = b/(s g)
+    G = Af @ Af.transpose(0, 2, 1)
+    G *= Zf @ Zf.transpose(0, 2, 1)
+    s = np.sqrt(np.einsum("bkk->bk", G))
+    ok = s.min(axis=1) > ZERO_ROW_RTOL * s.max(axis=1)
+    s = np.where(ok[:, None], s, 1.0)
+    G /= s[:, :, None]
+    G /= s[:, None, :]
+    bh = 1.0 / s
+    g = _pow2(np.partition(bh, K // 2, axis=1)[:, K // 2])  # (upper) median
+    bh /= g[:, None]
+    # 3. the active-set iteration (the ridge as the one-at-a-time path: opt.ridge · mean diagonal)
+    ridge = opt.ridge * np.maximum(np.trace(G, axis1=1, axis2=2) / K, 1e-300)
+    lam_hat, settled, iters = _pdas_many(G, bh, ridge, max(1, min(opt.pdas_max_iter, opt.max_iter - 1)))
+    ok &= settled
+    # 4. lift and certify (docs/spec.md §3; the certificate of attsvm.svm.certificate, vectorised)
+    lam = lam_hat * g[:, None] / s  # multipliers of the user's rows (degree 2)
+    W = (Af * lam[:, :, None]).transpose(0, 2, 1) @ Zf  # (B, d, d_z)
+    lam_c = np.maximum(lam, 0.0)
+    Y = (Af * lam_c[:, :, None]).transpose(0, 2, 1) @ Zf  # 𝒜*(λ) of the sign-feasible λ
+    m = np.matmul(A, np.matmul(Zq, W.transpose(0, 2, 1))[:, :, :, None])[..., 0]  # (B, n, T), 0 off the mask
+    rhs = mask.astype(np.float64)
+    r = m - rhs
+    v = np.maximum(-r, 0.0)
+    wsq = np.einsum("bde,bde->b", W, W)
+    fn = np.sqrt(np.einsum("bntd,bntd->bnt", A, A)) * np.sqrt(np.einsum("bnd,bnd->bn", Zq, Zq))[:, :, None]
+    sigma = np.maximum(rhs, (ROW_FLOOR * np.sqrt(wsq))[:, None, None] * fn)
+    rel_viol = np.where(v > 0, v / np.where(sigma > 0, sigma, 1.0), 0.0).reshape(B, -1).max(axis=1)
+    rel_viol = np.where(((v > 0) & (sigma <= 0)).reshape(B, -1).any(axis=1), np.inf, rel_viol)
+    lam_nt = np.zeros((B, n * T))
+    lam_nt[rows, idx] = lam_c
+    lam_nt = lam_nt.reshape(B, n, T)
+    primal = 0.5 * wsq
+    dual = lam_c.sum(axis=1) - 0.5 * np.einsum("bde,bde->b", Y, Y)
+    gap = primal - dual
+    den = np.abs(primal) + np.abs(dual)
+    rel_gap = np.where(den > 0, np.abs(gap) / np.where(den > 0, den, 1.0), np.where(gap == 0, 0.0, np.inf))
+    ok &= (rel_viol <= est.tol) & (rel_gap <= est.tol) & np.isfinite(wsq)
+    support = mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
+    viol = v.reshape(B, -1).max(axis=1) + 0.0
+    compl = np.abs(lam_nt * r).reshape(B, -1).max(axis=1)
+    per = (time.perf_counter() - t0) / B
+    out: list[AttentionSVM | None] = []
+    params = est.get_params()
+    for i in range(B):
+        if not ok[i]:
+            out.append(None)
+            continue
+        e = type(est)(**params)
+        cs = ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], np.zeros((n, T), dtype=bool))
+        e._set_batched(
+            cs,
+            alpha[i],
+            W=W[i],
+            lam=lam_nt[i],
+            margins=m[i],
+            support=support[i],
+            violation=float(viol[i]),
+            relative_violation=float(rel_viol[i]),
+            gap=float(gap[i]),
+            relative_gap=float(rel_gap[i]),
+            complementarity=float(compl[i]),
+            n_iter=int(iters[i]),
+            info={"backend": "frobenius", "path": "batched-dense", "K": K, "batch_size": B, "global_scale": g[i]},
+            solve_time=per,
+        )
+        out.append(e)
+    return out
+
+
+def group_key(problem: AttentionProblem) -> tuple[int, ...]:
+    """Instances with equal keys are stacked together."""
+    n, T, d = problem.X.shape
+    return (n, T, d, problem.queries.shape[1])
+
+
+def ready(est: AttentionSVM) -> bool:
+    """Whether ``est``'s parameters take the batched route (Frobenius, our backend)."""
+    return est.norm == "fro" and est.backend == "auto"

@@ -1,0 +1,127 @@
+"""AttentionSVM.fit_many: many certified SVMs as one vectorised program, instance by instance equal
+to fit (docs/spec.md §3; attsvm.svm.batch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attsvm.datasets import paper_instance, random_instance
+from attsvm.problem import AttentionProblem
+from attsvm.svm import AttentionSVM
+from attsvm.svm.batch import BATCH_MAX_K
+
+W_RTOL = 1e-8  # W of the batch against fit's, relative to ‖W‖ (both are exact to round-off)
+DUAL_ATOL = 1e-6  # λ against fit's, relative to max λ (degenerate faces may split λ differently)
+CERT_TOL = 1e-9  # the estimator's default tolerance: every "optimal" passes it
+
+
+def _duplicate_selected(p: AttentionProblem, alpha: np.ndarray) -> AttentionProblem:
+    """A copy of p where sequence 0 repeats its selected token: a zero feature, infeasible."""
+    X = p.X.copy()
+    X[0, (alpha[0] + 1) % p.T] = X[0, alpha[0]]
+    return AttentionProblem(X, p.y, p.v, Z=p.Z)
+
+
+def _mixed() -> tuple[list[AttentionProblem], list[np.ndarray | None]]:
+    rng = np.random.default_rng(0)
+    probs: list[AttentionProblem] = []
+    toks: list[np.ndarray | None] = []
+    for s in range(90):  # more than one chunk of one shape (K = 42)
+        probs.append(paper_instance(6, 8, 10, seed=s))
+        toks.append(probs[-1].optimal_tokens(ties="first"))
+    for s in range(30):  # other shapes, non-optimal selections, self-attention
+        p = random_instance(3, 5, 6, seed=s)
+        probs.append(p)
+        toks.append(rng.integers(0, p.T, size=p.n))
+        q = paper_instance(4, 6, 8, seed=s, self_attention=True)
+        probs.append(q)
+        toks.append(q.optimal_tokens(ties="first"))
+    for s in range(4):  # infeasible instances inside the batch
+        p = paper_instance(6, 8, 10, seed=100 + s)
+        a = p.optimal_tokens()
+        probs.append(_duplicate_selected(p, a))
+        toks.append(a)
+    probs.append(paper_instance(20, 20, 30, seed=0))  # K = 380 > BATCH_MAX_K: one at a time
+    toks.append(probs[-1].optimal_tokens(ties="first"))
+    return probs, toks
+
+
+def _assert_same(a: AttentionSVM, b: AttentionSVM) -> None:
+    assert a.status_ == b.status_
+    np.testing.assert_array_equal(a.tokens_, b.tokens_)
+    if b.status_ == "infeasible":
+        assert a.W_ is None and a.certificate_ is not None
+        np.testing.assert_allclose(a.certificate_, b.certificate_, atol=1e-12)
+        return
+    assert b.status_ == "optimal"
+    scale = np.abs(b.W_).max()
+    np.testing.assert_allclose(a.W_, b.W_, rtol=0, atol=W_RTOL * scale)
+    np.testing.assert_allclose(a.dual_coef_, b.dual_coef_, rtol=0, atol=DUAL_ATOL * np.abs(b.dual_coef_).max())
+    np.testing.assert_array_equal(a.support_, b.support_)
+    np.testing.assert_allclose(a.margins_, b.margins_, rtol=W_RTOL, atol=W_RTOL)
+    assert a.relative_violation_ <= CERT_TOL and a.relative_gap_ <= CERT_TOL
+    assert a.objective_ == pytest.approx(b.objective_, rel=W_RTOL)
+    assert a.rank_ == b.rank_
+
+
+def test_fit_many_equals_fit_instance_by_instance():
+    probs, toks = _mixed()
+    many = AttentionSVM().fit_many(probs, toks)
+    assert len(many) == len(probs)
+    for p, t, a in zip(probs, toks, many):
+        _assert_same(a, AttentionSVM().fit(p, t))
+    paths = [m.info_.get("path") for m in many]
+    small = [m.status_ == "optimal" and p.n * (p.T - 1) <= BATCH_MAX_K for p, m in zip(probs, many)]
+    assert paths.count("batched-dense") == sum(small) == 150  # every feasible small one went through the batch
+    assert all(m.info_.get("path") != "batched-dense" for m in many if m.status_ == "infeasible")
+
+
+def test_a_failing_instance_does_not_change_the_others():
+    good = [paper_instance(6, 8, 10, seed=s) for s in range(10)]
+    toks = [p.optimal_tokens(ties="first") for p in good]
+    bad = _duplicate_selected(good[3], toks[3])
+    alone = AttentionSVM().fit_many(good, toks)
+    mixed = AttentionSVM().fit_many([*good[:5], bad, *good[5:]], [*toks[:5], toks[3], *toks[5:]])
+    assert mixed[5].status_ == "infeasible"
+    for a, b in zip(alone, [*mixed[:5], *mixed[6:]]):
+        np.testing.assert_array_equal(a.W_, b.W_)  # bit for bit: instances never mix
+
+
+def test_other_norms_go_one_at_a_time_and_agree():
+    probs = [paper_instance(3, 4, 5, seed=s) for s in range(4)]
+    for est in (AttentionSVM("nuc"), AttentionSVM("lp", p=3.0)):
+        for p, a in zip(probs, est.fit_many(probs)):
+            b = type(est)(**est.get_params()).fit(p)
+            assert a.status_ == b.status_ == "optimal"
+            np.testing.assert_allclose(a.W_, b.W_, atol=1e-9 * np.abs(b.W_).max())
+
+
+def test_tied_tokens_raise_the_named_error_with_the_position():
+    p = paper_instance(3, 4, 5, seed=0)
+    X = p.X.copy()
+    X[1, 2] = X[1, p.optimal_tokens()[1]]  # two tokens share the top score in sequence 1
+    tied = AttentionProblem(X, p.y, p.v, Z=p.Z)
+    with pytest.raises(ValueError, match=r"problems\[1\].*not unique"):
+        AttentionSVM().fit_many([p, tied])
+
+
+@pytest.mark.parametrize(
+    "problems,tokens,exc,match",
+    [
+        ("not a list", None, TypeError, "problems must be a sequence"),
+        ([paper_instance(3, 4, 5, seed=0), "x"], None, TypeError, r"problems\[1\] must be an AttentionProblem"),
+        ([paper_instance(3, 4, 5, seed=0)], [None, None], ValueError, "tokens must hold one selection per problem"),
+        ([paper_instance(3, 4, 5, seed=0)], [[0, 1, 9]], ValueError, r"problems\[0\]: tokens must be token indices"),
+    ],
+)
+def test_bad_input(problems, tokens, exc, match):
+    with pytest.raises(exc, match=match):
+        AttentionSVM().fit_many(problems, tokens)
+
+
+def test_fit_many_leaves_the_estimator_unfitted_and_keeps_its_parameters():
+    est = AttentionSVM(tol=1e-8)
+    out = est.fit_many([paper_instance(3, 4, 5, seed=0)])
+    assert out[0].tol == 1e-8 and out[0] is not est
+    assert "status_" not in est.__dict__
