@@ -44,8 +44,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_MAX_K", "group_key", "ready", "solve_group"]
 
-# Instances with more constraint rows than this go one at a time (the stack holds B·K² floats).
-BATCH_MAX_K = 300
+# Instances with more constraint rows than this go one at a time: a batched face solve costs the
+# full K × K system, the one-at-a-time route only its free block, and the two cross near K = 90
+# (benchmarks/bench_batch.py).
+BATCH_MAX_K = 80
 # Gram entries per chunk of the stack (1 MiB of float64: the arrays of a step stay in cache).
 CHUNK_FLOATS = 131_072
 
