@@ -426,6 +426,18 @@ def test_regularization_path_aligns_with_svms():
     assert rq.corr_nuc[-1] > rq.corr_fro[-1] + CLEAR_GAP
 
 
+def test_regularization_path_keeps_converging_past_gradient_underflow():
+    """Past R ≈ 10³ every non-selected logit trails by more than ~745 and ∇L underflows to 0; each
+    radius is solved on e^{c0}·L instead (same minimiser), so the path keeps moving towards W_mm."""
+    p = paper_instance(6, 8, 10, seed=0)
+    radii = np.geomspace(1.0, 1e4, 9)
+    rp = regularization_path(p, radii, param="W")
+    gap = 1.0 - rp.corr_fro
+    assert rp.converged.all() and np.all(rp.n_iter > 0)
+    assert np.all(np.diff(gap) < 0)  # (it froze at R ≈ 10³ when the gradient underflowed)
+    assert gap[-1] < 1e-6
+
+
 def test_regularization_path_errors():
     p = random_instance(3, 4, 5, seed=0)
     with pytest.raises(ValueError, match="radii must be a non-empty increasing"):

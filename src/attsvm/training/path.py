@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._linalg import correlation
 from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
-from ..model import PARAMS, Batch, Param, factor_grads, risk_and_grad
+from ..model import PARAMS, Batch, Param, factor_grads, risk_and_scaled_grad
 from ..problem import AttentionProblem
 from .bounds import gradient_bound, smoothness_bound
 from .loop import threads_context
@@ -137,13 +137,24 @@ def regularization_path(
     LW = smoothness_bound(problem, batch.loss)
     GW = gradient_bound(problem, batch.loss)
 
+    # Each radius minimises e^{c0}·L, c0 the smallest logit gap at its warm start: the same minimiser,
+    # and a gradient that stays representable once the attention saturates (∇L itself underflows to 0
+    # when every non-selected logit trails by more than ~745, which R ≳ 10³ reaches), computed from
+    # risk_and_scaled_grad as e^{c0 − c(W)} · e^{c(W)}∇L. The loss values are not used by the iteration.
+    c0 = 0.0
+
     def fg(x: Tensor) -> tuple[float, Tensor]:
+        W = x if param == "W" else x[0:1] @ x[1:2].transpose(-1, -2)
+        L, g, _, c = risk_and_scaled_grad(batch, W)
+        g = g * torch.exp(c0 - c)[:, None, None]
         if param == "W":
-            L, g, _ = risk_and_grad(batch, x)
             return float(L[0]), g
-        L, g, _ = risk_and_grad(batch, x[0:1] @ x[1:2].transpose(-1, -2))
         gK, gQ = factor_grads(g, x[0:1], x[1:2])
         return float(L[0]), torch.cat([gK, gQ])
+
+    def log_scale(x: Tensor) -> float:
+        W = x if param == "W" else x[0:1] @ x[1:2].transpose(-1, -2)
+        return float(risk_and_scaled_grad(batch, W)[3][0])
 
     def ip(a: Tensor, b: Tensor) -> float:
         return float((a * b).sum())
@@ -186,6 +197,7 @@ def regularization_path(
             if xn > rad:
                 x = x * (rad / xn)
             Lk = LW if param == "W" else LW * 2.0 * float(Rj) + GW
+            c0 = log_scale(x)
             f_x, g_x = fg(x)
             y, f_y, g_y, t = x, f_x, g_x, 1.0
             it = 0
