@@ -231,7 +231,7 @@ def test_pdas_that_does_not_settle_falls_back_to_projected_newton(seed):
 
     p = paper_instance(10, 6, 4, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
-    raw = solve_frobenius(cs)
+    raw = solve_frobenius(cs, ldp_max_k=0)  # (by default such instances take the LDP route first)
     pdas_max_iter = FrobeniusOptions().pdas_max_iter
     assert raw.info["pdas_iterations"] == pdas_max_iter  # the warm start gave up
     assert raw.n_iter > pdas_max_iter + 1
@@ -302,3 +302,22 @@ def test_fast_dense_path_equals_the_general_route():
     assert fast.status == slow.status == "optimal"
     np.testing.assert_allclose(fast.W, red.lift_W(slow.W), rtol=PATH_TOL, atol=PATH_TOL)
     np.testing.assert_allclose(fast.dual, red.lift_dual(slow.dual, degree=2), rtol=1e-6, atol=PATH_TOL)
+
+
+# (n, T, d, seed) of svm-rank's grid where the dense Newton iteration stalled and the LDP answer missed
+# the 1e-9 certificate (relative gap 1e-9 to 9e-9): ‖W‖ ≈ 10³–10⁴, more rows than dimensions
+ILL_CONDITIONED = [(5, 15, 2, 156), (5, 15, 2, 181), (5, 15, 2, 272), (5, 5, 3, 97), (10, 5, 4, 78), (15, 5, 4, 333)]
+
+
+@pytest.mark.parametrize("n,T,d,seed", ILL_CONDITIONED)
+def test_rank_deficient_ill_conditioned_instances_are_certified(n, T, d, seed):
+    """K > r_a·r_z goes to the LDP route first, and its support polish (least-norm solve on the
+    support, by SVD) brings the relative gap to round-off: status "optimal" at the default tolerance,
+    the same optimum as cvxpy."""
+    p = paper_instance(n, T, d, seed=seed)
+    svm = AttentionSVM().fit(p, p.optimal_tokens())
+    assert svm.status_ == "optimal", (svm.relative_violation_, svm.relative_gap_)
+    assert svm.info_["path"] == "ldp-nnls" and svm.info_.get("support_polish")
+    assert svm.relative_gap_ <= 1e-11
+    ref = solve_cvxpy(svm.constraints_, "fro")
+    assert svm.objective_ == pytest.approx(float(np.linalg.norm(ref.W)), rel=OBJ_RTOL)

@@ -38,6 +38,14 @@ def fit_svm(
     return est.fit_constraints(problem) if isinstance(problem, ConstraintSet) else est.fit(problem, tokens)
 
 
+def fit_svms(
+    problems: list[AttentionProblem], tokens: list[NDArray[np.int64]], norm: str = "fro"
+) -> list[AttentionSVM]:
+    """:func:`fit_svm` of many problems at once, by :meth:`attsvm.svm.AttentionSVM.fit_many`
+    (Frobenius instances of one shape are solved as one vectorised program)."""
+    return AttentionSVM(norm).fit_many(problems, tokens)  # type: ignore[arg-type]
+
+
 def num(value: float | None, missing: float = np.nan) -> float:
     """A certificate number as a float for the trial data; ``missing`` where the solver has none
     (e.g. ``max_violation_`` of an infeasible SVM is recorded as ``inf``)."""

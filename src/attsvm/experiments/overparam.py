@@ -24,7 +24,7 @@ import pandas as pd
 from ..diagnostics import convergence_type
 from ..tokens import margins, support_tokens
 from ._base import Experiment, Headline, Trial, chunks, headline
-from ._common import fit_svm, optimal_or_none, paper_problems, train_W_reduced
+from ._common import fit_svms, optimal_or_none, paper_problems, train_W_reduced
 from ._plotting import save, subplots
 
 __all__ = ["Overparam", "EXPERIMENT"]
@@ -71,12 +71,16 @@ class Overparam(Experiment):
         seeds = list(range(trial["start"], trial["stop"]))
         probs = paper_problems(s["n"], s["T"], trial["d"], seeds)
         W_final = train_W_reduced(probs, seeds, steps=s["steps"], lr=s["lr"])  # exact, cost independent of d
+        opts = [optimal_or_none(p) for p in probs]
+        solvable = [r for r, o in enumerate(opts) if o is not None]
+        toks = [o for o in opts if o is not None]
+        fits = dict(zip(solvable, fit_svms([probs[r] for r in solvable], toks, "fro")))
         rows = []
         for r, (seed, p) in enumerate(zip(seeds, probs)):
-            opt = optimal_or_none(p)
+            opt = opts[r]
             feas, all_sv = False, False
             if opt is not None:
-                res = fit_svm(p, opt, "fro")
+                res = fits[r]
                 feas = res.W_ is not None
                 if feas:
                     sup = support_tokens(margins(p, opt, res.W_))

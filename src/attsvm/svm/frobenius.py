@@ -245,6 +245,8 @@ def _solve_dense_small(cs: ConstraintSet, opt: FrobeniusOptions, t0: float) -> R
     solve; None (the caller takes the general route) when it does not apply or does not certify."""
     if opt.working_set or opt.method == "matrix_free":
         return None
+    if cs.n_constraints > min(cs.d, cs.n_constraints) * min(cs.Z.shape[1], cs.n):
+        return None  # a singular Gram matrix: the general route (LDP first) handles it
     dred = reduce_dense(cs, max_rows=min(opt.dense_max, opt.pdas_max_k, opt.working_set_min))
     if dred is None:
         return None
@@ -264,6 +266,12 @@ def _solve_reduced(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
     rank_bound = min(cs.d, K) * min(cs.Z.shape[1], cs.n)
     auto_ws = K > opt.working_set_min or (K > opt.dense_max and K > rank_bound)
     use_ws = auto_ws if opt.working_set is None else bool(opt.working_set)
+    if not use_ws and rank_bound < K <= opt.ldp_max_k and opt.max_iter >= opt.ldp_min_iter:
+        # more rows than dimensions: a singular Gram matrix with degenerate faces, where the Newton
+        # iteration can stall; the finite active-set LDP/NNLS route is exact there
+        ldp = _ldp_nnls(cs, opt)
+        if ldp is not None and ldp.status == OPTIMAL:
+            return ldp
     raw = _working_set(cs, opt) if (use_ws and K > 0) else _projected_newton(cs, None, opt)
     if raw.status == MAX_ITER and K <= opt.ldp_max_k and opt.max_iter >= opt.ldp_min_iter:
         # Ill-conditioned instances (a singular Gram matrix with near-degenerate faces) can stall
@@ -328,6 +336,10 @@ def _ldp_nnls(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution | None:
         lam[idx] = t * u_k
         M = (t * D).reshape(ra, rz)
         if np.all(np.isfinite(M)) and relative_violation(rc, M) <= max(tol, 1e-9):
+            polished = _support_polish(rc, F, b, eq, idx, u_k > 0, tol)
+            if polished is not None:
+                M, lam = polished
+                info["support_polish"] = True
             return RawSolution(sub.lift(M), lam.reshape(n, T), OPTIMAL, 1, info)
     # r ≈ 0: u is a candidate Farkas certificate (the caller verifies it)
     lam_k = u[: idx.size].copy()
@@ -335,6 +347,38 @@ def _ldp_nnls(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution | None:
     cert = np.zeros(n * T)
     cert[idx] = lam_k / max(np.abs(lam_k).sum(), _TINY)
     return RawSolution(None, cert.reshape(n, T), INFEASIBLE, 1, info)
+
+
+def _support_polish(
+    rc: ConstraintSet,
+    F: NDArray[np.float64],
+    b: NDArray[np.float64],
+    eq: NDArray[np.bool_],
+    idx: NDArray[np.intp],
+    support: NDArray[np.bool_],
+    tol: float,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
+    """The exact point of the face the LDP found, from the primal side (docs/spec.md §3).
+
+    On an ill-conditioned instance (‖W‖ ≫ 1: nearly coincident tokens) the LDP's W carries errors of
+    order ε·Σ_k λ_k‖F_k‖ in its margins, enough to leave a relative duality gap of ~1e-9. With the
+    support S known, ``vec(W)`` is the least-norm solution of ``F_S vec(W) = b_S`` and λ_S that of
+    ``F_Sᵀ λ_S = vec(W)``, both by SVD (conditioned as F_S, not as its Gram matrix F_S F_Sᵀ). Returns
+    (M, λ (n·T,)) when λ_S is sign-feasible and M feasible, else None."""
+    if not support.any():
+        return None
+    FS, bS = F[support], b[support]
+    w: NDArray[np.float64] = np.asarray(np.linalg.lstsq(FS, bS, rcond=None)[0], dtype=np.float64)
+    lamS: NDArray[np.float64] = np.asarray(np.linalg.lstsq(FS.T, w, rcond=None)[0], dtype=np.float64)
+    ineqS = ~eq[support]
+    if np.any(lamS[ineqS] < -1e-12 * max(float(np.abs(lamS).max()), _TINY)) or not np.all(np.isfinite(w)):
+        return None
+    M: NDArray[np.float64] = w.reshape(rc.A.shape[-1], rc.Z.shape[-1])
+    if relative_violation(rc, M) > tol:
+        return None
+    lam = np.zeros(rc.mask.size)
+    lam[idx[support]] = np.where(ineqS, np.maximum(lamS, 0.0), lamS)
+    return M, lam
 
 
 def _pdas(
