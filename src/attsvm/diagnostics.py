@@ -11,6 +11,8 @@ From a :class:`~attsvm.training.TrainResult`:
   correlations, along the trajectory (solved by :mod:`attsvm.svm.equivalence`);
 * :func:`bregman_alignment` / :func:`bregman_divergence` — the alignment of ℓp mirror descent
   (docs/spec.md §8): the Bregman divergence of ``ψ = ‖·‖_p^p/p`` between ℓp-normalised directions;
+* :func:`rate_fit` — the rate at which a quantity decays (``1 − corr``, the non-selected attention
+  mass): a power law ``C·t^{−a}`` or an exponential ``C·e^{−b t}``, with a confidence interval;
 * :func:`mixture_prediction` — for convex heads, the sets ``O_i`` predicted before training by the
   convex program over the simplex (:func:`attsvm.svm.equivalence.optimal_mixture`), and how often
   training selects exactly them.
@@ -50,6 +52,8 @@ __all__ = [
     "svm_direction",
     "bregman_divergence",
     "bregman_alignment",
+    "RateFit",
+    "rate_fit",
 ]
 
 logger = logging.getLogger(__name__)
@@ -467,3 +471,81 @@ def bregman_alignment(W: ArrayLike, W_ref: ArrayLike, p: float) -> NDArray[np.fl
     """``1 − D_ψ(Ŵ_ref, Ŵ)`` (:func:`bregman_divergence`): 1 when aligned, next to the cosine correlation."""
     D = bregman_divergence(W, W_ref, p)
     return 1.0 - D
+
+
+# ------------------------------------------------------------------------------------------ rates
+@dataclass(frozen=True)
+class RateFit:
+    """A fitted decay ``y ≈ C·t^{−rate}`` (``model="power"``) or ``y ≈ C·e^{−rate·t}`` (``"exp"``).
+
+    ``ci`` is the ``level`` confidence interval of the rate (Student t on the least-squares slope of
+    log y), ``r2`` the coefficient of determination of that fit in log space, ``aic`` its Akaike
+    information criterion (Gaussian errors in log y), ``n`` the number of points used.
+    """
+
+    model: str
+    rate: float
+    ci: tuple[float, float]
+    coef: float
+    r2: float
+    aic: float
+    n: int
+    level: float
+
+    @property
+    def decaying(self) -> bool:
+        """Whether the whole interval lies above 0: y falls at this rate."""
+        return bool(self.ci[0] > 0)
+
+    def predict(self, t: ArrayLike) -> NDArray[np.float64]:
+        tt = np.asarray(t, dtype=np.float64)
+        return self.coef * (tt ** (-self.rate) if self.model == "power" else np.exp(-self.rate * tt))
+
+
+RATE_MODELS = ("power", "exp", "auto")
+
+
+def rate_fit(t: ArrayLike, y: ArrayLike, *, model: str = "auto", level: float = 0.95) -> RateFit:
+    """Fit how ``y`` decays with ``t`` (docs/spec.md §8 "Rates"): least squares on ``log y`` against
+    ``log t`` (power law) or ``t`` (exponential); ``model="auto"`` keeps the one with the lower AIC.
+
+    Parameters
+    ----------
+    t : (N,) increasing positive times (iterations, radii). y : (N,) positive values (e.g. 1 − corr).
+    model : "power" | "exp" | "auto".  level : confidence level of ``RateFit.ci``, in (0, 1).
+    """
+    from scipy import stats
+
+    check_choice(model, "model", RATE_MODELS)
+    tt = as_float_array(t, "t", ndim=1)
+    yy = as_float_array(y, "y", ndim=1)
+    if tt.shape != yy.shape:
+        raise ValueError(f"t and y must have the same length, got {tt.size} and {yy.size}")
+    if tt.size < 3:
+        raise ValueError(f"t and y need at least 3 points to fit a rate with an interval, got {tt.size}")
+    if np.any(tt <= 0):
+        raise ValueError(f"t must be positive (a power law needs log t), got min {tt.min():g}")
+    if np.any(yy <= 0):
+        raise ValueError(f"y must be positive (the fit is in log y), got min {yy.min():g}")
+    lvl = check_finite_scalar(level, "level")
+    if not 0 < lvl < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    ly = np.log(yy)
+    fits = []
+    for name in ("power", "exp") if model == "auto" else (model,):
+        x = np.log(tt) if name == "power" else tt
+        X = np.column_stack([np.ones_like(x), x])
+        beta, *_ = np.linalg.lstsq(X, ly, rcond=None)
+        resid = ly - X @ beta
+        dof = tt.size - 2
+        rss = float(resid @ resid)
+        s2 = rss / dof if dof > 0 else np.nan
+        cov = s2 * np.linalg.inv(X.T @ X)
+        se = float(np.sqrt(max(cov[1, 1], 0.0)))
+        q = float(stats.t.ppf(0.5 + lvl / 2, dof)) if dof > 0 else np.inf
+        tss = float(((ly - ly.mean()) ** 2).sum())
+        r2 = 1.0 - rss / tss if tss > 0 else 1.0
+        aic = tt.size * np.log(max(rss / tt.size, 1e-300)) + 4.0
+        rate = -float(beta[1])
+        fits.append(RateFit(name, rate, (rate - q * se, rate + q * se), float(np.exp(beta[0])), r2, aic, tt.size, lvl))
+    return min(fits, key=lambda f: f.aic)

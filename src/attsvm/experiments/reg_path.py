@@ -70,23 +70,17 @@ class RegPath(Experiment):
 
     @staticmethod
     def decay(df: pd.DataFrame, col: str, r_from: float) -> dict[str, float]:
-        """Least-squares fit of ``log(1 − corr) = log C − a·log R`` (mean over runs, R ≥ ``r_from``):
-        the exponent a with a 95% interval from the slope's standard error, and the R² of the fit."""
+        """:func:`attsvm.diagnostics.rate_fit` (power law) of the mean ``1 − corr`` over runs against R,
+        for R ≥ ``r_from``: the exponent a of ``1 − corr ≈ C·R^(−a)``, its 95% interval and the R²."""
+        from ..diagnostics import rate_fit
+
         g = df[df.R >= r_from].groupby("R")[col].mean()
-        x, y = np.log(g.index.to_numpy(dtype=float)), np.log(np.maximum(1.0 - g.to_numpy(dtype=float), 1e-300))
-        if x.size < 3:
-            return {
-                "a": float("nan"),
-                "lo": float("nan"),
-                "hi": float("nan"),
-                "r2": float("nan"),
-                "points": int(x.size),
-            }
-        (slope, icept), cov = np.polyfit(x, y, 1, cov=True)
-        se = float(np.sqrt(cov[0, 0]))
-        resid = y - (slope * x + icept)
-        r2 = 1.0 - float(resid @ resid) / max(float(((y - y.mean()) ** 2).sum()), 1e-300)
-        return {"a": -slope, "lo": -slope - 1.96 * se, "hi": -slope + 1.96 * se, "r2": r2, "points": int(x.size)}
+        gap = np.maximum(1.0 - g.to_numpy(dtype=float), 1e-300)
+        if gap.size < 3:
+            nan = float("nan")
+            return {"a": nan, "lo": nan, "hi": nan, "r2": nan, "points": int(gap.size)}
+        fit = rate_fit(g.index.to_numpy(dtype=float), gap, model="power")
+        return {"a": fit.rate, "lo": fit.ci[0], "hi": fit.ci[1], "r2": fit.r2, "points": fit.n}
 
     def aggregate(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[list[Headline], dict[str, Any]]:
         thr = s["threshold"]
