@@ -357,7 +357,7 @@ def test_train_errors():
         train(p, param="QK", steps=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="steps must be >= 0"):
         train(p, steps=-1)
-    with pytest.raises(ValueError, match="lr must be 'auto', a positive float"):
+    with pytest.raises(ValueError, match="lr must be 'auto', 'polyak', a positive float"):
         train(p, steps=1, lr=-0.1)
     with pytest.raises(ValueError, match="lr must be one of 'auto'"):
         train(p, steps=1, lr="fast")

@@ -547,5 +547,7 @@ def rate_fit(t: ArrayLike, y: ArrayLike, *, model: str = "auto", level: float = 
         r2 = 1.0 - rss / tss if tss > 0 else 1.0
         aic = tt.size * np.log(max(rss / tt.size, 1e-300)) + 4.0
         rate = -float(beta[1])
-        fits.append(RateFit(name, rate, (rate - q * se, rate + q * se), float(np.exp(beta[0])), r2, aic, tt.size, lvl))
+        with np.errstate(over="ignore"):  # (C may exceed the float range: an exponential fit far from t = 0)
+            coef = float(np.exp(beta[0]))
+        fits.append(RateFit(name, rate, (rate - q * se, rate + q * se), coef, r2, aic, tt.size, lvl))
     return min(fits, key=lambda f: f.aic)

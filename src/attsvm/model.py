@@ -341,6 +341,51 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
     return losses.mean(-1), grad, s, logscale
 
 
+def excess_risk_scaled(batch: Batch, W: Tensor) -> Tensor:
+    """``e^{c}·(L(W) − L*)`` (R,) for a linear head: the risk above its infimum ``L* = mean_i ℓ(γ*_i)``,
+    ``γ*_i = max_t γ_it``, scaled by the same ``e^{c}`` as :func:`risk_and_scaled_grad`'s gradient
+    (docs/spec.md §8, Polyak's step).
+
+    Computed without the difference of two O(1) numbers: where the top-logit token r_i is a best
+    token, ``u_i = γ*_i − δ_i`` with ``δ_i = Σ_{t≠r} s_it (γ_ir − γ_it) ≥ 0`` (each term carries its own
+    ``s_it``), and ``ℓ(γ* − δ) − ℓ(γ*)`` is ``log1p(expm1(δ)·σ(−γ*))`` (logistic), ``e^{−γ*} expm1(δ)``
+    (exponential) or ``δ`` (correlation) — each written as ``δ·(a factor → finite as δ → 0)``, so that
+    ``e^{c}δ`` carries it past the underflow of ``δ``. Elsewhere the O(1) difference is used as it is.
+    """
+    if batch.head != "linear":
+        raise ValueError(f"the excess risk is defined here for the linear head, got {batch.head!r}")
+    X = batch.X
+    u = batch.Z @ W.transpose(-1, -2)
+    g = (X * u.unsqueeze(-2)).sum(-1)  # (R, n, T) logits
+    gmax, ref = g.max(-1, keepdim=True)
+    gap = gmax - g
+    Zs = torch.exp(-gap).sum(-1, keepdim=True)
+    s = torch.exp(-gap) / Zs
+    c = gap.scatter(-1, ref, float("inf")).amin(dim=(-2, -1))  # (R,)
+    s_sc = (torch.exp(torch.clamp(c[:, None, None] - gap, max=0.0)) / Zs).scatter(-1, ref, 0.0)  # e^{c} s_it, t ≠ r
+    gam = (batch.y.unsqueeze(-1) * batch.XV[..., 0]).expand(g.shape)  # (R, n, T) γ_it = y_i vᵀx_it
+    g_star = gam.amax(-1)  # (R, n)
+    g_ref = torch.gather(gam, -1, ref)[..., 0]
+    d_sc = (s_sc * (g_ref.unsqueeze(-1) - gam)).sum(-1)  # e^{c} δ_i
+    delta = d_sc * torch.exp(-c)[:, None]
+    phi = torch.where(delta.abs() > 1e-8, torch.expm1(delta) / torch.where(delta == 0, 1.0, delta), 1.0 + delta / 2)
+    if batch.loss == "logistic":
+        sig = torch.sigmoid(-g_star)
+        x = torch.expm1(delta) * sig
+        psi = torch.where(x.abs() > 1e-8, torch.log1p(x) / torch.where(x == 0, 1.0, x), 1.0 - x / 2)
+        small = d_sc * phi * sig * psi
+        full = torch.nn.functional.softplus(-(s * gam).sum(-1)) - torch.nn.functional.softplus(-g_star)
+    elif batch.loss == "exponential":
+        small = d_sc * phi * torch.exp(-g_star)
+        full = torch.exp(-(s * gam).sum(-1)) - torch.exp(-g_star)
+    else:
+        small = d_sc
+        full = g_star - (s * gam).sum(-1)
+    best = g_ref >= g_star  # the top-logit token is a best token
+    full_sc = torch.exp(torch.log(full.clamp_min(0.0)) + c[:, None])  # (may overflow: a wrong token on top)
+    return torch.where(best, small, full_sc).mean(-1)
+
+
 def factor_grads(grad_W: Tensor, K: Tensor, Q: Tensor) -> tuple[Tensor, Tensor]:
     """Chain rule for ``W = K Qᵀ``: ``∇_K = ∇_W Q`` and ``∇_Q = ∇_Wᵀ K``, each (R, d, m)."""
     return grad_W @ Q, grad_W.transpose(-1, -2) @ K

@@ -34,10 +34,11 @@ from ..model import (
     Param,
     Parameterization,
     _as_problem_list,
+    excess_risk_scaled,
     parameterization,
     risk_and_scaled_grad,
 )
-from ..problem import AttentionProblem
+from ..problem import AttentionProblem, loss_fn
 from .bounds import gradient_bound, smoothness_bound
 from .init import initial_params, run_seeds
 from .optim import (
@@ -48,6 +49,7 @@ from .optim import (
     MirrorMap,
     NormalizeByDualNorm,
     NormalizeByNorm,
+    PolyakStep,
     StepSize,
     Transform,
     chain,
@@ -202,6 +204,20 @@ def threads_context(n: int | None) -> Iterator[None]:
 LrSpec = Literal["auto"] | float | ArrayLike | Callable[[int], Any]
 
 
+def _min_risk(problems: list[AttentionProblem], loss: str) -> NDArray[np.float64]:
+    """The infimum over W of each problem's risk, for Polyak's step (docs/spec.md §8): with a linear
+    head, ``y_i vᵀo_i`` over the simplex is largest at the best token, so L* = mean_i ℓ(max_t γ_it)."""
+    out = []
+    for p in problems:
+        if p.head.kind != "linear":
+            raise ValueError(
+                "lr='polyak' needs the infimum of the risk, known in closed form for the linear head only; "
+                f"got a {p.head.kind} head (pass optimizer=attsvm.training.optim.polyak(min_loss=...))"
+            )
+        out.append(float(np.mean(loss_fn(loss, p.scores.max(axis=1)))))
+    return np.asarray(out)
+
+
 def _legacy_rule(
     par: Parameterization,
     *,
@@ -214,9 +230,24 @@ def _legacy_rule(
     GW: Callable[[], NDArray[np.float64]],
     params0: tuple[NDArray[np.float64], ...],
     mirror_p: float | None = None,
+    min_risk: Callable[[], NDArray[np.float64]] | None = None,
 ) -> Chain:
     """The update rule of the keyword arguments ``lr``, ``normalized``, ``penalty``, ``normalize_eps``
-    (and, for ``optimizer="md"``, ``p``: ℓp mirror descent, normalised by the dual norm)."""
+    (and, for ``optimizer="md"``, ``p``: ℓp mirror descent, normalised by the dual norm).
+    ``lr="polyak"``: Polyak's step with L* = ``min_risk()`` (R,), the infimum of each run's risk."""
+    if isinstance(lr, str) and lr == "polyak":
+        if mirror_p is not None:
+            raise ValueError("lr='polyak' is a gradient step; optimizer='md' takes a float, R floats or a schedule")
+        if normalized:
+            raise ValueError("lr='polyak' sets the step from the loss and the gradient: it is not normalized "
+                             "(leave normalized unset or pass normalized=False)")  # fmt: skip
+        if min_risk is None:
+            raise ValueError("lr='polyak' needs the infimum of the risk")
+        lam0 = 0.0 if penalty is None else check_finite_scalar(penalty, "penalty")
+        if lam0:
+            raise ValueError("lr='polyak' takes no penalty: L* is the infimum of the unpenalised risk")
+        min_risk()  # (checks that every head is linear)
+        return chain(PolyakStep(excess=True))
     normalized = True if normalized is None else normalized
     if not isinstance(normalized, (bool, np.bool_)):
         raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
@@ -233,13 +264,13 @@ def _legacy_rule(
     if callable(lr):
         step = lr
     elif isinstance(lr, str):
-        check_choice(lr, "lr", ("auto",))
+        check_choice(lr, "lr", ("auto", "polyak"))
         step = np.full(runs, NORMALIZED_LR) if normalized else par.auto_step(LW(), GW(), params0)
     else:
         arr = np.asarray(lr, dtype=np.float64) if not isinstance(lr, bool) else None
         if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
             raise ValueError(
-                f"lr must be 'auto', a positive float, {runs} positive floats (one per run) or a "
+                f"lr must be 'auto', 'polyak', a positive float, {runs} positive floats (one per run) or a "
                 f"callable step -> float; got {lr!r}"
             )
         step = np.broadcast_to(arr, (runs,)).copy()
@@ -420,6 +451,7 @@ def train(
             GW=lambda: np.array([gradient_bound(p, batch.loss) for p in plist])[problem_index],
             params0=params0,
             mirror_p=mirror_p,
+            min_risk=lambda: _min_risk(plist, batch.loss)[problem_index],
         )
     else:
         if not isinstance(optimizer, Transform):
@@ -457,6 +489,7 @@ def train(
         threads_used = check_positive_int(threads, "threads")
     show = progress if progress is not None else (None if steps * R >= PROGRESS_MIN_WORK else False)
     scale_free = rule.degree == 0.0
+    wants_excess = any(isinstance(t, PolyakStep) and t.excess for t in parts)
     t0 = time.perf_counter()
     with threads_context(threads_used), torch.no_grad():
         from tqdm.auto import tqdm
@@ -479,7 +512,10 @@ def train(
                     recorder.record(L, W, grads, params, s)
             if k == steps:
                 break
-            updates, state = rule.update(par.grads(gS, params) if scale_free else grads, state, params, loss=L, step=k)
+            loss_in = excess_risk_scaled(batch, W) if wants_excess else L
+            updates, state = rule.update(
+                par.grads(gS, params) if scale_free else grads, state, params, loss=loss_in, step=k
+            )
             params = tuple(p + u for p, u in zip(params, updates))
             bar.update(1)
         bar.close()

@@ -269,28 +269,44 @@ class StepSize(Transform):
 class PolyakStep(Transform):
     """``−η u`` with Polyak's step ``η = (L − L*) / Σ_g ‖u_g‖_F²`` per run (docs/spec.md §8).
 
-    ``min_loss`` is L* (0: the infimum of the risk on separable data; with the head fixed the attention
-    risk usually stays above 0, and then uncapped steps overshoot). ``max_lr`` caps η. A run whose
+    ``min_loss`` is L*, one value or one per run (0: the infimum of the risk on separable data; with the
+    head fixed the attention risk stays above 0, and then uncapped steps overshoot: ``train(lr="polyak")``
+    computes each run's infimum). With ``excess=True`` the trainer hands it the excess risk ``L − L*``
+    itself, computed without cancellation (:func:`attsvm.model.excess_risk_scaled`, linear heads),
+    together with the scaled gradient, so the step stays exact after the loss difference has fallen
+    below round-off. ``max_lr`` caps η. A run whose
     update is zero, or whose loss is at most L*, does not move. The norms are taken after scaling by
     ``max|u|``, so the step stays finite while ``‖u‖²`` underflows.
     """
 
-    min_loss: float = 0.0
+    min_loss: float | Sequence[float] | np.ndarray = 0.0
     max_lr: float = math.inf
+    excess: bool = False
 
     def __post_init__(self) -> None:
-        check_finite_scalar(self.min_loss, "min_loss")
+        ml = np.asarray(self.min_loss, dtype=np.float64) if not isinstance(self.min_loss, (bool, str)) else None
+        if ml is None or ml.ndim > 1 or not np.all(np.isfinite(ml)):
+            raise ValueError(f"min_loss must be a finite float or one finite float per run, got {self.min_loss!r}")
         if not (self.max_lr > 0):
             raise ValueError(f"max_lr must be > 0, got {self.max_lr}")
 
-    degree = -1.0
+    @property
+    def degree(self) -> float:  # type: ignore[override]
+        # with excess=True the trainer passes e^{c}∇L and e^{c}(L − L*): the scale cancels
+        return 0.0 if self.excess else -1.0
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         tiny = torch.finfo(updates[0].dtype).tiny
         a = torch.stack([u.abs().amax(dim=(-2, -1)) for u in updates]).amax(0)  # (R,) max|u|
         a_safe = a.clamp_min(tiny)
         sq = sum(_fro(u / _col(a_safe)) ** 2 for u in updates)  # ‖u‖² / a², in [1, size]
-        gap = (loss - self.min_loss).clamp_min(0.0)
+        if self.excess:  # ``loss`` is already the (scaled) excess risk L − L*
+            gap = loss.clamp_min(0.0)
+        else:
+            ml = torch.as_tensor(np.asarray(self.min_loss, dtype=np.float64), dtype=loss.dtype, device=loss.device)
+            if ml.ndim == 1 and ml.shape[0] != loss.shape[0]:
+                raise ValueError(f"min_loss holds {ml.shape[0]} values for {loss.shape[0]} runs")
+            gap = (loss - ml).clamp_min(0.0)
         # η·u = (gap / a) / (‖u‖²/a²) · (u / a)
         coef = torch.where(a > 0, gap / a_safe / sq, torch.zeros_like(gap))
         coef = coef.clamp_max(torch.finfo(coef.dtype).max)  # a positive loss at a stationary point: no inf·0
