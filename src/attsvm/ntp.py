@@ -29,13 +29,18 @@ from scipy.sparse.csgraph import connected_components
 
 from ._validation import as_float_array
 
-__all__ = ["NextTokenProblem", "TokenPriorityGraph"]
+__all__ = ["NextTokenProblem", "TokenPriorityGraph", "random_ntp_problem"]
 
 
 def _int_array(value: object, name: str) -> NDArray[np.int64]:
     arr = np.asarray(value)
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        if np.issubdtype(arr.dtype, np.floating) and arr.size and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+        if (
+            np.issubdtype(arr.dtype, np.floating)
+            and arr.size
+            and np.all(np.isfinite(arr))
+            and np.all(arr == np.round(arr))
+        ):
             return arr.astype(np.int64)
         raise TypeError(f"{name} must hold integer vocabulary indices, got dtype {arr.dtype}")
     return arr.astype(np.int64)
@@ -256,3 +261,42 @@ class NextTokenProblem:
         scc = np.stack([gs[int(k)].scc for k in self.last])  # (n, V)
         lab = scc[np.arange(self.n), self.labels]  # (n,)
         return self.valid & (np.take_along_axis(scc, self.tokens, axis=1) == lab[:, None])
+
+
+def random_ntp_problem(
+    n: int,
+    T: int,
+    V: int,
+    d: int,
+    *,
+    seed: int | np.random.Generator = 0,
+    cyclic: bool | None = None,
+    max_tries: int = 1000,
+) -> NextTokenProblem:
+    """A random instance on the published recipe (Li et al. 2024's ``data_generator``, token choice "random").
+
+    Unit-norm Gaussian embeddings (V, d); n sequences of T distinct tokens (T ≤ V); each label
+    uniform over the vocabulary, replaced by a uniform token of its sequence when absent (realisable
+    labels). ``cyclic=True`` redraws until some graph has an SCC of two or more tokens (and the
+    graph-SVM keeps an inequality row), ``False`` until every graph is acyclic — the published
+    rejection loop; ``None`` accepts the first draw. Raises ValueError after ``max_tries`` draws.
+    """
+    if not (isinstance(T, (int, np.integer)) and isinstance(V, (int, np.integer)) and 1 <= T <= V):
+        raise ValueError(f"T must be an integer in [1, V] (sequences of distinct tokens), got T={T}, V={V}")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    for _ in range(max_tries):
+        E = rng.standard_normal((V, d))
+        E /= np.linalg.norm(E, axis=1, keepdims=True)
+        seqs = np.stack([rng.choice(V, T, replace=False) for _ in range(n)])
+        lab = rng.integers(0, V, n)
+        absent = ~(seqs == lab[:, None]).any(axis=1)
+        lab[absent] = seqs[absent, rng.integers(0, T, int(absent.sum()))]
+        p = NextTokenProblem(seqs, lab, E)
+        if cyclic is None:
+            return p
+        gs = p.graphs().values()
+        has_cycle = any(g.cyclic for g in gs)
+        has_order = any(g.n_scc > 1 for g in gs)
+        if (has_cycle and has_order) if cyclic else not has_cycle:
+            return p
+    raise ValueError(f"no {'cyclic' if cyclic else 'acyclic'} instance in {max_tries} draws (n={n}, T={T}, V={V})")

@@ -20,6 +20,7 @@ EXPERIMENTS: dict[str, str] = {
     "nuclear-identity": "attsvm.experiments.nuclear_identity",
     "low-rank": "attsvm.experiments.low_rank",
     "lp-convergence": "attsvm.experiments.lp_convergence",
+    "ntp-convergence": "attsvm.experiments.ntp_convergence",
 }
 
 
