@@ -18,6 +18,7 @@ span of the embeddings): the initial component outside it never moves and change
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,7 @@ class NTPConvergence(Experiment):
         per_N = {int(k): round(float(v), 3) for k, v in scc.scc_per_graph.items()}
         Ns = sorted(per_N)
         half = Ns[len(Ns) // 2 :]
-        falls = all(per_N[a] >= per_N[b] for a, b in zip(half, half[1:])) and per_N[Ns[-1]] <= 1.1
+        falls = all(per_N[a] >= per_N[b] for a, b in itertools.pairwise(half)) and per_N[Ns[-1]] <= 1.1
         hl = [
             headline(
                 "mean final corr(W − Π_fin W, W_svm)",
