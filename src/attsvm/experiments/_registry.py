@@ -21,6 +21,7 @@ EXPERIMENTS: dict[str, str] = {
     "low-rank": "attsvm.experiments.low_rank",
     "lp-convergence": "attsvm.experiments.lp_convergence",
     "rates": "attsvm.experiments.rates",
+    "ntp-convergence": "attsvm.experiments.ntp_convergence",
 }
 
 
