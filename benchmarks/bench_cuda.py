@@ -1,0 +1,93 @@
+"""The batched trainer on a CUDA device against the CPU, measured in the same run.
+
+1. **Agreement**: the same runs trained on the CPU and on the GPU (W and (K, Q) with normalized GD,
+   ℓp mirror descent with p = 3, Polyak's step) give the same trajectories (max |ΔW| printed; float64 on
+   both, so only the order of floating-point sums differs).
+2. **Throughput**: R runs of ``paper_instance(6, 8, 10)`` × ``--steps`` normalized-GD steps, for growing R:
+   time per step and runs·steps per second on each device, and the ratio.
+
+    python benchmarks/bench_cuda.py                 # needs torch.cuda.is_available()
+    python benchmarks/bench_cuda.py --out res.json  # also write the numbers as JSON
+
+It needs only the core install (numpy, scipy, torch, tqdm). On a machine without CUDA it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from attsvm.datasets import paper_instance
+from attsvm.train import train
+
+
+def agreement(steps: int) -> dict[str, float]:
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4)]
+    seeds = list(range(4))
+    cases = {
+        "W, normalized GD": {"param": "W"},
+        "KQ, normalized GD": {"param": "KQ"},
+        "W, l3 mirror descent": {"param": "W", "optimizer": "md", "p": 3.0, "lr": 0.5},
+        "W, Polyak step": {"param": "W", "lr": "polyak"},
+    }
+    out = {}
+    for name, kw in cases.items():
+        seeds_k = [0, 1, 3, 5] if kw.get("lr") == "polyak" else seeds  # (runs whose Polyak steps stay finite)
+        pr = [paper_instance(6, 8, 10, seed=s) for s in seeds_k] if kw.get("lr") == "polyak" else probs
+        a = train(pr, steps=steps, seed=seeds_k, record_W=True, progress=False, **kw)
+        b = train(pr, steps=steps, seed=seeds_k, record_W=True, progress=False, device="cuda", **kw)
+        Wa, Wb = np.asarray(a.history["W"]), np.asarray(b.history["W"])
+        out[name] = float(np.abs(Wa - Wb).max() / max(np.abs(Wa).max(), 1e-300))
+    return out
+
+
+def throughput(runs: list[int], steps: int) -> list[dict[str, float]]:
+    rows = []
+    for R in runs:
+        probs = [paper_instance(6, 8, 10, seed=s) for s in range(R)]
+        row: dict[str, float] = {"R": R}
+        for dev in ("cpu", "cuda"):
+            train(probs[: min(R, 8)], steps=10, seed=list(range(min(R, 8))), progress=False, device=dev)  # warm-up
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            train(probs, steps=steps, seed=list(range(R)), progress=False, device=dev)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            row[f"{dev}_s"] = time.perf_counter() - t0
+        row["speedup"] = row["cpu_s"] / row["cuda_s"]
+        rows.append(row)
+        print(
+            f"R = {R:6d}: CPU {row['cpu_s']:7.2f} s, CUDA {row['cuda_s']:7.2f} s "
+            f"({R * steps / row['cuda_s']:.3g} run-steps/s), CUDA ×{row['speedup']:.1f}",
+            flush=True,
+        )
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--runs", default="100,1000,10000")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to compare")
+        return 0
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}", flush=True)
+    agree = agreement(args.steps)
+    for name, d in agree.items():
+        print(f"agreement {name:24s} max |ΔW| / max |W| = {d:.1e}", flush=True)
+    rows = throughput([int(r) for r in args.runs.split(",")], args.steps)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"agreement": agree, "throughput": rows, "device": torch.cuda.get_device_name(0)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
