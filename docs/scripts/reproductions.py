@@ -28,6 +28,9 @@ ORDER = (
     "multiclass",
     "nuclear-identity",
     "low-rank",
+    "lp-convergence",
+    "rates",
+    "ntp-convergence",
 )
 
 INTRO = """# Reproductions
