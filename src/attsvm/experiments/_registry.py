@@ -22,6 +22,7 @@ EXPERIMENTS: dict[str, str] = {
     "lp-convergence": "attsvm.experiments.lp_convergence",
     "rates": "attsvm.experiments.rates",
     "ntp-convergence": "attsvm.experiments.ntp_convergence",
+    "joint-training": "attsvm.experiments.joint_training",
 }
 
 

@@ -39,6 +39,7 @@ from .frobenius import FrobeniusOptions, solve_frobenius
 from .local import locally_optimal
 from .norms import FROBENIUS, NUCLEAR, Norm, get_norm
 from .nuclear import NuclearOptions, balanced_factors, solve_nuclear, solve_nuclear_rank
+from .prompt import HeadSVM, JointSVM, PromptSVM, head_svm_constraints, joint_svm, p_svm_constraints
 from .reduction import Reduction, reduce
 from .status import (
     ALL_STATUSES,
@@ -102,4 +103,10 @@ __all__ = [
     "CERTIFIED",
     "FAILED",
     "ALL_STATUSES",
+    "PromptSVM",
+    "HeadSVM",
+    "JointSVM",
+    "joint_svm",
+    "p_svm_constraints",
+    "head_svm_constraints",
 ]

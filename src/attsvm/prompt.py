@@ -1,0 +1,225 @@
+"""Prompt attention: ``f(X) = vᵀ Xᵀ softmax(X W p)`` with a trainable prompt p (docs/spec.md §8,
+"Prompt attention"; Tarzanagh, Li, Zhang, Oymak, "Max-Margin Token Selection in Attention Mechanism",
+NeurIPS 2023).
+
+A :class:`PromptProblem` holds n sequences ``X_i`` (T, d) with labels ``y_i ∈ {−1, +1}``, a fixed
+key-query matrix ``W`` (d, m) (the identity by default) and, optionally, a fixed head ``v`` (d,).
+The keys are ``k_it = Wᵀ x_it`` (m,), the attention logits ``γ_it(p) = k_itᵀ p = x_itᵀ W p``, and
+the output ``f(X_i) = Σ_t softmax(X_i W p)_t · vᵀ x_it``. With v fixed the token scores are
+``γ_it = y_i vᵀ x_it`` (docs/spec.md §2) and the p-SVM of a selection α is
+
+    p_mm = argmin ‖p‖  s.t.  pᵀ (k_{iα_i} − k_it) ≥ 1   for all t ≠ α_i, all i
+
+(:class:`attsvm.svm.PromptSVM`). When v trains too, v goes to the max-margin classifier of the selected
+tokens (:class:`attsvm.svm.HeadSVM`) and p to a p-SVM whose rows are relaxed to ``≥ 0`` on the
+sequences that are not support vectors of v (:func:`attsvm.svm.joint_svm`). Training is
+:func:`attsvm.training.prompt.train_prompt`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._validation import as_float_array, check_choice, check_positive_int
+
+__all__ = ["PromptProblem", "paper_joint_problem", "paper_loss_problem", "random_prompt_problem"]
+
+# Relative tolerance under which two token scores count as a tie for the maximum (as in problem.py)
+TIE_RTOL = 1e-12
+
+
+class PromptProblem:
+    """One prompt-attention instance (module doc; docs/spec.md §8).
+
+    Parameters
+    ----------
+    X : (n, T, d) tokens, T ≥ 2.
+    y : (n,) labels in {−1, +1}.
+    W : (d, m) key-query matrix, optional (default the (d, d) identity): keys ``k_it = Wᵀ x_it``.
+    v : (d,) head, optional: the fixed head when only p trains, and the token scores ``y_i vᵀ x_it``.
+
+    Attributes
+    ----------
+    X, y, W, v : the validated data (read-only float64 copies; ``v`` may be None).
+    n, T, d, m : sizes (m is the prompt dimension).
+    """
+
+    def __init__(self, X: ArrayLike, y: ArrayLike, *, W: ArrayLike | None = None, v: ArrayLike | None = None):
+        X = as_float_array(X, "X", ndim=3)
+        n, T, d = X.shape
+        if n < 1 or d < 1:
+            raise ValueError(f"X must have n >= 1 sequences and d >= 1 features, got shape {X.shape}")
+        if T < 2:
+            raise ValueError(f"X must have T >= 2 tokens per sequence (attention needs a choice), got T={T}")
+        y_arr = as_float_array(y, "y", ndim=1)
+        if y_arr.shape[0] != n:
+            raise ValueError(f"y must have one label per sequence: expected shape ({n},), got {y_arr.shape}")
+        if not np.all(np.isin(y_arr, (-1.0, 1.0))):
+            bad = np.unique(y_arr[~np.isin(y_arr, (-1.0, 1.0))])[:10]
+            raise ValueError(f"y must hold labels in {{-1, +1}}, got other values {bad}")
+        if W is None:
+            W_arr = np.eye(d)
+        else:
+            W_arr = as_float_array(W, "W", ndim=2)
+            if W_arr.shape[0] != d or W_arr.shape[1] < 1:
+                raise ValueError(f"W must have shape ({d}, m) with m >= 1 (keys k = Wᵀx), got {W_arr.shape}")
+        v_arr = None if v is None else as_float_array(v, "v", shape=(d,))
+        self.X: NDArray[np.float64] = X
+        self.y: NDArray[np.float64] = y_arr
+        self.W: NDArray[np.float64] = W_arr
+        self.v: NDArray[np.float64] | None = v_arr
+        self.keys: NDArray[np.float64] = X @ W_arr  # (n, T, m)
+        for arr in (self.X, self.y, self.W, self.keys) + ((v_arr,) if v_arr is not None else ()):
+            arr.setflags(write=False)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def T(self) -> int:
+        return int(self.X.shape[1])
+
+    @property
+    def d(self) -> int:
+        return int(self.X.shape[2])
+
+    @property
+    def m(self) -> int:
+        """The prompt dimension (columns of W)."""
+        return int(self.W.shape[1])
+
+    def __repr__(self) -> str:
+        head = "trainable v" if self.v is None else "fixed v"
+        return f"PromptProblem(n={self.n}, T={self.T}, d={self.d}, m={self.m}, {head})"
+
+    # ------------------------------------------------------------------ checks
+    def check_prompt(self, p: ArrayLike, name: str = "p") -> NDArray[np.float64]:
+        """Validate a prompt of shape (m,) or a batch (..., m)."""
+        arr = as_float_array(p, name)
+        if arr.ndim < 1 or arr.shape[-1] != self.m:
+            raise ValueError(
+                f"{name} must have shape ({self.m},) or (..., {self.m}) (the prompt dimension m = W.shape[1]), "
+                f"got {arr.shape}"
+            )
+        return arr
+
+    def check_head(self, v: ArrayLike | None, name: str = "v") -> NDArray[np.float64]:
+        """Validate a head of shape (d,) or (..., d); None means the problem's fixed head."""
+        if v is None:
+            if self.v is None:
+                raise ValueError(f"{name} is needed: this PromptProblem has no fixed head v")
+            return self.v
+        arr = as_float_array(v, name)
+        if arr.ndim < 1 or arr.shape[-1] != self.d:
+            raise ValueError(f"{name} must have shape ({self.d},) or (..., {self.d}), got {arr.shape}")
+        return arr
+
+    def check_tokens(self, tokens: ArrayLike | None, name: str = "tokens") -> NDArray[np.int64]:
+        """Validate a selection α (one token index per sequence); None means the optimal tokens of v."""
+        if tokens is None:
+            return self.optimal_tokens()
+        arr = np.asarray(tokens)
+        if arr.shape != (self.n,):
+            raise ValueError(f"{name} must hold one token index per sequence: shape ({self.n},), got {arr.shape}")
+        if arr.dtype.kind not in "iu":
+            if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
+                arr = arr.astype(np.int64)
+            else:
+                raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.T):
+            raise ValueError(f"{name} must be token indices in [0, {self.T}), got {arr[(arr < 0) | (arr >= self.T)][:10]}")
+        return arr.astype(np.int64)
+
+    # ------------------------------------------------------------------ scores and attention
+    def scores(self, v: ArrayLike | None = None) -> NDArray[np.float64]:
+        """Token scores ``γ_it = y_i vᵀ x_it`` of shape (n, T) (or (..., n, T) for a batch of heads)."""
+        vv = self.check_head(v)
+        return self.y[:, None] * np.einsum("ntd,...d->...nt", self.X, vv)
+
+    def optimal_tokens(self, v: ArrayLike | None = None, ties: Literal["raise", "first"] = "raise") -> NDArray[np.int64]:
+        """``argmax_t γ_it`` (n,); a tie raises ValueError unless ``ties="first"``."""
+        check_choice(ties, "ties", ("raise", "first"))
+        g = self.scores(v)
+        if g.ndim != 2:
+            raise ValueError("optimal_tokens takes one head v of shape (d,)")
+        if ties == "raise":
+            top = g.max(axis=1, keepdims=True)
+            tied = (np.abs(g - top) <= TIE_RTOL * (1.0 + 2.0 * np.abs(top))).sum(axis=1) > 1
+            if tied.any():
+                raise ValueError(
+                    f"v: the optimal token is not unique in sequences {np.flatnonzero(tied)[:10].tolist()}; "
+                    "pass ties='first' or give the selection explicitly"
+                )
+        return np.argmax(g, axis=1).astype(np.int64)
+
+    def logits(self, p: ArrayLike) -> NDArray[np.float64]:
+        """Attention logits ``k_itᵀ p`` of shape (n, T), or (..., n, T) for a batch of prompts."""
+        pp = self.check_prompt(p)
+        return np.einsum("ntm,...m->...nt", self.keys, pp)
+
+    def softmax(self, p: ArrayLike) -> NDArray[np.float64]:
+        """Attention probabilities ``softmax(X_i W p)`` of shape (n, T) (or (..., n, T)), stably."""
+        g = self.logits(p)
+        g = g - g.max(axis=-1, keepdims=True)
+        e = np.exp(g)
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def output(self, p: ArrayLike, v: ArrayLike | None = None) -> NDArray[np.float64]:
+        """``f(X_i) = vᵀ X_iᵀ softmax(X_i W p)`` of shape (n,) (broadcasting over leading batch axes)."""
+        vv = self.check_head(v)
+        s = self.softmax(p)
+        return np.einsum("...nt,ntd,...d->...n", s, self.X, vv)
+
+
+# ---------------------------------------------------------------------- instances
+def paper_joint_problem(tight: bool = True) -> PromptProblem:
+    """The joint-training instance of Tarzanagh et al. (2023), n = 3, T = 2, d = 2, W = I.
+
+    Every sequence is ``[(0, 0), x_i]`` with x = (1, 1), (1, −1) and (0.5, 1) (``tight=True``: every
+    selected token is a support vector of v's max-margin classifier) or (0.5, 1.5) (``tight=False``:
+    the third is not), labels (+1, −1, +1).
+    """
+    third = [0.5, 1.0] if tight else [0.5, 1.5]
+    X = np.array([[[0.0, 0.0], [1.0, 1.0]], [[0.0, 0.0], [1.0, -1.0]], [[0.0, 0.0], third]])
+    return PromptProblem(X, [1.0, -1.0, 1.0])
+
+
+def paper_loss_problem(C: float) -> PromptProblem:
+    """The loss-comparison instance of Tarzanagh et al. (2023): n = 2, T = 2, d = 3, fixed v = (0, 0, 1),
+    W = diag(1, 1, 0), sequences ``[0, (1, 1, C)]`` and ``[0, (1, −1, 1)]``, both labelled +1.
+
+    The second tokens are optimal with scores C and 1; the p-SVM direction is (1, 0, 0) whatever C.
+    """
+    X = np.array([[[0.0, 0.0, 0.0], [1.0, 1.0, float(C)]], [[0.0, 0.0, 0.0], [1.0, -1.0, 1.0]]])
+    return PromptProblem(X, [1.0, 1.0], W=np.diag([1.0, 1.0, 0.0]), v=[0.0, 0.0, 1.0])
+
+
+def random_prompt_problem(
+    n: int, T: int, d: int, *, seed: int = 0, fixed_head: bool = False, margin: float = 0.0
+) -> PromptProblem:
+    """A random instance: Gaussian tokens of scale 1/√d, labels ±1 at random, W = I.
+
+    ``fixed_head=True`` draws a head v on the unit sphere too (for training p alone). ``margin > 0``
+    plants one relevant token per sequence, ``x_{i0} = y_i·margin·u + noise`` for a random unit u, the
+    data model of the joint-training theorem (the head can separate the relevant tokens).
+    """
+    n = check_positive_int(n, "n")
+    T = check_positive_int(T, "T", minimum=2)
+    d = check_positive_int(d, "d")
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, T, d)) / np.sqrt(d)
+    y = rng.choice([-1.0, 1.0], size=n)
+    if margin > 0:
+        u = rng.standard_normal(d)
+        u /= np.linalg.norm(u)
+        X[:, 0] += y[:, None] * margin * u
+    v = None
+    if fixed_head:
+        v = rng.standard_normal(d)
+        v /= np.linalg.norm(v)
+    return PromptProblem(X, y, v=v)
