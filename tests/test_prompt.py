@@ -119,7 +119,10 @@ def test_scores_need_a_head():
 def test_p_svm_matches_a_direct_vector_svm(seed):
     rng = np.random.default_rng(seed)
     q = PromptProblem(
-        rng.standard_normal((5, 4, 6)), rng.choice([-1.0, 1.0], 5), W=rng.standard_normal((6, 4)), v=rng.standard_normal(6)
+        rng.standard_normal((5, 4, 6)),
+        rng.choice([-1.0, 1.0], 5),
+        W=rng.standard_normal((6, 4)),
+        v=rng.standard_normal(6),
     )
     alpha = np.argmax(q.logits(rng.standard_normal(4)), axis=1)  # what some prompt selects: feasible
     relaxed = rng.random(5) < 0.4
@@ -237,8 +240,8 @@ def test_saturated_gradient_keeps_its_direction():
     ref = [mpmath.mpf(0)] * 2
     for i in range(q.n):
         lg = [sum(mpmath.mpf(float(q.keys[i, t, a])) * mpmath.mpf(float(p[a])) for a in range(2)) for t in range(q.T)]
-        Z = sum(mpmath.e ** g for g in lg)
-        s = [mpmath.e ** g / Z for g in lg]
+        Z = sum(mpmath.e**g for g in lg)
+        s = [mpmath.e**g / Z for g in lg]
         xv = [sum(mpmath.mpf(float(q.X[i, t, a])) * mpmath.mpf(float(v[a])) for a in range(2)) for t in range(q.T)]
         f = sum(s[t] * xv[t] for t in range(q.T))
         dl = -1 / (1 + mpmath.e ** (float(q.y[i]) * f))  # ℓ'(u) = −σ(−u)

@@ -31,6 +31,7 @@ ORDER = (
     "lp-convergence",
     "rates",
     "ntp-convergence",
+    "joint-training",
 )
 
 INTRO = """# Reproductions

@@ -132,7 +132,9 @@ class PromptProblem:
             else:
                 raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
         if arr.size and (arr.min() < 0 or arr.max() >= self.T):
-            raise ValueError(f"{name} must be token indices in [0, {self.T}), got {arr[(arr < 0) | (arr >= self.T)][:10]}")
+            raise ValueError(
+                f"{name} must be token indices in [0, {self.T}), got {arr[(arr < 0) | (arr >= self.T)][:10]}"
+            )
         return arr.astype(np.int64)
 
     # ------------------------------------------------------------------ scores and attention
@@ -141,7 +143,9 @@ class PromptProblem:
         vv = self.check_head(v)
         return self.y[:, None] * np.einsum("ntd,...d->...nt", self.X, vv)
 
-    def optimal_tokens(self, v: ArrayLike | None = None, ties: Literal["raise", "first"] = "raise") -> NDArray[np.int64]:
+    def optimal_tokens(
+        self, v: ArrayLike | None = None, ties: Literal["raise", "first"] = "raise"
+    ) -> NDArray[np.int64]:
         """``argmax_t γ_it`` (n,); a tie raises ValueError unless ``ties="first"``."""
         check_choice(ties, "ties", ("raise", "first"))
         g = self.scores(v)

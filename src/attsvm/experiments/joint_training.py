@@ -75,8 +75,7 @@ class JointTraining(Experiment):
         "does not depend on the token scores)",
         "L2": "the steps to reach p_mm grow with the score C of the first sequence, faster under the logistic "
         "loss (its weight on a confident sequence is ~e^{−C})",
-        "R1": "v fixed, random instances: p → the p-SVM of the (locally-optimal) tokens it selects, "
-        "under both losses",
+        "R1": "v fixed, random instances: p → the p-SVM of the (locally-optimal) tokens it selects, under both losses",
     }
     defaults = {
         "steps": 1000,
@@ -311,9 +310,7 @@ class JointTraining(Experiment):
             )
         )
         Ld = df[df.part == "loss"]
-        reach = (
-            Ld[Ld.corr_p_mm >= lth].groupby(["loss", "C"]).step.min().unstack("loss").reindex(sorted(Ld.C.unique()))
-        )
+        reach = Ld[Ld.corr_p_mm >= lth].groupby(["loss", "C"]).step.min().unstack("loss").reindex(sorted(Ld.C.unique()))
         Cmax = float(Ld.C.max())
         steps_at = {loss: float(reach[loss].get(Cmax, np.inf)) if loss in reach else np.inf for loss in LOSS_LABEL}
         steps_min = {loss: float(reach[loss].iloc[0]) if loss in reach else np.inf for loss in LOSS_LABEL}
@@ -376,7 +373,10 @@ class JointTraining(Experiment):
             a.plot(d.p0, d.p1, color="C3", lw=2, label="p_t")
             a.plot(d.v0, d.v1, color="C0", lw=2, label="v_t")
             x = np.linspace(0, 20, 2)
-            for vec, style, lab in ((js.p, "C3--", "p-SVM" if inst == "tight" else "relaxed p-SVM"), (js.v, "C0--", "v_mm")):
+            for vec, style, lab in (
+                (js.p, "C3--", "p-SVM" if inst == "tight" else "relaxed p-SVM"),
+                (js.v, "C0--", "v_mm"),
+            ):
                 if vec is not None:
                     a.plot(vec[0] / np.linalg.norm(vec) * x, vec[1] / np.linalg.norm(vec) * x, style, lw=1, label=lab)
             if inst == "non-tight" and js.p_full is not None:
@@ -399,7 +399,9 @@ class JointTraining(Experiment):
         for loss, ls in (("correlation", ":"), ("logistic", "-")):
             for j_, C in enumerate(sorted(L.C.unique())):
                 e = L[(L.loss == loss) & (L.C == C) & (L.step > 0)].sort_values("step")
-                a.plot(e.step, e.corr_p_mm, ls, color=f"C{j_ % 10}", lw=1, label=f"C={C:g}" if loss == "logistic" else None)
+                a.plot(
+                    e.step, e.corr_p_mm, ls, color=f"C{j_ % 10}", lw=1, label=f"C={C:g}" if loss == "logistic" else None
+                )
         a.set(title="(d) v fixed: corr(p, p_mm)\n(solid: logistic, dotted: −x)", xlabel="iteration", xscale="log")
         a.legend(fontsize=6, ncol=2)
         return save(fig, outdir, "joint_training")

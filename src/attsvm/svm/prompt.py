@@ -134,7 +134,9 @@ class PromptSVM(_VectorSVM):
     ``relaxed_`` (n,) bool, ``svm_`` the inner fitted AttentionSVM, and its certificate attributes.
     """
 
-    def fit(self, problem: PromptProblem, tokens: ArrayLike | None = None, *, relaxed: ArrayLike | None = None) -> PromptSVM:
+    def fit(
+        self, problem: PromptProblem, tokens: ArrayLike | None = None, *, relaxed: ArrayLike | None = None
+    ) -> PromptSVM:
         problem = _check_problem(problem)
         alpha = problem.check_tokens(tokens)
         self.tokens_ = alpha
@@ -200,6 +202,7 @@ def joint_svm(problem: PromptProblem, tokens: ArrayLike, *, tol: float = 1e-9, b
         tight = False
     else:
         support = head.support_vectors_
+        assert support is not None
         tight = bool(support.all())
         prompt = full if tight else PromptSVM(backend=backend, tol=tol).fit(problem, alpha, relaxed=~support)
     statuses = [head.status_, prompt.status_, full.status_]

@@ -144,7 +144,15 @@ def prompt_risk_and_scaled_grads(
     return losses.mean(-1), grad_p, cp, grad_v, cv
 
 
-def _init(value: ArrayLike | None, name: str, R: int, width: int, seeds: Sequence[int], scale: float, offset: int):
+def _init(
+    value: ArrayLike | None,
+    name: str,
+    R: int,
+    width: int,
+    seeds: Sequence[int] | NDArray[np.int64],
+    scale: float,
+    offset: int,
+) -> torch.Tensor:
     if value is not None:
         arr = as_float_array(value, name)
         if arr.shape not in ((width,), (R, width)):
