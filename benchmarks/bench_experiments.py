@@ -8,6 +8,12 @@ Each experiment runs from scratch into a fresh folder (no resume), exactly as ``
 does. ``PUBLISHED_SECONDS`` holds the published code's times, measured with its notebooks on the
 machine that ran this benchmark (svm-eq extrapolated); compare ratios measured on one machine. The
 load average is printed with the timings, which are noisy on a shared machine.
+
+For the experiments of the family whose authors train one configuration at a time (joint-training,
+rates, ntp-convergence), the same run also times a per-run loop written the published way
+(``published_loops.py``: a torch module per run, ``backward()``, ``torch.optim.SGD``) on
+``--loop-sample`` runs of each kind, extrapolates it linearly to the experiment's whole training
+workload, and prints the ratio to the *whole* experiment (training + SVMs + report).
 """
 
 from __future__ import annotations
@@ -36,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scheduler", default=None)
     ap.add_argument("--out", default=None, help="keep the outputs here (default: a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="time the --quick sizes instead")
+    ap.add_argument("--loop-sample", type=int, default=4, help="runs of each kind timed in the per-run loops")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch
+    from published_loops import LOOPS
+
+    from attsvm.experiments import get_experiment
 
     names = args.only or experiment_names()
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="attsvm-bench-"))
@@ -56,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
             judged = [h for h in run.results["headlines"] if h["passed"] is not None]
             ok = sum(h["passed"] is True for h in judged)
             pub = PUBLISHED_SECONDS.get(name)
+            if name in LOOPS:  # a per-run loop written the published way, timed now on a sample
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    sec, part, whole = LOOPS[name](get_experiment(name).settings(quick=args.quick), args.loop_sample)
+                finally:
+                    torch.set_num_threads(threads)
+                pub = sec * whole / part
+                print(f"  {name}: per-run loop {sec:.1f} s for {part}/{whole} of the work -> {pub:.0f} s", flush=True)
             ratio = f"{pub / dt:8.1f}x" if pub else "       -"
             rows.append((name, dt, run.n_trials, ok, len(judged), ratio, load0))
             print(
