@@ -63,28 +63,31 @@ class _PromptAttn(torch.nn.Module):
 def joint_training(s: dict[str, Any], sample: int) -> tuple[float, int, int]:
     from attsvm.prompt import paper_joint_problem, paper_loss_problem, random_prompt_problem
 
-    def loss_of(name: str, u: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.softplus(-u).mean() if name == "logistic" else (-u).mean()
+    def risk_of(name: str, m: _PromptAttn, X: torch.Tensor, y: torch.Tensor):
+        def risk() -> torch.Tensor:
+            u = y * m(X)
+            return torch.nn.functional.softplus(-u).mean() if name == "logistic" else (-u).mean()
+
+        return risk
 
     cs = [float(c) for c in s["Cs"]]
     t0 = time.perf_counter()
-    done = 0
     for loss in ("logistic", "correlation"):
         for tight in (True, False):  # the joint runs: all of them
             q = paper_joint_problem(tight)
             m = _PromptAttn(q.W, [-1.0, 0.0], [0.0, -1.0])
             X, y = torch.tensor(q.X, dtype=DT), torch.tensor(q.y, dtype=DT)
-            _sgd_loop([m.prompt, m.w], lambda: loss_of(loss, y * m(X)), s["steps"], s["lr"], "ngd")
+            _sgd_loop([m.prompt, m.w], risk_of(loss, m, X, y), s["steps"], s["lr"], "ngd")
         for C in cs[:sample]:
             q = paper_loss_problem(C)
             m = _PromptAttn(q.W, q.v, np.zeros(3))
             X, y = torch.tensor(q.X, dtype=DT), torch.tensor(q.y, dtype=DT)
-            _sgd_loop([m.prompt], lambda: loss_of(loss, y * m(X)), s["loss_steps"], s["lr"], "ngd")
+            _sgd_loop([m.prompt], risk_of(loss, m, X, y), s["loss_steps"], s["lr"], "ngd")
         for seed in range(sample):
             q = random_prompt_problem(s["n"], s["T"], s["d"], seed=seed, fixed_head=True)
             m = _PromptAttn(q.W, q.v, np.random.default_rng(seed).standard_normal(q.m) * 0.01)
             X, y = torch.tensor(q.X, dtype=DT), torch.tensor(q.y, dtype=DT)
-            _sgd_loop([m.prompt], lambda: loss_of(loss, y * m(X)), s["random_steps"], s["lr"], "ngd")
+            _sgd_loop([m.prompt], risk_of(loss, m, X, y), s["random_steps"], s["lr"], "ngd")
     dt = time.perf_counter() - t0
     # extrapolate the sampled C and random runs to all of them (the 4 joint runs were all run)
     joint = 2 * 2 * s["steps"]

@@ -49,9 +49,10 @@ def test_quick_run_writes_everything_and_claims_pass(quick_runs: dict, name: str
     assert res["headlines"], "an experiment must report headline numbers"
     for h in res["headlines"]:
         assert h["claim"] in exp.claims, h
-    failed = [h for h in res["headlines"] if h["passed"] is False]
+    failed = [h for h in res["headlines"] if h["passed"] is False and h["claim"] not in exp.expected_disagreements]
     assert not failed, f"{name}: claims failed in --quick mode: {failed}"
-    assert res["passed"] is True
+    assert res["passed"] is True or exp.expected_disagreements
+    assert exp.expected_disagreements <= set(exp.claims)
     trials = sorted((out / "trials").glob("*.parquet"))
     assert len(trials) == res["n_trials"] >= 1
     pngs = sorted((out / "figures").glob("*.png"))

@@ -15,7 +15,7 @@ import torch
 from ._validation import check_choice, check_finite_scalar, check_positive_int
 from .problem import AttentionProblem, Head
 
-__all__ = ["paper_instance", "gd_paths_instance", "random_instance"]
+__all__ = ["paper_instance", "gd_paths_instance", "random_instance", "mlp_head"]
 
 
 def _check_nTd(n: int, T: int, d: int) -> tuple[int, int, int]:
@@ -127,3 +127,31 @@ def random_instance(
     if self_attention:
         return AttentionProblem(X, y, h, query_index=query_index)
     return AttentionProblem(X, y, h, Z=Z)
+
+
+def mlp_head(
+    d: int,
+    *,
+    width: int | None = None,
+    depth: int = 1,
+    activation: str = "gelu",
+    seed: int | np.random.Generator = 0,
+) -> Head:
+    """A random MLP head (docs/spec.md §5): ``depth`` hidden layers of ``width`` units (default d) and
+    ``activation`` ("gelu", "silu", "relu", "swiglu"). The first layer (and the SwiGLU gate) is
+    Gaussian with ‖·‖_F = 1, as the ReLU head of the svm-eq recipe; later layers are N(0, 1/width);
+    the output weights are ones."""
+    from .problem import ACTIVATIONS
+
+    d = check_positive_int(d, "d")
+    k = d if width is None else check_positive_int(width, "width")
+    depth = check_positive_int(depth, "depth")
+    check_choice(activation, "activation", ACTIVATIONS)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(_check_seed(seed))
+    V = rng.standard_normal((d, k))
+    gate = None
+    if activation == "swiglu":
+        G = rng.standard_normal((d, k))
+        gate = G / np.linalg.norm(G)
+    hidden = [rng.standard_normal((k, k)) / np.sqrt(k) for _ in range(depth - 1)]
+    return Head.mlp(V / np.linalg.norm(V), activation=activation, hidden=hidden, gate=gate)

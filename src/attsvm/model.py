@@ -105,8 +105,11 @@ class Batch:
         Labels ±1 (linear, ReLU) or class indices as floats (multiclass).
     V : Tensor (B, d, k)
         Head weights: ``v`` as one column (linear), V (ReLU), V (d, C) (multiclass).
-    head : {"linear", "relu", "multiclass"}
+    head : {"linear", "relu", "multiclass", "mlp"}
     loss : {"logistic", "exponential", "correlation", "cross_entropy"}
+    mlp_act, mlp_hidden, mlp_out, mlp_width : an MLP head's activation, later hidden layers (each
+        (B, k_l, k_{l+1})), output weights (B, k_L) and first hidden width (``V`` is its first layer;
+        for SwiGLU ``V = [up | gate]``). None / () for other heads.
     """
 
     X: Tensor
@@ -116,6 +119,10 @@ class Batch:
     head: str
     loss: str
     XV: Tensor = field(init=False, repr=False)
+    mlp_act: str | None = None
+    mlp_hidden: tuple[Tensor, ...] = ()
+    mlp_out: Tensor | None = None
+    mlp_width: int = 0
 
     def __post_init__(self) -> None:
         # (B, n, T, k) head pre-activations of single tokens, x_itᵀ V: the whole head computation of
@@ -171,6 +178,11 @@ class Batch:
                     f"{p0.head.kind} {p0.head.weights.shape}, problems[{j}] has "
                     f"{p.head.kind} {p.head.weights.shape}"
                 )
+            if _mlp_signature(p) != _mlp_signature(p0):
+                raise ValueError(
+                    f"problems must share the MLP head's activation and layer shapes: problems[0] has "
+                    f"{_mlp_signature(p0)}, problems[{j}] has {_mlp_signature(p)}"
+                )
         if loss is None and p0.head.kind != "multiclass":
             losses = {p.loss for p in probs}
             if len(losses) > 1:
@@ -185,6 +197,16 @@ class Batch:
             return torch.as_tensor(a, dtype=dtype, device=device)
 
         V = [p.head.weights.reshape(p.d, -1) for p in probs]
+        mlp: dict[str, Any] = {}
+        spec0 = p0.head.mlp_spec
+        if spec0 is not None:
+            specs = [p.head.mlp_spec for p in probs]
+            mlp = {
+                "mlp_act": spec0.activation,
+                "mlp_hidden": tuple(stack([sp.hidden[j] for sp in specs]) for j in range(len(spec0.hidden))),  # type: ignore[union-attr]
+                "mlp_out": stack([sp.out for sp in specs]),  # type: ignore[union-attr]
+                "mlp_width": spec0.width,
+            }
         return cls(
             X=stack([p.X for p in probs]),
             Z=stack([p.queries for p in probs]),
@@ -192,7 +214,37 @@ class Batch:
             V=stack(V),
             head=p0.head.kind,
             loss=loss,
+            **mlp,
         )
+
+
+def _mlp_signature(p: AttentionProblem) -> tuple[Any, ...] | None:
+    spec = p.head.mlp_spec
+    if spec is None:
+        return None
+    return (spec.activation, spec.width, tuple(H.shape for H in spec.hidden), spec.out.shape)
+
+
+def _activation(name: str, a: Tensor) -> Tensor:
+    if name == "relu":
+        return torch.relu(a)
+    if name == "gelu":
+        return torch.nn.functional.gelu(a)  # exact (erf) form, as problem.activation_fn
+    return torch.nn.functional.silu(a)
+
+
+def mlp_rest(batch: Batch, a: Tensor) -> Tensor:
+    """An MLP head from its first-layer pre-activations ``a = Vᵀo`` (R, n, k) to its output (R, n)."""
+    act = "silu" if batch.mlp_act == "swiglu" else str(batch.mlp_act)
+    if batch.mlp_act == "swiglu":
+        w = batch.mlp_width
+        z = torch.nn.functional.silu(a[..., w:]) * a[..., :w]
+    else:
+        z = _activation(act, a)
+    for H in batch.mlp_hidden:
+        z = _activation(act, z @ H)
+    assert batch.mlp_out is not None
+    return (z * batch.mlp_out.unsqueeze(-2)).sum(-1)
 
 
 def _as_problem_list(problems: AttentionProblem | Sequence[AttentionProblem]) -> list[AttentionProblem]:
@@ -236,6 +288,8 @@ def head_outputs(batch: Batch, o: Tensor) -> Tensor:
         return a[..., 0]
     if batch.head == "relu":
         return torch.relu(a).sum(-1)
+    if batch.head == "mlp":
+        return mlp_rest(batch, a)
     return a
 
 
@@ -316,7 +370,15 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
         q = lp.exp().scatter(-1, idx, 0.0)
         q = q.scatter(-1, idx, -q.sum(-1, keepdim=True))  # ∂ℓ/∂a = p − e_y, with p_y − 1 = −Σ_{c≠y} p_c
     else:
-        f = a[..., 0] if batch.head == "linear" else torch.relu(a).sum(-1)
+        J = None
+        if batch.head == "mlp":  # ∂f/∂a of the small head by autograd (the softmax part stays analytic)
+            with torch.enable_grad():
+                a_ = a.detach().requires_grad_(True)
+                f_ = mlp_rest(batch, a_)
+                (J,) = torch.autograd.grad(f_.sum(), a_)
+            f = f_.detach()
+        else:
+            f = a[..., 0] if batch.head == "linear" else torch.relu(a).sum(-1)
         uy = y * f
         if batch.loss == "logistic":
             losses = torch.nn.functional.softplus(-uy)
@@ -330,6 +392,8 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
         q = (y * dl).unsqueeze(-1)  # (R, n, 1): ∂ℓ/∂f, times ∂f/∂a below
         if batch.head == "relu":
             q = q * (a > 0).to(a.dtype)  # (R, n, k)
+        elif J is not None:
+            q = q * J  # (R, n, k)
     # e_i = ∂ℓ_i/∂o_i = V q_i, so x_itᵀ e_i = (x_itᵀ V) q_i: one small matvec on the token table
     Xe = XV[..., 0] * q if XV.shape[-1] == 1 else (XV @ q.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
     c = Xe - torch.gather(Xe, -1, ref)  # c_it = D_itᵀ e_i, exactly 0 at r_i

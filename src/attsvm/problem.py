@@ -12,6 +12,7 @@ that downstream solvers and trainers never see malformed input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,9 +22,22 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._validation import as_float_array, check_choice
 
-__all__ = ["AttentionProblem", "Head", "TieError", "HeadKind", "LossName", "LOSSES", "loss_fn"]
+__all__ = [
+    "AttentionProblem",
+    "Head",
+    "MLP",
+    "ACTIVATIONS",
+    "activation_fn",
+    "TieError",
+    "HeadKind",
+    "LossName",
+    "LOSSES",
+    "loss_fn",
+]
 
-HeadKind = Literal["linear", "relu", "multiclass"]
+HeadKind = Literal["linear", "relu", "multiclass", "mlp"]
+# activations of an MLP head (docs/spec.md §5): "swiglu" gates its first layer, silu(gate) ⊙ up
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu", "swiglu")
 LossName = Literal["logistic", "exponential", "correlation"]
 LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation")
 TIES: tuple[str, ...] = ("raise", "first")
@@ -65,17 +79,113 @@ def loss_fn(name: str, u: NDArray[np.float64]) -> NDArray[np.float64]:
     return -u
 
 
+def activation_fn(name: str, a: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The elementwise activation ``name`` (relu, gelu (exact, erf form), silu) in numpy."""
+    if name == "relu":
+        return np.maximum(a, 0.0)
+    if name == "gelu":
+        from scipy.special import erf
+
+        return 0.5 * a * (1.0 + erf(a / np.sqrt(2.0)))
+    if name == "silu":
+        return a * (0.5 * (1.0 + np.tanh(0.5 * a)))  # a·σ(a), overflow-free
+    raise ValueError(f"activation must be one of relu, gelu, silu, got {name!r}")
+
+
+@dataclass(frozen=True)
+class MLP:
+    """The layers after the first of an MLP head (docs/spec.md §5; see :meth:`Head.mlp`).
+
+    activation : one of :data:`ACTIVATIONS`; hidden : matrices (k_l, k_{l+1}) of the later hidden layers;
+    out : (k_L,) output weights; width : k_1, the first hidden width (for SwiGLU the first-layer matrix
+    holds ``[up | gate]``, 2·k_1 columns).
+    """
+
+    activation: str
+    hidden: tuple[NDArray[np.float64], ...]
+    out: NDArray[np.float64]
+    width: int
+
+    @property
+    def depth(self) -> int:
+        """Number of hidden layers."""
+        return 1 + len(self.hidden)
+
+    def rest(self, a: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The head from its first-layer pre-activations a (..., k) to its output (...)."""
+        act = "silu" if self.activation == "swiglu" else self.activation
+        if self.activation == "swiglu":
+            z = activation_fn("silu", a[..., self.width :]) * a[..., : self.width]
+        else:
+            z = activation_fn(act, a)
+        for H in self.hidden:
+            z = activation_fn(act, z @ H)
+        return z @ self.out
+
+
 @dataclass(frozen=True)
 class Head:
-    """A prediction head h (docs/spec.md §1).
+    """A prediction head h (docs/spec.md §1, §5).
 
     * ``linear``: h(x) = vᵀx with ``weights`` of shape (d,).
     * ``relu``: h(x) = 1ᵀ ReLU(Vᵀx) with ``weights`` V of shape (d, k).
     * ``multiclass``: logits Vᵀx with ``weights`` V of shape (d, C), trained with cross-entropy.
+    * ``mlp``: h(x) = wᵀ σ(H_Lᵀ … σ(V₁ᵀx)) with one or more hidden layers and GeLU, SiLU, ReLU or
+      SwiGLU (:meth:`mlp`); ``weights`` is the first layer, the rest is ``mlp`` (:class:`MLP`).
     """
 
     kind: HeadKind
     weights: NDArray[np.float64]
+    mlp_spec: MLP | None = None
+
+    @classmethod
+    def mlp(
+        cls,
+        V: ArrayLike,
+        *,
+        activation: str = "gelu",
+        hidden: Sequence[ArrayLike] = (),
+        out: ArrayLike | None = None,
+        gate: ArrayLike | None = None,
+    ) -> Head:
+        """An MLP head ``h(x) = outᵀ σ(hidden[-1]ᵀ … σ(Vᵀx))`` (docs/spec.md §5).
+
+        Parameters
+        ----------
+        V : (d, k) first layer (the "up" projection for SwiGLU).
+        activation : "gelu" (exact), "silu", "relu" or "swiglu" (first layer ``silu(gateᵀx) ⊙ Vᵀx``,
+            later layers SiLU).
+        hidden : matrices (k_l, k_{l+1}) of further hidden layers (depth = 1 + len(hidden)).
+        out : (k_L,) output weights (default all ones, as the ReLU head's ``1ᵀ``).
+        gate : (d, k) the SwiGLU gate (required for, and only for, "swiglu").
+        """
+        check_choice(activation, "activation", ACTIVATIONS)
+        V = as_float_array(V, "V", ndim=2)
+        d, k = V.shape
+        if k < 1:
+            raise ValueError(f"V must have a hidden width of at least 1 column, got shape {V.shape}")
+        if activation == "swiglu":
+            if gate is None:
+                raise ValueError("gate is required for activation='swiglu' (shape (d, k), like V)")
+            G = as_float_array(gate, "gate", shape=(d, k))
+            first = np.concatenate([V, G], axis=1)
+        else:
+            if gate is not None:
+                raise ValueError(f"gate is only for activation='swiglu', got activation={activation!r}")
+            first = V
+        layers = []
+        width = k
+        for j, H in enumerate(hidden):
+            Hj = as_float_array(H, f"hidden[{j}]", ndim=2)
+            if Hj.shape[0] != width or Hj.shape[1] < 1:
+                raise ValueError(
+                    f"hidden[{j}] must have shape ({width}, k) with k >= 1 (it follows a layer of width {width}), "
+                    f"got {Hj.shape}"
+                )
+            layers.append(Hj)
+            width = Hj.shape[1]
+        o = np.ones(width) if out is None else as_float_array(out, "out", shape=(width,))
+        return cls("mlp", first, MLP(activation, tuple(layers), o, k))
 
     @classmethod
     def linear(cls, v: ArrayLike) -> Head:
@@ -106,6 +216,9 @@ class Head:
             return x @ self.weights
         if self.kind == "relu":
             return np.maximum(x @ self.weights, 0.0).sum(axis=-1)
+        if self.kind == "mlp":
+            assert self.mlp_spec is not None
+            return self.mlp_spec.rest(x @ self.weights)
         return x @ self.weights
 
 
@@ -241,7 +354,7 @@ class AttentionProblem:
         out = self.head(self.X)  # (n, T) or (n, T, C)
         if self.head.kind == "linear":
             return self.y[:, None] * out
-        if self.head.kind == "relu":
+        if self.head.kind in ("relu", "mlp"):
             return -loss_fn(self.loss, self.y[:, None] * out)
         # multiclass: log-softmax of the true class, stable
         logits = out
@@ -314,6 +427,13 @@ class AttentionProblem:
             "head_weights": self.head.weights,
             "loss": np.array(self.loss),
         }
+        spec = self.head.mlp_spec
+        if spec is not None:
+            arrays["mlp_activation"] = np.array(spec.activation)
+            arrays["mlp_out"] = spec.out
+            arrays["mlp_width"] = np.array(spec.width)
+            for j, H in enumerate(spec.hidden):
+                arrays[f"mlp_hidden_{j}"] = H
         if self.Z is not None:
             arrays["Z"] = self.Z
         else:
@@ -335,7 +455,19 @@ class AttentionProblem:
             if "head_kind" in keys:
                 kind = str(f["head_kind"])
                 w = f["head_weights"]
-                head: Head = {"linear": Head.linear, "relu": Head.relu, "multiclass": Head.multiclass}[kind](w)
+                if kind == "mlp":
+                    act, k = str(f["mlp_activation"]), int(f["mlp_width"])
+                    n_hidden = len([x for x in keys if x.startswith("mlp_hidden_")])
+                    hidden = [f[f"mlp_hidden_{j}"] for j in range(n_hidden)]
+                    head: Head = Head.mlp(
+                        w[:, :k],
+                        activation=act,
+                        hidden=hidden,
+                        out=f["mlp_out"],
+                        gate=w[:, k:] if act == "swiglu" else None,
+                    )
+                else:
+                    head = {"linear": Head.linear, "relu": Head.relu, "multiclass": Head.multiclass}[kind](w)
             elif "v" in keys:
                 head = Head.linear(f["v"])
             else:

@@ -85,6 +85,9 @@ class Experiment:
     # name of the setting that ``--runs N`` overrides (None: the experiment has no notion of runs)
     runs_key: ClassVar[str | None] = "runs"
     figure_names: ClassVar[tuple[str, ...]] = ()
+    # claims that the measurements at the experiment's settings contradict (the disagreement is the
+    # finding, reported in the report's disagreements section); the tests accept a FAIL on these only
+    expected_disagreements: ClassVar[frozenset[str]] = frozenset()
 
     # ---------------------------------------------------------------- settings
     def settings(self, quick: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ EXPERIMENTS: dict[str, str] = {
     "overparam": "attsvm.experiments.overparam",
     "svm-rank": "attsvm.experiments.svm_rank",
     "svm-eq": "attsvm.experiments.svm_eq",
+    "svm-eq-mlp": "attsvm.experiments.svm_eq_mlp",
     "reg-path": "attsvm.experiments.reg_path",
     "multiclass": "attsvm.experiments.multiclass",
     "nuclear-identity": "attsvm.experiments.nuclear_identity",

@@ -36,13 +36,15 @@ from ._base import Experiment, Headline, Trial, headline
 from ._common import fit_svm, num, train_batch
 from ._plotting import band, save, subplots
 
-__all__ = ["SVMEq", "EXPERIMENT", "relu_instance"]
+__all__ = ["SVMEq", "EXPERIMENT", "relu_instance", "svm_eq_draw", "equivalence_runs", "DROP_REASONS"]
 
 DROP_REASONS = ("no negative label", "ambiguous", "finite", "svm infeasible")
 
 
-def relu_instance(n: int, T: int, d: int, seed: int) -> AttentionProblem:
-    """The published ReLU-head recipe (draw order V, X, Y, Z from one seeded torch generator)."""
+def svm_eq_draw(n: int, T: int, d: int, seed: int) -> tuple[Any, Any, Any, Any, Any]:
+    """The published draw: a torch generator seeded with ``seed`` and, from it in this order, V (d, d)
+    with ‖V‖_F = 1, unit tokens X, labels Y ∈ {±1}, unit queries Z (float32 tensors). The generator is
+    returned in its state after the draw, for recipes that draw more (the MLP heads of svm-eq-mlp)."""
     import torch
 
     g = torch.Generator()
@@ -54,7 +56,100 @@ def relu_instance(n: int, T: int, d: int, seed: int) -> AttentionProblem:
     Y = 2 * torch.ones(n) * (torch.randn(n, generator=g) > 0) - 1
     Z = torch.randn((n, d), generator=g)
     Z /= torch.norm(Z, dim=-1, keepdim=True)
+    return g, V, X, Y, Z
+
+
+def relu_instance(n: int, T: int, d: int, seed: int) -> AttentionProblem:
+    """The published ReLU-head recipe (:func:`svm_eq_draw`)."""
+    _, V, X, Y, Z = svm_eq_draw(n, T, d, seed)
     return AttentionProblem(X.double().numpy(), Y.double().numpy(), Head.relu(V.double().numpy()), Z=Z.double().numpy())
+
+
+def equivalence_runs(
+    probs: list[AttentionProblem],
+    seeds: list[int],
+    s: dict[str, Any],
+    *,
+    param: str = "W",
+    norm: str = "fro",
+    train_head: bool = False,
+) -> pd.DataFrame:
+    """The svm-eq protocol on one batch of seeded instances (module doc): train ``param`` by normalised GD,
+    apply the published acceptance rule, and for each accepted run compare W(k) (``K Qᵀ`` for (K, Q))
+    with W^eq, W_fin + R·W^eq and the single-token SVM, all in ``norm``. ``train_head`` trains the head
+    jointly (:func:`attsvm.training.head.train_with_head`; the SVMs depend on the selection only). Rows
+    of kind "run" (one per seed) and "traj" (the recorded correlations of accepted runs). Settings used:
+    steps, lr, record_every, thred_low, thred_high."""
+    lo, hi = s["thred_low"], s["thred_high"]
+    has_neg = np.array([(p.y == -1).any() for p in probs])
+    train_idx = np.flatnonzero(has_neg)
+    rows: list[dict[str, Any]] = []
+    traj: list[pd.DataFrame] = []
+    for sd in np.asarray(seeds)[~has_neg]:
+        rows.append({"seed": int(sd), "accepted": False, "reason": "no negative label"})
+    if len(train_idx):
+        tr = [probs[i] for i in train_idx]
+        run_seeds = [seeds[i] for i in train_idx]
+        kw: dict[str, Any] = {"param": param, "steps": s["steps"], "lr": s["lr"], "record_every": s["record_every"]}
+        out: Any
+        if train_head:
+            from ..training.head import train_with_head
+
+            out = train_with_head(tr, seed=run_seeds, **kw)
+        else:
+            out = train_batch(tr, seeds=run_seeds, **kw)
+        S = out.probs  # (R, n, T)
+        steps, W_hist = np.asarray(out.history["step"], dtype=np.int64), out.history["W"]
+        amb = ((S > lo) & (S <= hi)).any(axis=(1, 2))
+        fin = ~(S <= lo).any(axis=(1, 2))
+        for r, i in enumerate(train_idx):
+            seed = seeds[i]
+            if amb[r] or fin[r]:
+                rows.append({"seed": seed, "accepted": False, "reason": "ambiguous" if amb[r] else "finite"})
+                continue
+            p, sr = probs[i], S[r]
+            sel = sr > hi
+            cs_eq, cs_fin = equivalence_constraints(p, sel, sr)
+            assert cs_fin is not None  # probs were given
+            eq, wfin = fit_svm(cs_eq, norm=norm), fit_svm(cs_fin, norm=norm)
+            single = fit_svm(p, np.argmax(sr, axis=1), norm)
+            if eq.W_ is None or wfin.W_ is None or single.W_ is None:
+                rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible"})
+                continue
+            Wg = W_hist[r, -1]
+            Wd = eq.W_
+            R = float(np.sum((Wg - wfin.W_) * Wd) / np.sum(Wd * Wd))
+            full = wfin.W_ + R * Wd
+            Wh = W_hist[r]
+            traj.append(
+                pd.DataFrame(
+                    {
+                        "seed": seed,
+                        "step": steps,
+                        "corr_eq": correlation(Wh, Wd),
+                        "corr_full": correlation(Wh, full),
+                        "corr_dir": correlation(Wh - wfin.W_, Wd),
+                        "corr_single": correlation(Wh, single.W_),
+                    }
+                )
+            )
+            rows.append(
+                {
+                    "seed": seed,
+                    "accepted": True,
+                    "reason": "",
+                    "zero_max": float(np.where(sel, 0.0, sr).max()),
+                    "n_selected_mean": float(sel.sum(1).mean()),
+                    "multi": bool((sel.sum(1) > 1).any()),
+                    "R": R,
+                    "viol_eq": num(eq.max_violation_, np.inf),
+                    "viol_single": num(single.max_violation_, np.inf),
+                    "fit_residual": float(np.linalg.norm(Wg - full) / np.linalg.norm(Wg)),
+                }
+            )
+    runs = pd.DataFrame(rows).assign(kind="run")
+    frames = [runs] + [t.assign(kind="traj") for t in traj]
+    return pd.concat(frames, ignore_index=True)
 
 
 @dataclass
@@ -134,78 +229,10 @@ class SVMEq(Experiment):
         return out
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
-        n, T, d = s["n"], s["T"], trial["d"]
-        lo, hi = s["thred_low"], s["thred_high"]
         seeds = list(range(trial["start"], trial["stop"]))
-        probs = [relu_instance(n, T, d, sd) for sd in seeds]
-        has_neg = np.array([(p.y == -1).any() for p in probs])
-        train_idx = np.flatnonzero(has_neg)
-        rows: list[dict[str, Any]] = []
-        traj: list[pd.DataFrame] = []
-        for sd in np.asarray(seeds)[~has_neg]:
-            rows.append({"seed": int(sd), "accepted": False, "reason": "no negative label"})
-        if len(train_idx):
-            tr = [probs[i] for i in train_idx]
-            out = train_batch(
-                tr,
-                param="W",
-                steps=s["steps"],
-                lr=s["lr"],
-                seeds=[seeds[i] for i in train_idx],
-                record_every=s["record_every"],
-            )
-            S = out.probs  # (R, n, T)
-            steps, W_hist = np.asarray(out.history["step"], dtype=np.int64), out.history["W"]
-            amb = ((S > lo) & (S <= hi)).any(axis=(1, 2))
-            fin = ~(S <= lo).any(axis=(1, 2))
-            for r, i in enumerate(train_idx):
-                seed = seeds[i]
-                if amb[r] or fin[r]:
-                    rows.append({"seed": seed, "accepted": False, "reason": "ambiguous" if amb[r] else "finite"})
-                    continue
-                p, sr = probs[i], S[r]
-                sel = sr > hi
-                cs_eq, cs_fin = equivalence_constraints(p, sel, sr)
-                assert cs_fin is not None  # probs were given
-                eq, wfin = fit_svm(cs_eq, norm="fro"), fit_svm(cs_fin, norm="fro")
-                single = fit_svm(p, np.argmax(sr, axis=1), "fro")
-                if eq.W_ is None or wfin.W_ is None or single.W_ is None:
-                    rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible"})
-                    continue
-                Wg = W_hist[r, -1]
-                Wd = eq.W_
-                R = float(np.sum((Wg - wfin.W_) * Wd) / np.sum(Wd * Wd))
-                full = wfin.W_ + R * Wd
-                Wh = W_hist[r]
-                traj.append(
-                    pd.DataFrame(
-                        {
-                            "seed": seed,
-                            "step": steps,
-                            "corr_eq": correlation(Wh, Wd),
-                            "corr_full": correlation(Wh, full),
-                            "corr_single": correlation(Wh, single.W_),
-                        }
-                    )
-                )
-                rows.append(
-                    {
-                        "seed": seed,
-                        "accepted": True,
-                        "reason": "",
-                        "zero_max": float(np.where(sel, 0.0, sr).max()),
-                        "n_selected_mean": float(sel.sum(1).mean()),
-                        "multi": bool((sel.sum(1) > 1).any()),
-                        "R": R,
-                        "viol_eq": num(eq.max_violation_, np.inf),
-                        "viol_single": num(single.max_violation_, np.inf),
-                        "fit_residual": float(np.linalg.norm(Wg - full) / np.linalg.norm(Wg)),
-                    }
-                )
-        runs = pd.DataFrame(rows).assign(kind="run")
-        frames = [runs] + [t.assign(kind="traj") for t in traj]
-        df = pd.concat(frames, ignore_index=True)
-        df["d"] = d
+        probs = [relu_instance(s["n"], s["T"], trial["d"], sd) for sd in seeds]
+        df = equivalence_runs(probs, seeds, s)
+        df["d"] = trial["d"]
         return df
 
     def _accepted(self, s: dict[str, Any], df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

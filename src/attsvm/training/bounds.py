@@ -19,6 +19,11 @@ def _head_constants(problem: AttentionProblem, loss: str) -> tuple[NDArray[np.fl
     n = problem.n
     Wh = problem.head.weights.reshape(problem.d, -1)
     kind = problem.head.kind
+    if kind == "mlp":
+        raise ValueError(
+            "no smoothness bound is derived for MLP heads (GeLU / SiLU / SwiGLU curvature): pass a float lr "
+            "instead of lr='auto'"
+        )
     if kind == "multiclass":
         s2 = float(np.linalg.norm(Wh, 2))
         return np.full(n, math.sqrt(2.0) * s2), np.full(n, 0.5 * s2**2)
