@@ -7,15 +7,16 @@ then converted to float64), so seed ``s`` here is run ``s`` of the published not
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from ._validation import check_choice, check_finite_scalar, check_positive_int
 from .problem import AttentionProblem, Head
 
-__all__ = ["paper_instance", "gd_paths_instance", "random_instance", "mlp_head"]
+__all__ = ["paper_instance", "gd_paths_instance", "random_instance", "mlp_head", "hop_instance", "HopInstance"]
 
 
 def _check_nTd(n: int, T: int, d: int) -> tuple[int, int, int]:
@@ -155,3 +156,83 @@ def mlp_head(
         gate = G / np.linalg.norm(G)
     hidden = [rng.standard_normal((k, k)) / np.sqrt(k) for _ in range(depth - 1)]
     return Head.mlp(V / np.linalg.norm(V), activation=activation, hidden=hidden, gate=gate)
+
+
+class HopInstance(NamedTuple):
+    """A multi-hop instance (:func:`hop_instance`): the problem and, per sequence, the position of the
+    token each layer should select (``targets`` (n, hops))."""
+
+    problem: AttentionProblem
+    targets: NDArray[np.int64]
+
+
+def hop_instance(
+    n: int,
+    hops: int,
+    d: int,
+    *,
+    candidates: int = 3,
+    codes: int = 4,
+    margin: float = 1.0,
+    seed: int | np.random.Generator = 0,
+) -> HopInstance:
+    """A task that needs ``hops`` attention hops (docs/spec.md §8, "Depth").
+
+    Orthonormal directions: a query q, one flag per level f_1..f_H, a label direction v, and per level
+    j ≥ 2 a code book of ``codes`` addresses in a subspace of its own. Every sequence holds
+
+    * level 1, one *bridge*: ``f_1 + a_2[k_2]`` (it points to address k_2 of level 2);
+    * each level 2 ≤ j ≤ H, ``candidates`` tokens with distinct addresses: ``f_j + a_j[k] + (pointer)``,
+      the one at the address pointed to by level j−1 being the right one; below the last level the
+      pointer is ``a_{j+1}[·]`` (the right token points on, the others at random), at the last level
+      it is the label, ``margin·y_i·v``, on the right token only (the others carry none, so the right
+      token is the only optimal one, and no attention that is linear in the tokens can find it by its
+      label: its position is known only through the pointers).
+
+    The query is q for every sequence and the head is v, so one layer cannot know which last-level
+    candidate is right: it is found by following the pointers, layer ℓ selecting the right level-ℓ
+    token (its query z^{ℓ−1} then holds that token's pointer). Token order is shuffled per sequence.
+    Needs ``d ≥ hops + 2 + (hops − 1)·codes``. ``hops = 1`` has the bridge only, carrying the label.
+    """
+    n = check_positive_int(n, "n")
+    H = check_positive_int(hops, "hops")
+    d = check_positive_int(d, "d")
+    C = check_positive_int(candidates, "candidates")
+    K = check_positive_int(codes, "codes", minimum=max(2, C))
+    margin = check_finite_scalar(margin, "margin", positive=True)
+    need = H + 2 + (H - 1) * K
+    if d < need:
+        raise ValueError(f"d must be at least hops + 2 + (hops − 1)·codes = {need} for this instance, got {d}")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(_check_seed(seed))
+    B, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    q, v = B[:, 0], B[:, 1]
+    flags = [B[:, 2 + j] for j in range(H)]
+    books = [B[:, H + 2 + j * K : H + 2 + (j + 1) * K] for j in range(H - 1)]  # addresses of levels 2..H
+    T = 1 + (H - 1) * C
+    X = np.zeros((n, T, d))
+    y = np.where(rng.standard_normal(n) > 0, 1.0, -1.0)
+    targets = np.zeros((n, H), dtype=np.int64)
+    for i in range(n):
+        rows: list[np.ndarray] = []
+        right: list[int] = []
+        chain = [int(rng.integers(K)) for _ in range(H - 1)]  # address of the right token at levels 2..H
+        bridge = flags[0] + (books[0][:, chain[0]] if H > 1 else margin * y[i] * v)
+        right.append(0)
+        rows.append(bridge)
+        for lev in range(1, H):
+            addr = [chain[lev - 1], *rng.choice([k for k in range(K) if k != chain[lev - 1]], C - 1, replace=False)]
+            for c, a in enumerate(addr):
+                tok = flags[lev] + books[lev - 1][:, a]
+                if lev < H - 1:
+                    tok = tok + books[lev][:, chain[lev] if c == 0 else int(rng.integers(K))]
+                else:
+                    if c == 0:
+                        tok = tok + margin * y[i] * v
+                if c == 0:
+                    right.append(len(rows))
+                rows.append(tok)
+        perm = rng.permutation(T)
+        X[i] = np.asarray(rows)[perm]
+        targets[i] = np.argsort(perm)[right]
+    prob = AttentionProblem(X, y, v, Z=np.tile(q, (n, 1)))
+    return HopInstance(prob, targets)

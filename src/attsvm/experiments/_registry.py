@@ -24,6 +24,7 @@ EXPERIMENTS: dict[str, str] = {
     "rates": "attsvm.experiments.rates",
     "ntp-convergence": "attsvm.experiments.ntp_convergence",
     "joint-training": "attsvm.experiments.joint_training",
+    "hierarchy": "attsvm.experiments.hierarchy",
 }
 
 
