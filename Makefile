@@ -54,7 +54,7 @@ docs-serve: $(STAMP)
 # rerun the reproductions at the paper's settings and rewrite docs/guide/reproductions.md with their
 # figures and measured-claims tables (the PNGs are committed; `make docs` does not run experiments)
 DOCS_FIGURES := gd-paths local-convergence overparam svm-rank svm-eq reg-path multiclass nuclear-identity low-rank \
-	lp-convergence rates ntp-convergence joint-training
+	lp-convergence rates ntp-convergence joint-training svm-eq-mlp hierarchy
 docs-figures: $(STAMP)
 	for e in $(DOCS_FIGURES); do $(VENV)/bin/attsvm reproduce $$e --out results/docs-figures/$$e || exit 1; done
 	$(PY) docs/scripts/reproductions.py results/docs-figures

@@ -9,8 +9,8 @@ does. ``PUBLISHED_SECONDS`` holds the published code's times, measured with its 
 machine that ran this benchmark (svm-eq extrapolated); compare ratios measured on one machine. The
 load average is printed with the timings, which are noisy on a shared machine.
 
-For the experiments of the family whose authors train one configuration at a time (joint-training,
-rates, ntp-convergence), the same run also times a per-run loop written the published way
+For the experiments whose published code trains one configuration at a time (joint-training, rates,
+ntp-convergence, svm-eq-mlp, hierarchy), the same run also times a per-run loop written the published way
 (``published_loops.py``: a torch module per run, ``backward()``, ``torch.optim.SGD``) on
 ``--loop-sample`` runs of each kind, extrapolates it linearly to the experiment's whole training
 workload, and prints the ratio to the *whole* experiment (training + SVMs + report).

@@ -5,7 +5,8 @@ Each loop builds a torch module per run, computes the loss, calls ``backward()``
 as the rule asks (normalised GD: ``g/‖g‖``; Polyak: ``(L − L*)/‖g‖²``) and takes a
 ``torch.optim.SGD`` step, recording the iterate — the structure of ``joint_training.ipynb`` /
 ``diff_loss_function.ipynb`` (max-margin token selection), ``local_converge.ipynb`` (TFasSVM, the
-template for the rates runs, whose authors released no code) and the next-token-prediction notebooks.
+template for the rates runs, whose authors released no code), the next-token-prediction notebooks and
+``multi_token_converge.ipynb`` (svm-eq, for svm-eq-mlp and, layer by layer, hierarchy).
 All loops run in float64 (as attsvm does), with one intra-op thread. Only training is timed: the SVMs
 the experiments solve afterwards are not part of the loop, so the ratio printed against the whole
 experiment understates the speed-up of the trainer itself.
@@ -138,4 +139,94 @@ def ntp_convergence(s: dict[str, Any], sample: int) -> tuple[float, int, int]:
     return time.perf_counter() - t0, sample, s["runs"]
 
 
-LOOPS = {"joint-training": joint_training, "rates": rates, "ntp-convergence": ntp_convergence}
+def _torch_head(head: Any):
+    """A torch function of the attention output for a fixed problem head (linear or MLP)."""
+    from attsvm.model import _activation
+
+    V = torch.tensor(head.weights, dtype=DT)
+    if head.kind == "linear":
+        return lambda o: o @ V
+    spec = head.mlp_spec
+    hidden = [torch.tensor(H, dtype=DT) for H in spec.hidden]
+    out = torch.tensor(spec.out, dtype=DT)
+    act = "silu" if spec.activation == "swiglu" else spec.activation
+
+    def f(o: torch.Tensor) -> torch.Tensor:
+        a = o @ V
+        if spec.activation == "swiglu":
+            z = torch.nn.functional.silu(a[..., spec.width :]) * a[..., : spec.width]
+        else:
+            z = _activation(act, a)
+        for H in hidden:
+            z = _activation(act, z @ H)
+        return z @ out
+
+    return f
+
+
+def svm_eq_mlp(s: dict[str, Any], sample: int) -> tuple[float, int, int]:
+    """The published svm-eq code's loop (``multi_token_converge.ipynb``: one seed at a time, a module with
+    ``nn.Linear`` attention weights, SGD on the normalised gradient, W recorded every 100 steps), run for
+    ``sample`` seeds of every configuration with the MLP heads of svm-eq-mlp."""
+    import itertools
+
+    from attsvm.experiments.svm_eq_mlp import mlp_instance
+
+    configs = list(itertools.product(s["params"], s["activations"], s["depths"]))
+    t0 = time.perf_counter()
+    for param, act, depth in configs:
+        for seed in range(1, sample + 1):
+            q = mlp_instance(s["n"], s["T"], s["d"], seed, act, depth)
+            if not (q.y == -1).any():  # the protocol drops these before training, as the experiment does
+                continue
+            X, Z, y = (torch.tensor(a, dtype=DT) for a in (q.X, q.queries, q.y))
+            head = _torch_head(q.head)
+            lin = [torch.nn.Linear(q.d, q.d, bias=False).double() for _ in range(1 if param == "W" else 2)]
+            ps = [m.weight for m in lin]
+
+            def risk(ps=ps, X=X, Z=Z, y=y, head=head) -> torch.Tensor:
+                W = ps[0] if len(ps) == 1 else ps[1].T @ ps[0]
+                a = torch.softmax(torch.einsum("ntd,ed,ne->nt", X, W, Z), dim=-1)
+                return torch.nn.functional.softplus(-y * head((a.unsqueeze(-1) * X).sum(1))).mean()
+
+            _sgd_loop(ps, risk, s["steps"], s["lr"], "ngd")
+    trained = len(configs) * sample
+    total = len(configs) * int(s["seeds"]) + len(s.get("trained_heads", [])) * int(s["seeds"])
+    return time.perf_counter() - t0, trained, total
+
+
+def hierarchy(s: dict[str, Any], sample: int) -> tuple[float, int, int]:
+    """A per-run loop over an L-layer module (one ``nn.Linear`` per layer, autograd, SGD on normalised
+    gradients) for ``sample`` runs of every configuration of the hierarchy experiment."""
+    from attsvm.datasets import hop_instance
+
+    t0 = time.perf_counter()
+    for param, L in s["configs"]:
+        for seed in range(sample):
+            q = hop_instance(s["n"], 2, s["d"], candidates=s["candidates"], codes=s["codes"], seed=seed).problem
+            X, Z, y, v = (torch.tensor(a, dtype=DT) for a in (q.X, q.queries, q.y, q.v))
+            per = 1 if param == "W" else 2
+            lin = [torch.nn.Linear(q.d, q.d, bias=False).double() for _ in range(per * int(L))]
+            ps = [m.weight for m in lin]
+
+            def risk(ps=ps, X=X, Z=Z, y=y, v=v, L=int(L), per=per) -> torch.Tensor:
+                z, o = Z, Z
+                for ell in range(L):
+                    W = ps[ell] if per == 1 else ps[2 * ell + 1].T @ ps[2 * ell]
+                    a = torch.softmax(torch.einsum("ntd,ed,ne->nt", X, W, z), dim=-1)
+                    o = (a.unsqueeze(-1) * X).sum(1)
+                    z = z + o
+                return torch.nn.functional.softplus(-y * (o @ v)).mean()
+
+            _sgd_loop(ps, risk, s["steps"], s["lr"], "ngd")
+    n_cfg = len(s["configs"])
+    return time.perf_counter() - t0, n_cfg * sample, n_cfg * int(s["runs"])
+
+
+LOOPS = {
+    "joint-training": joint_training,
+    "rates": rates,
+    "ntp-convergence": ntp_convergence,
+    "svm-eq-mlp": svm_eq_mlp,
+    "hierarchy": hierarchy,
+}

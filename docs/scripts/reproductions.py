@@ -32,6 +32,8 @@ ORDER = (
     "rates",
     "ntp-convergence",
     "joint-training",
+    "svm-eq-mlp",
+    "hierarchy",
 )
 
 INTRO = """# Reproductions
