@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from attsvm import AttentionProblem, AttentionSVM, train
+from attsvm.datasets import mlp_head
 from attsvm.datasets import hop_instance, paper_instance
-from attsvm.hierarchy import layer_problem, layer_svms, layer_trajectories, settle_steps
+from attsvm.hierarchy import layer_equivalence, layer_problem, layer_svms, layer_trajectories, settle_steps
 from attsvm.model import Batch, risk_and_grad
 from attsvm.training.depth import StableSoftmax, deep_forward, train_deep
 
@@ -158,3 +159,42 @@ def test_layer_diagnostics_reject_bad_indices():
         layer_problem(res, 0, 2)
     with pytest.raises(ValueError, match="run"):
         layer_problem(res, 3, 0)
+
+
+def test_layer_equivalence_equals_the_single_token_svm_for_hard_selections():
+    inst = [hop_instance(64, 2, 16, seed=s) for s in range(1)]
+    res = train_deep([h.problem for h in inst], layers=2, steps=600, lr=0.1, seed=[0], record_every=100)
+    for ell in range(2):
+        eq, fin = layer_equivalence(res, 0, ell)
+        single = layer_svms(res)[0][ell]
+        assert eq.status_ == "optimal" and single.status_ == "optimal"
+        assert np.linalg.norm(eq.W_ - single.W_) <= TOL_SVM * np.linalg.norm(single.W_)
+
+
+def test_deep_model_with_an_mlp_head_trains_and_matches_finite_differences():
+    h = hop_instance(12, 2, 12, seed=1).problem
+    p = AttentionProblem(h.X, h.y, mlp_head(12, width=6, depth=2, activation="swiglu", seed=3), Z=h.queries)
+    res = train_deep(p, layers=2, steps=30, lr=0.1, seed=[0], record_every=10)
+    assert np.all(np.isfinite(res.W)) and res.history["loss"][0, -1] < res.history["loss"][0, 0]
+    Ws = [np.random.default_rng(9).standard_normal((12, 12)) * 0.3 for _ in range(2)]
+
+    def risk_np(Ws_):
+        z, o = p.queries, None
+        for W in Ws_:
+            g = np.einsum("ntd,de,ne->nt", p.X, W, z)
+            s_ = np.exp(g - g.max(-1, keepdims=True))
+            s_ /= s_.sum(-1, keepdims=True)
+            o = np.einsum("nt,ntd->nd", s_, p.X)
+            z = z + o
+        return float(np.logaddexp(0, -p.y * p.head(o)).mean())
+
+    Wt = [torch.tensor(W)[None].requires_grad_(True) for W in Ws]
+    b = Batch.from_problems(p)
+    from attsvm.model import head_outputs, sequence_losses
+
+    o, _, _ = deep_forward(b.X, b.Z, Wt)
+    (g0, _) = torch.autograd.grad(sequence_losses(b, head_outputs(b, o)).mean(), Wt)
+    E = np.zeros((12, 12))
+    E[2, 5] = FD_STEP
+    fd = (risk_np([Ws[0] + E, Ws[1]]) - risk_np([Ws[0] - E, Ws[1]])) / (2 * FD_STEP)
+    assert abs(float(g0[0, 2, 5]) - fd) <= TOL_FD * max(1.0, abs(fd))

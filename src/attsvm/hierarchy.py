@@ -11,6 +11,9 @@ tokens it selects (argmax of its attention): the problem ``(X_i, y_i, h, z^{ℓ�
 * **rolling**: at each recorded step k, the SVM of the inputs and selection *of step k* (a window of
   one checkpoint; column ``corr_rolling``), which tells whether the layer tracks its moving target.
 
+A layer that keeps several tokens (soft selections) is compared with its SVM-equivalence instead
+(:func:`layer_equivalence`, docs/spec.md §5).
+
 :func:`settle_steps` reports, per layer, the step after which its selection no longer changes and the
 step after which its direction stays within ``1 − τ`` of its final SVM: whether selections settle
 before directions do, and in which order the layers settle.
@@ -31,7 +34,7 @@ from .problem import AttentionProblem
 from .svm import AttentionSVM
 from .training.depth import DeepResult, deep_forward
 
-__all__ = ["layer_problem", "layer_svms", "layer_trajectories", "settle_steps"]
+__all__ = ["layer_problem", "layer_svms", "layer_equivalence", "layer_trajectories", "settle_steps"]
 
 
 def _check(result: Any, run: int, layer: int) -> DeepResult:
@@ -65,6 +68,21 @@ def layer_svms(result: DeepResult, norm: str = "fro") -> list[list[AttentionSVM]
         [AttentionSVM(norm).fit(layer_problem(result, r, ell), sel[r, ell]) for ell in range(result.layers)]  # type: ignore[arg-type]
         for r in range(result.W.shape[0])
     ]
+
+
+def layer_equivalence(
+    result: DeepResult, run: int, layer: int, *, eps: float = 1e-3, norm: str = "fro"
+) -> tuple[AttentionSVM, AttentionSVM]:
+    """The SVM-equivalence of a layer (docs/spec.md §5) on its final inputs: the selected sets
+    ``O_i = {t : s_it > eps}`` of the layer's final attention give ``(W^eq, W_fin)`` as fitted solvers
+    (a layer that attends to several tokens is judged against W^eq rather than the single-token SVM)."""
+    from .svm.equivalence import equivalence_constraints
+
+    p = layer_problem(result, run, layer)
+    s = result.probs[run, layer]
+    cs_eq, cs_fin = equivalence_constraints(p, s > eps, s)
+    assert cs_fin is not None
+    return AttentionSVM(norm).fit_constraints(cs_eq), AttentionSVM(norm).fit_constraints(cs_fin)  # type: ignore[arg-type]
 
 
 def _queries_at(result: DeepResult, step_index: int) -> NDArray[np.float64]:
