@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from attsvm import AttentionProblem, AttentionSVM, train
-from attsvm.datasets import mlp_head
-from attsvm.datasets import hop_instance, paper_instance
+from attsvm.datasets import hop_instance, mlp_head, paper_instance
 from attsvm.hierarchy import layer_equivalence, layer_problem, layer_svms, layer_trajectories, settle_steps
 from attsvm.model import Batch, risk_and_grad
 from attsvm.training.depth import StableSoftmax, deep_forward, train_deep
