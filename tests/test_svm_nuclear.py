@@ -36,6 +36,7 @@ from attsvm.svm.nuclear import (
 OBJ_RTOL = 1e-5  # objective agreement with cvxpy (issue #2)
 VIOL_TOL = 1e-8  # max constraint violation
 GAP_RTOL = 1e-8  # relative duality gap of our certificate
+DEFAULT_SVM_TOL = 1e-9  # AttentionSVM's default certificate tolerance
 DUAL_FEAS_TOL = 1e-8  # ‖𝒜*(λ)‖₂ ≤ 1 + this
 IDENTITY_RTOL = 1e-12  # variational identity at balanced factors
 CERT_TOL = 1e-8  # ‖𝒜*(λ)‖_F of an infeasibility certificate (relative)
@@ -569,3 +570,21 @@ def test_homogeneous_rows_give_the_exact_zero_solution(norm: str) -> None:
     assert np.abs(svm.W_).max() <= VIOL_TOL and svm.objective_ <= VIOL_TOL
     ref = AttentionSVM(norm, backend="cvxpy", tol=1e-6).fit_constraints(cs)
     assert ref.objective_ <= 1e-6
+
+
+@pytest.mark.parametrize("n, T, d, seed", [(5, 10, 3, 56), (5, 15, 3, 40)])
+def test_degenerate_svm_rank_instances_are_certified_by_the_subgradient_dual(n, T, d, seed):
+    """Two svm-rank instances where the augmented Lagrangian (and Clarabel) stop "inaccurate": the dual
+    from the subgradient identity at the exactly feasible primal certifies them (nuclear.py, step 6)."""
+    from attsvm.datasets import paper_instance
+    from attsvm.svm import optimality_certificate
+
+    p = paper_instance(n, T, d, seed=seed)
+    opt = p.optimal_tokens()
+    f = AttentionSVM("nuc").fit(p, opt)
+    assert f.status_ == "optimal" and f.info_.get("dual_polish") == "subgradient"
+    cert = optimality_certificate(f.constraints_, f.W_, f.dual_coef_, "nuc")  # recomputed independently
+    assert cert.relative_gap <= DEFAULT_SVM_TOL and cert.relative_violation <= DEFAULT_SVM_TOL
+    assert np.all(f.dual_coef_[f.constraints_.mask] >= 0)
+    ref = AttentionSVM("nuc", backend="cvxpy").fit(p, opt)  # (Clarabel itself stops "inaccurate" here)
+    assert abs(f.objective_ - ref.objective_) <= OBJ_RTOL * ref.objective_

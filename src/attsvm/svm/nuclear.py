@@ -39,6 +39,13 @@ Method (and why)
    then a rescaling ``M / min_k(m_k / b_k)``), and the multipliers give the dual bound
    ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` (the dual of docs/spec.md §3 is ``max bᵀλ s.t. ‖𝒜*(λ)‖₂ ≤ 1``, λ ≥ 0 on
    inequalities); the loop stops when the relative gap between the two is below ``tol``.
+6. Subgradient dual (only when 5 did not certify, on degenerate instances where even interior-point
+   solvers stop "inaccurate"): at the optimum ``𝒜*(λ)`` is a subgradient of ‖·‖_* at W,
+   ``U_r V_rᵀ + U_⊥ C V_⊥ᵀ`` with ‖C‖₂ ≤ 1. Given the exactly feasible primal, the rank r is read off
+   and ``λ`` (≥ 0 on the nearly tight inequality rows, 0 elsewhere) and C (entries in [−1, 1]) are fit
+   to that identity by bounded least squares (:func:`_subgradient_dual`). The candidate is only a
+   candidate: its bound ``bᵀλ / max(1, ‖𝒜*(λ)‖₂)`` is valid whatever C, and the certificate module
+   decides.
 
 Why not cvxpy: the nuclear norm is an SDP cone there. Interior-point solvers (Clarabel) are
 accurate but slow at moderate sizes, and SCS is first order (violations around 1e-5 unless pushed
@@ -78,7 +85,7 @@ from ._factored import (
     _rescale_only,
     balanced_factors,
 )
-from .certificate import find_farkas, relative_violation
+from .certificate import find_farkas, optimality_certificate, relative_violation
 from .reduction import Reduction, reduce
 from .status import INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
@@ -271,6 +278,13 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
     # (a gap ≤ tol counts only for a feasible primal: an infeasible one can have a negative gap)
     feasible = res.violation <= 1e-9 * max(1.0, float(np.abs(red.b).max(initial=0.0)))
     status = OPTIMAL if (res.converged or (res.gap <= tol and feasible)) else OPTIMAL_INACCURATE
+    lam_out = reduction.lift_dual(_lift_dual(red, res.lam))
+    if status != OPTIMAL and feasible:
+        polished = _subgradient_dual(cs, W, tol)
+        if polished is not None:
+            lam_out, res = polished[0], replace(res, gap=polished[1], dual=polished[2] / reduction.global_scale)
+            status = OPTIMAL
+            info["dual_polish"] = "subgradient"
     if status != "optimal":
         warnings.warn(
             f"solve_nuclear stopped after {res.n_outer} outer iterations with relative gap "
@@ -288,7 +302,63 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
         violation=cs.violation(W),
         time=time.perf_counter() - t0,
     )
-    return RawSolution(W, reduction.lift_dual(_lift_dual(red, res.lam)), status, res.n_outer, info)
+    return RawSolution(W, lam_out, status, res.n_outer, info)
+
+
+# the subgradient dual (module doc, step 6) on problems up to this many (row × entry of W) products,
+# and with the complement block C up to this many entries
+SUBGRADIENT_MAX_WORK = 4_000_000
+SUBGRADIENT_MAX_COMPLEMENT = 64
+
+
+def _subgradient_dual(
+    cs: ConstraintSet, W: NDArray[np.float64], tol: float
+) -> tuple[NDArray[np.float64], float, float] | None:
+    """A dual λ from the subgradient identity at an exactly feasible W (module doc, step 6), returned
+    with its relative gap and dual bound when the certificate passes at ``tol``; else None."""
+    from scipy.optimize import lsq_linear
+
+    idx = np.argwhere(cs.mask)
+    K = len(idx)
+    d1, d2 = W.shape
+    if K == 0 or K * d1 * d2 > SUBGRADIENT_MAX_WORK:
+        return None
+    A = cs.A[idx[:, 0], idx[:, 1]]
+    Zr = cs.Z[idx[:, 0]]
+    Mx = np.einsum("ka,kb->kab", A, Zr).reshape(K, -1)  # row k of 𝒜 as a vector
+    m = cs.apply(W)[idx[:, 0], idx[:, 1]]
+    b = cs.rhs[idx[:, 0], idx[:, 1]]
+    eq = cs.equality[idx[:, 0], idx[:, 1]]
+    U, S, Vt = np.linalg.svd(W)
+    if not S.size or S[0] == 0:
+        return None
+    best: tuple[NDArray[np.float64], float, float] | None = None
+    for rtol in (1e-8, 1e-6):
+        r = int((S > rtol * S[0]).sum())
+        G0 = (U[:, :r] @ Vt[:r]).ravel()
+        nc = (d1 - r) * (d2 - r)
+        comp = (
+            np.einsum("ia,jb->abij", U[:, r:], Vt[r:].T).reshape(nc, -1)
+            if 0 < nc <= SUBGRADIENT_MAX_COMPLEMENT
+            else np.zeros((0, d1 * d2))
+        )
+        for thr in (1e-7, 1e-5, 1e-3):
+            act = np.flatnonzero(eq | (m - b <= thr * np.maximum(1.0, np.abs(b))))
+            if act.size == 0:
+                continue
+            B = np.concatenate([Mx[act].T, -comp.T], axis=1)
+            lb = np.r_[np.where(eq[act], -np.inf, 0.0), -np.ones(len(comp))]
+            ub = np.r_[np.full(act.size, np.inf), np.ones(len(comp))]
+            try:
+                sol = lsq_linear(B, G0, bounds=(lb, ub), method="bvls" if B.shape[1] <= 400 else "trf", tol=1e-15)
+            except (ValueError, np.linalg.LinAlgError):
+                continue
+            lam = np.zeros(cs.mask.shape)
+            lam[idx[act, 0], idx[act, 1]] = sol.x[: act.size]
+            cert = optimality_certificate(cs, W, lam, "nuc")
+            if cert.passes(tol) and (best is None or cert.relative_gap < best[1]):
+                best = (cert.lam, float(cert.relative_gap), float(cert.dual))
+    return best
 
 
 def solve_nuclear_rank(
