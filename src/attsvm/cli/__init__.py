@@ -34,6 +34,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("kv-bench", "_kv_bench"),
     ("lm-train", "_lm_train"),
     ("kv-compare", "_kv_compare"),
+    ("claims", "_claims"),
 )
 
 

@@ -1,0 +1,108 @@
+"""``attsvm claims`` (docs/spec.md §7): each metric against values computed by hand on tiny constructed
+attention maps, the bootstrap and the verdict rule, and the command end to end (--quick)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from attsvm.analysis.claims import (
+    DELTAS,
+    MIN_KEYS,
+    SINK_EPS,
+    _verdict,
+    bootstrap_ci,
+    sequence_metrics,
+    verdicts,
+)
+
+TOL = 1e-12  # hand-computed values
+
+
+def _maps() -> np.ndarray:
+    """Layer 1, two heads over 4 keys (bidirectional): head 0 sinks 0.9 on key 0 (0.1/3 elsewhere), head 1
+    is uniform."""
+    A = np.zeros((1, 2, 4, 4))
+    A[0, 0] = np.array([0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3])
+    A[0, 1] = 0.25
+    return A
+
+
+def test_concentration_sink_and_support_by_hand():
+    m = sequence_metrics(_maps(), np.zeros(4, dtype=bool), causal=False)
+    assert abs(m.top1[0, 0] - 0.9) <= TOL and abs(m.top1[0, 1] - 0.25) <= TOL
+    assert abs(m.top3[0, 0] - (0.9 + 0.2 / 3)) <= TOL and abs(m.top3[0, 1] - 0.75) <= TOL
+    assert abs(m.entropy[0, 1] - math.log(4)) <= TOL
+    assert abs(m.first[0, 0] - 0.9) <= TOL and abs(m.first[0, 1] - 0.25) <= TOL
+    assert m.pairs_top3 == 0.5  # head 0's 4 queries qualify (0.967 ≥ 0.95), head 1's do not
+    # margins: head 0 has log(0.9/(0.1/3)) = 3.30 to the others; head 1 all zero
+    j = {d: k for k, d in enumerate(DELTAS)}
+    assert m.support[j[0.5], 0, 0] == 1 and m.support[j[2.0], 0, 0] == 1 and m.support[j[4.0], 0, 0] == 4
+    assert m.support[j[0.5], 0, 1] == 4 and abs(m.support_share[j[0.5], 0, 1] - 1.0) <= TOL
+    rec = {r.claim: r for r in verdicts("toy", [m])}
+    assert rec["sinks"].value == 0.5 and SINK_EPS < 0.9  # one of the two heads is a sink
+    assert abs(rec["concentration"].details["share_with_specials"][0] - 0.5) <= TOL
+
+
+def test_special_keys_are_removed_and_renormalised():
+    special = np.array([True, False, False, False])
+    m = sequence_metrics(_maps(), special, causal=False)
+    assert abs(m.special_mass[0, 0] - 0.9) <= TOL and abs(m.special_mass[0, 1] - 0.25) <= TOL
+    assert abs(m.top3_ex[0, 0] - 1.0) <= TOL and abs(m.top3_ex[0, 1] - 1.0) <= TOL  # 3 keys left
+    assert m.pairs_top3_ex == 1.0
+
+
+def test_causal_maps_count_only_queries_with_enough_keys():
+    N = 6
+    A = np.zeros((1, 1, N, N))
+    for q in range(N):
+        A[0, 0, q, : q + 1] = 1.0 / (q + 1)  # uniform over the visible keys
+    m = sequence_metrics(A, np.zeros(N, dtype=bool), causal=True)
+    counted = [q for q in range(N) if q + 1 >= MIN_KEYS]
+    assert abs(m.top1[0, 0] - np.mean([1.0 / (q + 1) for q in counted])) <= TOL
+    j1 = DELTAS.index(1.0)
+    assert abs(m.support[j1, 0, 0] - np.mean([q + 1 for q in counted])) <= TOL
+    assert abs(m.support_share[j1, 0, 0] - 1.0) <= TOL
+
+
+def test_bootstrap_and_verdicts():
+    assert bootstrap_ci([0.3, 0.3, 0.3]) == (0.3, 0.3, 0.3)
+    mean, lo, hi = bootstrap_ci(np.r_[np.zeros(50), np.ones(50)], seed=1)
+    assert mean == 0.5 and 0.35 < lo < 0.5 < hi < 0.65
+    assert _verdict(0.6, 0.7, 0.5) == "supported" and _verdict(0.3, 0.4, 0.5) == "not supported"
+    assert _verdict(0.4, 0.6, 0.5) == "mixed"
+    assert (
+        _verdict(2.0, 2.5, 3.0, above=False) == "supported" and _verdict(3.5, 4.0, 3.0, above=False) == "not supported"
+    )
+
+
+@pytest.mark.parametrize(
+    "attn, special, match",
+    [(np.zeros((2, 4, 4)), np.zeros(4, bool), "attn"), (np.zeros((1, 1, 4, 4)), np.zeros(3, bool), "special")],
+)
+def test_bad_input(attn, special, match):
+    with pytest.raises(ValueError, match=match):
+        sequence_metrics(attn, special, causal=False)
+
+
+def test_claims_command_quick(tmp_path, monkeypatch):
+    from attsvm.cli import main
+
+    monkeypatch.setenv("ATTSVM_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "claims"
+    assert main(["claims", "--quick", "--models", "minilm,llama-tiny", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    recs = res["records"]
+    assert {(r["model"], r["claim"]) for r in recs} == {
+        (m, c) for m in ("minilm", "llama-tiny") for c in ("concentration", "sinks", "support")
+    }
+    for r in recs:
+        assert r["verdict"] in ("supported", "not supported", "mixed")
+        assert r["ci"][0] <= r["value"] <= r["ci"][1] and r["citation"] and r["definition"]
+    assert "random-init" in res["models"]["llama-tiny"]
+    report = (out / "report.md").read_text()
+    assert "## sinks" in report and "Gu et al." in report and "Not measured yet" in report
+    assert (out / "claims.png").stat().st_size > 1000
