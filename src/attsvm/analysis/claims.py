@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import string
 import warnings
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ DELTAS = (0.5, 1.0, 2.0, 4.0)  # support-key margins, logit units
 LENGTH_EDGES = (4, 16, 64, 256, 1 << 30)  # context-length buckets (visible keys) for the support curve
 BOOTSTRAP = 1000
 FEW = 3.0  # "1–3 tokens"
+LOW_RANKS = (1, 2, 4, 8, 12, 16, 24, 32)  # ranks of the per-head truncation
 
 
 @dataclass
@@ -152,6 +154,113 @@ def bootstrap_ci(
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, v.size, size=(n, v.size))].mean(1)
     return float(v.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+# ------------------------------------------------------------------------------------------ low rank
+@dataclass
+class LowRankMetrics:
+    """One sequence under rank-r truncation of every head's bilinear part ``W_h = s·W_kᵀW_q`` (biases
+    kept), per rank (R,) and head (L, H): ``top1`` agreement of the argmax key, ``jaccard`` of the
+    support sets (δ = 1), ``margin_ratio`` (the runner-up margin logit_top − logit_2nd at rank r over the
+    full one, mean over queries), ``output_error`` ‖o_r − o‖/‖o‖ of the head's output with its own value
+    projection; arrays (R, L, H)."""
+
+    ranks: tuple[int, ...]
+    top1: NDArray[np.float64]
+    jaccard: NDArray[np.float64]
+    margin_ratio: NDArray[np.float64]
+    output_error: NDArray[np.float64]
+
+
+def value_weights(model: Any) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """W_v (L, H, d_head, d) and b_v (L, H, d_head) of a BERT or GPT-2 model (as :func:`qk_weights`)."""
+    from ._models import _layers, family_of
+
+    fam = family_of(model)
+    d = int(model.config.hidden_size)
+    H = int(model.config.num_attention_heads)
+    Wv, bv = [], []
+    for layer in _layers(model):
+        if fam == "bert":
+            w, b = layer.attention.self.value.weight, layer.attention.self.value.bias
+        else:
+            w, b = layer.attn.c_attn.weight.T[2 * d :], layer.attn.c_attn.bias[2 * d :]
+        Wv.append(w.detach().double().numpy().reshape(H, d // H, d))
+        bv.append(b.detach().double().numpy().reshape(H, d // H))
+    return np.stack(Wv), np.stack(bv)
+
+
+def lowrank_metrics(w: Any, Wv: NDArray, bv: NDArray, inputs: list[Any], ranks: Sequence[int]) -> LowRankMetrics:
+    """:class:`LowRankMetrics` of one sequence whose layer inputs are ``inputs[ℓ]`` (N, d)."""
+    import torch
+
+    from ._models import attention_logits
+    from .anatomy import factored_svd
+
+    rk = tuple(sorted({min(int(r), w.d_head) for r in ranks}))
+    U, S, V = (torch.from_numpy(a) for a in factored_svd(w))
+    L, H = w.n_layers, w.n_heads
+    shape = (len(rk), L, H)
+    top1, jac, mr, err = (np.zeros(shape) for _ in range(4))
+    for layer in range(L):
+        X = torch.as_tensor(np.asarray(inputs[layer], dtype=np.float64))
+        N = X.shape[0]
+        full = attention_logits(w, layer, X)  # (H, N, N)
+        P = torch.einsum("nd,hdk->hnk", X, U[layer])
+        Qm = torch.einsum("md,hdk->hmk", X, V[layer])
+        terms = S[layer][:, None, :] * Qm
+        rest = full - terms @ P.transpose(-1, -2)
+        mask = torch.ones(N, N, dtype=torch.bool).triu(1) if w.causal else torch.zeros(N, N, dtype=torch.bool)
+        rows = torch.arange(N) >= (MIN_KEYS - 1) if w.causal else torch.ones(N, dtype=torch.bool)
+        vals = torch.einsum("hkd,nd->hnk", torch.from_numpy(Wv[layer]), X) + torch.from_numpy(bv[layer])[:, None, :]
+
+        def stats(lg: Any, mask: Any = mask, rows: Any = rows, vals: Any = vals) -> tuple[Any, Any, Any, Any]:
+            lg = lg.masked_fill(mask, -math.inf)[:, rows]
+            top2 = lg.topk(2, dim=-1).values
+            sup = (lg.max(-1, keepdim=True).values - lg) <= 1.0
+            out = torch.softmax(lg, -1) @ vals  # (H, M, dh)
+            return lg.argmax(-1), top2[..., 0] - top2[..., 1], sup, out
+
+        a0, m0, s0, o0 = stats(full)
+        for j, r in enumerate(rk):
+            a, m, sp, o = stats(rest + terms[..., :r] @ P[..., :r].transpose(-1, -2))
+            top1[j, layer] = (a == a0).double().mean(-1).numpy()
+            inter = (sp & s0).sum(-1).double()
+            union = (sp | s0).sum(-1).double()
+            jac[j, layer] = (inter / union.clamp_min(1)).mean(-1).numpy()
+            mr[j, layer] = (m / m0.clamp_min(1e-12)).clamp(max=10.0).mean(-1).numpy()
+            err[j, layer] = ((o - o0).norm(dim=-1) / o0.norm(dim=-1).clamp_min(1e-12)).mean(-1).numpy()
+    return LowRankMetrics(rk, top1, jac, mr, err)
+
+
+def mla_perplexity(model: Any, heldout: Any, latents: Sequence[int]) -> dict[int, float]:
+    """Held-out perplexity of a GPT-2 model whose keys and values share one rank-c latent per layer, as
+    MLA does: the stacked projection ``[W_k; W_v]`` (2d × d) of all heads is replaced by its best rank-c
+    approximation (SVD; biases kept). ``latents`` values ≥ d leave the model unchanged."""
+    import copy
+
+    import torch
+
+    from ._models import _layers, family_of
+
+    if family_of(model) != "gpt2":
+        raise ValueError("mla_perplexity needs a GPT-2 model (its c_attn holds [q | k | v])")
+    d = int(model.config.hidden_size)
+    out = {}
+    for c in latents:
+        net = copy.deepcopy(model).eval()
+        if c < d:
+            for layer in _layers(net):
+                w = layer.attn.c_attn.weight  # (d, 3d): columns [q | k | v]
+                kv = w[:, d:].detach().double().T  # (2d, d)
+                Uc, Sc, Vh = torch.linalg.svd(kv, full_matrices=False)
+                approx = (Uc[:, :c] * Sc[:c]) @ Vh[:c]
+                with torch.no_grad():
+                    w[:, d:] = approx.T.to(w.dtype)
+        with torch.no_grad():
+            loss = net(heldout, labels=heldout).loss
+        out[int(c)] = float(torch.exp(loss))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -282,6 +391,51 @@ def verdicts(model: str, seqs: list[SequenceMetrics], *, seed: int = 0) -> list[
     return recs
 
 
+def lowrank_verdict(
+    model: str, seqs: list[LowRankMetrics], d_head: int, mla: dict[int, float] | None, *, seed: int = 0
+) -> ClaimRecord:
+    """The low-rank / MLA claim record of one model: top-1 agreement at rank d_head/2, with every curve."""
+    ranks = seqs[0].ranks
+    half = max(r for r in ranks if r <= max(1, d_head // 2))
+    j = ranks.index(half)
+    agree = bootstrap_ci([float(m.top1[j].mean()) for m in seqs], seed=seed)
+    T1 = np.stack([m.top1 for m in seqs]).mean(0)  # (R, L, H)
+    ok = T1 >= 0.99
+    r99 = np.where(ok.any(0), np.take(np.asarray(ranks), ok.argmax(0)), d_head)  # (L, H)
+
+    def curve(attr: str) -> list[float]:
+        return [float(np.mean([getattr(m, attr)[k].mean() for m in seqs])) for k in range(len(ranks))]
+
+    details: dict[str, Any] = {
+        "ranks": list(ranks),
+        "d_head": d_head,
+        "top1_agreement": curve("top1"),
+        "support_jaccard": curve("jaccard"),
+        "runner_up_margin_ratio": curve("margin_ratio"),
+        "output_error": curve("output_error"),
+        "rank_for_99pct_top1_median": float(np.median(r99)),
+        "rank_for_99pct_top1_max": int(r99.max()),
+    }
+    if mla is not None:
+        details["mla_latent_perplexity"] = {str(k): v for k, v in mla.items()}
+    return ClaimRecord(
+        claim="low-rank",
+        model=model,
+        text="low-rank key–query compression (as in MLA) keeps the max-margin geometry",
+        metric=f"top-1 agreement of every head's attention with W_h truncated to rank d_head/2 = {half}",
+        definition="W_h = s·W_kᵀW_q truncated by SVD (biases kept); agreement = share of queries whose argmax "
+        "key is unchanged; supported only if the margins survive well below the head dimension (agreement ≥ "
+        "0.99 at d_head/2); MLA: one shared rank-c latent for all heads' keys and values, perplexity on "
+        "held-out text",
+        citation="the source texts; MLA after DeepSeek-V2 (arXiv 2405.04434)",
+        value=agree[0],
+        ci=(agree[1], agree[2]),
+        criterion="≥ 0.99 (whole 95% CI)",
+        verdict=_verdict(agree[1], agree[2], 0.99),
+        details=details,
+    )
+
+
 # ------------------------------------------------------------------------------------------ models
 def _special_mask(tok: Any, ids: list[int]) -> NDArray[np.bool_]:
     specials = set(getattr(tok, "all_special_ids", []) or [])
@@ -295,15 +449,23 @@ def _special_mask(tok: Any, ids: list[int]) -> NDArray[np.bool_]:
     return out
 
 
-def _model_attention(net: Any, ids: list[int]) -> NDArray[np.float64]:
+def _model_attention(net: Any, ids: list[int], *, inputs: bool = False) -> tuple[NDArray[np.float64], list[Any]]:
+    """The attention maps (L, H, N, N) of one sequence and, with ``inputs``, each layer's attention inputs."""
     import torch
 
+    from ._models import attention_inputs
+
     with torch.no_grad():
-        out = net(torch.tensor([ids]), output_attentions=True)
-    att = out.attentions
-    if att is None or any(a is None for a in att):
-        raise ValueError("the model returned no attention maps: load it with attn_implementation='eager'")
-    return np.stack([a[0].double().numpy() for a in att])  # (L, H, N, N)
+        out = net(torch.tensor([ids]), output_attentions=True, output_hidden_states=inputs)
+        att = out.attentions
+        if att is None or any(a is None for a in att):
+            raise ValueError("the model returned no attention maps: load it with attn_implementation='eager'")
+        ins = (
+            [x[0].double().numpy() for x in attention_inputs(getattr(net, "base_model", net), out.hidden_states)]
+            if inputs
+            else []
+        )
+    return np.stack([a[0].double().numpy() for a in att]), ins
 
 
 def _load(name: str, quick: bool, cache: Path | None) -> tuple[Any, Any, bool, str]:
@@ -377,20 +539,44 @@ def run_claims(
     cache_p = Path(cache) if cache is not None else None
     records: list[ClaimRecord] = []
     labels: dict[str, str] = {}
+    skipped: list[str] = []
+    n_lowrank = 2 if quick else 12
     for name in models:
         net, tok, causal, label = _load(name, quick, cache_p)
         labels[name] = label
         seqs = []
-        for _, ids in corpus_windows(tok, max_length=length, max_windows=n_win):
-            seqs.append(sequence_metrics(_model_attention(net, ids), _special_mask(tok, ids), causal))
+        lowrank: list[LowRankMetrics] = []
+        fam = str(getattr(net.config, "model_type", ""))
+        w = Wv = bv = None
+        if fam in ("bert", "gpt2"):
+            from ._models import qk_weights
+
+            w = qk_weights(getattr(net, "base_model", net))
+            Wv, bv = value_weights(getattr(net, "base_model", net))
+        for k, (_, ids) in enumerate(corpus_windows(tok, max_length=length, max_windows=n_win)):
+            attn, inputs = _model_attention(net, ids, inputs=w is not None)
+            seqs.append(sequence_metrics(attn, _special_mask(tok, ids), causal))
+            if w is not None and Wv is not None and bv is not None and k < n_lowrank:
+                lowrank.append(lowrank_metrics(w, Wv, bv, inputs, LOW_RANKS))
         records += verdicts(name, seqs, seed=seed)
+        if w is not None and lowrank:
+            mla = None
+            if fam == "gpt2":
+                from .lm import LMConfig, encode_heldout
+
+                held = encode_heldout(tok, LMConfig(), n_seq=4 if quick else 16, seq_len=min(length, 128))
+                d = int(net.config.hidden_size)
+                mla = mla_perplexity(net, held, [max(1, d // 16), d // 8, d // 4, d // 2, d])
+            records.append(lowrank_verdict(name, lowrank, w.d_head, mla, seed=seed))
+        else:
+            skipped.append(f"low-rank / MLA on {name}: needs a BERT or GPT-2 model (RoPE keys are not projected yet)")
         log.info("claims: %s measured on %d windows", name, len(seqs))
     results = {
         "models": labels,
         "settings": {"quick": quick, "max_windows": n_win, "max_length": length, "seed": seed, "bootstrap": BOOTSTRAP},
         "records": [r.to_dict() for r in records],
         "not_measured": [
-            "low-rank / MLA: per-head projection onto the top-r subspace and one shared latent (planned)",
+            *skipped,
             "serving constraints: page-granular, layer-shared and window-scored eviction (planned)",
         ],
     }
@@ -445,8 +631,10 @@ def _report(results: dict[str, Any], records: list[ClaimRecord], figures: list[P
         f"intervals ({BOOTSTRAP} resamples)."
     )
     lines.append("")
-    for claim in ("concentration", "sinks", "support"):
+    for claim in ("concentration", "sinks", "support", "low-rank"):
         recs = [r for r in records if r.claim == claim]
+        if not recs:
+            continue
         lines += [f"## {claim}: {recs[0].text}", "", f"Metric: {recs[0].metric}. {recs[0].definition}.", ""]
         lines.append(f"Source: {recs[0].citation}.")
         lines += ["", "| model | measured | 95% CI | criterion | verdict |", "|---|---|---|---|---|"]
