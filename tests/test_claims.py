@@ -98,14 +98,14 @@ def test_claims_command_quick(tmp_path, monkeypatch):
     recs = res["records"]
     assert {(r["model"], r["claim"]) for r in recs} == {
         (m, c) for m in ("minilm", "llama-tiny") for c in ("concentration", "sinks", "support")
-    } | {("minilm", "low-rank")}  # (RoPE keys are not projected yet: the report says so)
+    } | {("minilm", "low-rank"), ("llama-tiny", "serving")}  # (RoPE keys not projected; MiniLM not causal)
     assert any("llama-tiny" in x for x in res["not_measured"])
     for r in recs:
         assert r["verdict"] in ("supported", "not supported", "mixed")
         assert r["ci"][0] <= r["value"] <= r["ci"][1] and r["citation"] and r["definition"]
     assert "random-init" in res["models"]["llama-tiny"]
     report = (out / "report.md").read_text()
-    assert "## sinks" in report and "Gu et al." in report and "Not measured yet" in report
+    assert "## sinks" in report and "Gu et al." in report and "## Not measured" in report
     assert (out / "claims.png").stat().st_size > 1000
 
 
@@ -150,3 +150,42 @@ def test_mla_latent_of_full_size_keeps_the_perplexity(tmp_path):
     bert = load_model("minilm")[0]
     with pytest.raises(ValueError, match="GPT-2"):
         mla_perplexity(bert, held, [4])
+
+
+def test_keep_sets_pages_and_shared_by_hand():
+    from attsvm.analysis.claims import keep_sets
+
+    score = np.array([[[5.0, 1.0, 9.0, 9.0, 2.0, 8.0, 8.0, 8.0], [0.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 3.0]]])
+    per = keep_sets(score, 2)
+    assert per[0, 0].tolist() == [False, True, False, False, True, False, False, False]
+    assert per[0, 1].tolist() == [True, False, False, False, False, False, False, True]
+    pages = keep_sets(score, 4, page=4)  # one page of 4: the one holding each head's best key
+    assert pages[0, 0].tolist() == [True] * 4 + [False] * 4 and pages[0, 1].tolist() == [True] * 4 + [False] * 4
+    shared = keep_sets(score, 2, shared=True)  # min over heads: keys 0 (0.0) and 1 (1.0)
+    assert shared[0, 0].tolist() == shared[0, 1].tolist() == [True, True] + [False] * 6
+
+
+def test_page_size_one_equals_per_token_eviction():
+    from attsvm.analysis.claims import keep_sets
+
+    rng = np.random.default_rng(0)
+    score = rng.random((3, 4, 50))
+    for budget in (1, 7, 25, 50):
+        assert np.array_equal(keep_sets(score, budget, page=1), keep_sets(score, budget))
+        assert np.array_equal(keep_sets(score, budget, page=1, shared=True), keep_sets(score, budget, shared=True))
+
+
+def test_serving_simulation_loses_nothing_with_the_whole_cache_and_something_below():
+    from attsvm.analysis.claims import SERVING_MODES, serving_metrics
+
+    rng = np.random.default_rng(1)
+    N = 80
+    g = rng.standard_normal((2, 2, N, N)) * 3
+    g = np.where(np.tril(np.ones((N, N), dtype=bool)), g, -np.inf)
+    A = np.exp(g - g.max(-1, keepdims=True))
+    A /= A.sum(-1, keepdims=True)
+    out = serving_metrics(A, ratios=(1.0, 0.25))
+    for mode in SERVING_MODES:
+        assert abs(out[mode][0]) <= TOL and out[mode][1] > 0
+    with pytest.raises(ValueError, match="serving"):
+        serving_metrics(A[:, :, :20, :20])
