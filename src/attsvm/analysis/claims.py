@@ -659,6 +659,8 @@ def run_claims(
             w = qk_weights(getattr(net, "base_model", net))
             Wv, bv = value_weights(getattr(net, "base_model", net))
         for k, (_, ids) in enumerate(corpus_windows(tok, max_length=length, max_windows=n_win)):
+            if len(ids) < 2 * MIN_KEYS:  # (a topic's short last chunk: too few queries to count)
+                continue
             attn, inputs = _model_attention(net, ids, inputs=w is not None)
             seqs.append(sequence_metrics(attn, _special_mask(tok, ids), causal))
             if w is not None and Wv is not None and bv is not None and k < n_lowrank:
