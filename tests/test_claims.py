@@ -98,8 +98,10 @@ def test_claims_command_quick(tmp_path, monkeypatch):
     recs = res["records"]
     assert {(r["model"], r["claim"]) for r in recs} == {
         (m, c) for m in ("minilm", "llama-tiny") for c in ("concentration", "sinks", "support")
-    } | {("minilm", "low-rank"), ("llama-tiny", "serving")}  # (RoPE keys not projected; MiniLM not causal)
-    assert any("llama-tiny" in x for x in res["not_measured"])
+    } | {("minilm", "low-rank"), ("llama-tiny", "low-rank"), ("llama-tiny", "serving")}
+    assert any("minilm" in x for x in res["not_measured"])  # (no serving simulation: not causal)
+    lr = next(r for r in recs if r["model"] == "llama-tiny" and r["claim"] == "low-rank")
+    assert "mla_latent_perplexity" in lr["details"]
     for r in recs:
         assert r["verdict"] in ("supported", "not supported", "mixed")
         assert r["ci"][0] <= r["value"] <= r["ci"][1] and r["citation"] and r["definition"]
@@ -189,3 +191,41 @@ def test_serving_simulation_loses_nothing_with_the_whole_cache_and_something_bel
         assert abs(out[mode][0]) <= TOL and out[mode][1] > 0
     with pytest.raises(ValueError, match="serving"):
         serving_metrics(A[:, :, :20, :20])
+
+
+def test_rope_low_rank_at_full_rank_reproduces_the_model_attention():
+    """The pre-RoPE projection at r = head_dim changes nothing, and the captured logits are the model's own:
+    the model's attention maps equal softmax of them (GQA Llama, random init)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attsvm.analysis.claims import _rope_inputs, rope_lowrank_metrics
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    cfg._attn_implementation = "eager"
+    net = LlamaForCausalLM(cfg).eval()
+    ids = list(range(3, 27))
+    m = rope_lowrank_metrics(net, ids, (1, 8))
+    j = m.ranks.index(8)
+    assert np.all(m.top1[j] == 1.0) and np.all(m.jaccard[j] == 1.0) and m.output_error[j].max() <= 1e-9
+    assert m.top1[0].mean() < 1.0
+    cap = _rope_inputs(net, ids)
+    with torch.no_grad():
+        att = net(torch.tensor([ids]), output_attentions=True).attentions
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    c = cap[1]
+    q = c["attn"].q_proj(c["x"]).view(1, -1, 4, 8).transpose(1, 2)
+    k = c["attn"].k_proj(c["x"]).view(1, -1, 2, 8).transpose(1, 2)
+    qr, kr = apply_rotary_pos_emb(q, k, *c["pe"])
+    lg = (qr @ kr.repeat_interleave(2, dim=1).transpose(-1, -2)) * c["attn"].scaling
+    lg = lg.masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), -float("inf"))
+    assert torch.allclose(torch.softmax(lg, -1), att[1], atol=1e-6)

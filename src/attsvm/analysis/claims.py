@@ -215,49 +215,138 @@ def lowrank_metrics(w: Any, Wv: NDArray, bv: NDArray, inputs: list[Any], ranks: 
         rows = torch.arange(N) >= (MIN_KEYS - 1) if w.causal else torch.ones(N, dtype=torch.bool)
         vals = torch.einsum("hkd,nd->hnk", torch.from_numpy(Wv[layer]), X) + torch.from_numpy(bv[layer])[:, None, :]
 
-        def stats(lg: Any, mask: Any = mask, rows: Any = rows, vals: Any = vals) -> tuple[Any, Any, Any, Any]:
-            lg = lg.masked_fill(mask, -math.inf)[:, rows]
-            top2 = lg.topk(2, dim=-1).values
-            sup = (lg.max(-1, keepdim=True).values - lg) <= 1.0
-            out = torch.softmax(lg, -1) @ vals  # (H, M, dh)
-            return lg.argmax(-1), top2[..., 0] - top2[..., 1], sup, out
-
-        a0, m0, s0, o0 = stats(full)
+        a0, m0, s0, o0 = _head_stats(full, mask, rows, vals)
         for j, r in enumerate(rk):
-            a, m, sp, o = stats(rest + terms[..., :r] @ P[..., :r].transpose(-1, -2))
-            top1[j, layer] = (a == a0).double().mean(-1).numpy()
-            inter = (sp & s0).sum(-1).double()
-            union = (sp | s0).sum(-1).double()
-            jac[j, layer] = (inter / union.clamp_min(1)).mean(-1).numpy()
-            mr[j, layer] = (m / m0.clamp_min(1e-12)).clamp(max=10.0).mean(-1).numpy()
-            err[j, layer] = ((o - o0).norm(dim=-1) / o0.norm(dim=-1).clamp_min(1e-12)).mean(-1).numpy()
+            a, m, sp, o = _head_stats(rest + terms[..., :r] @ P[..., :r].transpose(-1, -2), mask, rows, vals)
+            top1[j, layer], jac[j, layer], mr[j, layer], err[j, layer] = _compare(a0, m0, s0, o0, a, m, sp, o)
     return LowRankMetrics(rk, top1, jac, mr, err)
 
 
+def _rope_inputs(net: Any, ids: list[int]) -> list[dict[str, Any]]:
+    """Per layer of a RoPE model (Llama family): the attention module and what it was called with (the
+    normed hidden states and the (cos, sin) position embeddings), captured by forward pre-hooks."""
+    import torch
+
+    base = getattr(net, "model", net)
+    layers = list(getattr(base, "layers", []))
+    if not layers or not hasattr(layers[0], "self_attn"):
+        raise ValueError("a RoPE model of the Llama family (model.layers[i].self_attn) is needed")
+    seen: list[dict[str, Any]] = []
+    hooks = []
+    for layer in layers:
+        att = layer.self_attn
+
+        def pre(mod: Any, args: Any, kwargs: Any, att: Any = att) -> None:
+            hs = kwargs.get("hidden_states", args[0] if args else None)
+            seen.append({"attn": att, "x": hs.detach(), "pe": kwargs.get("position_embeddings")})
+
+        hooks.append(att.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            net(torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def rope_lowrank_metrics(net: Any, ids: list[int], ranks: Sequence[int]) -> LowRankMetrics:
+    """:class:`LowRankMetrics` of one sequence of a RoPE model (Llama family, GQA included): each KV head's
+    *pre-RoPE* keys are projected onto the top-r right-singular subspace of that head's keys over the
+    sequence, then rotated as the model does; queries, values and the causal mask are the model's."""
+    import torch
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    captured = _rope_inputs(net, ids)
+    d_head = int(captured[0]["attn"].head_dim)
+    rk = tuple(sorted({min(int(r), d_head) for r in ranks}))
+    L = len(captured)
+    H = int(net.config.num_attention_heads)
+    shape = (len(rk), L, H)
+    top1, jac, mr, err = (np.zeros(shape) for _ in range(4))
+    for layer, c in enumerate(captured):
+        att, x = c["attn"], c["x"]
+        with torch.no_grad():
+            q = att.q_proj(x).view(1, -1, H, d_head).transpose(1, 2).double()
+            k = att.k_proj(x).view(1, x.shape[1], -1, d_head).transpose(1, 2).double()
+            v = att.v_proj(x).view(1, x.shape[1], -1, d_head).transpose(1, 2).double()
+        cos, sin = (t.double() for t in c["pe"])
+        G = H // k.shape[1]
+        N = x.shape[1]
+        mask = torch.ones(N, N, dtype=torch.bool).triu(1)
+        rows = torch.arange(N) >= (MIN_KEYS - 1)
+        vals = v[0].repeat_interleave(G, dim=0)  # (H, N, dh)
+
+        def logits(keys: Any, q: Any = q, cos: Any = cos, sin: Any = sin, G: int = G, att: Any = att) -> Any:
+            qr, kr = apply_rotary_pos_emb(q, keys, cos, sin)
+            return (qr[0] @ kr[0].repeat_interleave(G, dim=0).transpose(-1, -2)) * float(att.scaling)
+
+        full = logits(k)
+        a0, m0, s0, o0 = _head_stats(full, mask, rows, vals)
+        _, _, Vh = torch.linalg.svd(k[0], full_matrices=False)  # per KV head (Hkv, dh, dh)
+        for j, r in enumerate(rk):
+            P = Vh[:, :r].transpose(-1, -2) @ Vh[:, :r]  # (Hkv, dh, dh) projector
+            a, m, sp, o = _head_stats(logits((k[0] @ P)[None]), mask, rows, vals)
+            top1[j, layer], jac[j, layer], mr[j, layer], err[j, layer] = _compare(a0, m0, s0, o0, a, m, sp, o)
+    return LowRankMetrics(rk, top1, jac, mr, err)
+
+
+def _head_stats(lg: Any, mask: Any, rows: Any, vals: Any) -> tuple[Any, Any, Any, Any]:
+    """Argmax key, runner-up margin, support set (δ = 1) and output of every head's counted queries."""
+    import torch
+
+    lg = lg.masked_fill(mask, -math.inf)[:, rows]
+    top2 = lg.topk(2, dim=-1).values
+    sup = (lg.max(-1, keepdim=True).values - lg) <= 1.0
+    return lg.argmax(-1), top2[..., 0] - top2[..., 1], sup, torch.softmax(lg, -1) @ vals
+
+
+def _compare(a0: Any, m0: Any, s0: Any, o0: Any, a: Any, m: Any, sp: Any, o: Any) -> tuple[Any, Any, Any, Any]:
+    """Per head: top-1 agreement, support Jaccard, runner-up margin ratio (clipped at 10), output error."""
+    inter = (sp & s0).sum(-1).double()
+    union = (sp | s0).sum(-1).double()
+    return (
+        (a == a0).double().mean(-1).numpy(),
+        (inter / union.clamp_min(1)).mean(-1).numpy(),
+        (m / m0.clamp_min(1e-12)).clamp(max=10.0).mean(-1).numpy(),
+        ((o - o0).norm(dim=-1) / o0.norm(dim=-1).clamp_min(1e-12)).mean(-1).numpy(),
+    )
+
+
 def mla_perplexity(model: Any, heldout: Any, latents: Sequence[int]) -> dict[int, float]:
-    """Held-out perplexity of a GPT-2 model whose keys and values share one rank-c latent per layer, as
-    MLA does: the stacked projection ``[W_k; W_v]`` (2d × d) of all heads is replaced by its best rank-c
-    approximation (SVD; biases kept). ``latents`` values ≥ d leave the model unchanged."""
+    """Held-out perplexity of a GPT-2 or Llama model whose keys and values share one rank-c latent per
+    layer, as MLA does: the stacked projection ``[W_k; W_v]`` of all (KV) heads is replaced by its best
+    rank-c approximation (SVD; biases kept). ``latents`` values ≥ d leave the model unchanged."""
     import copy
 
     import torch
 
-    from ._models import _layers, family_of
+    from ._models import _layers
 
-    if family_of(model) != "gpt2":
-        raise ValueError("mla_perplexity needs a GPT-2 model (its c_attn holds [q | k | v])")
+    mtype = str(getattr(model.config, "model_type", ""))
+    if mtype not in ("gpt2", "llama"):
+        raise ValueError(f"mla_perplexity needs a GPT-2 or Llama model, got model type {mtype!r}")
     d = int(model.config.hidden_size)
     out = {}
     for c in latents:
         net = copy.deepcopy(model).eval()
         if c < d:
-            for layer in _layers(net):
-                w = layer.attn.c_attn.weight  # (d, 3d): columns [q | k | v]
-                kv = w[:, d:].detach().double().T  # (2d, d)
+            layers = _layers(net) if mtype == "gpt2" else list(net.model.layers)
+            for layer in layers:
+                if mtype == "gpt2":
+                    w = layer.attn.c_attn.weight  # (d, 3d): columns [q | k | v]
+                    kv = w[:, d:].detach().double().T  # (2d, d)
+                else:  # nn.Linear weights (out, d): stack the GQA key and value heads
+                    wk, wv = layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight
+                    kv = torch.cat([wk, wv]).detach().double()
                 Uc, Sc, Vh = torch.linalg.svd(kv, full_matrices=False)
                 approx = (Uc[:, :c] * Sc[:c]) @ Vh[:c]
                 with torch.no_grad():
-                    w[:, d:] = approx.T.to(w.dtype)
+                    if mtype == "gpt2":
+                        w[:, d:] = approx.T.to(w.dtype)
+                    else:
+                        wk.copy_(approx[: wk.shape[0]].to(wk.dtype))
+                        wv.copy_(approx[wk.shape[0] :].to(wv.dtype))
         with torch.no_grad():
             loss = net(heldout, labels=heldout).loss
         out[int(c)] = float(torch.exp(loss))
@@ -665,6 +754,8 @@ def run_claims(
             seqs.append(sequence_metrics(attn, _special_mask(tok, ids), causal))
             if w is not None and Wv is not None and bv is not None and k < n_lowrank:
                 lowrank.append(lowrank_metrics(w, Wv, bv, inputs, LOW_RANKS))
+            elif fam == "llama" and k < n_lowrank:
+                lowrank.append(rope_lowrank_metrics(net, ids, LOW_RANKS))
             if causal and len(ids) >= 2 * PAGE + SERVING_EVAL:
                 serving.append(serving_metrics(attn))
         records += verdicts(name, seqs, seed=seed)
@@ -674,17 +765,24 @@ def run_claims(
             skipped.append(
                 f"serving constraints on {name}: needs a causal model and windows of ≥ {2 * PAGE + SERVING_EVAL} tokens"
             )
-        if w is not None and lowrank:
+        if lowrank:
             mla = None
-            if fam == "gpt2":
+            if fam in ("gpt2", "llama"):
                 from .lm import LMConfig, encode_heldout
 
                 held = encode_heldout(tok, LMConfig(), n_seq=4 if quick else 16, seq_len=min(length, 128))
                 d = int(net.config.hidden_size)
                 mla = mla_perplexity(net, held, [max(1, d // 16), d // 8, d // 4, d // 2, d])
-            records.append(lowrank_verdict(name, lowrank, w.d_head, mla, seed=seed))
+            d_head = (
+                w.d_head
+                if w is not None
+                else int(
+                    getattr(net.config, "head_dim", None) or net.config.hidden_size // net.config.num_attention_heads
+                )
+            )
+            records.append(lowrank_verdict(name, lowrank, d_head, mla, seed=seed))
         else:
-            skipped.append(f"low-rank / MLA on {name}: needs a BERT or GPT-2 model (RoPE keys are not projected yet)")
+            skipped.append(f"low-rank / MLA on {name}: needs a BERT, GPT-2 or Llama-family model")
         log.info("claims: %s measured on %d windows", name, len(seqs))
     results = {
         "models": labels,
