@@ -229,3 +229,28 @@ def test_rope_low_rank_at_full_rank_reproduces_the_model_attention():
     lg = (qr @ kr.repeat_interleave(2, dim=1).transpose(-1, -2)) * c["attn"].scaling
     lg = lg.masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), -float("inf"))
     assert torch.allclose(torch.softmax(lg, -1), att[1], atol=1e-6)
+
+
+def test_serving_perplexity_is_one_with_the_whole_cache_and_moves_below():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attsvm.analysis.claims import SERVING_MODES, _model_attention, serving_perplexity
+
+    torch.manual_seed(1)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    cfg._attn_implementation = "eager"
+    net = LlamaForCausalLM(cfg).eval()
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, 64, 72)]
+    attn, _ = _model_attention(net, ids)
+    full = serving_perplexity(net, ids, attn, ratio=1.0)
+    assert all(abs(full[m] - 1.0) <= 1e-12 for m in SERVING_MODES)
+    cut = serving_perplexity(net, ids, attn, ratio=0.1)
+    assert any(abs(cut[m] - 1.0) > 1e-4 for m in SERVING_MODES)

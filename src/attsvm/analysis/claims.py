@@ -370,6 +370,8 @@ def keep_sets(
     engine evicts pages); ``shared`` ranks keys by their best score over the heads of a layer and keeps one
     set for all of them (an engine with one block table per layer). Returns (L, H, S) bool."""
     L, H, S = score.shape
+    if budget >= S:  # nothing to evict
+        return np.ones((L, H, S), dtype=bool)
     sc = score.min(axis=1, keepdims=True) if shared else score
     if page is not None:
         page = check_positive_int(page, "page")
@@ -425,13 +427,85 @@ def serving_metrics(
     return {m: np.asarray(v) for m, v in out.items()}
 
 
-def serving_verdict(model: str, seqs: list[dict[str, NDArray[np.float64]]], *, seed: int = 0) -> ClaimRecord:
-    """The serving-constraints claim record: mass lost with every constraint at half the cache."""
-    j = SERVING_RATIOS.index(0.5)
-    allc = bootstrap_ci([float(m["all"][j]) for m in seqs], seed=seed)
+def _attention_modules(net: Any) -> list[Any]:
+    base = getattr(net, "model", None) if hasattr(getattr(net, "model", None), "layers") else None
+    if base is not None:
+        return [layer.self_attn for layer in base.layers]
+    from ._models import _layers
+
+    return [layer.attn for layer in _layers(getattr(net, "base_model", net))]
+
+
+def serving_perplexity(net: Any, ids: list[int], attn: NDArray[np.float64], ratio: float = 0.5) -> dict[str, float]:
+    """The harm of SV-margin eviction under each serving constraint as a language-modelling loss: the cache
+    of the first ``S = N − SERVING_EVAL`` tokens is cut to ``ratio·S`` keys per layer and (KV) head
+    (:func:`keep_sets` from the scores of :func:`serving_metrics`; a GQA group shares its keys, ranked by
+    the group's best score), and the next SERVING_EVAL tokens are predicted with only the kept keys (plus
+    their own causal past), by a per-layer, per-head attention mask. Returns the ratio of the perplexity
+    on those tokens to the uncompressed one, per mode."""
+    import torch
+
+    A = np.asarray(attn, dtype=np.float64)
+    L, H, N, _ = A.shape
+    S = N - SERVING_EVAL
+    with np.errstate(divide="ignore"):
+        logA = np.where(A > 0, np.log(np.where(A > 0, A, 1.0)), -np.inf)
+    marg = logA.max(-1, keepdims=True) - logA
+    vis = np.tril(np.ones((N, N), dtype=bool))
+    mq = np.where(vis[None, None], marg, np.inf)[:, :, :S, :S]
+    H_kv = int(getattr(net.config, "num_key_value_heads", None) or H)
+    G = H // H_kv
+    mods = _attention_modules(net)
+    x = torch.tensor([ids])
+    budget = max(1, round(ratio * S))
+
+    def loss_with(masks: list[Any] | None) -> float:
+        hooks = []
+        if masks is not None:
+            for mod, mk in zip(mods, masks):
+
+                def pre(m: Any, args: Any, kwargs: Any, mk: Any = mk) -> tuple[Any, Any]:
+                    kwargs["attention_mask"] = mk
+                    return args, kwargs
+
+                hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        try:
+            with torch.no_grad():
+                logits = net(x).logits[0, S - 1 : N - 1].double()
+        finally:
+            for h in hooks:
+                h.remove()
+        return float(torch.nn.functional.cross_entropy(logits, x[0, S:N]))
+
+    base = loss_with(None)
+    out = {}
+    for mode in SERVING_MODES:
+        score = mq[:, :, S - SERVING_WINDOW :].min(axis=2) if mode in ("window", "all") else mq.min(axis=2)
+        score = score.reshape(L, H_kv, G, S).min(axis=2)  # a GQA group keeps one set of keys
+        keep = keep_sets(
+            score, budget, page=PAGE if mode in ("page", "all") else None, shared=mode in ("layer_shared", "all")
+        )
+        keep = np.repeat(keep, G, axis=1)  # (L, H, S)
+        masks = []
+        for ell in range(L):
+            allowed = np.broadcast_to(vis, (H, N, N)).copy()
+            allowed[:, S:, :S] &= keep[ell][:, None, :]
+            m = torch.zeros(1, H, N, N).masked_fill(torch.from_numpy(~allowed)[None], float("-inf"))
+            masks.append(m)
+        out[mode] = float(np.exp(loss_with(masks) - base))
+    return out
+
+
+def serving_verdict(
+    model: str, seqs: list[dict[str, NDArray[np.float64]]], ppl: list[dict[str, float]], *, seed: int = 0
+) -> ClaimRecord:
+    """The serving-constraints claim record: the perplexity ratio with every constraint at half the cache
+    (with the attention mass lost, per mode and ratio, in the details)."""
+    allc = bootstrap_ci([float(m["all"]) for m in ppl], seed=seed)
     details: dict[str, Any] = {"ratios": list(SERVING_RATIOS), "page": PAGE, "window": SERVING_WINDOW}
     for mode in SERVING_MODES:
         details[f"lost_mass_{mode}"] = [float(np.mean([m[mode][k] for m in seqs])) for k in range(len(SERVING_RATIOS))]
+        details[f"perplexity_ratio_{mode}_at_half"] = list(bootstrap_ci([m[mode] for m in ppl], seed=seed))
     details["gpu_port"] = (
         "pages of 16 map to FlashInfer's paged KV layout (block-sparse attention over a page table); vLLM's "
         "block tables are per sequence and layer, so per-head keep sets need a per-head page table (or the "
@@ -442,16 +516,17 @@ def serving_verdict(model: str, seqs: list[dict[str, NDArray[np.float64]]], *, s
         claim="serving",
         model=model,
         text="tokens with negligible margin can be pruned in serving engines (vLLM, SGLang, FlashInfer) without harm",
-        metric="attention mass the next 16 queries put on keys evicted by SV-margin at half the cache, under "
-        "page-granular (16), layer-shared and window-scored eviction together",
-        definition="offline simulation on the model's attention maps: the first N − 16 keys are cached, scored by "
-        "their smallest margin log p_top − log p_t, and cut to half; 'without harm' is read as at most 5% of "
-        "the attention mass lost (whole 95% CI)",
+        metric="perplexity of the next 16 tokens with the cache cut to half by SV-margin eviction under "
+        "page-granular (16), layer-shared and window-scored eviction together, over the uncompressed perplexity",
+        definition="the first N − 16 keys are cached and scored by their smallest margin log p_top − log p_t; the "
+        "next 16 tokens are predicted through per-layer, per-head masks that hide the evicted keys (the same "
+        "held-out pydoc text as kv-bench); 'without harm' is read as a perplexity ratio of at most 1.05 (whole "
+        "95% CI); the attention mass lost per constraint and ratio is in the details",
         citation="the source texts; paged KV after vLLM (Kwon et al., SOSP 2023)",
         value=allc[0],
         ci=(allc[1], allc[2]),
-        criterion="≤ 0.05 (whole 95% CI)",
-        verdict=_verdict(allc[1], allc[2], 0.05, above=False),
+        criterion="≤ 1.05 (whole 95% CI)",
+        verdict=_verdict(allc[1], allc[2], 1.05, above=False),
         details=details,
     )
 
@@ -740,6 +815,7 @@ def run_claims(
         seqs = []
         lowrank: list[LowRankMetrics] = []
         serving: list[dict[str, NDArray[np.float64]]] = []
+        serving_ppl: list[dict[str, float]] = []
         fam = str(getattr(net.config, "model_type", ""))
         w = Wv = bv = None
         if fam in ("bert", "gpt2"):
@@ -758,9 +834,11 @@ def run_claims(
                 lowrank.append(rope_lowrank_metrics(net, ids, LOW_RANKS))
             if causal and len(ids) >= 2 * PAGE + SERVING_EVAL:
                 serving.append(serving_metrics(attn))
+                if hasattr(net, "lm_head") or hasattr(net, "get_output_embeddings"):
+                    serving_ppl.append(serving_perplexity(net, ids, attn))
         records += verdicts(name, seqs, seed=seed)
-        if serving:
-            records.append(serving_verdict(name, serving, seed=seed))
+        if serving and serving_ppl:
+            records.append(serving_verdict(name, serving, serving_ppl, seed=seed))
         else:
             skipped.append(
                 f"serving constraints on {name}: needs a causal model and windows of ≥ {2 * PAGE + SERVING_EVAL} tokens"
@@ -804,7 +882,7 @@ def _plot(records: list[ClaimRecord], outp: Path) -> list[Path]:
 
     models = list(dict.fromkeys(r.model for r in records))
     paths = []
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, ax = plt.subplots(1, 5, figsize=(21, 3.6))
     for k, m in enumerate(models):
         conc = next(r for r in records if r.model == m and r.claim == "concentration")
         sink = next(r for r in records if r.model == m and r.claim == "sinks")
@@ -815,6 +893,20 @@ def _plot(records: list[ClaimRecord], outp: Path) -> list[Path]:
         ax[1].plot(sup.details["deltas"], pl, "o-", label=m)
         layers = sink.details["per_layer_sink_share"]
         ax[2].plot(np.arange(1, len(layers) + 1), layers, "s-", label=m, color=f"C{k}")
+        low = next((r for r in records if r.model == m and r.claim == "low-rank"), None)
+        if low is not None:
+            rr = np.asarray(low.details["ranks"], dtype=float) / low.details["d_head"]
+            ax[3].plot(rr, low.details["top1_agreement"], "o-", label=m, color=f"C{k}")
+        srv = next((r for r in records if r.model == m and r.claim == "serving"), None)
+        if srv is not None:
+            modes = list(SERVING_MODES)
+            val = [srv.details[f"perplexity_ratio_{md}_at_half"][0] for md in modes]
+            ax[4].bar(np.arange(len(modes)) + 0.25 * k, val, width=0.25, label=m, color=f"C{k}")
+            ax[4].set_xticks(np.arange(len(modes)) + 0.25, modes, fontsize=7)
+    ax[3].axhline(0.99, color="0.5", ls=":")
+    ax[3].set(title="top-1 agreement vs rank (per head)", xlabel="rank / d_head", ylabel="agreement")
+    ax[4].axhline(1.05, color="0.5", ls=":")
+    ax[4].set(title="perplexity ratio, half the cache, by constraint", ylabel="ppl / ppl(full cache)")
     ax[0].axvline(CONFIDENT, color="0.5", ls=":")
     ax[0].set(title="head confidence (Voita): mean max weight", xlabel="confidence", ylabel="heads")
     ax[1].set(title="support keys per (query, head)", xlabel="margin δ (logits)", ylabel="mean count", yscale="log")
