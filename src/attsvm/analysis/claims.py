@@ -519,8 +519,8 @@ def serving_verdict(
         metric="perplexity of the next 16 tokens with the cache cut to half by SV-margin eviction under "
         "page-granular (16), layer-shared and window-scored eviction together, over the uncompressed perplexity",
         definition="the first N − 16 keys are cached and scored by their smallest margin log p_top − log p_t; the "
-        "next 16 tokens are predicted through per-layer, per-head masks that hide the evicted keys (the same "
-        "held-out pydoc text as kv-bench); 'without harm' is read as a perplexity ratio of at most 1.05 (whole "
+        "next 16 tokens are predicted through per-layer, per-head masks that hide the evicted keys (on the pydoc "
+        "corpus windows measured above); 'without harm' is read as a perplexity ratio of at most 1.05 (whole "
         "95% CI); the attention mass lost per constraint and ratio is in the details",
         citation="the source texts; paged KV after vLLM (Kwon et al., SOSP 2023)",
         value=allc[0],
