@@ -93,12 +93,12 @@ def test_claims_command_quick(tmp_path, monkeypatch):
 
     monkeypatch.setenv("ATTSVM_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "claims"
-    assert main(["claims", "--quick", "--models", "minilm,llama-tiny", "--out", str(out)]) == 0
+    assert main(["claims", "--quick", "--out", str(out)]) == 0  # the default models: minilm, gpt2-tiny, llama-tiny
     res = json.loads((out / "results.json").read_text())
     recs = res["records"]
     assert {(r["model"], r["claim"]) for r in recs} == {
-        (m, c) for m in ("minilm", "llama-tiny") for c in ("concentration", "sinks", "support")
-    } | {("minilm", "low-rank"), ("llama-tiny", "low-rank"), ("llama-tiny", "serving")}
+        (m, c) for m in ("minilm", "gpt2-tiny", "llama-tiny") for c in ("concentration", "sinks", "support", "low-rank")
+    } | {("gpt2-tiny", "serving"), ("llama-tiny", "serving")}
     assert any("minilm" in x for x in res["not_measured"])  # (no serving simulation: not causal)
     lr = next(r for r in recs if r["model"] == "llama-tiny" and r["claim"] == "low-rank")
     assert "mla_latent_perplexity" in lr["details"]
