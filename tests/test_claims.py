@@ -22,6 +22,24 @@ from attsvm.analysis.claims import (
 TOL = 1e-12  # hand-computed values
 
 
+def _tiny_llama(seed: int):
+    """A random-init GQA Llama (2 layers, 4 query heads on 2 KV heads, head_dim 8) with eager attention."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    cfg._attn_implementation = "eager"
+    return LlamaForCausalLM(cfg).eval()
+
+
 def _maps() -> np.ndarray:
     """Layer 1, two heads over 4 keys (bidirectional): head 0 sinks 0.9 on key 0 (0.1/3 elsewhere), head 1
     is uniform."""
@@ -197,21 +215,10 @@ def test_rope_low_rank_at_full_rank_reproduces_the_model_attention():
     """The pre-RoPE projection at r = head_dim changes nothing, and the captured logits are the model's own:
     the model's attention maps equal softmax of them (GQA Llama, random init)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from attsvm.analysis.claims import _rope_inputs, rope_lowrank_metrics
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    cfg._attn_implementation = "eager"
-    net = LlamaForCausalLM(cfg).eval()
+    net = _tiny_llama(0)
     ids = list(range(3, 27))
     m = rope_lowrank_metrics(net, ids, (1, 8))
     j = m.ranks.index(8)
@@ -232,22 +239,9 @@ def test_rope_low_rank_at_full_rank_reproduces_the_model_attention():
 
 
 def test_serving_perplexity_is_one_with_the_whole_cache_and_moves_below():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from attsvm.analysis.claims import SERVING_MODES, _model_attention, serving_perplexity
 
-    torch.manual_seed(1)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    cfg._attn_implementation = "eager"
-    net = LlamaForCausalLM(cfg).eval()
+    net = _tiny_llama(1)
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 64, 72)]
     attn, _ = _model_attention(net, ids)
     full = serving_perplexity(net, ids, attn, ratio=1.0)

@@ -169,3 +169,20 @@ def check_param(value: Any, name: str, spec: ParamSpec) -> Any:
         return value
     exc = TypeError if spec.wrong_type(value) else ValueError
     raise exc(f"{name} must be {spec.expected}; got {value!r}")
+
+
+def check_selection(tokens: Any, n: int, T: int, name: str = "tokens") -> NDArray[np.int64]:
+    """A token selection α: one integer index in [0, T) per sequence, shape (n,) (docs/spec.md §2)."""
+    arr = np.asarray(tokens)
+    if arr.shape != (n,):
+        raise ValueError(f"{name} must hold one token index per sequence: shape ({n},), got {arr.shape}")
+    if arr.dtype.kind not in "iu":  # (not an integer dtype)
+        if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= T):
+        raise ValueError(
+            f"{name} must be token indices in [0, {T}), got values outside: {arr[(arr < 0) | (arr >= T)][:10]}"
+        )
+    return arr.astype(np.int64)

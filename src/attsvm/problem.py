@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._validation import as_float_array, check_choice
+from ._validation import as_float_array, check_choice, check_selection
 
 __all__ = [
     "AttentionProblem",
@@ -386,20 +386,7 @@ class AttentionProblem:
         """Validate a token selection α (one index per sequence); None means the optimal tokens."""
         if tokens is None:
             return self.optimal_tokens()
-        arr = np.asarray(tokens)
-        if arr.shape != (self.n,):
-            raise ValueError(f"{name} must hold one token index per sequence: shape ({self.n},), got {arr.shape}")
-        if arr.dtype.kind not in "iu":  # (not an integer dtype)
-            if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
-                arr = arr.astype(np.int64)
-            else:
-                raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.T):
-            raise ValueError(
-                f"{name} must be token indices in [0, {self.T}), got values outside: "
-                f"{arr[(arr < 0) | (arr >= self.T)][:10]}"
-            )
-        return arr.astype(np.int64)
+        return check_selection(tokens, self.n, self.T, name)
 
     # ------------------------------------------------------------------ attention
     def logits(self, W: ArrayLike) -> NDArray[np.float64]:

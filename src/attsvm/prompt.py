@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._validation import as_float_array, check_choice, check_positive_int
+from ._validation import as_float_array, check_choice, check_positive_int, check_selection
 
 __all__ = ["PromptProblem", "paper_joint_problem", "paper_loss_problem", "random_prompt_problem"]
 
@@ -123,19 +123,7 @@ class PromptProblem:
         """Validate a selection α (one token index per sequence); None means the optimal tokens of v."""
         if tokens is None:
             return self.optimal_tokens()
-        arr = np.asarray(tokens)
-        if arr.shape != (self.n,):
-            raise ValueError(f"{name} must hold one token index per sequence: shape ({self.n},), got {arr.shape}")
-        if arr.dtype.kind not in "iu":
-            if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
-                arr = arr.astype(np.int64)
-            else:
-                raise TypeError(f"{name} must be integer token indices, got dtype {arr.dtype}")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.T):
-            raise ValueError(
-                f"{name} must be token indices in [0, {self.T}), got {arr[(arr < 0) | (arr >= self.T)][:10]}"
-            )
-        return arr.astype(np.int64)
+        return check_selection(tokens, self.n, self.T, name)
 
     # ------------------------------------------------------------------ scores and attention
     def scores(self, v: ArrayLike | None = None) -> NDArray[np.float64]:
