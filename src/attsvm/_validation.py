@@ -186,3 +186,25 @@ def check_selection(tokens: Any, n: int, T: int, name: str = "tokens") -> NDArra
             f"{name} must be token indices in [0, {T}), got values outside: {arr[(arr < 0) | (arr >= T)][:10]}"
         )
     return arr.astype(np.int64)
+
+
+def check_tokens(X: Any) -> NDArray[np.float64]:
+    """Tokens X of shape (n, T, d) with n ≥ 1, d ≥ 1 and T ≥ 2 (docs/spec.md §1), as float64."""
+    X = as_float_array(X, "X", ndim=3)
+    n, T, d = X.shape
+    if n < 1 or d < 1:
+        raise ValueError(f"X must have n >= 1 sequences and d >= 1 features, got shape {X.shape}")
+    if T < 2:
+        raise ValueError(f"X must have T >= 2 tokens per sequence (attention needs a choice), got T={T}")
+    return X
+
+
+def check_labels(y: Any, n: int, *, binary: bool = True) -> NDArray[np.float64]:
+    """Labels y of shape (n,) as float64; ``binary`` also asks for values in {−1, +1}."""
+    y_arr = as_float_array(y, "y", ndim=1)
+    if y_arr.shape[0] != n:
+        raise ValueError(f"y must have one label per sequence: expected shape ({n},), got {y_arr.shape}")
+    if binary and not np.all(np.isin(y_arr, (-1.0, 1.0))):
+        bad = np.unique(y_arr[~np.isin(y_arr, (-1.0, 1.0))])[:10]
+        raise ValueError(f"y must hold labels in {{-1, +1}}, got other values {bad}")
+    return y_arr

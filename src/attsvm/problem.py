@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._validation import as_float_array, check_choice, check_selection
+from ._validation import as_float_array, check_choice, check_labels, check_selection, check_tokens
 
 __all__ = [
     "AttentionProblem",
@@ -257,12 +257,8 @@ class AttentionProblem:
         query_index: int | None = None,
         loss: LossName = "logistic",
     ) -> None:
-        X = as_float_array(X, "X", ndim=3)
+        X = check_tokens(X)
         n, T, d = X.shape
-        if n < 1 or d < 1:
-            raise ValueError(f"X must have n >= 1 sequences and d >= 1 features, got shape {X.shape}")
-        if T < 2:
-            raise ValueError(f"X must have T >= 2 tokens per sequence (attention needs a choice), got T={T}")
         self.loss: str = check_choice(loss, "loss", LOSSES)
 
         if isinstance(v, Head):
@@ -273,9 +269,7 @@ class AttentionProblem:
             raise ValueError(f"the head expects d={head.d} features but X has d={d} (X shape {X.shape})")
         self.head: Head = head
 
-        y_arr = as_float_array(y, "y", ndim=1)
-        if y_arr.shape[0] != n:
-            raise ValueError(f"y must have one label per sequence: expected shape ({n},), got {y_arr.shape}")
+        y_arr = check_labels(y, n, binary=head.kind != "multiclass")
         if head.kind == "multiclass":
             C = head.n_classes
             assert C is not None
@@ -283,9 +277,6 @@ class AttentionProblem:
                 raise ValueError(
                     f"y must hold class indices in 0..{C - 1} for a multiclass head, got values {np.unique(y_arr)[:10]}"
                 )
-        elif not np.all(np.isin(y_arr, (-1.0, 1.0))):
-            bad = np.unique(y_arr[~np.isin(y_arr, (-1.0, 1.0))])[:10]
-            raise ValueError(f"y must hold labels in {{-1, +1}}, got other values {bad}")
 
         if (Z is None) == (query_index is None):
             raise ValueError(

@@ -23,7 +23,14 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._validation import as_float_array, check_choice, check_positive_int, check_selection
+from ._validation import (
+    as_float_array,
+    check_choice,
+    check_labels,
+    check_positive_int,
+    check_selection,
+    check_tokens,
+)
 
 __all__ = ["PromptProblem", "paper_joint_problem", "paper_loss_problem", "random_prompt_problem"]
 
@@ -48,18 +55,9 @@ class PromptProblem:
     """
 
     def __init__(self, X: ArrayLike, y: ArrayLike, *, W: ArrayLike | None = None, v: ArrayLike | None = None):
-        X = as_float_array(X, "X", ndim=3)
+        X = check_tokens(X)
         n, T, d = X.shape
-        if n < 1 or d < 1:
-            raise ValueError(f"X must have n >= 1 sequences and d >= 1 features, got shape {X.shape}")
-        if T < 2:
-            raise ValueError(f"X must have T >= 2 tokens per sequence (attention needs a choice), got T={T}")
-        y_arr = as_float_array(y, "y", ndim=1)
-        if y_arr.shape[0] != n:
-            raise ValueError(f"y must have one label per sequence: expected shape ({n},), got {y_arr.shape}")
-        if not np.all(np.isin(y_arr, (-1.0, 1.0))):
-            bad = np.unique(y_arr[~np.isin(y_arr, (-1.0, 1.0))])[:10]
-            raise ValueError(f"y must hold labels in {{-1, +1}}, got other values {bad}")
+        y_arr = check_labels(y, n)
         if W is None:
             W_arr = np.eye(d)
         else:

@@ -707,14 +707,11 @@ def lowrank_verdict(
 # ------------------------------------------------------------------------------------------ models
 def _special_mask(tok: Any, ids: list[int]) -> NDArray[np.bool_]:
     specials = set(getattr(tok, "all_special_ids", []) or [])
-    out = np.zeros(len(ids), dtype=bool)
-    for k, t in enumerate(ids):
-        if t in specials:
-            out[k] = True
-            continue
+    flag: dict[int, bool] = {}
+    for t in set(ids):  # (decode each distinct id once)
         text = tok.decode([t]).strip()
-        out[k] = bool(text) and all(ch in string.punctuation for ch in text)
-    return out
+        flag[t] = t in specials or (bool(text) and all(ch in string.punctuation for ch in text))
+    return np.fromiter((flag[t] for t in ids), dtype=bool, count=len(ids))
 
 
 def _model_attention(net: Any, ids: list[int], *, inputs: bool = False) -> tuple[NDArray[np.float64], list[Any]]:

@@ -32,6 +32,7 @@ from .._validation import as_float_array, check_choice, check_finite_scalar, che
 from ..model import Batch, _as_problem_list, head_outputs, parameterization, sequence_losses
 from ..problem import AttentionProblem
 from .init import run_seeds
+from .optim import normalize_per_run
 
 __all__ = ["StableSoftmax", "DeepResult", "deep_forward", "train_deep"]
 
@@ -99,12 +100,6 @@ class DeepResult:
     def selected(self) -> NDArray[np.int64]:
         """(R, L, n) argmax of each layer's final attention."""
         return np.argmax(self.probs, axis=-1).astype(np.int64)
-
-
-def _normalise(g: torch.Tensor) -> torch.Tensor:
-    s = g.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)
-    u = g / s
-    return u / (u**2).sum(dim=(-2, -1), keepdim=True).sqrt().clamp_min(torch.finfo(g.dtype).tiny)
 
 
 def train_deep(
@@ -200,8 +195,8 @@ def train_deep(
             if k == steps:
                 break
             continue
-        it = iter(grads)
-        groups = [[t - lr * _normalise(next(it)) for t in grp] for grp in groups]
+        it = iter(normalize_per_run(*grads))
+        groups = [[t - lr * next(it) for t in grp] for grp in groups]
     return DeepResult(
         W=np.stack([W.detach().numpy() for W in Ws], axis=1),
         probs=np.stack([p.detach().numpy() for p in probs], axis=1),

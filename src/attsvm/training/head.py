@@ -31,6 +31,7 @@ from ..model import (
 )
 from ..problem import AttentionProblem, Head
 from .init import run_seeds
+from .optim import normalize_per_run
 
 __all__ = ["HeadTrainResult", "train_with_head"]
 
@@ -57,14 +58,6 @@ class HeadTrainResult:
     @property
     def selected(self) -> NDArray[np.int64]:
         return np.argmax(self.probs, axis=-1).astype(np.int64)
-
-
-def _normalise(g: torch.Tensor) -> torch.Tensor:
-    """``g/‖g‖_F`` per run (leading axis), exact for tiny g and 0 for g = 0."""
-    dims = tuple(range(1, g.ndim))
-    s = g.abs().amax(dim=dims, keepdim=True).clamp_min(torch.finfo(g.dtype).tiny)
-    u = g / s
-    return u / (u**2).sum(dim=dims, keepdim=True).sqrt().clamp_min(torch.finfo(g.dtype).tiny)
 
 
 def _rebuild(head: Head, V: NDArray, hidden: list[NDArray], out: NDArray | None) -> Head:
@@ -164,8 +157,8 @@ def train_with_head(
             o = (s.detach().unsqueeze(-1) * batch.X).sum(-2)  # (R, n, d) attention outputs
             risk = sequence_losses(hb, head_outputs(hb, o)).mean(-1).sum()
             g_head = torch.autograd.grad(risk, hv)
-        att = [a - lr * _normalise(ga) for a, ga in zip(att, g_att)]
-        head = [h.detach() - lr_head * _normalise(gh) for h, gh in zip(head, g_head)]
+        att = [a - lr * u for a, u in zip(att, normalize_per_run(*g_att))]
+        head = [h.detach() - lr_head * u for h, u in zip(head, normalize_per_run(*g_head))]
     assert s is not None
     Vf = head[0].numpy()
     hid = [h.numpy() for h in head[1 : 1 + n_hidden]]

@@ -36,6 +36,7 @@ from torch import Tensor
 from .._validation import check_finite_scalar
 
 __all__ = [
+    "normalize_per_run",
     "Transform",
     "Chain",
     "chain",
@@ -388,3 +389,11 @@ def mirror_descent(
 def polyak(*, min_loss: float = 0.0, max_lr: float = math.inf) -> Chain:
     """GD with Polyak's step ``η = (L − L*)/‖∇L‖²`` (docs/spec.md §8)."""
     return chain(PolyakStep(min_loss=min_loss, max_lr=max_lr))
+
+
+def normalize_per_run(*groups: Tensor) -> tuple[Tensor, ...]:
+    """``g/‖g‖_F`` per run (leading axis) for each group of any shape (R, ...): :class:`NormalizeByNorm` with
+    ε = 0 (exact for tiny g, 0 for g = 0), for trainers that step outside a :func:`chain`."""
+    flat = tuple(g.reshape(g.shape[0], 1, -1) for g in groups)
+    out, _ = NormalizeByNorm(0.0).update(flat, None, flat, loss=torch.zeros(()), step=0)
+    return tuple(u.reshape(g.shape) for u, g in zip(out, groups))
