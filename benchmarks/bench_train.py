@@ -12,6 +12,11 @@ n, T and d.
 
     .venv/bin/python benchmarks/bench_train.py            # full: 100 reference runs per param
     .venv/bin/python benchmarks/bench_train.py --quick    # 10 reference runs, extrapolated
+    .venv/bin/python benchmarks/bench_train.py --span     # span form against dense W, by shape
+
+``--span`` times ``train(space="span")`` against ``train(space="dense")`` (attsvm.training.span) on
+1,000 runs × 200 normalized steps, recorded every 100 steps, for the shapes that set the crossover
+constants of ``space="auto"``; the svm-eq shapes (n=3, T=4, ReLU head) come first.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 
 from attsvm.datasets import paper_instance
+from attsvm.experiments.svm_eq import relu_instance
 from attsvm.metrics import correlation
 from attsvm.train import NORMALIZE_EPS, train
 
@@ -81,8 +87,12 @@ def main() -> None:
     ap.add_argument("--ref-runs", type=int, default=None, help="reference runs timed (default: all)")
     ap.add_argument("--quick", action="store_true", help="10 reference runs, smaller scaling sweep")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--span", action="store_true", help="only the span-form against dense-W comparison")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.span:
+        span_table(args.device)
+        return
     n, T, d = 6, 8, 10
     R, steps = args.runs, args.steps
     ref_runs = args.ref_runs or (10 if args.quick else R)
@@ -130,6 +140,31 @@ def main() -> None:
             print(
                 f"{cfg['R']:>6} {cfg['n']:>4} {cfg['T']:>4} {cfg['d']:>4} {1e3 * dt:9.3f} {1e6 * dt / cfg['R']:12.2f}"
             )
+
+
+def span_table(device: str, runs: int = 1000, steps: int = 200) -> None:
+    """Dense W against the span form, same runs, same run: time ratio and agreement."""
+    from attsvm.training.span import span_is_cheaper
+
+    print(f"span form vs dense W: {runs} runs x {steps} normalized steps, record every 100 (1 thread)")
+    print(f"{'instance':>10} {'n':>3} {'T':>3} {'d':>3} {'dense s':>8} {'span s':>8} {'dense/span':>10} {'auto':>6}")
+    shapes = [("relu", 3, 4, d) for d in (4, 6, 8, 10)]
+    shapes += [("paper", n, T, d) for n, T, d in [(3, 4, 3), (6, 4, 10), (3, 8, 10), (6, 8, 10), (10, 4, 10), (6, 8, 20)]]
+    for kind, n, T, d in shapes:
+        if kind == "relu":
+            probs = [relu_instance(n, T, d, s) for s in range(1, runs + 1)]
+        else:
+            probs = [paper_instance(n, T, d, seed=s) for s in range(runs)]
+        ts = {}
+        for space in ("dense", "span"):
+            t0 = time.perf_counter()
+            train(probs, steps=steps, lr=0.1, record_every=100, progress=False, threads=1, space=space, device=device)
+            ts[space] = time.perf_counter() - t0
+        auto = "span" if span_is_cheaper(n, T, d, 100) else "dense"
+        print(
+            f"{kind:>10} {n:>3} {T:>3} {d:>3} {ts['dense']:8.2f} {ts['span']:8.2f} "
+            f"{ts['dense'] / ts['span']:9.2f}x {auto:>6}"
+        )
 
 
 if __name__ == "__main__":

@@ -350,6 +350,20 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
     X = batch.X  # (B, n, T, d)
     u = batch.Z @ W.transpose(-1, -2)  # (R, n, d): W z_i
     g = (X * u.unsqueeze(-2)).sum(-1)  # (R, n, T) logits (broadcast products beat tiny bmm's on CPU)
+    losses, delta, s, logscale = risk_and_scaled_logit_grad(batch, g)
+    Bv = (delta.unsqueeze(-1) * X).sum(-2)  # (R, n, d)
+    grad = Bv.transpose(-1, -2) @ batch.Z  # (R, d, d), scaled by e^{c}
+    return losses.mean(-1), grad, s, logscale
+
+
+def risk_and_scaled_logit_grad(batch: Batch, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """From the logits g (R, n, T): the per-sequence losses (R, n), the scaled logit gradient ``δ'``
+    (R, n, T), the probabilities (R, n, T) and the scale c (R,) of :func:`risk_and_scaled_grad`.
+
+    ``δ'`` is ``e^{c} ∂L/∂g_it`` for t ≠ r_i and ``δ'_{ir} = −Σ_{t≠r} δ'_it`` at the top token, so
+    ``e^{c}∇_W L = Σ_it δ'_it x_it z_iᵀ`` (each term carrying its own ``s_it``). The trainer's span
+    path (:mod:`attsvm.training.span`) steps on it directly.
+    """
     gmax, ref = g.max(-1, keepdim=True)  # (R, n, 1): top logit and its token r_i
     gap = gmax - g  # (R, n, T) ≥ 0, exactly 0 at r_i
     ez = torch.exp(-gap)
@@ -400,9 +414,7 @@ def risk_and_scaled_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tenso
     cbar = (s * c).sum(-1, keepdim=True)
     delta = (s_scaled * (c - cbar)).scatter(-1, ref, 0.0) / batch.n  # (R, n, T): e^{c} ∂L/∂g_it, t ≠ r_i
     delta = delta.scatter(-1, ref, -delta.sum(-1, keepdim=True))  # Σ_t δ'_it x_it = Σ_{t≠r} δ_it D_it
-    Bv = (delta.unsqueeze(-1) * X).sum(-2)  # (R, n, d)
-    grad = Bv.transpose(-1, -2) @ batch.Z  # (R, d, d), scaled by e^{c}
-    return losses.mean(-1), grad, s, logscale
+    return losses, delta, s, logscale
 
 
 def excess_risk_scaled(batch: Batch, W: Tensor) -> Tensor:

@@ -55,6 +55,7 @@ from .optim import (
     chain,
 )
 from .recording import Recorder, Recording
+from .span import span_is_cheaper, span_kernel, span_plan, span_well_conditioned, train_span
 
 __all__ = ["train", "TrainResult", "threads_context", "SMALL_PROBLEM_ELEMENTS", "PROGRESS_MIN_WORK"]
 
@@ -326,6 +327,7 @@ def train(
     optimizer: Transform | Literal["gd", "md"] | None = None,
     record: Recording | None = None,
     p: float | None = None,
+    space: Literal["auto", "dense", "span"] = "auto",
 ) -> TrainResult:
     """Train R one-layer attention models by (normalized) gradient descent, as one batched program (docs/spec.md §4).
 
@@ -403,6 +405,12 @@ def train(
         What to record and how often; replaces ``record_every`` and ``record_W``.
     p : float, optional
         The exponent of ``optimizer="md"`` (1 < p < ∞); p = 2 is gradient descent.
+    space : {"auto", "dense", "span"}
+        Where the iterates live. ``"dense"``: W (R, d, d) itself. ``"span"``: the N = nT coefficients of
+        ``W = W₀ + Σ_it β_it x_it z_iᵀ`` (:mod:`attsvm.training.span`, docs/spec.md §4), for W trained
+        by plain or normalized GD; the same iterates up to round-off, at O(N²) instead of O(n d²) per
+        step. ``"auto"`` (default) takes the span form where it applies, is cheaper and every
+        instance's data kernel is well-conditioned. ``result.info["space"]`` says which ran.
 
     Returns
     -------
@@ -411,6 +419,7 @@ def train(
     plist = _as_problem_list(problems)
     if isinstance(param, str):
         check_choice(param, "param", ("W", "KQ"))
+    check_choice(space, "space", ("auto", "dense", "span"))
     steps = check_positive_int(steps, "steps", minimum=0)
     n_init = check_positive_int(n_init, "n_init")
     rec = _recording(record, record_every, record_W)
@@ -490,6 +499,19 @@ def train(
     show = progress if progress is not None else (None if steps * R >= PROGRESS_MIN_WORK else False)
     scale_free = rule.degree == 0.0
     wants_excess = any(isinstance(t, PolyakStep) and t.excess for t in parts)
+    span = None
+    if space != "dense" and not wants_excess:
+        plan = span_plan(par, rule)
+        if plan is not None and (space == "span" or span_is_cheaper(n, T, d, rec.every)):
+            with torch.no_grad():
+                kern = span_kernel(batch)
+            if space == "span" or span_well_conditioned(kern[2]):
+                span = (plan, kern)
+    if space == "span" and span is None:
+        raise ValueError(
+            "space='span' needs param='W' and an update rule that is plain or normalized GD with a step size "
+            "(no penalty, mirror map or Polyak step)"
+        )
     t0 = time.perf_counter()
     with threads_context(threads_used), torch.no_grad():
         from tqdm.auto import tqdm
@@ -502,7 +524,10 @@ def train(
             disable=(None if show is None else not show),
             leave=False,
         )
-        for k in range(steps + 1):
+        if span is not None:
+            W, s = train_span(batch, params[0], span[0], steps=steps, recorder=recorder, kernel=span[1], bar=bar)
+            params = (W,)
+        for k in range(steps + 1 if span is None else 0):
             W = par.weights(params)
             L, gS, s, logc = risk_and_scaled_grad(batch, W)  # gS = e^{c} ∇_W L
             record_now = k == recorder.next_step
@@ -551,6 +576,7 @@ def train(
         info={
             "threads": threads_used if threads_used is not None else torch.get_num_threads(),
             "normalize_eps": norms_[0].eps if norms_ else None,
+            "space": "dense" if span is None else "span",
         },
         optimizer=rule,
         record=rec,

@@ -1,0 +1,118 @@
+"""The span form of W training (docs/spec.md §4, attsvm.training.span) against the dense loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attsvm import AttentionProblem
+from attsvm.datasets import paper_instance
+from attsvm.experiments.svm_eq import relu_instance
+from attsvm.training import train
+from attsvm.training.optim import mirror_descent, polyak
+
+# span against dense over a few hundred steps of a smooth (linear-head) problem: float64 round-off,
+# relative to ‖W‖ (the two paths add the same steps in a different order)
+SAME_RTOL = 1e-11
+# recorded summaries (loss, norms, top probability), relative
+HISTORY_RTOL = 1e-10
+# ReLU heads are not smooth: a run that sits on a kink of ReLU(Vᵀo) may take the other branch after a
+# round-off difference, so only most runs agree to round-off
+RELU_SHARE_SAME = 0.95
+
+
+def _rel(A, B):
+    return np.linalg.norm(A - B, axis=(-2, -1)) / np.linalg.norm(A, axis=(-2, -1))
+
+
+def _both(problems, **kw):
+    kw = {"steps": 300, "record_every": 25, "record_W": True, "progress": False, **kw}
+    return train(problems, space="dense", **kw), train(problems, space="span", **kw)
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return [paper_instance(4, 5, 8, seed=s) for s in range(12)]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"lr": 0.1},  # the paper's normalized GD, ε = machine epsilon
+        {"lr": 0.1, "normalize_eps": 0.0},  # exact normalisation
+        {"normalized": False, "lr": "auto"},  # plain GD at 1/L per run
+        {"lr": lambda k: 0.2 / np.sqrt(k + 1)},  # a schedule
+        {"lr": np.linspace(0.05, 0.2, 12)},  # one step per run
+    ],
+)
+def test_span_equals_dense(paper, kw):
+    dense, span = _both(paper, **kw)
+    assert dense.info["space"] == "dense" and span.info["space"] == "span"
+    assert _rel(dense.W, span.W).max() < SAME_RTOL
+    assert np.abs(dense.probs - span.probs).max() < HISTORY_RTOL
+    np.testing.assert_array_equal(dense.history["step"], span.history["step"])
+    for key in ("loss", "W_norm", "grad_norm", "max_prob"):
+        np.testing.assert_allclose(span.history[key], dense.history[key], rtol=HISTORY_RTOL, atol=0)
+    np.testing.assert_array_equal(dense.history["selected"], span.history["selected"])
+    assert _rel(dense.history["W"], span.history["W"]).max() < SAME_RTOL
+
+
+def test_span_shared_data_and_several_inits():
+    """One problem, many initialisations: the kernel is shared (B = 1) and broadcast."""
+    dense, span = _both(paper_instance(5, 6, 7, seed=3), n_init=9, seed=4)
+    assert _rel(dense.W, span.W).max() < SAME_RTOL
+
+
+def test_span_relu_head_mostly_round_off():
+    probs = [relu_instance(3, 4, 8, s) for s in range(1, 201)]
+    dense, span = _both(probs, steps=500, lr=0.1, record_every=100)
+    rel = _rel(dense.W, span.W)
+    assert np.mean(rel < SAME_RTOL * 100) >= RELU_SHARE_SAME
+    assert np.isfinite(span.W).all()
+
+
+def test_auto_picks_span_where_it_pays():
+    relu = [relu_instance(3, 4, 10, s) for s in range(1, 6)]
+    assert train(relu, steps=3, record_every=100, progress=False).info["space"] == "span"
+    # recorded at every step: forming W each step costs more than it saves
+    assert train(relu, steps=3, record_every=1, progress=False).info["space"] == "dense"
+    big = [paper_instance(6, 8, 10, seed=s) for s in range(3)]
+    assert train(big, steps=3, record_every=100, progress=False).info["space"] == "dense"
+    # other parameterisations and update rules keep the dense loop
+    assert train(relu, param="KQ", steps=3, record_every=100, progress=False).info["space"] == "dense"
+    md = mirror_descent(p=3, lr=0.1)
+    assert train(relu, optimizer=md, steps=3, record_every=100, progress=False).info["space"] == "dense"
+
+
+def test_auto_avoids_a_singular_kernel():
+    """Two identical tokens make the kernel singular: β is not unique, so auto trains densely."""
+    p = relu_instance(3, 4, 10, 5)
+    X = p.X.copy()
+    X[0, 1] = X[0, 0]
+    X[0, 1, 0] += 1e-3  # not tied, but nearly parallel rank-one matrices
+    X[0, 2] = X[0, 0]
+    q = AttentionProblem(X, p.y, p.head, Z=p.Z)
+    assert train([q], steps=3, record_every=100, progress=False).info["space"] == "dense"
+    # forced, it still runs (the user's choice) and stays finite
+    assert np.isfinite(train([q], steps=50, record_every=100, progress=False, space="span").W).all()
+
+
+def test_span_huge_norms_stay_finite():
+    """Normalized GD runs far into saturation (logit gaps past float64's exp range): no NaN/inf, and
+    exact normalisation (ε = 0) keeps moving at speed η."""
+    p = paper_instance(3, 4, 5, seed=1)
+    r = train(p, steps=4000, lr=1.0, normalize_eps=0.0, record_every=1000, progress=False, space="span")
+    assert np.isfinite(r.W).all() and np.isfinite(r.history["loss"]).all()
+    assert np.linalg.norm(r.W) > 1000
+    d = train(p, steps=4000, lr=1.0, normalize_eps=0.0, record_every=1000, progress=False, space="dense")
+    assert _rel(d.W[None], r.W[None]).max() < 1e-8
+
+
+def test_space_bad_input():
+    p = paper_instance(3, 4, 5, seed=1)
+    with pytest.raises(ValueError, match="space"):
+        train(p, steps=2, space="sparse")
+    with pytest.raises(ValueError, match="space='span'"):
+        train(p, steps=2, param="KQ", space="span")
+    with pytest.raises(ValueError, match="space='span'"):
+        train(p, steps=2, optimizer=polyak(), space="span")
