@@ -149,7 +149,9 @@ def span_table(device: str, runs: int = 1000, steps: int = 200) -> None:
     print(f"span form vs dense W: {runs} runs x {steps} normalized steps, record every 100 (1 thread)")
     print(f"{'instance':>10} {'n':>3} {'T':>3} {'d':>3} {'dense s':>8} {'span s':>8} {'dense/span':>10} {'auto':>6}")
     shapes = [("relu", 3, 4, d) for d in (4, 6, 8, 10)]
-    shapes += [("paper", n, T, d) for n, T, d in [(3, 4, 3), (6, 4, 10), (3, 8, 10), (6, 8, 10), (10, 4, 10), (6, 8, 20)]]
+    shapes += [
+        ("paper", n, T, d) for n, T, d in [(3, 4, 3), (6, 4, 10), (3, 8, 10), (6, 8, 10), (10, 4, 10), (6, 8, 20)]
+    ]
     for kind, n, T, d in shapes:
         if kind == "relu":
             probs = [relu_instance(n, T, d, s) for s in range(1, runs + 1)]
