@@ -9,7 +9,12 @@ and runs on the N coefficients β instead of the d² entries of W: the logits ar
 the data kernel ``K_{(it),(jτ)} = (x_itᵀ x_jτ)(z_iᵀ z_j)``, the step is ``β ← β − η δ / ‖δ‖_K`` with
 ``δ = ∂L/∂g`` (rescaled by ``e^{c}`` as in :func:`attsvm.model.risk_and_scaled_logit_grad`) and
 ``‖∇_W L‖_F = ‖δ‖_K = (δᵀKδ)^{1/2}``. W itself is formed only when it is recorded. One step costs
-O(N²) per run instead of O(n d²): the svm-eq workload (n = 3, T = 4, d = 10) trains 2–3× faster.
+O(N²) per run instead of O(n d²). For the linear and ReLU heads the runs are laid out along the *last*
+axis (tensors (n, T, R), (N, N, R), …): every operation then is an elementwise product or a reduction
+over a small leading axis with R contiguous numbers in the inner loop, instead of R tiny batched
+matrix products (3–4× faster per operation on CPU at these sizes). Together, the svm-eq workload
+(n = 3, T = 4, d = 10, ReLU head) trains about 5× faster than the dense loop
+(``benchmarks/bench_train.py --span``).
 
 :func:`span_plan` decides when the trainer takes this path (``space="auto"``): the W parameterisation,
 an update rule that is plain or normalized GD with a step size (no penalty, mirror map or Polyak
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..model import Batch, FullW, Parameterization, risk_and_scaled_logit_grad
+from ..model import EXP_CLIP, Batch, FullW, Parameterization, risk_and_scaled_logit_grad
 from .optim import Chain, NormalizeByNorm, StepSize, Transform
 from .recording import Recorder
 
@@ -39,6 +44,7 @@ __all__ = [
     "train_span",
     "SPAN_MAX_COND",
     "SPAN_SMALL_N",
+    "SPAN_MAX_N",
     "SPAN_COST_RATIO",
     "SPAN_MIN_RECORD_EVERY",
 ]
@@ -46,13 +52,14 @@ __all__ = [
 # The span path is taken only where every instance's kernel (restricted to its range) has condition
 # number below this: the logits Kβ then keep at least ~6 more digits than the loss needs.
 SPAN_MAX_COND = 1e8
-# ``space="auto"`` takes the span path when N ≤ SPAN_SMALL_N or N² ≤ SPAN_COST_RATIO · n·d² (per-run work
-# of one step: two N×N products against the dense path's two n×d×d ones; small steps are dominated by
-# the number of tensor operations, which the span form lowers), and when W is recorded at most every
-# SPAN_MIN_RECORD_EVERY steps (forming W costs N·d² per record). Crossovers measured on CPU, 2 cores,
-# 1,000 runs (benchmarks/bench_train.py --span).
-SPAN_SMALL_N = 24
-SPAN_COST_RATIO = 0.5
+# ``space="auto"`` takes the span path when N ≤ SPAN_SMALL_N, or N ≤ SPAN_MAX_N and N² ≤ SPAN_COST_RATIO·n·d²
+# (per-run work of one step: two N×N products against the dense path's two n×d×d ones; the (N, N, R)
+# kernel of the runs-last layout stops fitting in cache beyond SPAN_MAX_N), and when W is recorded at
+# most every SPAN_MIN_RECORD_EVERY steps (forming W costs N·d² per record). Crossovers measured on CPU,
+# 1,000 runs, one thread (benchmarks/bench_train.py --span).
+SPAN_SMALL_N = 12
+SPAN_MAX_N = 24
+SPAN_COST_RATIO = 1.0
 SPAN_MIN_RECORD_EVERY = 8
 
 
@@ -90,10 +97,11 @@ def span_kernel(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def span_is_cheaper(n: int, T: int, d: int, record_every: int) -> bool:
-    """Whether the span form is expected to be faster (:data:`SPAN_SMALL_N`, :data:`SPAN_COST_RATIO`,
-    :data:`SPAN_MIN_RECORD_EVERY`)."""
+    """Whether the span form is expected to be faster (:data:`SPAN_SMALL_N`, :data:`SPAN_MAX_N`,
+    :data:`SPAN_COST_RATIO`, :data:`SPAN_MIN_RECORD_EVERY`)."""
     N = n * T
-    return record_every >= SPAN_MIN_RECORD_EVERY and (N <= SPAN_SMALL_N or N * N <= SPAN_COST_RATIO * n * d * d)
+    cheaper = N <= SPAN_SMALL_N or (N <= SPAN_MAX_N and N * N <= SPAN_COST_RATIO * n * d * d)
+    return record_every >= SPAN_MIN_RECORD_EVERY and cheaper
 
 
 def span_well_conditioned(K: Tensor) -> bool:
@@ -107,6 +115,48 @@ def span_well_conditioned(K: Tensor) -> bool:
 def _span_matrix(coef: Tensor, Xf: Tensor, Zf: Tensor) -> Tensor:
     """``Σ_j coef_j x_j z_jᵀ`` (R, d, d) for coefficients (R, N)."""
     return (coef.unsqueeze(-1) * Xf).transpose(-1, -2) @ Zf
+
+
+def _logit_grad_last(
+    XV: Tensor, y: Tensor, head: str, loss: str, g: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`attsvm.model.risk_and_scaled_logit_grad` for the linear and ReLU heads, with the runs on the
+    last axis: token table XV (n, T, k, B), labels y (n, B), logits g (n, T, R). Returns the risk (R,),
+    ``δ'`` (n, T, R), the probabilities (n, T, R) and c (R,); the same formulas, term by term."""
+    n = g.shape[0]
+    gmax, ref = g.max(1, keepdim=True)  # (n, 1, R)
+    gap = gmax - g
+    ez = torch.exp(-gap)
+    Zs = ez.sum(1, keepdim=True)
+    s = ez / Zs
+    logscale = gap.scatter(1, ref, float("inf")).amin(dim=(0, 1))  # (R,)
+    s_scaled = torch.exp(torch.clamp(logscale - gap, max=0.0)) / Zs  # e^{c} s_it for t ≠ r_i
+    a = (s.unsqueeze(2) * XV).sum(1)  # (n, k, R) = Vᵀ o_i
+    f = a[:, 0] if head == "linear" else torch.relu(a).sum(1)  # (n, R)
+    uy = y * f
+    if loss == "logistic":
+        losses = torch.nn.functional.softplus(-uy)
+        dl = -torch.sigmoid(-uy)
+    elif loss == "exponential":
+        losses = torch.exp(torch.clamp(-uy, max=EXP_CLIP))
+        dl = -losses
+    else:
+        losses = -uy
+        dl = -torch.ones_like(uy)
+    q = (y * dl).unsqueeze(1)  # (n, 1, R): ∂ℓ/∂f
+    if head == "relu":
+        q = q * (a > 0).to(a.dtype)  # (n, k, R)
+    Xe = (XV * q.unsqueeze(1)).sum(2)  # (n, T, R): x_itᵀ e_i
+    c = Xe - torch.gather(Xe, 1, ref)
+    cbar = (s * c).sum(1, keepdim=True)
+    delta = (s_scaled * (c - cbar)).scatter(1, ref, 0.0) / n
+    delta = delta.scatter(1, ref, -delta.sum(1, keepdim=True))
+    return losses.mean(0), delta, s, logscale
+
+
+def _runs_last(t: Tensor, k: int) -> Tensor:
+    """Move the leading (run) axis of ``t`` behind its k other axes, contiguous."""
+    return t.permute(*range(1, k + 1), 0).contiguous()
 
 
 def train_span(
@@ -126,32 +176,46 @@ def train_span(
     N = n * T
     Xf, Zf, K = span_kernel(batch) if kernel is None else kernel
     g0 = (batch.X * (batch.Z @ W0.transpose(-1, -2)).unsqueeze(-2)).sum(-1).reshape(R, N)
-    beta = torch.zeros((R, N), dtype=W0.dtype, device=W0.device)
     neg_eta = plan.step.init((W0,))  # −η (R, 1, 1), or None for a schedule
     eps = plan.eps
+    last = batch.head in ("linear", "relu") and batch.loss != "cross_entropy"
+    if last:  # runs on the last axis (module doc)
+        Kl, g0l = _runs_last(K, 2), g0.t().contiguous()  # (N, N, B), (N, R)
+        XVl, yl = _runs_last(batch.XV, 3), _runs_last(batch.y, 1)  # (n, T, k, B), (n, B)
+    beta = torch.zeros((N, R) if last else (R, N), dtype=W0.dtype, device=W0.device)
     s = torch.empty(0)
+
+    def kernel_times(v: Tensor) -> Tensor:  # K v for coefficients v (R, N), or (N, R) with runs last
+        return (Kl * v.unsqueeze(0)).sum(1) if last else (K @ v.unsqueeze(-1)).squeeze(-1)
+
     for k in range(steps + 1):
-        g = g0 + (K @ beta.unsqueeze(-1)).squeeze(-1)
-        losses, delta, s, logc = risk_and_scaled_logit_grad(batch, g.view(R, n, T))
-        df = delta.reshape(R, N)  # e^{c} ∂L/∂g
+        g = g0l + kernel_times(beta) if last else g0 + kernel_times(beta)
+        if last:
+            L, delta, s, logc = _logit_grad_last(XVl, yl, batch.head, batch.loss, g.view(n, T, R))
+            df = delta.view(N, R)
+        else:
+            losses, delta, s, logc = risk_and_scaled_logit_grad(batch, g.view(R, n, T))
+            L, df = losses.mean(-1), delta.reshape(R, N)  # e^{c} ∂L/∂g
         if k == recorder.next_step:
-            W = W0 + _span_matrix(beta, Xf, Zf)
-            gW = _span_matrix(df, Xf, Zf) * torch.exp(-logc)[:, None, None]
-            recorder.record(losses.mean(-1), W, (gW,), (W,), s)
+            b, dfr = (beta.t(), df.t()) if last else (beta, df)
+            W = W0 + _span_matrix(b, Xf, Zf)
+            gW = _span_matrix(dfr, Xf, Zf) * torch.exp(-logc)[:, None, None]
+            recorder.record(L, W, (gW,), (W,), s.permute(2, 0, 1) if last else s)
         if k == steps:
             break
         if neg_eta is None:
-            (u,), _ = plan.step.update((torch.ones_like(W0[:, :1, :1]),), None, (W0,), loss=losses, step=k)
+            (u,), _ = plan.step.update((torch.ones_like(W0[:, :1, :1]),), None, (W0,), loss=L, step=k)
             eta = -u[:, 0, 0]
         else:
             eta = -neg_eta[:, 0, 0]
         if eps is None:  # plain GD: the true gradient is e^{−c} δ
             coef = -eta * torch.exp(-logc)
         else:
-            norm = torch.sqrt(((K @ df.unsqueeze(-1)).squeeze(-1) * df).sum(-1).clamp_min(0.0))  # e^{c}‖∇_W L‖_F
+            norm = torch.sqrt((kernel_times(df) * df).sum(0 if last else -1).clamp_min(0.0))  # e^{c}‖∇_W L‖_F
             denom = norm + eps * torch.exp(logc) if eps > 0 else norm
             coef = torch.where(denom > 0, -eta / torch.where(denom > 0, denom, 1.0), 0.0)
-        beta = beta + coef[:, None] * df
+        beta = beta + (coef * df if last else coef[:, None] * df)
         if bar is not None:
             bar.update(1)  # type: ignore[attr-defined]
-    return W0 + _span_matrix(beta, Xf, Zf), s
+    b = beta.t() if last else beta
+    return W0 + _span_matrix(b, Xf, Zf), (s.permute(2, 0, 1).contiguous() if last else s)
