@@ -117,9 +117,7 @@ def _span_matrix(coef: Tensor, Xf: Tensor, Zf: Tensor) -> Tensor:
     return (coef.unsqueeze(-1) * Xf).transpose(-1, -2) @ Zf
 
 
-def _logit_grad_last(
-    XV: Tensor, y: Tensor, head: str, loss: str, g: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _logit_grad_last(XV: Tensor, y: Tensor, head: str, loss: str, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`attsvm.model.risk_and_scaled_logit_grad` for the linear and ReLU heads, with the runs on the
     last axis: token table XV (n, T, k, B), labels y (n, B), logits g (n, T, R). Returns the risk (R,),
     ``δ'`` (n, T, R), the probabilities (n, T, R) and c (R,); the same formulas, term by term."""
