@@ -95,6 +95,8 @@ CASES = [
     ("set-unknown", [*LC, "--set", "nope=1", "--out", "{tmp}/o"], EXIT_USAGE, "unknown setting"),
     ("runs-zero", [*LC, "--runs", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--runs must be a positive integer"),
     ("workers-zero", [*LC, "--workers", "0", "--out", "{tmp}/o"], EXIT_USAGE, "--workers must be a positive"),
+    ("workers-word", [*LC, "--workers", "two", "--out", "{tmp}/o"], EXIT_USAGE, "or 'auto', got 'two'"),
+    ("workers-float", [*LC, "--workers", "1.5", "--out", "{tmp}/o"], EXIT_USAGE, "or 'auto', got '1.5'"),
     (
         "scheduler-local-zero",
         LC + TINY + ["--scheduler", "local:0", "--out", "{tmp}/o"],
@@ -211,3 +213,14 @@ def test_exit_codes_are_documented_in_the_help(capsys: pytest.CaptureFixture[str
     assert EPILOG.splitlines()[0] in text
     for code in ("0", "1", "2", "3", "4", "5", "130"):
         assert f"\n  {code} " in text
+
+
+def test_workers_auto_uses_the_cores_for_full_runs_only() -> None:
+    import os
+
+    from attsvm.cli._reproduce import MAX_AUTO_WORKERS, workers
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert workers("auto", quick=False) == max(1, min(cores, MAX_AUTO_WORKERS))
+    assert workers("auto", quick=True) == 1  # quick trials are too small to pay for processes
+    assert workers("3", quick=True) == 3 and workers(" 2", quick=False) == 2

@@ -305,3 +305,22 @@ def test_svm_eq_follow_up_trials_continue_the_seed_order() -> None:
     assert exp.more_trials(s, data6)[-1]["stop"] == 201
     with pytest.raises(ValueError, match="overshoot"):
         exp.validate({**s, "overshoot": 0.5})
+
+
+def test_reproduce_all_overlaps_experiments_on_workers(tmp_path: Path) -> None:
+    """With worker processes two experiments run at once; every one still completes, the index keeps
+    the canonical order and the headline numbers equal the in-process run's."""
+    from attsvm.experiments import reproduce_all
+
+    names = ["nuclear-identity", "gd-paths", "multiclass"]
+    seen: list[str] = []
+    par = reproduce_all(
+        out=tmp_path / "par", names=names, quick=True, workers=2, progress=False, on_done=lambda r: seen.append(r.name)
+    )
+    ser = reproduce_all(out=tmp_path / "ser", names=names, quick=True, progress=False)
+    assert sorted(seen) == sorted(names) and [r.name for r in par] == names
+    entries = json.loads((tmp_path / "par" / "index.json").read_text())
+    assert [e["experiment"] for e in entries] == names
+    for a, b in zip(par, ser):
+        assert [h["value"] for h in a.results["headlines"]] == [h["value"] for h in b.results["headlines"]]
+        assert (a.out / "figures").is_dir() and any((a.out / "figures").iterdir())

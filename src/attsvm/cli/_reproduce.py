@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from attsvm.experiments import RunOutput
+
+# `--workers auto` never starts more processes than this (each holds its own torch)
+MAX_AUTO_WORKERS = 8
 
 HELP = "reproduce a paper experiment (or 'all'): results.json, figures, report.md; resumable"
 
@@ -24,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "second run on the same folder exits 5; a folder of other settings or another "
         "command exits 3",
     )
-    parser.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in-process)")
+    parser.add_argument(
+        "--workers",
+        default="auto",
+        help="local worker processes; 1 runs in-process; 'auto' (default): one per usable core, at most "
+        f"{MAX_AUTO_WORKERS}, for full runs, in-process for --quick",
+    )
     parser.add_argument(
         "--scheduler", default=None, help="Dask scheduler address, or local:N for a loopback LocalCluster of N workers"
     )
@@ -50,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     common = dict(
         quick=args.quick,
         runs=args.runs,
-        workers=args.workers,
+        workers=workers(args.workers, quick=args.quick),
         scheduler=args.scheduler,
         progress=not args.no_progress,
         command=["attsvm", *sys.argv[1:]],
@@ -67,6 +76,23 @@ def run(args: argparse.Namespace) -> int:
     r = reproduce(exp.name, out=args.out, overrides=overrides, **common)
     _say(r)
     return EXIT_OK if r.passed else EXIT_DISAGREES
+
+
+def workers(value: str | int, *, quick: bool) -> int:
+    """The worker count of ``--workers``: a positive integer, or ``auto`` (the usable cores, at most
+    :data:`MAX_AUTO_WORKERS`; 1 for ``--quick`` runs, whose trials are too small to pay for processes)."""
+    if value == "auto":
+        if quick:
+            return 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(cores, MAX_AUTO_WORKERS))
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or str(value).strip() != str(n):
+        raise ValueError(f"--workers must be a positive integer or 'auto', got {value!r}")
+    return n
 
 
 def _say(r: RunOutput) -> None:

@@ -21,8 +21,10 @@ import json
 import logging
 import platform
 import sys
+import threading
 import time
 import warnings
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .._extras import require
 from .._folders import FolderLock, RunFolderError, atomic_write, check_output_folder, claim_folder, folder_owner
 from ._base import Experiment, _jsonable
-from ._executor import Executor, make_executor
+from ._executor import Executor, SerialExecutor, make_executor
 from ._registry import experiment_names, get_experiment
 from ._store import TrialStore, check_key
 
@@ -409,7 +411,20 @@ def _write_results(
     return results
 
 
+# experiments run at once by `reproduce all` on worker processes
+OVERLAP_EXPERIMENTS = 2
+# pyplot is not thread-safe: experiments that overlap in `reproduce all` draw one at a time
+_DRAW_LOCK = threading.Lock()
+
+
 def _draw(
+    exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any], out: Path
+) -> list[Path]:
+    with _DRAW_LOCK:
+        return _draw_locked(exp, settings, data, results, out)
+
+
+def _draw_locked(
     exp: Experiment, settings: dict[str, Any], data: pd.DataFrame, results: dict[str, Any], out: Path
 ) -> list[Path]:
     matplotlib = require("matplotlib", feature="drawing the figures of a run")
@@ -613,22 +628,48 @@ def _reproduce_all(
 ) -> list[RunOutput]:
     for name in names or []:
         get_experiment(name)  # an unknown name fails before anything runs
-    runs_out: list[RunOutput] = []
+    order = list(names or experiment_names())
     ex = executor or make_executor(workers, scheduler, temp_dir=root / ".dask-tmp")
+    # With worker processes, two experiments run at once (threads here, trials in the shared pool): the
+    # next one's trials fill the workers while one waits for its last trials, its follow-up rounds
+    # (svm-eq) or draws its figures. In-process there is one at a time.
+    overlap = 1 if isinstance(ex, SerialExecutor) else OVERLAP_EXPERIMENTS
+    done: dict[str, RunOutput] = {}
+
+    def run_one(name: str) -> RunOutput:
+        exp = get_experiment(name)
+        return reproduce(name, out=root / name, executor=ex, runs=runs if exp.runs_key else None, **kwargs)
+
+    def finished(r: RunOutput) -> None:
+        done[r.name] = r
+        write_index(root, [done[n] for n in order if n in done])
+        if on_done is not None:
+            on_done(r)
+
     aborted = True
+    threads = ThreadPoolExecutor(max_workers=overlap, thread_name_prefix="attsvm-experiment") if overlap > 1 else None
     try:
-        for name in names or experiment_names():
-            exp = get_experiment(name)
-            r = reproduce(name, out=root / name, executor=ex, runs=runs if exp.runs_key else None, **kwargs)
-            runs_out.append(r)
-            write_index(root, runs_out)
-            if on_done is not None:
-                on_done(r)
+        if threads is None:
+            for name in order:
+                finished(run_one(name))
+        else:
+            todo = list(order)
+            running: dict[Future[RunOutput], str] = {}
+            while todo or running:
+                while todo and len(running) < overlap:
+                    name = todo.pop(0)
+                    running[threads.submit(run_one, name)] = name
+                finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished_now:
+                    running.pop(fut)
+                    finished(fut.result())  # an error stops everything (finally below)
         aborted = False
     finally:
         if executor is None:
-            ex.close(abort=aborted)
-    return runs_out
+            ex.close(abort=aborted)  # (aborting kills the workers: a running experiment's thread then fails fast)
+        if threads is not None:
+            threads.shutdown(wait=True, cancel_futures=True)
+    return [done[n] for n in order if n in done]
 
 
 def write_index(root: Path, runs: list[RunOutput]) -> Path:
