@@ -173,7 +173,7 @@ class SVMEq(Experiment):
         "thred_low": 1e-6,
         "thred_high": 1e-3,
         "first": 2000,
-        "chunk": 4000,
+        "chunk": 2000,
         "overshoot": 1.1,
         "max_seeds": 100000,
     }
