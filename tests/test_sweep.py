@@ -95,3 +95,22 @@ def test_sigkill_mid_sweep_then_resume_loses_nothing(serial_run: Path, tmp_path:
     assert not df.duplicated(["trial", "param", "run", "step"]).any()
     pd.testing.assert_frame_equal(df, _frames(serial_run), check_exact=True)
     assert res["headlines"] == json.loads((serial_run / "results.json").read_text())["headlines"]
+
+
+def _thread_counts() -> tuple[int, list[int]]:
+    import torch
+    from threadpoolctl import threadpool_info
+
+    return torch.get_num_threads(), [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_pool_workers_run_one_thread_per_pool() -> None:
+    """Each local pool worker is one core: torch and BLAS pools of size 1 (two pools of N threads per
+    worker oversubscribed the machine and made 2 workers slower than 1)."""
+    pytest.importorskip("threadpoolctl")
+    from attsvm.experiments._executor import make_executor
+
+    with make_executor(2, None) as ex:
+        counts = [res for _, res in ex.map_unordered(_thread_counts, [(k, ()) for k in range(2)])]
+    for torch_threads, blas in counts:
+        assert torch_threads == 1 and blas and all(n == 1 for n in blas)
