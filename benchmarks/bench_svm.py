@@ -15,6 +15,10 @@ so its peak resident memory is its own).
     .venv/bin/python benchmarks/bench_svm.py --quick            # small sizes, 20 s cap
     .venv/bin/python benchmarks/bench_svm.py --quick --sizes 6,8,10 15,15,20   # just these
     .venv/bin/python benchmarks/bench_svm.py --cap 300 --write  # the full table -> README_svm_table.md
+    .venv/bin/python benchmarks/bench_svm.py --threads          # one BLAS thread against the pool
+
+``--threads`` times our fits inside the solver's own one-thread limit (attsvm._threads) against the
+same fits with the BLAS library's default pool, alternating in one process.
 
 Timings on a shared machine are noisy; the ratios compare runs made back to back.
 """
@@ -31,7 +35,8 @@ import time
 import warnings
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "--threads-child" not in sys.argv:  # (the --threads table measures the library's default pool)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
@@ -202,6 +207,47 @@ def fmt_ratio(ref, ours, capped_at=None):
     return f"{ref / ours:,.0f}×"
 
 
+def _time_fits(case: tuple, one_thread: bool) -> float:
+    """ms per fit of ``case`` in this (fresh) process, with or without the estimator's one-thread limit."""
+    from unittest import mock
+
+    import attsvm.svm.estimator as est_mod
+    from attsvm.datasets import paper_instance
+    from attsvm.svm import AttentionSVM
+
+    (n, T, d), reps, norm = case
+    probs = [paper_instance(n, T, d, seed=r) for r in range(reps)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    with mock.patch.object(est_mod, "SMALL_SOLVE_ELEMENTS", 10**12 if one_thread else -1):
+        AttentionSVM(norm=norm).fit(probs[0], toks[0])
+        t0 = time.perf_counter()
+        for p, a in zip(probs, toks):
+            AttentionSVM(norm=norm).fit(p, a)
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def threads_table() -> int:
+    """Our fits with one BLAS thread (what the estimator does below attsvm._threads.SMALL_SOLVE_ELEMENTS)
+    against the library's default pool, each in a fresh Python process started as a user would start
+    a script (a multiprocessing child does not show the pool's slowdown), without OMP_NUM_THREADS."""
+    import subprocess
+
+    cases = [((6, 8, 10), 50, "fro"), ((15, 15, 20), 20, "fro"), ((50, 20, 50), 5, "fro"), ((100, 20, 100), 3, "fro")]
+    cases += [((15, 5, 10), 20, "nuc"), ((50, 20, 50), 2, "nuc"), ((100, 20, 100), 1, "nuc")]
+    print(f"{'(n, T, d)':>14} {'norm':>5} {'pool (ms)':>10} {'1 thread (ms)':>14} {'pool / 1 thread':>16}")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    for (n, T, d), reps, norm in cases:
+        res = {}
+        for one in (False, True):
+            arg = f"{n},{T},{d},{reps},{norm},{int(one)}"
+            out = subprocess.run(
+                [sys.executable, __file__, "--threads-child", arg], env=env, capture_output=True, text=True, check=True
+            )
+            res[one] = float(out.stdout.strip().splitlines()[-1])
+        print(f"{(n, T, d)!s:>14} {norm:>5} {res[False]:>10.2f} {res[True]:>14.2f} {res[False] / res[True]:>15.1f}×")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="sizes up to (50, 20, 50), 20 s cap, no large case")
@@ -223,7 +269,15 @@ def main(argv=None) -> int:
         default=None,
         help="write the markdown table (default benchmarks/README_svm_table.md)",
     )
+    ap.add_argument("--threads", action="store_true", help="only: one BLAS thread vs the default pool, our solvers")
+    ap.add_argument("--threads-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.threads:
+        return threads_table()
+    if args.threads_child:
+        n, T, d, reps, norm, one = args.threads_child.split(",")
+        print(_time_fits(((int(n), int(T), int(d)), int(reps), norm), one == "1"))
+        return 0
     sizes = QUICK_SIZES if args.quick else SIZES
     if args.sizes:
         sizes = [tuple(int(v) for v in size.split(",")) for size in args.sizes]

@@ -9,9 +9,9 @@ NumPy/LAPACK call over the stack:
    ``Ĝ_kl = G_kl / (s_k s_l)``, ``b̂ = b / (s g)`` with ``s_k = ‖a_k‖‖z_k‖`` and g the power of two
    at the median of b/s — the same numbers as :func:`~attsvm.svm.reduction.reduce_dense`.
 3. **Primal-dual active set** (Hintermüller–Ito–Kunisch, as :func:`attsvm.svm.frobenius._pdas`): each
-   round solves every pending instance's face system at once — the active rows' rows and columns
-   replaced by the identity, so that one batched LU solves faces of different sizes — until each
-   instance's active set repeats.
+   round gathers every pending instance's free rows and solves the blocks with one batched LU per
+   block size — each far smaller than K × K after the first round, and never depending on the other
+   instances of the batch — until each instance's active set repeats.
 4. **Lift and certify** in the user's units: ``λ_k = g λ̂_k / s_k``, ``W = Σ_k λ_k a_k z_kᵀ``, and the
    certificate of :mod:`.certificate` (relative violation, duality gap, complementarity, support)
    computed for the whole stack.
@@ -44,12 +44,14 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_MAX_K", "group_key", "ready", "solve_group"]
 
-# Instances with more constraint rows than this go one at a time: a batched face solve costs the
-# full K × K system, the one-at-a-time route only its free block, and the two cross near K = 90
-# (benchmarks/bench_batch.py).
+# Instances with more constraint rows than this go one at a time: the batched rounds carry the full
+# K × K Gram matrices (products and gathers), the one-at-a-time route builds only what its working set
+# needs, and the two cross between K = 90 and K = 126 (benchmarks/bench_batch.py; at K = 210 batched
+# is 0.6× of one at a time).
 BATCH_MAX_K = 80
-# Gram entries per chunk of the stack (1 MiB of float64: the arrays of a step stay in cache).
-CHUNK_FLOATS = 131_072
+# Gram entries per chunk of the stack (16 MiB of float64): large enough that the per-round NumPy calls
+# are few per instance, small enough to bound memory (benchmarks/bench_batch.py)
+CHUNK_FLOATS = 2_097_152
 
 
 def _pow2(x: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -63,10 +65,12 @@ def _pdas_many(
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.int64]]:
     """Batched primal-dual active set on ``min ½λᵀĜλ − b̂ᵀλ, λ ≥ 0`` (module doc, step 3).
 
+    Each round solves every pending instance's free block ``Ĝ_FF λ_F = b̂_F``: the free rows of each
+    instance are gathered, and the instances with free sets of one size share one batched LU (the
+    supports are small: the blocks are far smaller than K × K after the first round).
+
     Returns λ (B, K), whether each instance settled, and its number of face solves."""
     B, K = b.shape
-    Gr = G.copy()
-    Gr.reshape(B, K * K)[:, :: K + 1] += ridge[:, None]
     c = 1.0 / np.maximum(np.trace(G, axis1=1, axis2=2) / K, 1e-300)
     active = b <= 0  # λ = 0 where the gradient −b is ≥ 0
     lam = np.zeros((B, K))
@@ -76,19 +80,27 @@ def _pdas_many(
     for _ in range(max_iter):
         if pending.size == 0:
             break
-        every = pending.size == B  # (no gathers while every instance is pending)
-        act = active[pending]
-        free = (~act).astype(np.float64)
-        Gm = Gr.copy() if every else Gr[pending]
-        Gm *= free[:, :, None]
-        Gm *= free[:, None, :]
-        Gm.reshape(pending.size, K * K)[:, :: K + 1] += act  # identity on the active rows: λ = 0 there
+        P = pending.size
+        every = P == B  # (no gathers of G while every instance is pending)
+        act = active if every else active[pending]
+        nf = K - act.sum(axis=1)
+        x = np.zeros((P, K))
+        order = np.argsort(act, axis=1, kind="stable")  # (P, K): each instance's free rows first
         try:
-            x = np.linalg.solve(Gm, (b[pending] * free)[:, :, None])[:, :, 0]
+            # one batched LU per free-set size: an instance's block never depends on the others' sizes,
+            # so its result is bit for bit the same in any batch
+            for size in np.unique(nf[nf > 0]):
+                grp = np.flatnonzero(nf == size)
+                rows = order[grp, :size]  # (g, size)
+                inst = pending[grp]
+                Gff = G[inst[:, None, None], rows[:, :, None], rows[:, None, :]]
+                Gff[:, np.arange(size), np.arange(size)] += ridge[inst, None]
+                y = np.linalg.solve(Gff, b[inst[:, None], rows][:, :, None])[:, :, 0]
+                x[grp[:, None], rows] = y
         except np.linalg.LinAlgError:  # a singular face somewhere: those instances go one at a time
             break
         iters[pending] += 1
-        grad = np.matmul(G if every else G[pending], x[:, :, None])[:, :, 0] - b[pending]
+        grad = np.matmul(G if every else G[pending], x[:, :, None])[:, :, 0] - (b if every else b[pending])
         new = x <= c[pending, None] * grad
         settled = (new == act).all(axis=1)
         lam[pending] = x

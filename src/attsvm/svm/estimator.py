@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .._threads import SMALL_SOLVE_ELEMENTS, blas_threads
 from .._validation import Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
@@ -316,7 +317,8 @@ class AttentionSVM:
                 if 0 < p.n * (p.T - 1) <= batch.BATCH_MAX_K:
                     groups.setdefault(batch.group_key(p), []).append(i)
             for members in groups.values():
-                fitted = batch.solve_group(self, [probs[i] for i in members], [alphas[i] for i in members], opt)
+                with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
+                    fitted = batch.solve_group(self, [probs[i] for i in members], [alphas[i] for i in members], opt)
                 for i, e in zip(members, fitted):
                     out[i] = e
         params = self.get_params()
@@ -371,6 +373,11 @@ class AttentionSVM:
         return nuclear.solve_nuclear(cs, tol=float(self.tol), seed=int(self.seed), **kw), "nuclear"
 
     def _fit(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
+        # small solves run with one BLAS thread (attsvm._threads: several only wait for each other)
+        with blas_threads(1 if cs.A.size <= SMALL_SOLVE_ELEMENTS else None):
+            return self._fit_here(cs, alpha)
+
+    def _fit_here(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
         t0 = time.perf_counter()
         raw, backend = self._solve(cs)
         self.solve_time_ = time.perf_counter() - t0

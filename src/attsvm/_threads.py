@@ -1,0 +1,51 @@
+"""BLAS thread pools around small solves (docs/spec.md §3).
+
+A solve of a small attention SVM is hundreds of small matrix products and factorisations. With
+OpenBLAS's default of one thread per core, each of them wakes the other threads, and on a 2-core
+machine the threads mostly wait for each other: in a fresh script on 2 cores a Frobenius fit at
+(n, T, d) = (15, 15, 20) took 8.0 ms with the default pool and 1.1 ms with one thread, the nuclear fit
+at (50, 20, 50) 804 ms against 286 ms, at (100, 20, 100) 1.83 s against 1.17 s
+(``benchmarks/bench_svm.py --threads``). :func:`blas_threads` limits the BLAS pool for the duration of
+a block through a cached ``threadpoolctl`` controller (about 3 µs per block), and leaves it alone
+where threadpoolctl is not importable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["blas_threads", "SMALL_SOLVE_ELEMENTS"]
+
+# Problems with at most this many token features (n·T·d) are solved with one BLAS thread; larger ones
+# keep the library's pool. Measured on 2 cores: one thread is faster per iteration at every size tried,
+# but at (200, 32, 128) (819,200 features) the nuclear solver's path then took twice the iterations on
+# two seeds (15–18 s against 12 s), so the large sizes keep the pool.
+SMALL_SOLVE_ELEMENTS = 500_000
+
+_controller: Any = None
+_controller_failed = False
+
+
+def _get_controller() -> Any:
+    global _controller, _controller_failed
+    if _controller is None and not _controller_failed:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _controller = ThreadpoolController()
+        except Exception:  # (not installed, or a platform it cannot inspect): leave the pools alone
+            _controller_failed = True
+    return _controller
+
+
+@contextlib.contextmanager
+def blas_threads(limit: int | None) -> Iterator[None]:
+    """Inside the block the BLAS pool has at most ``limit`` threads (None: unchanged)."""
+    ctl = _get_controller() if limit is not None else None
+    if ctl is None:
+        yield
+        return
+    with ctl.limit(limits=limit, user_api="blas"):
+        yield

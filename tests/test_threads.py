@@ -1,0 +1,47 @@
+"""BLAS thread pools around small solves (attsvm._threads)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from attsvm._threads import SMALL_SOLVE_ELEMENTS, blas_threads
+from attsvm.datasets import paper_instance
+from attsvm.svm import AttentionSVM
+
+threadpoolctl = pytest.importorskip("threadpoolctl")
+
+
+def _blas_threads() -> list[int]:
+    return [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_blas_threads_limits_inside_and_restores_after():
+    before = _blas_threads()
+    with blas_threads(1):
+        assert _blas_threads() and all(n == 1 for n in _blas_threads())
+    assert _blas_threads() == before
+    with blas_threads(None):  # None leaves the pool alone
+        assert _blas_threads() == before
+
+
+def test_small_fits_run_on_one_blas_thread_large_ones_keep_the_pool():
+    import attsvm.svm.estimator as est_mod
+
+    seen: list[list[int]] = []
+    real = AttentionSVM._solve
+
+    def spy(self, cs):
+        seen.append(_blas_threads())
+        return real(self, cs)
+
+    p = paper_instance(6, 8, 10, seed=0)
+    assert p.X.size <= SMALL_SOLVE_ELEMENTS
+    with mock.patch.object(AttentionSVM, "_solve", spy):
+        AttentionSVM().fit(p)
+        AttentionSVM("nuc").fit(p)
+        with mock.patch.object(est_mod, "SMALL_SOLVE_ELEMENTS", 0):  # as if the instance were large
+            AttentionSVM().fit(p)
+    assert all(n == 1 for n in seen[0]) and all(n == 1 for n in seen[1])
+    assert seen[2] == _blas_threads()  # the pool as it is outside
