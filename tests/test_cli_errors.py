@@ -216,11 +216,35 @@ def test_exit_codes_are_documented_in_the_help(capsys: pytest.CaptureFixture[str
 
 
 def test_workers_auto_uses_the_cores_for_full_runs_only() -> None:
-    import os
+    from attsvm.cli._reproduce import MAX_AUTO_WORKERS, usable_cores, workers
 
-    from attsvm.cli._reproduce import MAX_AUTO_WORKERS, workers
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert workers("auto", quick=False) == max(1, min(cores, MAX_AUTO_WORKERS))
+    assert workers("auto", quick=False) == max(1, min(usable_cores(), MAX_AUTO_WORKERS))
     assert workers("auto", quick=True) == 1  # quick trials are too small to pay for processes
     assert workers("3", quick=True) == 3 and workers(" 2", quick=False) == 2
+
+
+def test_usable_cores_honours_a_cgroup_cpu_quota(tmp_path: Path) -> None:
+    import builtins
+    from unittest import mock
+
+    from attsvm.cli import _reproduce
+
+    real_open = builtins.open
+
+    def fake(quota: str):
+        def opener(path, *a, **k):
+            if str(path) == "/sys/fs/cgroup/cpu.max":
+                f = tmp_path / "cpu.max"
+                f.write_text(quota)
+                return real_open(f, *a, **k)
+            return real_open(path, *a, **k)
+
+        return opener
+
+    with mock.patch.object(_reproduce.os, "sched_getaffinity", lambda pid: set(range(16)), create=True):
+        with mock.patch("builtins.open", fake("150000 100000\n")):
+            assert _reproduce.usable_cores() == 1  # 1.5 CPUs of quota: one worker
+        with mock.patch("builtins.open", fake("400000 100000\n")):
+            assert _reproduce.usable_cores() == 4
+        with mock.patch("builtins.open", fake("max 100000\n")):
+            assert _reproduce.usable_cores() == 16

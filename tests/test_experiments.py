@@ -324,3 +324,10 @@ def test_reproduce_all_overlaps_experiments_on_workers(tmp_path: Path) -> None:
     for a, b in zip(par, ser):
         assert [h["value"] for h in a.results["headlines"]] == [h["value"] for h in b.results["headlines"]]
         assert (a.out / "figures").is_dir() and any((a.out / "figures").iterdir())
+
+
+def test_reproduce_all_runs_a_repeated_name_once(tmp_path: Path) -> None:
+    from attsvm.experiments import reproduce_all
+
+    runs = reproduce_all(out=tmp_path, names=["nuclear-identity", "nuclear-identity"], quick=True, progress=False)
+    assert [r.name for r in runs] == ["nuclear-identity"]

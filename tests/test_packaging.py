@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
 
-CORE = {"torch", "numpy", "scipy", "tqdm"}
+CORE = {"torch", "numpy", "scipy", "tqdm", "threadpoolctl"}
 # the extras whose packages the library imports through attsvm._extras.require
 FEATURE_EXTRAS = ("experiments", "cvxpy", "models", "kvpress")
 # import name -> distribution name, where they differ
@@ -186,7 +186,7 @@ CORE_SCRIPT = textwrap.dedent(
     assert meta["License-Expression"] == "MIT", meta["License-Expression"]
     assert "LICENSE" in (meta.get_all("License-File") or []), meta.get_all("License-File")
     core = [r for r in md.requires("attsvm") if "extra ==" not in r]
-    assert sorted(re.match(r"[\\w-]+", r).group(0) for r in core) == ["numpy", "scipy", "torch", "tqdm"], core
+    assert sorted(re.match(r"[\\w-]+", r).group(0) for r in core) == ["numpy", "scipy", "threadpoolctl", "torch", "tqdm"], core
 
     import attsvm
     from attsvm import AttentionSVM

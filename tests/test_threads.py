@@ -45,3 +45,32 @@ def test_small_fits_run_on_one_blas_thread_large_ones_keep_the_pool():
             AttentionSVM().fit(p)
     assert all(n == 1 for n in seen[0]) and all(n == 1 for n in seen[1])
     assert seen[2] == _blas_threads()  # the pool as it is outside
+
+
+def test_overlapping_blocks_in_two_threads_restore_the_pool_once():
+    """The pool is process-wide: a block that ends while another thread is still inside one must not
+    restore it under that thread, and the last one out restores it."""
+    import threading
+
+    before = _blas_threads()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, list[int]] = {}
+
+    def a():
+        with blas_threads(1):
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        with blas_threads(1):
+            b_in.set()
+            a_out.wait(5)
+            seen["b after a left"] = _blas_threads()
+
+    ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+    ta.start(), tb.start()
+    ta.join(10), tb.join(10)
+    assert all(n == 1 for n in seen["b after a left"])
+    assert _blas_threads() == before

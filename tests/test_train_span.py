@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from attsvm import AttentionProblem
+from attsvm.problem import Head
 from attsvm.datasets import paper_instance
 from attsvm.experiments.svm_eq import relu_instance
 from attsvm.training import train
@@ -116,3 +117,37 @@ def test_space_bad_input():
         train(p, steps=2, param="KQ", space="span")
     with pytest.raises(ValueError, match="space='span'"):
         train(p, steps=2, optimizer=polyak(), space="span")
+
+
+def test_auto_keeps_float32_dense():
+    """In float32 the kernel products lose digits the dense step keeps: auto trains W itself."""
+    import torch
+
+    relu = [relu_instance(3, 4, 10, s) for s in range(1, 6)]
+    r = train(relu, steps=3, record_every=100, progress=False, dtype=torch.float32)
+    assert r.info["space"] == "dense"
+
+
+def test_exact_normalisation_survives_a_tiny_loss_derivative():
+    """ε = 0 with the exponential loss at a head margin of ~400: ∂L/∂g ~ e^{-400}, whose square underflows.
+    The span step scales δ by its largest entry first, so it keeps moving at speed η as the dense one."""
+    rng = np.random.default_rng(0)
+    n, T, d = 3, 4, 5
+    y = np.array([1.0, -1.0, 1.0])
+    X = rng.normal(size=(n, T, d))
+    X[:, :, 0] = y[:, None] * (1.0 + 0.02 * rng.normal(size=(n, T)))  # every y_i vᵀx_it ≈ 400
+    v = np.zeros(d)
+    v[0] = 400.0
+    big = AttentionProblem(X, y, Head.linear(v), Z=rng.normal(size=(n, d)), loss="exponential")
+    kw = {"steps": 50, "lr": 0.1, "normalize_eps": 0.0, "record_every": 50, "progress": False}
+    d, s = train(big, space="dense", **kw), train(big, space="span", **kw)
+    w0, w_end = d.history["W_norm"][0]
+    assert w_end > w0 + 2.0  # it moved (50 steps of 0.1 along a nearly fixed direction)
+    assert _rel(d.W[None], s.W[None]).max() < 1e-10
+
+
+def test_auto_refuses_a_kernel_that_overflows():
+    """Tokens near 1e80: the kernel overflows to inf; auto trains densely instead of failing."""
+    p = paper_instance(3, 4, 5, seed=3)
+    q = AttentionProblem(p.X * 1e80, p.y, p.head, Z=p.Z * 1e80)
+    assert train(q, steps=2, record_every=100, progress=False).info["space"] == "dense"

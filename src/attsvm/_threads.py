@@ -13,6 +13,7 @@ where threadpoolctl is not importable.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,12 +41,32 @@ def _get_controller() -> Any:
     return _controller
 
 
+_lock = threading.Lock()
+_depth = 0  # blocks currently inside a limit, in any thread
+_restore: Any = None  # the outermost block's limiter
+
+
 @contextlib.contextmanager
 def blas_threads(limit: int | None) -> Iterator[None]:
-    """Inside the block the BLAS pool has at most ``limit`` threads (None: unchanged)."""
+    """Inside the block the BLAS pool has at most ``limit`` threads (None: unchanged).
+
+    The pool is process-wide: only the outermost of nested or concurrent blocks (in any thread) sets it,
+    and the last one to leave restores it, so overlapping blocks never restore the pool under one
+    another."""
+    global _depth, _restore
     ctl = _get_controller() if limit is not None else None
     if ctl is None:
         yield
         return
-    with ctl.limit(limits=limit, user_api="blas"):
+    with _lock:
+        if _depth == 0:
+            _restore = ctl.limit(limits=limit, user_api="blas")
+        _depth += 1
+    try:
         yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _restore is not None:
+                _restore.restore_original_limits()
+                _restore = None

@@ -78,14 +78,26 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if r.passed else EXIT_DISAGREES
 
 
+def usable_cores() -> int:
+    """The CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (a container
+    limited to 2 CPUs on a large host reports the host's cores otherwise)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
 def workers(value: str | int, *, quick: bool) -> int:
     """The worker count of ``--workers``: a positive integer, or ``auto`` (the usable cores, at most
     :data:`MAX_AUTO_WORKERS`; 1 for ``--quick`` runs, whose trials are too small to pay for processes)."""
     if value == "auto":
         if quick:
             return 1
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, min(cores, MAX_AUTO_WORKERS))
+        return max(1, min(usable_cores(), MAX_AUTO_WORKERS))
     try:
         n = int(value)
     except (TypeError, ValueError):

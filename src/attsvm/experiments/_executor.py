@@ -75,8 +75,8 @@ def _single_threaded() -> None:
     Without it each of N workers on N cores runs two pools of N threads, and tiny tensor and BLAS calls
     spend their time waiting for each other (lp-convergence ran 2.1× slower on 2 workers than on 1). The
     BLAS pool is already loaded when this runs (numpy is imported with the trial function), so it is
-    resized through threadpoolctl where that is installed (it comes with scikit-learn); the environment
-    variables reach anything the worker starts."""
+    resized through threadpoolctl (a core dependency); the environment variables also reach libraries
+    loaded later (scipy's own OpenBLAS) and anything the worker starts."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
     with contextlib.suppress(ImportError):

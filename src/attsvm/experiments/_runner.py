@@ -628,12 +628,14 @@ def _reproduce_all(
 ) -> list[RunOutput]:
     for name in names or []:
         get_experiment(name)  # an unknown name fails before anything runs
-    order = list(names or experiment_names())
+    order = list(dict.fromkeys(names or experiment_names()))  # (a repeated name runs once)
     ex = executor or make_executor(workers, scheduler, temp_dir=root / ".dask-tmp")
-    # With worker processes, two experiments run at once (threads here, trials in the shared pool): the
-    # next one's trials fill the workers while one waits for its last trials, its follow-up rounds
-    # (svm-eq) or draws its figures. In-process there is one at a time.
-    overlap = 1 if isinstance(ex, SerialExecutor) else OVERLAP_EXPERIMENTS
+    # With worker processes of our own, two experiments run at once (threads here, trials in the shared
+    # pool): the next one's trials fill the workers while one waits for its last trials, its follow-up
+    # rounds (svm-eq) or draws its figures. In-process, or on an executor the caller passed in (which
+    # this function may not abort on an error or Ctrl-C, nor know to run trials out of process), there
+    # is one at a time.
+    overlap = OVERLAP_EXPERIMENTS if executor is None and not isinstance(ex, SerialExecutor) else 1
     done: dict[str, RunOutput] = {}
 
     def run_one(name: str) -> RunOutput:

@@ -120,8 +120,8 @@ def solve_group(
 
     Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
     must go through ``fit`` (a vanishing feature, an unsettled or singular face, a certificate that
-    misses ``est.tol``). The stack is processed in chunks of about ``CHUNK_FLOATS`` Gram entries, so
-    that each step's arrays stay in cache."""
+    misses ``est.tol``). The stack is processed in chunks of about ``CHUNK_FLOATS`` Gram entries, which
+    bounds the memory of a step while keeping the NumPy calls per instance few."""
     n, T, _ = problems[0].X.shape
     K = n * (T - 1)
     size = max(1, CHUNK_FLOATS // (K * K))

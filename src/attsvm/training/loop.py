@@ -409,8 +409,9 @@ def train(
         Where the iterates live. ``"dense"``: W (R, d, d) itself. ``"span"``: the N = nT coefficients of
         ``W = W₀ + Σ_it β_it x_it z_iᵀ`` (:mod:`attsvm.training.span`, docs/spec.md §4), for W trained
         by plain or normalized GD; the same iterates up to round-off, at O(N²) instead of O(n d²) per
-        step. ``"auto"`` (default) takes the span form where it applies, is cheaper and every
-        instance's data kernel is well-conditioned. ``result.info["space"]`` says which ran.
+        step. ``"auto"`` (default) takes the span form where it applies, in float64, where it is cheaper
+        and every instance's data kernel is finite and well-conditioned. ``result.info["space"]`` says
+        which ran.
 
     Returns
     -------
@@ -502,7 +503,9 @@ def train(
     span = None
     if space != "dense" and not wants_excess:
         plan = span_plan(par, rule)
-        if plan is not None and (space == "span" or span_is_cheaper(n, T, d, rec.every)):
+        # (auto: float64 only; in float32 the kernel products lose digits the dense step keeps)
+        auto_ok = dtype == torch.float64 and span_is_cheaper(n, T, d, rec.every)
+        if plan is not None and (space == "span" or auto_ok):
             with torch.no_grad():
                 kern = span_kernel(batch)
             if space == "span" or span_well_conditioned(kern[2]):

@@ -13,12 +13,12 @@ O(N²) per run instead of O(n d²). For the linear and ReLU heads the runs are l
 axis (tensors (n, T, R), (N, N, R), …): every operation then is an elementwise product or a reduction
 over a small leading axis with R contiguous numbers in the inner loop, instead of R tiny batched
 matrix products (3–4× faster per operation on CPU at these sizes). Together, the svm-eq workload
-(n = 3, T = 4, d = 10, ReLU head) trains about 5× faster than the dense loop
-(``benchmarks/bench_train.py --span``).
+(n = 3, T = 4, d = 10, ReLU head) trains 3.3× faster than the dense loop
+(``benchmarks/bench_train.py --span``, 1,000 runs).
 
-:func:`span_plan` decides when the trainer takes this path (``space="auto"``): the W parameterisation,
-an update rule that is plain or normalized GD with a step size (no penalty, mirror map or Polyak
-step), a kernel that is cheaper than the dense step, and a well-conditioned kernel on every instance
+:func:`span_plan` decides when the trainer takes this path (``space="auto"``): the W parameterisation in
+float64, an update rule that is plain or normalized GD with a step size (no penalty, mirror map or
+Polyak step), a kernel that is cheaper than the dense step, and a well-conditioned kernel on every instance
 (β is not unique when K is singular, and a normalized step along a direction K nearly annihilates
 would be long in β while short in W, so the logits ``Kβ`` would lose digits). The two paths agree to
 round-off (tests/test_train_span.py).
@@ -105,10 +105,17 @@ def span_is_cheaper(n: int, T: int, d: int, record_every: int) -> bool:
 
 
 def span_well_conditioned(K: Tensor) -> bool:
-    """Whether every kernel in K (B, N, N) has a condition number below :data:`SPAN_MAX_COND` on the
-    subspace the steps live in (the logit gradients sum to zero within each sequence; K is checked whole,
-    which is stricter)."""
-    ev = torch.linalg.eigvalsh(K)  # ascending
+    """Whether every kernel in K (B, N, N) is finite and has a condition number below
+    :data:`SPAN_MAX_COND` (the logit gradients sum to zero within each sequence, so the steps live in a
+    subspace; K is checked whole, which is stricter). The eigenvalues are taken in float64 whatever
+    the batch's dtype (float32 cannot resolve the small ones)."""
+    K64 = K.detach().to(device="cpu", dtype=torch.float64)
+    if not bool(torch.isfinite(K64).all()):
+        return False
+    try:
+        ev = torch.linalg.eigvalsh(K64)  # ascending
+    except RuntimeError:  # (torch's LinAlgError): no decision, so no span form
+        return False
     return bool(torch.all(ev[:, 0] > ev[:, -1] / SPAN_MAX_COND))
 
 
@@ -209,7 +216,12 @@ def train_span(
         if eps is None:  # plain GD: the true gradient is e^{−c} δ
             coef = -eta * torch.exp(-logc)
         else:
-            norm = torch.sqrt((kernel_times(df) * df).sum(0 if last else -1).clamp_min(0.0))  # e^{c}‖∇_W L‖_F
+            # e^{c}‖∇_W L‖_F, with δ scaled by its largest entry first (as NormalizeByNorm does for ε = 0):
+            # a tiny loss derivative would otherwise underflow in the square and stop the run
+            axis = 0 if last else -1
+            big = df.abs().amax(axis).clamp_min(torch.finfo(df.dtype).tiny)
+            unit = df / (big if last else big[:, None])
+            norm = big * torch.sqrt((kernel_times(unit) * unit).sum(axis).clamp_min(0.0))
             denom = norm + eps * torch.exp(logc) if eps > 0 else norm
             coef = torch.where(denom > 0, -eta / torch.where(denom > 0, denom, 1.0), 0.0)
         beta = beta + (coef * df if last else coef[:, None] * df)
