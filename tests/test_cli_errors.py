@@ -241,7 +241,7 @@ def test_usable_cores_honours_a_cgroup_cpu_quota(tmp_path: Path) -> None:
 
         return opener
 
-    with mock.patch.object(_reproduce.os, "sched_getaffinity", lambda pid: set(range(16)), create=True):
+    with mock.patch.object(_reproduce.os, "sched_getaffinity", return_value=set(range(16)), create=True):
         with mock.patch("builtins.open", fake("150000 100000\n")):
             assert _reproduce.usable_cores() == 1  # 1.5 CPUs of quota: one worker
         with mock.patch("builtins.open", fake("400000 100000\n")):

@@ -186,7 +186,8 @@ CORE_SCRIPT = textwrap.dedent(
     assert meta["License-Expression"] == "MIT", meta["License-Expression"]
     assert "LICENSE" in (meta.get_all("License-File") or []), meta.get_all("License-File")
     core = [r for r in md.requires("attsvm") if "extra ==" not in r]
-    assert sorted(re.match(r"[\\w-]+", r).group(0) for r in core) == ["numpy", "scipy", "threadpoolctl", "torch", "tqdm"], core
+    names = sorted(re.match(r"[\\w-]+", r).group(0) for r in core)
+    assert names == ["numpy", "scipy", "threadpoolctl", "torch", "tqdm"], core
 
     import attsvm
     from attsvm import AttentionSVM

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from attsvm import AttentionProblem
-from attsvm.problem import Head
 from attsvm.datasets import paper_instance
 from attsvm.experiments.svm_eq import relu_instance
+from attsvm.problem import Head
 from attsvm.training import train
 from attsvm.training.optim import mirror_descent, polyak
 

@@ -83,7 +83,8 @@ def usable_cores() -> int:
     limited to 2 CPUs on a large host reports the host's cores otherwise)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
         if quota != "max":
             cores = min(cores, max(1, int(int(quota) // int(period))))
     except (OSError, ValueError):
