@@ -216,13 +216,16 @@ def train_span(
         if eps is None:  # plain GD: the true gradient is e^{−c} δ
             coef = -eta * torch.exp(-logc)
         else:
-            # e^{c}‖∇_W L‖_F, with δ scaled by its largest entry first (as NormalizeByNorm does for ε = 0):
-            # a tiny loss derivative would otherwise underflow in the square and stop the run
+            # e^{c}‖∇_W L‖_F. For ε = 0, δ is scaled by its largest entry first (as NormalizeByNorm does): a
+            # tiny loss derivative would otherwise underflow in the square and stop the run. (With ε > 0
+            # such a step is ~η‖∇‖/ε ≈ 0 either way.)
             axis = 0 if last else -1
-            big = df.abs().amax(axis).clamp_min(torch.finfo(df.dtype).tiny)
-            unit = df / (big if last else big[:, None])
-            norm = big * torch.sqrt((kernel_times(unit) * unit).sum(axis).clamp_min(0.0))
-            denom = norm + eps * torch.exp(logc) if eps > 0 else norm
+            if eps > 0:
+                denom = torch.sqrt((kernel_times(df) * df).sum(axis).clamp_min(0.0)) + eps * torch.exp(logc)
+            else:
+                big = df.abs().amax(axis).clamp_min(torch.finfo(df.dtype).tiny)
+                unit = df / (big if last else big[:, None])
+                denom = big * torch.sqrt((kernel_times(unit) * unit).sum(axis).clamp_min(0.0))
             coef = torch.where(denom > 0, -eta / torch.where(denom > 0, denom, 1.0), 0.0)
         beta = beta + (coef * df if last else coef[:, None] * df)
         if bar is not None:
