@@ -88,6 +88,9 @@ class Experiment:
     # claims that the measurements at the experiment's settings contradict (the disagreement is the
     # finding, reported in the report's disagreements section); the tests accept a FAIL on these only
     expected_disagreements: ClassVar[frozenset[str]] = frozenset()
+    # seconds of one core at the default settings (measured, README); only orders the experiments of an
+    # overlapped `reproduce all`, longest first, so the long ones do not finish last
+    cost_hint: ClassVar[float] = 10.0
 
     # ---------------------------------------------------------------- settings
     def settings(self, quick: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -655,7 +655,7 @@ def _reproduce_all(
             for name in order:
                 finished(run_one(name))
         else:
-            todo = list(order)
+            todo = sorted(order, key=lambda n: -get_experiment(n).cost_hint)  # longest first (stable)
             running: dict[Future[RunOutput], str] = {}
             while todo or running:
                 while todo and len(running) < overlap:

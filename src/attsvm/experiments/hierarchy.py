@@ -33,6 +33,7 @@ NORMS = {"W": "fro", "KQ": "nuc"}
 @dataclass
 class Hierarchy(Experiment):
     name = "hierarchy"
+    cost_hint = 34.0
     title = "Depth: a multi-layer attention model as a hierarchy of SVMs, on a two-hop task"
     claims = {
         "D1": "one attention layer cannot solve the two-hop task; two layers can (the last layer selects the answer)",

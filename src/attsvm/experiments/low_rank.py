@@ -47,6 +47,7 @@ def _rank_m_svm(problem: Any, tokens: np.ndarray, m: int) -> dict[str, Any]:
 @dataclass
 class LowRank(Experiment):
     name = "low-rank"
+    cost_hint = 14.0
     title = "Low-rank (K,Q) bottleneck: GD follows the rank-m Att-SVM*; the margin is kept down to m = rank(W*_mm)"
     claims = {
         "L1": "for m ≥ rank(W*_mm) the rank-m Att-SVM* attains the convex (full-rank) optimum: no margin is lost",

@@ -46,6 +46,7 @@ def _corr(W: np.ndarray, svm: AttentionSVM) -> Any:
 @dataclass
 class LpConvergence(Experiment):
     name = "lp-convergence"
+    cost_hint = 15.0
     title = "ℓp mirror descent converges to the ℓp attention SVM of the selected tokens"
     claims = {
         "C1": "ℓp-MD on W: corr(W(k), W^p_mm) → 1 for the ℓp-AttSVM of the selected tokens, each p",

@@ -35,6 +35,7 @@ TYPES = ("global", "local", "not locally optimal")
 @dataclass
 class Overparam(Experiment):
     name = "overparam"
+    cost_hint = 22.0
     title = "Overparameterization: global convergence, feasibility and all-support-vector share vs d"
     claims = {
         "O1": "for d ≥ max(T−1, n), Att-SVM(opt) is feasible for (almost) every instance",

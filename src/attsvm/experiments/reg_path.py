@@ -25,6 +25,7 @@ __all__ = ["RegPath", "EXPERIMENT"]
 @dataclass
 class RegPath(Experiment):
     name = "reg-path"
+    cost_hint = 39.0
     title = "Regularization path: W̄_R/R → W_mm/‖W_mm‖, K̄Q̄ᵀ aligns with W*_mm"
     claims = {
         "G1": "corr(W̄_R, W_mm) → 1 as R grows (Frobenius Att-SVM of the selected tokens)",

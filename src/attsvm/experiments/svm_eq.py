@@ -155,6 +155,7 @@ def equivalence_runs(
 @dataclass
 class SVMEq(Experiment):
     name = "svm-eq"
+    cost_hint = 84.0
     title = "Multi-token selection: GD follows the SVM-equivalence W^eq, not the single-token SVM"
     claims = {
         "E1": "1 − corr(W(k), W^eq) → 0: the SVM-equivalence of the selected sets predicts GD's direction",

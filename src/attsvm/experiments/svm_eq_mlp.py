@@ -54,6 +54,7 @@ def mlp_instance(n: int, T: int, d: int, seed: int, activation: str, depth: int)
 @dataclass
 class SVMEqMLP(Experiment):
     name = "svm-eq-mlp"
+    cost_hint = 44.0
     title = "MLP heads (GeLU, SiLU, SwiGLU, ReLU; 1–2 layers): GD follows the SVM-equivalence W^eq"
     claims = {
         "M1": "W with MLP heads of every activation and depth: GD's direction keeps corr > 0.99 with W^eq "

@@ -30,6 +30,7 @@ __all__ = ["SVMRank", "EXPERIMENT"]
 @dataclass
 class SVMRank(Experiment):
     name = "svm-rank"
+    cost_hint = 49.0
     title = "Rank of the Frobenius vs nuclear attention SVM solutions"
     claims = {
         "R1": "rank(W*_mm) (nuclear) is below rank(W_mm) (Frobenius) — nuclear-norm bias of (K,Q) towards low rank",
