@@ -310,13 +310,37 @@ def test_svm_eq_follow_up_trials_continue_the_seed_order() -> None:
 def test_reproduce_all_overlaps_experiments_on_workers(tmp_path: Path) -> None:
     """With worker processes two experiments run at once; every one still completes, the index keeps
     the canonical order and the headline numbers equal the in-process run's."""
-    from attsvm.experiments import reproduce_all
+    import threading
+
+    from attsvm.experiments import _runner, reproduce_all
 
     names = ["nuclear-identity", "gd-paths", "multiclass"]
     seen: list[str] = []
-    par = reproduce_all(
-        out=tmp_path / "par", names=names, quick=True, workers=2, progress=False, on_done=lambda r: seen.append(r.name)
-    )
+    active, most = [0], [0]
+    lock = threading.Lock()
+    real = _runner.reproduce
+
+    def counting(*a, **k):  # how many experiments are inside reproduce() at once
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            return real(*a, **k)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_runner, "reproduce", counting)
+        par = reproduce_all(
+            out=tmp_path / "par",
+            names=names,
+            quick=True,
+            workers=2,
+            progress=False,
+            on_done=lambda r: seen.append(r.name),
+        )
+    assert most[0] == 2  # two experiments ran at once
     ser = reproduce_all(out=tmp_path / "ser", names=names, quick=True, progress=False)
     assert sorted(seen) == sorted(names) and [r.name for r in par] == names
     entries = json.loads((tmp_path / "par" / "index.json").read_text())

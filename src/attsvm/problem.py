@@ -222,7 +222,25 @@ class Head:
         return x @ self.weights
 
 
-class AttentionProblem:
+class _TokenShape:
+    """``n``, ``T``, ``d`` of a problem whose tokens ``X`` have shape (n, T, d) (docs/spec.md §1)."""
+
+    X: NDArray[np.float64]
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def T(self) -> int:
+        return int(self.X.shape[1])
+
+    @property
+    def d(self) -> int:
+        return int(self.X.shape[2])
+
+
+class AttentionProblem(_TokenShape):
     """One attention-ERM instance (docs/spec.md §1).
 
     Parameters
@@ -301,18 +319,6 @@ class AttentionProblem:
             arr.setflags(write=False)
 
     # ------------------------------------------------------------------ shapes and views
-    @property
-    def n(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def T(self) -> int:
-        return int(self.X.shape[1])
-
-    @property
-    def d(self) -> int:
-        return int(self.X.shape[2])
-
     @property
     def self_attention(self) -> bool:
         return self.Z is None

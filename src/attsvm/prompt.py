@@ -31,6 +31,7 @@ from ._validation import (
     check_selection,
     check_tokens,
 )
+from .problem import _TokenShape
 
 __all__ = ["PromptProblem", "paper_joint_problem", "paper_loss_problem", "random_prompt_problem"]
 
@@ -38,7 +39,7 @@ __all__ = ["PromptProblem", "paper_joint_problem", "paper_loss_problem", "random
 TIE_RTOL = 1e-12
 
 
-class PromptProblem:
+class PromptProblem(_TokenShape):
     """One prompt-attention instance (module doc; docs/spec.md §8).
 
     Parameters
@@ -73,19 +74,7 @@ class PromptProblem:
         for arr in (self.X, self.y, self.W, self.keys) + ((v_arr,) if v_arr is not None else ()):
             arr.setflags(write=False)
 
-    # ------------------------------------------------------------------ sizes
-    @property
-    def n(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def T(self) -> int:
-        return int(self.X.shape[1])
-
-    @property
-    def d(self) -> int:
-        return int(self.X.shape[2])
-
+    # ------------------------------------------------------------------ sizes (n, T, d: _TokenShape)
     @property
     def m(self) -> int:
         """The prompt dimension (columns of W)."""
