@@ -60,6 +60,8 @@ def build(kind: str, attn: str):
                 max_position_embeddings=4096,
             )
         else:  # the shape of attsvm's retrieval LM (analysis/lm.py, RETRIEVAL_LM)
+            from attsvm.analysis.lm import RETRIEVAL_LM
+
             cfg = LlamaConfig(
                 vocab_size=1024,
                 hidden_size=64,
@@ -69,6 +71,8 @@ def build(kind: str, attn: str):
                 num_key_value_heads=2,
                 head_dim=32,
                 max_position_embeddings=4096,
+                rope_theta=RETRIEVAL_LM.rope_theta,
+                attention_bias=RETRIEVAL_LM.attention_bias,
             )
         model = LlamaForCausalLM(cfg).eval()
     model.config._attn_implementation = attn

@@ -85,6 +85,9 @@ def test_llama_training_is_seeded_cached_and_loads(tmp_path):
         assert torch.equal(pa, pb), na
     cfg = ma.config
     assert cfg.model_type == "llama" and cfg.num_attention_heads == 4 and cfg.num_key_value_heads == 2  # GQA
+    # the recipe's architecture: projections with biases, a slow RoPE base
+    assert cfg.attention_bias and ma.model.layers[0].self_attn.q_proj.bias is not None
+    assert cfg.rope_parameters["rope_theta"] == TINY_RETRIEVAL_LM.rope_theta == 500_000.0
     assert ma.config._attn_implementation == "eager"
     meta = json.loads((a / "attsvm_lm.json").read_text())
     assert meta["config"] == dataclasses.asdict(TINY_RETRIEVAL_LM) and meta["arch"] == "llama"
@@ -98,6 +101,23 @@ def test_llama_training_is_seeded_cached_and_loads(tmp_path):
     assert isinstance(answer, str)
 
 
+def test_warm_phase_draws_repeated_codes_without_drills(tmp_path, monkeypatch):
+    """The first ``warm`` fraction of the steps: a share ``warm_repeat_share`` of repeated codes and no drills."""
+    from attsvm.analysis import lm
+
+    seen = []
+    real = lm._task_batch
+
+    def spy(*args, drill, repeat):
+        seen.append((drill, repeat))
+        return real(*args, drill=drill, repeat=repeat)
+
+    monkeypatch.setattr(lm, "_task_batch", spy)
+    config = dataclasses.replace(TINY_RETRIEVAL_LM, steps=8, warm=0.5, warm_repeat_share=0.8)
+    train_llama_lm(tmp_path / "w", config)
+    assert seen == [(0.0, 0.8)] * 4 + [(config.drill_share, config.repeat_share)] * 4
+
+
 def test_llama_settings_are_checked(tmp_path):
     with pytest.raises(ValueError, match="n_head must be divisible by n_kv_head"):
         LlamaLMConfig(n_head=4, n_kv_head=3)
@@ -105,6 +125,14 @@ def test_llama_settings_are_checked(tmp_path):
         LlamaLMConfig(min_len=2000)
     with pytest.raises(ValueError, match="vocab_size must be >= 512"):
         LlamaLMConfig(vocab_size=300)
+    with pytest.raises(ValueError, match="warm must be in"):
+        LlamaLMConfig(warm=1.0)
+    with pytest.raises(ValueError, match="warm_repeat_share"):
+        LlamaLMConfig(warm_repeat_share=1.5)
+    with pytest.raises(ValueError, match="rope_theta"):
+        LlamaLMConfig(rope_theta=0.0)
+    with pytest.raises(TypeError, match="attention_bias must be a bool"):
+        LlamaLMConfig(attention_bias=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="config must be a LlamaLMConfig"):
         train_llama_lm(tmp_path, TINY_LM)
     with pytest.raises(FileNotFoundError, match="not an attsvm Llama LM checkpoint"):

@@ -30,7 +30,7 @@ RATIOS = (0.25, 0.5, 0.9)
 ATOL, RTOL = 1e-6, 1e-5
 
 
-def llama(attn: str = "sdpa", *, n_kv: int = 2, seed: int = 0):
+def llama(attn: str = "sdpa", *, n_kv: int = 2, seed: int = 0, bias: bool = False):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB,
@@ -41,6 +41,7 @@ def llama(attn: str = "sdpa", *, n_kv: int = 2, seed: int = 0):
         num_key_value_heads=n_kv,
         max_position_embeddings=256,
         rope_theta=100.0,
+        attention_bias=bias,  # the retrieval LM has q/k/v/o biases
     )
     model = transformers.LlamaForCausalLM(cfg)
     model.config._attn_implementation = attn
@@ -84,9 +85,10 @@ def test_every_layer_keeps_compute_n_kept_keys(model, cls, ratio):
             assert must <= set(slots) or len(slots) < len(must)
 
 
-def test_prefill_scores_equal_the_models_own_attention():
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_prefill_scores_equal_the_models_own_attention(bias):
     """The press recomputes the window's logits with RoPE from the hidden states; they must be the model's."""
-    model = llama("eager")
+    model = llama("eager", bias=bias)
     x = ids()
     w = 8
     seen = {}
@@ -222,12 +224,13 @@ def _decode_and_capture(model, press_cls, steps: int, **kw):
     return captured["scores"], probs, rotated_now
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("press_cls", [SVMarginPress, H2OPress], ids=["svm", "h2o"])
-def test_decoding_press_scores_equal_a_full_recomputation(press_cls):
+def test_decoding_press_scores_equal_a_full_recomputation(press_cls, bias):
     """At the compression step, the scores from the buffered hidden states (RoPE at their own positions) equal
     the ones recomputed from the model's own attention at every buffered step; rotating all buffered queries to
     the current position (kvpress's window presses) gives other scores."""
-    model = llama("eager")
+    model = llama("eager", bias=bias)
     steps = 6
     scores, probs, rotated_now = _decode_and_capture(model, press_cls, steps)
     K = 20 + steps
