@@ -71,7 +71,7 @@ def build(kind: str, attn: str):
                 num_key_value_heads=2,
                 head_dim=32,
                 max_position_embeddings=4096,
-                rope_theta=RETRIEVAL_LM.rope_theta,
+                rope_parameters={"rope_type": "default", "rope_theta": RETRIEVAL_LM.rope_theta},
                 attention_bias=RETRIEVAL_LM.attention_bias,
             )
         model = LlamaForCausalLM(cfg).eval()
