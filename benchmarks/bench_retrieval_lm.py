@@ -10,8 +10,8 @@ ablation turns one of them back:
 - ``rope-10k``: ``rope_theta=10_000`` (Llama 2's RoPE base).
 
 Every row trains a fresh model (seeded) in a temporary folder and scores greedy answers on held-out filler
-(``--samples`` contexts per task, seed 123, the slow test's setting). A run of the four rows takes about 15
-minutes on 2 cores; ``--only default`` about 4.
+(``--samples`` contexts per task, seed 123, the slow test's setting). A run of the four rows takes 15–20
+minutes on 2 cores; ``--only default`` about 5.
 
     .venv/bin/python benchmarks/bench_retrieval_lm.py [--only default no-bias ...] [--samples 25] [--seed 0]
 """

@@ -44,6 +44,11 @@ def llama(attn: str = "sdpa", *, n_kv: int = 2, seed: int = 0, bias: bool = Fals
         attention_bias=bias,  # the retrieval LM has q/k/v/o biases
     )
     model = transformers.LlamaForCausalLM(cfg)
+    if bias:  # transformers initialises biases to zero: give them values, or a press ignoring them would pass
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("_proj.bias"):
+                    p.normal_(0.0, 0.5)
     model.config._attn_implementation = attn
     return model.double().eval()
 
