@@ -289,8 +289,8 @@ class LlamaLMConfig:
 
     - ``attention_bias``: q/k/v/o projections with a bias (Qwen2 has q/k/v biases). A previous-token head attends by
       position alone; under RoPE without biases the queries and keys of every token must first grow a shared
-      component. On repeated random codes alone, the answer loss was still 3.6 after 900 steps without biases and
-      1.3 with them.
+      component. On repeated random codes alone (``init_std=0.1``, ``lr=3e-3``), the answer loss was still 3.6
+      after 900 steps without biases and 1.3 with them.
     - ``warm``: the first ``warm`` fraction of the steps draws a share ``warm_repeat_share`` of repeated random
       codes (no drills), the cleanest induction signal.
     - ``rope_theta``: a slow RoPE base (Llama 3's 500,000). A content match between tokens ~1,000 positions
