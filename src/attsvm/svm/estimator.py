@@ -274,8 +274,11 @@ class AttentionSVM:
 
         Frobenius instances (``backend="auto"``) of one shape with at most ``BATCH_MAX_K`` constraint
         rows are solved together as one vectorised program and certified together
-        (:mod:`attsvm.svm.batch`); every other instance, and any that leaves the batch (a duplicate
-        token, an unsettled active set, a certificate that misses ``tol``), goes through :meth:`fit`.
+        (:mod:`attsvm.svm.batch`); nuclear instances (``rank=None``, ``backend="auto"``) whose reduced
+        programs share a shape are solved together by a batched interior-point method
+        (:mod:`attsvm.svm.batch_nuclear`) and certified one by one as :meth:`fit` certifies. Every other
+        instance, and any that leaves a batch (a duplicate token, an unsettled active set, a certificate
+        that misses ``tol``, an infeasible instance), goes through :meth:`fit`.
 
         Parameters
         ----------
@@ -285,7 +288,7 @@ class AttentionSVM:
         A selection that :meth:`fit` would refuse (a tie, an index out of range) raises here,
         before anything is solved, naming the problem's position.
         """
-        from . import batch
+        from . import batch, batch_nuclear
         from .frobenius import FrobeniusOptions
 
         self._validate_params()
@@ -321,6 +324,9 @@ class AttentionSVM:
                     fitted = batch.solve_group(self, [probs[i] for i in members], [alphas[i] for i in members], opt)
                 for i, e in zip(members, fitted):
                     out[i] = e
+        if batch_nuclear.ready(self):
+            with blas_threads(1):
+                out = batch_nuclear.solve_many(self, probs, alphas)
         params = self.get_params()
         return [e if e is not None else type(self)(**params).fit(p, a) for e, p, a in zip(out, probs, alphas)]
 
@@ -380,7 +386,21 @@ class AttentionSVM:
     def _fit_here(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
         t0 = time.perf_counter()
         raw, backend = self._solve(cs)
-        self.solve_time_ = time.perf_counter() - t0
+        return self._accept(cs, alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
+
+    def _accept(
+        self,
+        cs: ConstraintSet,
+        alpha: NDArray[np.int64] | None,
+        raw: RawSolution,
+        backend: str,
+        solve_time: float,
+        stacklevel: int = 3,
+    ) -> AttentionSVM:
+        """The fitted attributes from a backend's raw solution: the status only with a certificate that
+        passes (optimal) or a verified Farkas certificate (infeasible). Also the end of the batched
+        nuclear route (:mod:`attsvm.svm.batch_nuclear`), so that both routes certify alike."""
+        self.solve_time_ = solve_time
         self.backend_ = backend
         self.n_iter_ = int(raw.n_iter)
         self.info_ = {k: v for k, v in raw.info.items() if k not in ("K", "Q")}
@@ -393,7 +413,9 @@ class AttentionSVM:
         if raw.W is None:  # the backend failed: report it, never hide it
             self._clear(status=MAX_ITER if raw.status == MAX_ITER else ERROR)
             msg = raw.info.get("message", raw.info.get("cvxpy_status", raw.status))
-            warnings.warn(f"AttentionSVM: backend {backend} returned no solution ({msg})", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"AttentionSVM: backend {backend} returned no solution ({msg})", RuntimeWarning, stacklevel=stacklevel
+            )
             return self
         self._set_certificate(cs, raw)
         return self

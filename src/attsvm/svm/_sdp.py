@@ -1,0 +1,235 @@
+"""A batched primal–dual interior-point method for many small nuclear-norm SVMs (docs/spec.md §3).
+
+The reduced nuclear SVM of :mod:`.nuclear` (rows normalised, ``M`` of size r_a × r_z) is the
+semidefinite program
+
+    min ⟨C, X⟩ = ½(tr P₁ + tr P₂)   s.t.   X = [[P₁, M], [Mᵀ, P₂]] ⪰ 0,   ⟨F_k, X⟩ = a_kᵀ M z_k ≥ b_k (= on equality rows)
+
+with ``C = ½ I`` and ``F_k = ½(u_k v_kᵀ + v_k u_kᵀ)``, ``u_k = (a_k, 0)``, ``v_k = (0, z_k)`` (the
+variational form of ‖M‖_*). Its dual is ``max bᵀy s.t. Z = C − Σ_k y_k F_k ⪰ 0, y ≥ 0 on
+inequalities``, i.e. ``‖Σ_k y_k a_k z_kᵀ‖₂ ≤ 1``: the dual of docs/spec.md §3, whose multipliers y are
+the certificate's λ.
+
+:func:`ipm_many` solves B instances of one shape (K rows, r_a, r_z) at once by the infeasible
+primal–dual method with the HKM search direction and Mehrotra's predictor–corrector. Every step is
+a batched NumPy/LAPACK call over the stack; an instance never depends on the others of its batch
+(each has its own step lengths, centring and stopping test). The Schur complement of the HKM system,
+``S_kl = tr(F_k X F_l Z⁻¹)``, needs no N × N products per row pair: F_k has rank 2, so
+
+    4·S = (U_xᵀV)∘(U_zᵀV)ᵀ-type terms = G^X_{uv}ᵀ∘G^Z_{uv} + G^X_{uv}∘G^Z_{uv}ᵀ + G^X_{vv}∘G^Z_{uu} + G^X_{uu}∘G^Z_{vv}
+
+with the K × K Gram matrices ``G^X_{uu} = A X₁₁ Aᵀ``, ``G^X_{uv} = A X₁₂ Zᵀ``, ``G^X_{vv} = Z X₂₂ Zᵀ``
+(rows a_k, z_k) and the same for Z⁻¹: O(K²(r_a + r_z)) per iteration.
+
+The interior point stops at a relative gap and infeasibility of ``tol``; the caller
+(:mod:`.batch`) makes the primal exactly feasible, certifies it with the certificate of
+:mod:`.certificate` and sends every instance that does not certify to the one-at-a-time solver.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["ipm_many"]
+
+# fraction of the distance to the boundary of the cone that a step may cover
+STEP_FRACTION = 0.95
+# an instance whose merit (max of relative gap, primal and dual infeasibility) is below STALL_BELOW
+# and has not halved in STALL_ITERS iterations stops there (round-off floor); its point is certified
+STALL_BELOW = 1e-7
+STALL_ITERS = 3
+PREDICTOR_EXACT = True
+
+
+def _sym(X: NDArray[np.float64]) -> NDArray[np.float64]:
+    return 0.5 * (X + X.transpose(0, 2, 1))
+
+
+def _guarded(fn, *arrays: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """``fn`` over the stack, and which instances it succeeded on: when LAPACK refuses one instance
+    (not positive definite, singular), the others are computed one by one, so that it poisons no one."""
+    B = arrays[0].shape[0]
+    try:
+        return fn(*arrays), np.ones(B, dtype=bool)
+    except np.linalg.LinAlgError:
+        ok = np.ones(B, dtype=bool)
+        outs = []
+        for i in range(B):
+            try:
+                outs.append(fn(*(a[i : i + 1] for a in arrays))[0])
+            except np.linalg.LinAlgError:
+                ok[i] = False
+                outs.append(None)
+        shape = next(o.shape for o in outs if o is not None) if ok.any() else None
+        if shape is None:
+            return np.zeros((0,)), ok
+        return np.stack([o if o is not None else np.full(shape, np.nan) for o in outs]), ok
+
+
+def _apply(F: NDArray[np.float64], Zq: NDArray[np.float64], G: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``⟨F_k, G⟩`` for every row (G need not be symmetric): ``a_kᵀ sym(G)₁₂ z_k``."""
+    r_a = F.shape[2]
+    H = 0.5 * (G[:, :r_a, r_a:] + G[:, r_a:, :r_a].transpose(0, 2, 1))
+    return np.einsum("pkr,pkr->pk", F @ H, Zq)
+
+
+def _adjoint(F: NDArray[np.float64], Zq: NDArray[np.float64], v: NDArray[np.float64], N: int) -> NDArray[np.float64]:
+    """``Σ_k v_k F_k`` = ½[[0, Y], [Yᵀ, 0]] with ``Y = Σ_k v_k a_k z_kᵀ``."""
+    r_a = F.shape[2]
+    Y = 0.5 * (F.transpose(0, 2, 1) @ (v[:, :, None] * Zq))
+    out = np.zeros((F.shape[0], N, N))
+    out[:, :r_a, r_a:] = Y
+    out[:, r_a:, :r_a] = Y.transpose(0, 2, 1)
+    return out
+
+
+def _max_step(Li: NDArray[np.float64], D: NDArray[np.float64], exact: bool = True) -> NDArray[np.float64]:
+    """Largest α (capped at 1e30) with ``LLᵀ + αD ⪰ 0`` given ``Li = L⁻¹``: from the smallest eigenvalue of
+    ``L⁻¹ D L⁻ᵀ``, or (``exact=False``) a lower bound from its Frobenius norm (no eigenvalues)."""
+    S = Li @ D @ Li.transpose(0, 2, 1)
+    ev = np.linalg.eigvalsh(S)[:, 0] if exact else -np.sqrt(np.einsum("pij,pij->p", S, S))
+    return np.where(ev < 0, -1.0 / np.minimum(ev, -1e-300), 1e30)
+
+
+def _max_step_vec(x: NDArray[np.float64], dx: NDArray[np.float64], on: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Largest α with ``x + α dx ≥ 0`` on the rows ``on`` (capped at 1e30)."""
+    neg = on & (dx < 0)
+    ratio = np.where(neg, -x / np.where(neg, dx, -1.0), 1e30)
+    return ratio.min(axis=1, initial=1e30)
+
+
+def ipm_many(
+    Fs: NDArray[np.float64],
+    Zs: NDArray[np.float64],
+    b: NDArray[np.float64],
+    ineq: NDArray[np.bool_],
+    *,
+    tol: float = 3e-10,
+    max_iter: int = 60,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.bool_], NDArray[np.int64]]:
+    """Solve B reduced nuclear SVMs (module doc) of one shape.
+
+    Parameters
+    ----------
+    Fs : (B, K, r_a) features a_k of the rows (unit norm). Zs : (B, K, r_z) their queries z_k (unit norm).
+    b : (B, K) right-hand sides. ineq : (B, K) True on inequality rows, False on equality rows.
+
+    Returns
+    -------
+    M : (B, r_a, r_z) the off-diagonal block of X. y : (B, K) the dual multipliers.
+    converged : (B,) whether the instance reached ``tol`` (else it stalled below ``STALL_BELOW``, lost
+        positive definiteness or ran out of iterations: M and y are its last point, or 0).
+    iters : (B,) interior-point iterations.
+    """
+    B, K, r_a = Fs.shape
+    r_z = Zs.shape[2]
+    N = r_a + r_z
+    m = ineq.sum(axis=1)  # inequality rows per instance (the LP cone's dimension)
+    eye = np.eye(N)
+    xi = 1.0  # (X = Z = I: the rows are unit and b is O(1) in solver units; fewest iterations measured)
+    X = np.broadcast_to(xi * eye, (B, N, N)).copy()
+    Zm = X.copy()
+    y = np.where(ineq, xi, 0.0)
+    s = np.where(ineq, xi, 0.0)
+    iters = np.zeros(B, dtype=np.int64)
+    converged = np.zeros(B, dtype=bool)
+    bnorm = 1.0 + np.abs(b).max(axis=1)
+    M_out = np.zeros((B, r_a, r_z))
+    y_out = np.zeros((B, K))
+    best = np.full(B, np.inf)
+    since = np.zeros(B, dtype=np.int64)
+    pend = np.arange(B)
+    for _ in range(max_iter):
+        if pend.size == 0:
+            break
+        # factors of X and Z (an instance whose cone matrix LAPACK refuses leaves, unconverged)
+        (Lx, okx), (Lz, okz) = _guarded(np.linalg.cholesky, X), _guarded(np.linalg.cholesky, Zm)
+        F, Zq, bb, iq, mm = Fs[pend], Zs[pend], b[pend], ineq[pend], m[pend]
+        ok = okx & okz
+        Ay = _adjoint(F, Zq, y, N)
+        Rd = 0.5 * eye - Ay - Zm
+        rp = bb - _apply(F, Zq, X) + s
+        mu = (np.einsum("pij,pij->p", X, Zm) + (s * y).sum(axis=1)) / (N + mm)
+        pobj = 0.5 * np.trace(X, axis1=1, axis2=2)
+        dobj = (bb * y).sum(axis=1)
+        gap = np.abs(pobj - dobj) / (1.0 + np.abs(pobj) + np.abs(dobj))
+        pinf = np.abs(rp).max(axis=1) / bnorm[pend]
+        dinf = np.abs(Rd).max(axis=(1, 2))
+        merit = np.maximum(np.maximum(gap, pinf), dinf)
+        conv = ok & (merit <= tol)
+        # stalled: no halving of the merit over STALL_ITERS iterations once it is below STALL_BELOW
+        # (the primal residual floors near 1e-10 on degenerate instances); the caller certifies the point
+        improved = merit < 0.5 * best[pend]
+        best[pend] = np.where(improved, merit, best[pend])
+        since[pend] = np.where(improved, 0, since[pend] + 1)
+        stalled = ok & (since[pend] >= STALL_ITERS) & (merit <= STALL_BELOW)
+        done = conv | stalled
+        if done.any():
+            idx = pend[done]
+            M_out[idx] = X[done][:, :r_a, r_a:]
+            y_out[idx] = y[done]
+            converged[idx] = conv[done]
+        keep = ok & ~done
+        if not keep.all():
+            pend = pend[keep]
+            if pend.size == 0:
+                break
+            X, Zm, y, s, Lx, Lz, Rd, rp, mu = (v[keep] for v in (X, Zm, y, s, Lx, Lz, Rd, rp, mu))
+            F, Zq, bb, iq, mm = Fs[pend], Zs[pend], b[pend], ineq[pend], m[pend]
+        iters[pend] += 1
+        FT, ZT = F.transpose(0, 2, 1), Zq.transpose(0, 2, 1)
+        Lxi, Lzi = np.linalg.inv(Lx), np.linalg.inv(Lz)
+        Zi = Lzi.transpose(0, 2, 1) @ Lzi
+        # the Schur complement S_kl = tr(F_k X F_l Z⁻¹) from K × K Gram matrices (module doc)
+        xuu, xvv, xuv = (F @ X[:, :r_a, :r_a]) @ FT, (Zq @ X[:, r_a:, r_a:]) @ ZT, (F @ X[:, :r_a, r_a:]) @ ZT
+        zuu, zvv, zuv = (F @ Zi[:, :r_a, :r_a]) @ FT, (Zq @ Zi[:, r_a:, r_a:]) @ ZT, (F @ Zi[:, :r_a, r_a:]) @ ZT
+        S = xuv.transpose(0, 2, 1) * zuv + xuv * zuv.transpose(0, 2, 1) + xvv * zuu + xuu * zvv
+        S *= 0.25
+        ysafe = np.where(iq, y, 1.0)
+        S[:, np.arange(K), np.arange(K)] += np.where(iq, s / ysafe, 0.0)
+        XRdZi = X @ Rd @ Zi
+        bad = np.zeros(pend.size, dtype=bool)
+
+        def direction(Rc_Zi: NDArray[np.float64], rs: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+            """(ΔX, Δy, ΔZ, Δs) for the complementarity right-hand sides ``R_c Z⁻¹`` and ``r_s``."""
+            rhs = rp - _apply(F, Zq, Rc_Zi - XRdZi) + np.where(iq, rs / ysafe, 0.0)
+            sol, ok_s = _guarded(np.linalg.solve, S, rhs[:, :, None])
+            bad[~ok_s] = True
+            dy = np.where(ok_s[:, None], sol[:, :, 0], 0.0)
+            dZ = Rd - _adjoint(F, Zq, dy, N)
+            dX = _sym(Rc_Zi - X @ dZ @ Zi)
+            ds = np.where(iq, (rs - s * dy) / ysafe, 0.0)
+            return dX, dy, dZ, ds
+
+        def steps(dX, dy, dZ, ds, exact=True):  # type: ignore[no-untyped-def]
+            ap = np.minimum(_max_step(Lxi, dX, exact), _max_step_vec(s, ds, iq))
+            ad = np.minimum(_max_step(Lzi, dZ, exact), _max_step_vec(y, dy, iq))
+            return np.minimum(1.0, ap), np.minimum(1.0, ad)
+
+        # predictor (σ = 0): R_c = −XZ, so R_c Z⁻¹ = −X
+        aX, ay, aZ, as_ = direction(-X, -s * y)
+        ap, ad = steps(aX, ay, aZ, as_, PREDICTOR_EXACT)
+        mu_aff = (
+            np.einsum("pij,pij->p", X + ap[:, None, None] * aX, Zm + ad[:, None, None] * aZ)
+            + ((s + ap[:, None] * as_) * (y + ad[:, None] * ay)).sum(axis=1)
+        ) / (N + mm)
+        smu = np.clip(mu_aff / mu, 0.0, 1.0) ** 3 * mu
+        # corrector: R_c = σμI − XZ − ΔX_a ΔZ_a
+        Rc_Zi = smu[:, None, None] * Zi - X - aX @ aZ @ Zi
+        rs = np.where(iq, smu[:, None] - s * y - as_ * ay, 0.0)
+        dX, dy, dZ, ds = direction(Rc_Zi, rs)
+        ap, ad = steps(dX, dy, dZ, ds)
+        ap, ad = np.minimum(1.0, STEP_FRACTION * ap), np.minimum(1.0, STEP_FRACTION * ad)
+        X = _sym(X + ap[:, None, None] * dX)
+        s = s + ap[:, None] * ds
+        Zm = _sym(Zm + ad[:, None, None] * dZ)
+        y = y + ad[:, None] * dy
+        if bad.any():  # a singular Schur complement: those instances leave, unconverged
+            keep = ~bad
+            pend = pend[keep]
+            X, Zm, y, s = (v[keep] for v in (X, Zm, y, s))
+    if pend.size:  # out of iterations: the last points, for the caller to certify or refuse
+        M_out[pend] = X[:, :r_a, r_a:]
+        y_out[pend] = y
+    return M_out, y_out, converged, iters

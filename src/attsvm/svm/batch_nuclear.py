@@ -1,0 +1,156 @@
+"""Many certified nuclear-norm attention SVMs as one vectorised program (docs/spec.md §3).
+
+:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` hands the nuclear instances
+(``norm="nuc"``, no rank constraint, ``backend="auto"``) here:
+
+1. **Constraints and reduction**, per instance, exactly as :func:`~attsvm.svm.nuclear.solve_nuclear`
+   does them (:func:`~attsvm.svm.reduction.reduce`: unit rows, the subspaces of the features and
+   queries, a global power-of-two scale), so that an instance is solved in the same units either way.
+2. **Interior point, batched**: instances whose reduced programs have the same shape
+   (K rows, r_a, r_z) are stacked and solved together by :func:`attsvm.svm._sdp.ipm_many`, the
+   primal–dual interior-point method on the semidefinite form of the nuclear SVM.
+3. **Lift and certify**, per instance, exactly as ``fit``: the primal made exactly feasible
+   (:func:`~attsvm.svm._factored._make_feasible`), lifted to W, and the certificate of
+   :mod:`.certificate` computed from (W, λ) in the user's units.
+
+An instance goes to :meth:`AttentionSVM.fit` instead — the augmented Lagrangian with its polish,
+its fallbacks and its Farkas certificates — when it is trivial or infeasible by inspection, too
+large for the batch (:data:`NUC_BATCH_MAX_K`, :data:`NUC_BATCH_MAX_N`), or when its interior point
+does not certify at ``tol`` (an infeasible instance never does). So every instance comes back as
+``fit`` would return it: optimal with a passing certificate, or whatever ``fit`` says; a failing
+instance never changes the others. The interior point is also an independent check of the
+augmented Lagrangian: the two agree on every instance of the tests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._base import RawSolution, _att_svm_constraints
+from ._factored import _make_feasible, _nuclear, _reduce
+from ._sdp import ipm_many
+from .nuclear import _lift_dual, _trivial
+from .reduction import reduce
+from .status import OPTIMAL
+
+if TYPE_CHECKING:
+    from ..problem import AttentionProblem
+    from .estimator import AttentionSVM
+
+__all__ = ["NUC_BATCH_MAX_K", "NUC_BATCH_MAX_N", "ready", "solve_many"]
+
+# Reduced programs with more constraint rows, or a larger semidefinite block (r_a + r_z), go one at a
+# time: the interior point's K × K Schur complement and its N × N eigenvalue problems grow as K³ and
+# N³, while the augmented Lagrangian works on low-rank factors (benchmarks/bench_batch.py)
+NUC_BATCH_MAX_K = 160
+NUC_BATCH_MAX_N = 48
+# instances per interior-point call (bounds the memory of the K × K and N × N stacks)
+NUC_CHUNK = 256
+
+
+# rows whose multiplier exceeds this fraction of the largest are taken as tight (or equality rows)
+TIGHT_RTOL = 1e-6
+
+
+def _tighten(
+    Fs: NDArray[np.float64],
+    Zs: NDArray[np.float64],
+    b: NDArray[np.float64],
+    ineq: NDArray[np.bool_],
+    y: NDArray[np.float64],
+    M: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """The least-norm correction of M that makes the rows with a positive multiplier hold with
+    equality (and the equality rows): ``M + Σ_S δ_k a_k z_kᵀ`` with ``G_SS δ = b_S − 𝒜_S(M)``.
+
+    On degenerate instances (many more rows than entries of M) the interior point's primal residual
+    floors near 1e-9–1e-8 (its Schur complement is nearly singular); rescaling M onto the constraints
+    would cost that much relative objective, while this correction costs only second order: at the
+    optimum 𝒜*(y) is a subgradient of ‖·‖_* at M, so the first-order change Σ_S y_k (b_k − 𝒜_k(M)) is
+    what the infeasible point had gained."""
+    S = ~ineq | (y > TIGHT_RTOL * max(float(y.max(initial=0.0)), 1e-300))
+    if not S.any():
+        return M
+    F, Z = Fs[S], Zs[S]
+    r = b[S] - np.einsum("kr,kr->k", F @ M, Z)
+    G = (F @ F.T) * (Z @ Z.T)
+    delta = np.linalg.lstsq(G, r, rcond=1e-12)[0]
+    return M + F.T @ (delta[:, None] * Z)
+
+
+def ready(est: AttentionSVM) -> bool:
+    """Whether ``est``'s parameters take the batched nuclear route."""
+    return est.norm == "nuc" and est.rank is None and est.backend == "auto"
+
+
+def solve_many(
+    est: AttentionSVM, problems: list[AttentionProblem], alphas: list[NDArray[np.int64]]
+) -> list[AttentionSVM | None]:
+    """Fit the nuclear SVMs of ``problems`` at ``alphas`` (module doc).
+
+    Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
+    must go through ``fit``."""
+    out: list[AttentionSVM | None] = [None] * len(problems)
+    prepared = []
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i, (p, a) in enumerate(zip(problems, alphas)):
+        t0 = time.perf_counter()
+        cs = _att_svm_constraints(p, a)
+        reduction = reduce(cs)
+        red = _reduce(reduction)
+        idx = np.flatnonzero(red.mask.ravel())
+        r_a, r_z = red.A.shape[2], red.Z.shape[1]
+        prepared.append((cs, reduction, red, idx, time.perf_counter() - t0))
+        if _trivial(cs, reduction, red, t0, "") is not None:
+            continue  # (fit returns these at once, or with their Farkas certificate)
+        if idx.size > NUC_BATCH_MAX_K or r_a + r_z > NUC_BATCH_MAX_N:
+            continue
+        groups.setdefault((idx.size, r_a, r_z), []).append(i)
+    params = est.get_params()
+    for (_, r_a, _), members in groups.items():
+        for start in range(0, len(members), NUC_CHUNK):
+            chunk = members[start : start + NUC_CHUNK]
+            t0 = time.perf_counter()
+            reds = [prepared[i][2] for i in chunk]
+            idxs = [prepared[i][3] for i in chunk]
+            T = reds[0].mask.shape[1]
+            Fs = np.stack([r.A.reshape(-1, r_a)[k] for r, k in zip(reds, idxs)])
+            Zs = np.stack([r.Z[k // T] for r, k in zip(reds, idxs)])
+            b = np.stack([r.b.ravel()[k] for r, k in zip(reds, idxs)])
+            ineq = np.stack([r.ineq.ravel()[k] for r, k in zip(reds, idxs)])
+            M, y, _, iters = ipm_many(Fs, Zs, b, ineq)
+            per = (time.perf_counter() - t0) / len(chunk)
+            for j, i in enumerate(chunk):
+                cs, reduction, red, idx, t_prep = prepared[i]
+                t1 = time.perf_counter()
+                lam_r = np.zeros(red.mask.size)
+                lam_r[idx] = y[j]
+                # the interior point's primal and its tightened version, both made exactly feasible:
+                # the smaller nuclear norm (the dual bound is the same for both)
+                cands = [_make_feasible(red, M[j]), _make_feasible(red, _tighten(Fs[j], Zs[j], b[j], ineq[j], y[j], M[j]))]
+                Mf = min(cands, key=lambda C: (red.violation(red.apply(C)) > 1e-12, _nuclear(C)))
+                W = reduction.lift_W(Mf)
+                lam = reduction.lift_dual(_lift_dual(red, lam_r.reshape(red.mask.shape)))
+                info = {
+                    "solver": "ipm-hkm-batched",
+                    "path": "batched-ipm",
+                    "rank_reduced": (red.A.shape[2], red.Z.shape[1]),
+                    "iterations": int(iters[j]),
+                    "batch_size": len(chunk),
+                }
+                raw = RawSolution(W, lam, OPTIMAL, int(iters[j]), info)
+                e = type(est)(**params)
+                e._accept(cs, alphas[i], raw, "nuclear", t_prep + per + time.perf_counter() - t1)
+                if e.status_ == OPTIMAL:
+                    e.info_.update(
+                        objective=e.objective_,
+                        dual_objective=e.objective_ - e.duality_gap_,
+                        relative_gap=e.relative_gap_,
+                        violation=e.max_violation_,
+                    )
+                    out[i] = e
+    return out

@@ -1,0 +1,175 @@
+"""AttentionSVM("nuc").fit_many: many nuclear SVMs by one batched interior point, instance by instance
+equal to fit (docs/spec.md §3; attsvm.svm.batch_nuclear, attsvm.svm._sdp).
+
+The interior point and fit's augmented Lagrangian are two independent implementations: they must
+agree on the optimum, and the interior point alone must agree with cvxpy's Clarabel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attsvm.datasets import paper_instance, random_instance
+from attsvm.problem import AttentionProblem
+from attsvm.svm import AttentionSVM
+from attsvm.svm._base import ConstraintSet
+from attsvm.svm._factored import _reduce
+from attsvm.svm._sdp import ipm_many
+from attsvm.svm.batch_nuclear import NUC_BATCH_MAX_K, _tighten
+from attsvm.svm.reduction import reduce
+
+CERT_TOL = 1e-9  # the estimator's default tolerance: every "optimal" passes it
+OBJ_RTOL = 1e-8  # ‖W‖_* of the batch against fit's (both certified to a relative gap of 1e-9)
+# W of the batch against fit's, relative to max|W|: the nuclear optimum is unique on these generic
+# instances but less well conditioned than the Frobenius one (a 1e-9 gap pins W to about its root)
+W_RTOL = 1e-4
+CVX_RTOL = 1e-6  # interior point against cvxpy's Clarabel (which stops at about 1e-8)
+
+
+def _duplicate_selected(p: AttentionProblem, alpha: np.ndarray) -> AttentionProblem:
+    """A copy of p where sequence 0 repeats its selected token: a zero feature, infeasible."""
+    X = p.X.copy()
+    X[0, (alpha[0] + 1) % p.T] = X[0, alpha[0]]
+    return AttentionProblem(X, p.y, p.v, Z=p.Z)
+
+
+def _mixed() -> tuple[list[AttentionProblem], list[np.ndarray | None]]:
+    rng = np.random.default_rng(0)
+    probs: list[AttentionProblem] = []
+    toks: list[np.ndarray | None] = []
+    for s in range(40):  # one shape, one group
+        probs.append(paper_instance(6, 8, 10, seed=s))
+        toks.append(probs[-1].optimal_tokens(ties="first"))
+    for s in range(12):  # other shapes, non-optimal selections (some infeasible), self-attention, small d
+        p = random_instance(3, 5, 6, seed=s)
+        probs.append(p)
+        toks.append(rng.integers(0, p.T, size=p.n))
+        q = paper_instance(4, 6, 8, seed=s, self_attention=True)
+        probs.append(q)
+        toks.append(q.optimal_tokens(ties="first"))
+        r = paper_instance(10, 5, 4, seed=s)  # K = 40 rows on 4 × 4 matrices: degenerate
+        probs.append(r)
+        toks.append(r.optimal_tokens(ties="first"))
+    for s in range(3):  # infeasible instances inside the batch
+        p = paper_instance(6, 8, 10, seed=100 + s)
+        a = p.optimal_tokens()
+        probs.append(_duplicate_selected(p, a))
+        toks.append(a)
+    probs.append(paper_instance(12, 16, 20, seed=0))  # K = 180 > NUC_BATCH_MAX_K: one at a time
+    toks.append(probs[-1].optimal_tokens(ties="first"))
+    return probs, toks
+
+
+def _assert_same(a: AttentionSVM, b: AttentionSVM) -> None:
+    assert a.status_ == b.status_
+    np.testing.assert_array_equal(a.tokens_, b.tokens_)
+    if b.status_ == "infeasible":
+        assert a.W_ is None and a.certificate_ is not None
+        np.testing.assert_allclose(a.certificate_, b.certificate_, atol=1e-12)
+        return
+    assert b.status_ == "optimal"
+    assert a.relative_violation_ <= CERT_TOL and a.relative_gap_ <= CERT_TOL
+    assert a.objective_ == pytest.approx(b.objective_, rel=OBJ_RTOL)
+    np.testing.assert_allclose(a.W_, b.W_, rtol=0, atol=W_RTOL * np.abs(b.W_).max())
+    assert a.rank_ == b.rank_
+
+
+def test_fit_many_equals_fit_instance_by_instance():
+    probs, toks = _mixed()
+    many = AttentionSVM("nuc").fit_many(probs, toks)
+    assert len(many) == len(probs)
+    for p, t, a in zip(probs, toks, many):
+        _assert_same(a, AttentionSVM("nuc").fit(p, t))
+    batched = [m.info_.get("path") == "batched-ipm" for m in many]
+    small = [m.status_ == "optimal" and p.n * (p.T - 1) <= NUC_BATCH_MAX_K for p, m in zip(probs, many)]
+    assert sum(small) >= 70
+    assert batched == small  # every feasible small one went through the batch, nothing else did
+    assert all(m.backend_ == "nuclear" and m.info_["solver"] == "ipm-hkm-batched" for m, b in zip(many, batched) if b)
+
+
+def test_a_failing_instance_does_not_change_the_others():
+    good = [paper_instance(6, 8, 10, seed=s) for s in range(8)]
+    toks = [p.optimal_tokens(ties="first") for p in good]
+    bad = _duplicate_selected(good[3], toks[3])
+    alone = AttentionSVM("nuc").fit_many(good, toks)
+    mixed = AttentionSVM("nuc").fit_many([*good[:5], bad, *good[5:]], [*toks[:5], toks[3], *toks[5:]])
+    assert mixed[5].status_ == "infeasible" and mixed[5].certificate_ is not None
+    for a, b in zip(alone, [*mixed[:5], *mixed[6:]]):
+        assert b.info_["path"] == "batched-ipm"
+        np.testing.assert_array_equal(a.W_, b.W_)  # bit for bit: instances never mix
+
+
+def _stacked(css: list[ConstraintSet]):
+    """The reduced rows of instances of one shape, stacked as ipm_many takes them."""
+    out = []
+    for cs in css:
+        red = _reduce(reduce(cs))
+        idx = np.flatnonzero(red.mask.ravel())
+        T = red.mask.shape[1]
+        out.append((red.A.reshape(-1, red.A.shape[2])[idx], red.Z[idx // T], red.b.ravel()[idx], red.ineq.ravel()[idx]))
+    return [np.stack(x) for x in zip(*out)], out
+
+
+def test_interior_point_matches_cvxpy_with_equality_rows():
+    pytest.importorskip("cvxpy")
+    from attsvm.svm.cvxpy_backend import solve_cvxpy
+
+    css = []
+    for s in range(3):  # docs/spec.md §5's SVM-eq shape: equalities b = 0 plus inequalities b = 1
+        p = random_instance(5, 6, 8, seed=20 + s)
+        n, T = p.n, p.T
+        rng = np.random.default_rng(s)
+        ref = np.zeros(n, dtype=np.int64)
+        A = p.X[np.arange(n), ref][:, None, :] - p.X
+        mask = np.ones((n, T), bool)
+        mask[np.arange(n), ref] = False
+        eq = mask & (rng.random((n, T)) < 0.3)
+        eq[:, 1] = True  # the same number of equality rows is not needed, but one shape keeps one batch
+        css.append(ConstraintSet(A, p.queries.copy(), mask, np.where(eq, 0.0, 1.0), eq))
+    (Fs, Zs, b, ineq), rows = _stacked(css)
+    assert (~ineq).any() and ineq.any()
+    M, y, converged, _ = ipm_many(Fs, Zs, b, ineq)
+    for j, cs in enumerate(css):
+        Mt = _tighten(*rows[j], y[j], M[j])
+        ours = np.linalg.svd(Mt, compute_uv=False).sum() * reduce(cs).global_scale
+        ref = np.linalg.svd(solve_cvxpy(cs, "nuc", solver="CLARABEL").W, compute_uv=False).sum()
+        assert ours == pytest.approx(ref, rel=CVX_RTOL)
+        # the dual: y ≥ 0 on the inequality rows, ‖Σ y_k a_k z_kᵀ‖₂ ≤ 1, bᵀy = the optimum (reduced units)
+        F, Z, bb, iq = rows[j]
+        assert np.all(y[j][iq] >= 0)
+        assert np.linalg.norm(F.T @ (y[j][:, None] * Z), 2) <= 1 + 1e-9
+        assert bb @ y[j] == pytest.approx(np.linalg.svd(Mt, compute_uv=False).sum(), rel=1e-8)
+    assert converged.all()
+
+
+def test_a_singular_instance_leaves_the_interior_point_alone():
+    # one instance whose rows are all ±(one row), with right-hand side 1 (aᵀMz ≥ 1 and −aᵀMz ≥ 1:
+    # infeasible, a rank-one Schur complement) inside a stack of feasible ones: the others converge
+    # exactly as without it
+    css = [
+        AttentionSVM("nuc").fit(paper_instance(3, 4, 5, seed=s)).constraints_ for s in range(4)
+    ]  # (the constraint sets of feasible instances)
+    (Fs, Zs, b, ineq), _ = _stacked(css)
+    assert np.all(b > 0)
+    Fs_bad, Zs_bad = Fs.copy(), Zs.copy()
+    Fs_bad[1] = Fs[1][0]
+    Zs_bad[1] = Zs[1][0]
+    Fs_bad[1, ::2] *= -1
+    M0, y0, c0, _ = ipm_many(Fs, Zs, b, ineq)
+    M1, y1, c1, _ = ipm_many(Fs_bad, Zs_bad, b, ineq)  # (every b_k > 0)
+    assert c0.all() and not c1[1]
+    for j in (0, 2, 3):
+        assert c1[j]
+        np.testing.assert_array_equal(M0[j], M1[j])
+        np.testing.assert_array_equal(y0[j], y1[j])
+
+
+@pytest.mark.parametrize("cx,cz", [(1e8, 1.0), (1e-8, 1.0), (1.0, 1e-8), (1e6, 1e6)])
+def test_fit_many_is_invariant_to_scale(cx, cz):
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(6)]
+    scaled = [AttentionProblem(p.X * cx, p.y, p.v, Z=p.Z * cz) for p in probs]
+    base = AttentionSVM("nuc").fit_many(probs)
+    many = AttentionSVM("nuc").fit_many(scaled, [p.optimal_tokens() for p in probs])
+    for a, b in zip(many, base):
+        assert a.status_ == b.status_ == "optimal" and a.info_["path"] == b.info_["path"] == "batched-ipm"
+        np.testing.assert_allclose(a.W_ * (cx * cz), b.W_, rtol=0, atol=W_RTOL * np.abs(b.W_).max())
