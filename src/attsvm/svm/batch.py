@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..problem import AttentionProblem
     from .estimator import AttentionSVM
 
-__all__ = ["BATCH_MAX_K", "group_key", "ready", "solve_group"]
+__all__ = ["BATCH_MAX_K", "group_key", "rank_deficient", "ready", "solve_group"]
 
 # Instances with more constraint rows than this go one at a time: the batched rounds carry the full
 # K × K Gram matrices (products and gathers), the one-at-a-time route builds only what its working set
@@ -228,6 +228,16 @@ def group_key(problem: AttentionProblem) -> tuple[int, ...]:
     """Instances with equal keys are stacked together."""
     n, T, d = problem.X.shape
     return (n, T, d, problem.queries.shape[1])
+
+
+def rank_deficient(problem: AttentionProblem) -> bool:
+    """More constraint rows than entries of the reduced W (K > min(d, K)·min(d_z, n)): a singular Gram
+    matrix, whose degenerate faces the active-set rounds rarely settle and where the instance is often
+    infeasible. ``fit`` solves these by the finite LDP/NNLS route (attsvm.svm.frobenius), which also
+    returns the Farkas certificate at once, so they skip the batch."""
+    n, T, d = problem.X.shape
+    K = n * (T - 1)
+    return K > min(d, K) * min(problem.queries.shape[1], n)
 
 
 def ready(est: AttentionSVM) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._base import RawSolution, _att_svm_constraints
-from ._factored import _make_feasible, _nuclear, _reduce
+from ._factored import _make_feasible, _nuclear, _reduce, _Reduced
 from ._sdp import ipm_many
 from .nuclear import _lift_dual, _trivial
 from .reduction import reduce
@@ -82,6 +82,76 @@ def _tighten(
     return M + F.T @ (delta[:, None] * Z)
 
 
+def _finish(
+    red: _Reduced,
+    Fs: NDArray[np.float64],
+    Zs: NDArray[np.float64],
+    b: NDArray[np.float64],
+    ineq: NDArray[np.bool_],
+    y: NDArray[np.float64],
+    M: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """The exactly feasible primal of one instance: the interior point's M and its tightened version
+    (:func:`_tighten`), each made exactly feasible (:func:`~attsvm.svm._factored._make_feasible`); the
+    feasible one of smaller nuclear norm (the dual bound is the same for both)."""
+    cands = [_make_feasible(red, M), _make_feasible(red, _tighten(Fs, Zs, b, ineq, y, M))]
+    return min(cands, key=lambda C: (red.violation(red.apply(C)) > 1e-12, _nuclear(C)))
+
+
+def _finish_many(
+    Fs: NDArray[np.float64],
+    Zs: NDArray[np.float64],
+    b: NDArray[np.float64],
+    scale: NDArray[np.float64],
+    y: NDArray[np.float64],
+    M: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """:func:`_finish` for a stack of instances with inequality rows only, vectorised (the same numbers:
+    the tightening as a masked K × K solve, the rescaling of _make_feasible, batched SVDs)."""
+    B, K, _ = Fs.shape
+    S = y > TIGHT_RTOL * np.maximum(y.max(axis=1, keepdims=True), 1e-300)
+    G = (Fs @ Fs.transpose(0, 2, 1)) * (Zs @ Zs.transpose(0, 2, 1))
+    r = np.where(S, b - _rows(Fs, Zs, M), 0.0)
+    GS = np.where(S[:, :, None] & S[:, None, :], G, 0.0)
+    GS[:, np.arange(K), np.arange(K)] += np.where(S, 0.0, 1.0)
+    try:
+        delta = np.linalg.solve(GS, r[:, :, None])[:, :, 0]
+        ok = np.isfinite(delta).all(axis=1)
+    except np.linalg.LinAlgError:  # a singular tight block (more tight rows than entries of M)
+        delta, ok = np.zeros((B, K)), np.zeros(B, dtype=bool)
+    Mt = M + Fs.transpose(0, 2, 1) @ (delta[:, :, None] * Zs)
+    # (where the masked solve failed, the least-squares version of _tighten)
+    for j in np.flatnonzero(~ok):
+        Mt[j] = _tighten(Fs[j], Zs[j], b[j], np.ones(K, dtype=bool), y[j], M[j])
+    C = np.concatenate([M, Mt])  # both candidates, rescaled onto the constraints as _make_feasible does
+    bb, sc = np.concatenate([b, b]), np.concatenate([scale, scale])
+    FF, ZZ = np.concatenate([Fs, Fs]), np.concatenate([Zs, Zs])
+    m = _rows(FF, ZZ, C)
+    pos = bb > 0
+    can = np.where(pos, m > 0, True).all(axis=1) & pos.any(axis=1)
+    t = np.where(can, np.max(np.where(pos, bb / np.where(m > 0, m, 1.0), -np.inf), axis=1), 1.0)
+
+    def viol(mm: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.maximum((bb - mm) * sc, 0.0).max(axis=1)
+
+    v0, vt = viol(m), viol(t[:, None] * m)
+    bmax = np.maximum(1.0, np.abs(bb * sc).max(axis=1))
+    use = can & ((vt <= v0) | (t >= 1.0)) & (vt <= 1e-12 * bmax)
+    C = np.where(use[:, None, None], t[:, None, None] * C, C)
+    v = np.where(use, vt, v0)
+    nuc = np.linalg.svd(C, compute_uv=False).sum(axis=1)
+    # the feasible one (violation ≤ 1e-12) of smaller nuclear norm, per instance (ties: the first)
+    key0 = (v[:B] > 1e-12, nuc[:B])
+    key1 = (v[B:] > 1e-12, nuc[B:])
+    take1 = (key1[0] < key0[0]) | ((key1[0] == key0[0]) & (key1[1] < key0[1]))
+    return np.where(take1[:, None, None], C[B:], C[:B])
+
+
+def _rows(Fs: NDArray[np.float64], Zs: NDArray[np.float64], M: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``a_kᵀ M z_k`` for every row of a stack."""
+    return np.einsum("bkr,bkr->bk", Fs @ M, Zs)
+
+
 def ready(est: AttentionSVM) -> bool:
     """Whether ``est``'s parameters take the batched nuclear route."""
     return est.norm == "nuc" and est.rank is None and est.backend == "auto"
@@ -123,17 +193,18 @@ def solve_many(
             b = np.stack([r.b.ravel()[k] for r, k in zip(reds, idxs)])
             ineq = np.stack([r.ineq.ravel()[k] for r, k in zip(reds, idxs)])
             M, y, _, iters = ipm_many(Fs, Zs, b, ineq)
+            if ineq.all():
+                scale = np.stack([r.scale.ravel()[k] for r, k in zip(reds, idxs)])
+                Mfs = _finish_many(Fs, Zs, b, scale, y, M)
+            else:  # (equality rows: the least-norm correction of _make_feasible, one instance at a time)
+                Mfs = np.stack([_finish(r, Fs[j], Zs[j], b[j], ineq[j], y[j], M[j]) for j, r in enumerate(reds)])
             per = (time.perf_counter() - t0) / len(chunk)
             for j, i in enumerate(chunk):
                 cs, reduction, red, idx, t_prep = prepared[i]
                 t1 = time.perf_counter()
                 lam_r = np.zeros(red.mask.size)
                 lam_r[idx] = y[j]
-                # the interior point's primal and its tightened version, both made exactly feasible:
-                # the smaller nuclear norm (the dual bound is the same for both)
-                cands = [_make_feasible(red, M[j]), _make_feasible(red, _tighten(Fs[j], Zs[j], b[j], ineq[j], y[j], M[j]))]
-                Mf = min(cands, key=lambda C: (red.violation(red.apply(C)) > 1e-12, _nuclear(C)))
-                W = reduction.lift_W(Mf)
+                W = reduction.lift_W(Mfs[j])
                 lam = reduction.lift_dual(_lift_dual(red, lam_r.reshape(red.mask.shape)))
                 info = {
                     "solver": "ipm-hkm-batched",

@@ -317,7 +317,7 @@ class AttentionSVM:
                 opt = replace(opt, max_iter=int(self.max_iter))
             groups: dict[tuple[int, ...], list[int]] = {}
             for i, p in enumerate(probs):
-                if 0 < p.n * (p.T - 1) <= batch.BATCH_MAX_K:
+                if 0 < p.n * (p.T - 1) <= batch.BATCH_MAX_K and not batch.rank_deficient(p):
                     groups.setdefault(batch.group_key(p), []).append(i)
             for members in groups.values():
                 with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)

@@ -59,7 +59,7 @@ from scipy.linalg.lapack import dposv as _dposv
 
 from .._validation import check_choice, check_finite_scalar, check_positive_int
 from ._base import ConstraintSet, Operator, RawSolution
-from .certificate import ROW_FLOOR, find_farkas, relative_violation
+from .certificate import ROW_FLOOR, farkas_certificate, find_farkas, relative_violation
 from .reduction import DenseReduction, reduce, reduce_dense
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL
 
@@ -271,6 +271,10 @@ def _solve_reduced(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
         # iteration can stall; the finite active-set LDP/NNLS route is exact there
         ldp = _ldp_nnls(cs, opt)
         if ldp is not None and ldp.status == OPTIMAL:
+            return ldp
+        if ldp is not None and ldp.status == INFEASIBLE and farkas_certificate(cs, ldp.dual).valid:
+            # the NNLS residual vanished and its u verifies as a Farkas certificate: done (else the
+            # Newton route below decides; on these shapes it is 20–30× slower to reach the same ray)
             return ldp
     raw = _working_set(cs, opt) if (use_ws and K > 0) else _projected_newton(cs, None, opt)
     if raw.status == MAX_ITER and K <= opt.ldp_max_k and opt.max_iter >= opt.ldp_min_iter:
