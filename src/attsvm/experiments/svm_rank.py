@@ -53,7 +53,11 @@ class SVMRank(Experiment):
         )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
-        return [{"key": f"n{n}-T{T}-d{d}", "n": n, "T": T, "d": d} for n, T in s["nT"] for d in s["ds"]]
+        # the costliest cells first, so that two workers finish together: below the feasibility threshold
+        # d < max(T − 1, n) a cell draws up to max_seeds instances; above it, 100 with the larger SVMs last
+        cells = [(n, T, d) for n, T in s["nT"] for d in s["ds"]]
+        cells.sort(key=lambda c: (c[2] >= max(c[1] - 1, c[0]), -c[0] * (c[1] - 1) * min(c[2], c[0])))
+        return [{"key": f"n{n}-T{T}-d{d}", "n": n, "T": T, "d": d} for n, T, d in cells]
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
         n, T, d = trial["n"], trial["T"], trial["d"]
