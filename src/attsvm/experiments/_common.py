@@ -16,7 +16,6 @@ from ..train import TrainResult, train
 
 __all__ = [
     "paper_problems",
-    "selected_svms",
     "optimal_or_none",
     "fit_svm",
     "num",
@@ -83,13 +82,6 @@ def optimal_or_none(problem: AttentionProblem) -> NDArray[np.int64] | None:
         return problem.optimal_tokens()
     except TieError:
         return None
-
-
-def selected_svms(
-    problem: AttentionProblem, tokens: NDArray[np.int64], norms: tuple[str, ...] = ("fro", "nuc")
-) -> dict[str, AttentionSVM]:
-    """Att-SVM(α) for each requested norm at the selection ``tokens``."""
-    return {nm: fit_svm(problem, tokens, nm) for nm in norms}
 
 
 def corr_or_nan(W: NDArray[np.float64], ref: AttentionSVM) -> Any:

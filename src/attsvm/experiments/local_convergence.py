@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ._base import Experiment, Headline, Trial, chunks, headline
-from ._common import corr_or_nan, num, optimal_or_none, paper_problems, selected_svms, train_batch
+from ._common import corr_or_nan, fit_svms, num, optimal_or_none, paper_problems, train_batch
 from ._plotting import band, save, subplots
 
 __all__ = ["LocalConvergence", "EXPERIMENT"]
@@ -68,9 +68,12 @@ class LocalConvergence(Experiment):
             probs, param=trial["param"], steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["record_every"]
         )
         rows = []
+        # the SVMs of every run's selection, each norm by fit_many (one batched program per shape)
+        sels = [out.selected[r] for r in range(len(probs))]
+        fits = {nm: fit_svms(probs, sels, nm) for nm in ("fro", "nuc")}
         for r, (seed, p) in enumerate(zip(seeds, probs)):
-            sel = out.selected[r]
-            svms = selected_svms(p, sel)
+            sel = sels[r]
+            svms = {nm: fits[nm][r] for nm in fits}
             opt = optimal_or_none(p)
             rows.append(
                 pd.DataFrame(

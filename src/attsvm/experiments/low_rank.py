@@ -21,7 +21,7 @@ import pandas as pd
 
 from .._linalg import correlation, matrix_rank
 from ._base import Experiment, Headline, Trial, headline
-from ._common import fit_svm, num, paper_problems, train_batch
+from ._common import fit_svms, num, paper_problems, train_batch
 from ._plotting import save, subplots
 
 __all__ = ["LowRank", "EXPERIMENT"]
@@ -75,9 +75,11 @@ class LowRank(Experiment):
         probs = paper_problems(s["n"], s["T"], s["d"], seeds)
         out = train_batch(probs, param="KQ", m=m, steps=s["steps"], lr=s["lr"], seeds=seeds, record_every=s["steps"])
         rows = []
+        sels = [out.selected[r] for r in range(len(probs))]
+        convs = fit_svms(probs, sels, "nuc")  # the convex nuclear SVMs, by fit_many
         for r, (seed, p) in enumerate(zip(seeds, probs)):
-            sel = out.selected[r]
-            conv = fit_svm(p, sel, "nuc")
+            sel = sels[r]
+            conv = convs[r]
             rk = _rank_m_svm(p, sel, m)
             W = out.W[r]
             rows.append(
