@@ -220,7 +220,10 @@ def _alm(
                 _tp = time.perf_counter()
                 # first the rank read off with a loose threshold (fewer, better-conditioned Newton
                 # rounds), then, if that fails, the conservative guess of every non-negligible direction
-                pol = _kkt._polish(red, M, lam_, opt, rank_rtol=opt.rank_rtol_fast)
+                # (the dual cap on the rank only on the large path: from the looser first subproblem of the
+                # lean path the dual spectrum is too rough, and capping there cost extra rounds)
+                cap = None if lean else opt.dual_rank_tol
+                pol = _kkt._polish(red, M, lam_, opt, rank_rtol=opt.rank_rtol_fast, dual_rank_tol=cap)
                 if pol is None:
                     pol = _kkt._polish(red, M, lam_, opt, rank_rtol=opt.rank_rtol_safe)
                 logger.debug("  polish took %.2fs", time.perf_counter() - _tp)

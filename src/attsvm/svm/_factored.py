@@ -31,6 +31,8 @@ class NuclearOptions:
     gtol0, gtol0_small : gradient tolerance of the first subproblem (small: at most small_k rows).
     polish_gap : ALM relative gap below which the Newton polish is first tried (then at each tenfold drop).
     rank_rtol_fast, rank_rtol_safe : relative singular-value thresholds of the polish's rank guess.
+    dual_rank_tol : on the large (scipy) path the first, fast guess also caps the rank at
+        #{σ_i(𝒜*λ) > 1 − dual_rank_tol}.
     newton_patience : Newton iterations over which the KKT residual must halve.
     chord_rate, chord_min_rows : a chord Jacobian is refreshed after a step reducing the residual by
         less than chord_rate, and always on systems of at most chord_min_rows rows.
@@ -56,6 +58,7 @@ class NuclearOptions:
     polish_gap: float = 1e-1
     rank_rtol_fast: float = 1e-3
     rank_rtol_safe: float = 1e-6
+    dual_rank_tol: float = 3e-3
     newton_patience: int = 5
     chord_rate: float = 0.2
     chord_min_rows: int = 200
