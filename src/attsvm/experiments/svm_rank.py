@@ -66,7 +66,7 @@ class SVMRank(Experiment):
         # the Frobenius SVMs (which decide feasibility) of a block of seeds at once, by fit_many, then the
         # nuclear SVMs of the feasible ones; the seeds are still taken in order and the trial stops at
         # the same one (the few nuclear solves past it are discarded)
-        block: dict[int, tuple[Any, Any, Any]] = {}
+        block: dict[int, tuple[Any, Any, Any, Any]] = {}
         for seed in range(s["max_seeds"]):
             if seed not in block:
                 seeds = range(seed, min(seed + max(s["runs"] - feasible, 8), s["max_seeds"]))
@@ -77,7 +77,8 @@ class SVMRank(Experiment):
                 fits = dict(zip(ok, fit_svms([probs[j] for j in ok], toks, "fro")))
                 # the nuclear SVMs of the feasible ones, by fit_many too (a batched interior point)
                 feas = [j for j in ok if fits[j].W_ is not None]
-                nucs = dict(zip(feas, fit_svms([probs[j] for j in feas], [opts[j] for j in feas], "nuc")))
+                tok = dict(zip(ok, toks))
+                nucs = dict(zip(feas, fit_svms([probs[j] for j in feas], [tok[j] for j in feas], "nuc")))
                 block = {k: (probs[j], opts[j], fits.get(j), nucs.get(j)) for j, k in enumerate(seeds)}
             p, opt, fro, nuc = block[seed]
             if opt is None:  # tied optimal tokens (e.g. d = 1: every token is ±1)

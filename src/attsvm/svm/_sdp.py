@@ -3,7 +3,8 @@
 The reduced nuclear SVM of :mod:`.nuclear` (rows normalised, ``M`` of size r_a × r_z) is the
 semidefinite program
 
-    min ⟨C, X⟩ = ½(tr P₁ + tr P₂)   s.t.   X = [[P₁, M], [Mᵀ, P₂]] ⪰ 0,   ⟨F_k, X⟩ = a_kᵀ M z_k ≥ b_k (= on equality rows)
+    min ⟨C, X⟩ = ½(tr P₁ + tr P₂)   s.t.   X = [[P₁, M], [Mᵀ, P₂]] ⪰ 0,
+                                          ⟨F_k, X⟩ = a_kᵀ M z_k ≥ b_k   (= on equality rows)
 
 with ``C = ½ I`` and ``F_k = ½(u_k v_kᵀ + v_k u_kᵀ)``, ``u_k = (a_k, 0)``, ``v_k = (0, z_k)`` (the
 variational form of ‖M‖_*). Its dual is ``max bᵀy s.t. Z = C − Σ_k y_k F_k ⪰ 0, y ≥ 0 on
@@ -16,13 +17,13 @@ a batched NumPy/LAPACK call over the stack; an instance never depends on the oth
 (each has its own step lengths, centring and stopping test). The Schur complement of the HKM system,
 ``S_kl = tr(F_k X F_l Z⁻¹)``, needs no N × N products per row pair: F_k has rank 2, so
 
-    4·S = (U_xᵀV)∘(U_zᵀV)ᵀ-type terms = G^X_{uv}ᵀ∘G^Z_{uv} + G^X_{uv}∘G^Z_{uv}ᵀ + G^X_{vv}∘G^Z_{uu} + G^X_{uu}∘G^Z_{vv}
+    4·S = G^X_{uv}ᵀ∘G^Z_{uv} + G^X_{uv}∘G^Z_{uv}ᵀ + G^X_{vv}∘G^Z_{uu} + G^X_{uu}∘G^Z_{vv}
 
 with the K × K Gram matrices ``G^X_{uu} = A X₁₁ Aᵀ``, ``G^X_{uv} = A X₁₂ Zᵀ``, ``G^X_{vv} = Z X₂₂ Zᵀ``
 (rows a_k, z_k) and the same for Z⁻¹: O(K²(r_a + r_z)) per iteration.
 
 The interior point stops at a relative gap and infeasibility of ``tol``; the caller
-(:mod:`.batch`) makes the primal exactly feasible, certifies it with the certificate of
+(:mod:`.batch_nuclear`) makes the primal exactly feasible, certifies it with the certificate of
 :mod:`.certificate` and sends every instance that does not certify to the one-at-a-time solver.
 """
 
@@ -96,6 +97,55 @@ def _max_step_vec(x: NDArray[np.float64], dx: NDArray[np.float64], on: NDArray[n
     neg = on & (dx < 0)
     ratio = np.where(neg, -x / np.where(neg, dx, -1.0), 1e30)
     return ratio.min(axis=1, initial=1e30)
+
+
+class _System:
+    """The Newton system of one iteration, factor-free: the HKM direction for given complementarity
+    right-hand sides (predictor and corrector share it) and the step lengths to the cones' boundary."""
+
+    def __init__(
+        self,
+        F: NDArray[np.float64],
+        Zq: NDArray[np.float64],
+        X: NDArray[np.float64],
+        Zi: NDArray[np.float64],
+        Li2: NDArray[np.float64],
+        Rd: NDArray[np.float64],
+        rp: NDArray[np.float64],
+        S: NDArray[np.float64],
+        s: NDArray[np.float64],
+        y: NDArray[np.float64],
+        iq: NDArray[np.bool_],
+    ) -> None:
+        self.F, self.Zq, self.X, self.Zi, self.Li2, self.Rd, self.rp, self.S = F, Zq, X, Zi, Li2, Rd, rp, S
+        self.s, self.y, self.iq = s, y, iq
+        self.ysafe = np.where(iq, y, 1.0)
+        self.XRdZi = X @ Rd @ Zi
+        self.bad = np.zeros(X.shape[0], dtype=bool)  # instances whose Schur complement LAPACK refused
+
+    def direction(self, Rc_Zi: NDArray[np.float64], rs: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        """(ΔX, Δy, ΔZ, Δs) for the complementarity right-hand sides ``R_c Z⁻¹`` and ``r_s``:
+        ``S Δy = r_p − 𝒜((R_c − X R_d) Z⁻¹) + r_s / y``, ``ΔZ = R_d − 𝒜*(Δy)``,
+        ``ΔX = sym((R_c − X ΔZ) Z⁻¹)``, ``Δs = (r_s − s Δy) / y``."""
+        iq = self.iq
+        rhs = self.rp - _apply(self.F, self.Zq, Rc_Zi - self.XRdZi) + np.where(iq, rs / self.ysafe, 0.0)
+        sol, ok_s = _guarded(np.linalg.solve, self.S, rhs[:, :, None])
+        self.bad |= ~ok_s
+        dy = np.where(ok_s[:, None], sol[:, :, 0], 0.0)
+        dZ = self.Rd - _adjoint(self.F, self.Zq, dy, self.X.shape[1])
+        dX = _sym(Rc_Zi - self.X @ dZ @ self.Zi)
+        ds = np.where(iq, (rs - self.s * dy) / self.ysafe, 0.0)
+        return dX, dy, dZ, ds
+
+    def steps(
+        self, dX: NDArray[np.float64], dy: NDArray[np.float64], dZ: NDArray[np.float64], ds: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The primal and dual step lengths (at most 1) to the boundary of the cones."""
+        P = self.X.shape[0]
+        a2 = _max_step(self.Li2, np.concatenate([dX, dZ]))  # (one LAPACK call for both cones)
+        ap = np.minimum(a2[:P], _max_step_vec(self.s, ds, self.iq))
+        ad = np.minimum(a2[P:], _max_step_vec(self.y, dy, self.iq))
+        return np.minimum(1.0, ap), np.minimum(1.0, ad)
 
 
 def ipm_many(
@@ -181,40 +231,19 @@ def ipm_many(
             F, Zq, bb, iq, mm = Fs[pend], Zs[pend], b[pend], ineq[pend], m[pend]
         iters[pend] += 1
         FT, ZT = F.transpose(0, 2, 1), Zq.transpose(0, 2, 1)
-        P = X.shape[0]
-        Li2 = np.linalg.inv(np.concatenate([Lx, Lz]))
-        Lxi, Lzi = Li2[:P], Li2[P:]
+        Li2 = np.linalg.inv(np.concatenate([Lx, Lz]))  # (L_x⁻¹; L_z⁻¹)
+        Lzi = Li2[X.shape[0] :]
         Zi = Lzi.transpose(0, 2, 1) @ Lzi
         # the Schur complement S_kl = tr(F_k X F_l Z⁻¹) from K × K Gram matrices (module doc)
         xuu, xvv, xuv = (F @ X[:, :r_a, :r_a]) @ FT, (Zq @ X[:, r_a:, r_a:]) @ ZT, (F @ X[:, :r_a, r_a:]) @ ZT
         zuu, zvv, zuv = (F @ Zi[:, :r_a, :r_a]) @ FT, (Zq @ Zi[:, r_a:, r_a:]) @ ZT, (F @ Zi[:, :r_a, r_a:]) @ ZT
         S = xuv.transpose(0, 2, 1) * zuv + xuv * zuv.transpose(0, 2, 1) + xvv * zuu + xuu * zvv
         S *= 0.25
-        ysafe = np.where(iq, y, 1.0)
-        S[:, np.arange(K), np.arange(K)] += np.where(iq, s / ysafe, 0.0)
-        XRdZi = X @ Rd @ Zi
-        bad = np.zeros(pend.size, dtype=bool)
-
-        def direction(Rc_Zi: NDArray[np.float64], rs: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
-            """(ΔX, Δy, ΔZ, Δs) for the complementarity right-hand sides ``R_c Z⁻¹`` and ``r_s``."""
-            rhs = rp - _apply(F, Zq, Rc_Zi - XRdZi) + np.where(iq, rs / ysafe, 0.0)
-            sol, ok_s = _guarded(np.linalg.solve, S, rhs[:, :, None])
-            bad[~ok_s] = True
-            dy = np.where(ok_s[:, None], sol[:, :, 0], 0.0)
-            dZ = Rd - _adjoint(F, Zq, dy, N)
-            dX = _sym(Rc_Zi - X @ dZ @ Zi)
-            ds = np.where(iq, (rs - s * dy) / ysafe, 0.0)
-            return dX, dy, dZ, ds
-
-        def steps(dX, dy, dZ, ds):  # type: ignore[no-untyped-def]
-            a2 = _max_step(Li2, np.concatenate([dX, dZ]))  # (one LAPACK call for both cones)
-            ap = np.minimum(a2[:P], _max_step_vec(s, ds, iq))
-            ad = np.minimum(a2[P:], _max_step_vec(y, dy, iq))
-            return np.minimum(1.0, ap), np.minimum(1.0, ad)
-
+        S[:, np.arange(K), np.arange(K)] += np.where(iq, s / np.where(iq, y, 1.0), 0.0)
+        nt = _System(F, Zq, X, Zi, Li2, Rd, rp, S, s, y, iq)
         # predictor (σ = 0): R_c = −XZ, so R_c Z⁻¹ = −X
-        aX, ay, aZ, as_ = direction(-X, -s * y)
-        ap, ad = steps(aX, ay, aZ, as_)
+        aX, ay, aZ, as_ = nt.direction(-X, -s * y)
+        ap, ad = nt.steps(aX, ay, aZ, as_)
         mu_aff = (
             np.einsum("pij,pij->p", X + ap[:, None, None] * aX, Zm + ad[:, None, None] * aZ)
             + ((s + ap[:, None] * as_) * (y + ad[:, None] * ay)).sum(axis=1)
@@ -223,15 +252,15 @@ def ipm_many(
         # corrector: R_c = σμI − XZ − ΔX_a ΔZ_a
         Rc_Zi = smu[:, None, None] * Zi - X - aX @ aZ @ Zi
         rs = np.where(iq, smu[:, None] - s * y - as_ * ay, 0.0)
-        dX, dy, dZ, ds = direction(Rc_Zi, rs)
-        ap, ad = steps(dX, dy, dZ, ds)
+        dX, dy, dZ, ds = nt.direction(Rc_Zi, rs)
+        ap, ad = nt.steps(dX, dy, dZ, ds)
         ap, ad = np.minimum(1.0, STEP_FRACTION * ap), np.minimum(1.0, STEP_FRACTION * ad)
         X = _sym(X + ap[:, None, None] * dX)
         s = s + ap[:, None] * ds
         Zm = _sym(Zm + ad[:, None, None] * dZ)
         y = y + ad[:, None] * dy
-        if bad.any():  # a singular Schur complement: those instances leave, unconverged
-            keep = ~bad
+        if nt.bad.any():  # a singular Schur complement: those instances leave, unconverged
+            keep = ~nt.bad
             pend = pend[keep]
             X, Zm, y, s = (v[keep] for v in (X, Zm, y, s))
     if pend.size:  # out of iterations: the last points, for the caller to certify or refuse
