@@ -39,7 +39,7 @@ STEP_FRACTION = 0.95
 # an instance whose merit (max of relative gap, primal and dual infeasibility) is below STALL_BELOW
 # and has not halved in STALL_ITERS iterations stops there (round-off floor); its point is certified
 STALL_BELOW = 1e-7
-STALL_ITERS = 3
+STALL_ITERS = 2
 
 
 def _sym(X: NDArray[np.float64]) -> NDArray[np.float64]:
