@@ -173,3 +173,67 @@ def test_fit_many_is_invariant_to_scale(cx, cz):
     for a, b in zip(many, base):
         assert a.status_ == b.status_ == "optimal" and a.info_["path"] == b.info_["path"] == "batched-ipm"
         np.testing.assert_allclose(a.W_ * (cx * cz), b.W_, rtol=0, atol=W_RTOL * np.abs(b.W_).max())
+
+
+def _with_repeats(p: AttentionProblem, alpha: np.ndarray) -> AttentionProblem:
+    """Every sequence repeats one of its non-selected tokens: two identical constraint rows each."""
+    X = p.X.copy()
+    for i in range(p.n):
+        t = [u for u in range(p.T) if u != alpha[i]]
+        X[i, t[1]] = X[i, t[0]]
+    return AttentionProblem(X, p.y, p.v, Z=p.Z)
+
+
+def _with_mirror(p: AttentionProblem, alpha: np.ndarray) -> AttentionProblem:
+    """Sequence 0 gets the mirror x_s = 2x_α − x_t of a token: rows a and −a, infeasible."""
+    X = p.X.copy()
+    t = [u for u in range(p.T) if u != alpha[0]]
+    X[0, t[1]] = 2 * X[0, alpha[0]] - X[0, t[0]]
+    return AttentionProblem(X, p.y, p.v, Z=p.Z)
+
+
+def test_repeated_rows_and_batches_of_only_singular_instances():
+    base = [paper_instance(6, 8, 10, seed=s) for s in range(6)]
+    toks = [p.optimal_tokens(ties="first") for p in base]
+    repeats = [_with_repeats(p, a) for p, a in zip(base, toks)]
+    mirrored = [_with_mirror(p, a) for p, a in zip(base, toks)]
+    # repeated rows (a singular Schur complement as given) are solved once each, in the batch
+    for p, a, m in zip(repeats, toks, AttentionSVM("nuc").fit_many(repeats, toks)):
+        assert m.info_["path"] == "batched-ipm"
+        _assert_same(m, AttentionSVM("nuc").fit(p, a))
+    # a batch whose every instance is infeasible (opposite rows): each comes back as fit returns it
+    for batch in (mirrored[:1], mirrored):
+        for p, a, m in zip(batch, toks, AttentionSVM("nuc").fit_many(batch, toks[: len(batch)])):
+            assert m.status_ == "infeasible"
+            _assert_same(m, AttentionSVM("nuc").fit(p, a))
+
+
+def test_an_infeasible_instance_leaves_the_interior_point_early():
+    css = [AttentionSVM("nuc").fit(paper_instance(3, 4, 5, seed=s)).constraints_ for s in range(2)]
+    (Fs, Zs, b, ineq), _ = _stacked(css)
+    Fs[1, 1], Zs[1, 1] = -Fs[1, 0], Zs[1, 0]  # rows a and −a on one query, each ≥ b > 0
+    assert np.all(b > 0)
+    M, y, converged, iters = ipm_many(Fs, Zs, b, ineq)
+    assert converged[0] and not converged[1]
+    assert iters[1] < 40  # (max_iter is 60: the multipliers' divergence stops it first)
+
+
+def test_instances_of_different_length_in_one_group():
+    # (3, 3, 2) and (2, 4, 2): both K = 6 rows on 2 × 2 reduced matrices, with T = 3 and T = 4
+    probs = [paper_instance(3, 3, 2, seed=1), paper_instance(2, 4, 2, seed=2)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    for order in ((0, 1), (1, 0)):
+        ps, ts = [probs[k] for k in order], [toks[k] for k in order]
+        for p, t, m in zip(ps, ts, AttentionSVM("nuc").fit_many(ps, ts)):
+            assert m.info_["path"] == "batched-ipm" and m.info_["batch_size"] == 2
+            _assert_same(m, AttentionSVM("nuc").fit(p, t))
+
+
+def test_an_iteration_limit_goes_one_at_a_time():
+    # max_iter limits fit's augmented-Lagrangian iterations: the batch (an interior point) does not apply
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(3)]
+    many = AttentionSVM("nuc", max_iter=1).fit_many(probs)
+    for p, m in zip(probs, many):
+        one = AttentionSVM("nuc", max_iter=1).fit(p)
+        assert m.info_.get("path") != "batched-ipm" and m.n_iter_ == one.n_iter_ == 1
+        assert m.status_ == one.status_

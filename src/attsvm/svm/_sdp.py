@@ -20,7 +20,8 @@ a batched NumPy/LAPACK call over the stack; an instance never depends on the oth
     4·S = G^X_{uv}ᵀ∘G^Z_{uv} + G^X_{uv}∘G^Z_{uv}ᵀ + G^X_{vv}∘G^Z_{uu} + G^X_{uu}∘G^Z_{vv}
 
 with the K × K Gram matrices ``G^X_{uu} = A X₁₁ Aᵀ``, ``G^X_{uv} = A X₁₂ Zᵀ``, ``G^X_{vv} = Z X₂₂ Zᵀ``
-(rows a_k, z_k) and the same for Z⁻¹: O(K²(r_a + r_z)) per iteration.
+(rows a_k, z_k) and the same for Z⁻¹: O(K²(r_a + r_z)) to form, then O(K³) to factorise, and
+O(N³) (N = r_a + r_z) for the factors, inverses and step-length eigenvalues of X and Z per iteration.
 
 The interior point stops at a relative gap and infeasibility of ``tol``; the caller
 (:mod:`.batch_nuclear`) makes the primal exactly feasible, certifies it with the certificate of
@@ -28,6 +29,8 @@ The interior point stops at a relative gap and infeasibility of ``tol``; the cal
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,31 +43,34 @@ STEP_FRACTION = 0.95
 # and has not halved in STALL_ITERS iterations stops there (round-off floor); its point is certified
 STALL_BELOW = 1e-7
 STALL_ITERS = 2
+# an instance whose multipliers exceed this (in solver units, where the optimal ones are O(1) to
+# O(‖W‖)) is taken as infeasible (its dual is unbounded) and leaves at once, unconverged
+DIVERGED_Y = 1e12
 
 
 def _sym(X: NDArray[np.float64]) -> NDArray[np.float64]:
     return 0.5 * (X + X.transpose(0, 2, 1))
 
 
-def _guarded(fn, *arrays: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+def _guarded(
+    fn: Callable[..., NDArray[np.float64]], *arrays: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """``fn`` over the stack, and which instances it succeeded on: when LAPACK refuses one instance
-    (not positive definite, singular), the others are computed one by one, so that it poisons no one."""
+    (not positive definite, singular), the others are computed one by one, so that it poisons no one.
+    ``fn``'s result has the shape of its last argument (a factor of A, or the solution for b); the
+    refused instances get NaN there."""
     B = arrays[0].shape[0]
     try:
         return fn(*arrays), np.ones(B, dtype=bool)
     except np.linalg.LinAlgError:
         ok = np.ones(B, dtype=bool)
-        outs = []
+        out = np.full(arrays[-1].shape, np.nan)
         for i in range(B):
             try:
-                outs.append(fn(*(a[i : i + 1] for a in arrays))[0])
+                out[i] = fn(*(a[i : i + 1] for a in arrays))[0]
             except np.linalg.LinAlgError:
                 ok[i] = False
-                outs.append(None)
-        shape = next(o.shape for o in outs if o is not None) if ok.any() else None
-        if shape is None:
-            return np.zeros((0,)), ok
-        return np.stack([o if o is not None else np.full(shape, np.nan) for o in outs]), ok
+        return out, ok
 
 
 def _apply(F: NDArray[np.float64], Zq: NDArray[np.float64], G: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -168,7 +174,8 @@ def ipm_many(
     -------
     M : (B, r_a, r_z) the off-diagonal block of X. y : (B, K) the dual multipliers.
     converged : (B,) whether the instance reached ``tol`` (else it stalled below ``STALL_BELOW``, lost
-        positive definiteness or ran out of iterations: M and y are its last point, or 0).
+        positive definiteness, had a singular Schur complement, diverged (an infeasible instance: its
+        multipliers grow without bound) or ran out of iterations: M and y are its last point, or 0).
     iters : (B,) interior-point iterations.
     """
     B, K, r_a = Fs.shape
@@ -216,13 +223,14 @@ def ipm_many(
         best[pend] = np.where(improved, merit, best[pend])
         since[pend] = np.where(improved, 0, since[pend] + 1)
         stalled = ok & (since[pend] >= STALL_ITERS) & (merit <= STALL_BELOW)
+        diverged = np.abs(y).max(axis=1) > DIVERGED_Y
         done = conv | stalled
         if done.any():
             idx = pend[done]
             M_out[idx] = X[done][:, :r_a, r_a:]
             y_out[idx] = y[done]
             converged[idx] = conv[done]
-        keep = ok & ~done
+        keep = ok & ~done & ~diverged
         if not keep.all():
             pend = pend[keep]
             if pend.size == 0:

@@ -231,10 +231,12 @@ def group_key(problem: AttentionProblem) -> tuple[int, ...]:
 
 
 def rank_deficient(problem: AttentionProblem) -> bool:
-    """More constraint rows than entries of the reduced W (K > min(d, K)·min(d_z, n)): a singular Gram
-    matrix, whose degenerate faces the active-set rounds rarely settle and where the instance is often
-    infeasible. ``fit`` solves these by the finite LDP/NNLS route (attsvm.svm.frobenius), which also
-    returns the Farkas certificate at once, so they skip the batch."""
+    """More constraint rows than the reduced W can have entries, K > min(d, K)·min(d_z, n) (a bound on
+    r_a·r_z read off the shapes, before any reduction; instances whose data are rank-deficient below
+    it still enter the batch): a singular Gram matrix, whose degenerate faces the active-set rounds
+    rarely settle and where the instance is often infeasible. ``fit`` solves these by the finite
+    LDP/NNLS route (attsvm.svm.frobenius), which also returns the Farkas certificate at once, so they
+    skip the batch."""
     n, T, d = problem.X.shape
     K = n * (T - 1)
     return K > min(d, K) * min(problem.queries.shape[1], n)

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from ._base import RawSolution, _att_svm_constraints
+from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from ._factored import _make_feasible, _nuclear, _reduce, _Reduced
-from ._sdp import ipm_many
+from ._sdp import _guarded, ipm_many
 from .nuclear import _lift_dual, _trivial
-from .reduction import reduce
+from .reduction import Reduction, reduce
 from .status import OPTIMAL
 
 if TYPE_CHECKING:
@@ -106,21 +106,22 @@ def _finish_many(
     y: NDArray[np.float64],
     M: NDArray[np.float64],
 ) -> NDArray[np.float64]:
-    """:func:`_finish` for a stack of instances with inequality rows only, vectorised (the same numbers:
-    the tightening as a masked K × K solve, the rescaling of _make_feasible, batched SVDs)."""
+    """:func:`_finish` for a stack of instances with inequality rows only, vectorised: the tightening as
+    a masked K × K solve (LU where _tighten takes least squares; the two agree to about 1e-11 on the
+    converged instances, and a nearly singular block only makes that candidate lose the comparison),
+    the rescaling of _make_feasible, batched SVDs."""
     B, K, _ = Fs.shape
     S = y > TIGHT_RTOL * np.maximum(y.max(axis=1, keepdims=True), 1e-300)
     G = (Fs @ Fs.transpose(0, 2, 1)) * (Zs @ Zs.transpose(0, 2, 1))
     r = np.where(S, b - _rows(Fs, Zs, M), 0.0)
     GS = np.where(S[:, :, None] & S[:, None, :], G, 0.0)
     GS[:, np.arange(K), np.arange(K)] += np.where(S, 0.0, 1.0)
-    try:
-        delta = np.linalg.solve(GS, r[:, :, None])[:, :, 0]
-        ok = np.isfinite(delta).all(axis=1)
-    except np.linalg.LinAlgError:  # a singular tight block (more tight rows than entries of M)
-        delta, ok = np.zeros((B, K)), np.zeros(B, dtype=bool)
+    # (a singular tight block, more tight rows than entries of M, fails only its own instance, which
+    # then takes the least-squares version of _tighten)
+    sol, ok = _guarded(np.linalg.solve, GS, r[:, :, None])
+    ok &= np.isfinite(sol).all(axis=(1, 2))
+    delta = np.where(ok[:, None], sol[:, :, 0], 0.0)
     Mt = M + Fs.transpose(0, 2, 1) @ (delta[:, :, None] * Zs)
-    # (where the masked solve failed, the least-squares version of _tighten)
     for j in np.flatnonzero(~ok):
         Mt[j] = _tighten(Fs[j], Zs[j], b[j], np.ones(K, dtype=bool), y[j], M[j])
     C = np.concatenate([M, Mt])  # both candidates, rescaled onto the constraints as _make_feasible does
@@ -152,9 +153,22 @@ def _rows(Fs: NDArray[np.float64], Zs: NDArray[np.float64], M: NDArray[np.float6
     return np.einsum("bkr,bkr->bk", Fs @ M, Zs)
 
 
+def _distinct_rows(red: _Reduced) -> NDArray[np.int64]:
+    """The flat indices of the constraint rows, each repeated row once (a duplicated token gives two
+    identical rows: the same feature, query, right-hand side and kind). A repeated row adds nothing to
+    the program but makes the interior point's Schur complement singular; its multiplier is 0 in the
+    solution (any split of one multiplier over identical rows is a solution)."""
+    idx = np.flatnonzero(red.mask.ravel())
+    T = red.mask.shape[1]
+    rows = np.column_stack([idx // T, red.A.reshape(-1, red.A.shape[2])[idx], red.b.ravel()[idx], red.eq.ravel()[idx]])
+    _, first = np.unique(rows, axis=0, return_index=True)
+    return idx if first.size == idx.size else idx[np.sort(first)]
+
+
 def ready(est: AttentionSVM) -> bool:
-    """Whether ``est``'s parameters take the batched nuclear route."""
-    return est.norm == "nuc" and est.rank is None and est.backend == "auto"
+    """Whether ``est``'s parameters take the batched nuclear route (an explicit ``max_iter`` is a limit
+    on ``fit``'s augmented-Lagrangian iterations: those estimators go one at a time)."""
+    return est.norm == "nuc" and est.rank is None and est.backend == "auto" and est.max_iter is None
 
 
 def solve_many(
@@ -165,16 +179,19 @@ def solve_many(
     Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
     must go through ``fit``."""
     out: list[AttentionSVM | None] = [None] * len(problems)
-    prepared = []
+    prepared: list[tuple[ConstraintSet, Reduction, _Reduced, NDArray[np.int64], float] | None] = []
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i, (p, a) in enumerate(zip(problems, alphas)):
+        prepared.append(None)
+        if p.n * (p.T - 1) > NUC_BATCH_MAX_K:
+            continue  # (more rows than the batch takes even before the reduction: fit, and its threads)
         t0 = time.perf_counter()
         cs = _att_svm_constraints(p, a)
         reduction = reduce(cs)
         red = _reduce(reduction)
-        idx = np.flatnonzero(red.mask.ravel())
+        idx = _distinct_rows(red)
         r_a, r_z = red.A.shape[2], red.Z.shape[1]
-        prepared.append((cs, reduction, red, idx, time.perf_counter() - t0))
+        prepared[i] = (cs, reduction, red, idx, time.perf_counter() - t0)
         if _trivial(cs, reduction, red, t0, "") is not None:
             continue  # (fit returns these at once, or with their Farkas certificate)
         if idx.size > NUC_BATCH_MAX_K or r_a + r_z > NUC_BATCH_MAX_N:
@@ -185,11 +202,11 @@ def solve_many(
         for start in range(0, len(members), NUC_CHUNK):
             chunk = members[start : start + NUC_CHUNK]
             t0 = time.perf_counter()
-            reds = [prepared[i][2] for i in chunk]
-            idxs = [prepared[i][3] for i in chunk]
-            T = reds[0].mask.shape[1]
+            reds = [prep[2] for prep in (prepared[i] for i in chunk) if prep is not None]
+            idxs = [prep[3] for prep in (prepared[i] for i in chunk) if prep is not None]
+            # (a group shares K, r_a and r_z, not T: each instance's rows map to its own sequences)
             Fs = np.stack([r.A.reshape(-1, r_a)[k] for r, k in zip(reds, idxs)])
-            Zs = np.stack([r.Z[k // T] for r, k in zip(reds, idxs)])
+            Zs = np.stack([r.Z[k // r.mask.shape[1]] for r, k in zip(reds, idxs)])
             b = np.stack([r.b.ravel()[k] for r, k in zip(reds, idxs)])
             ineq = np.stack([r.ineq.ravel()[k] for r, k in zip(reds, idxs)])
             M, y, _, iters = ipm_many(Fs, Zs, b, ineq)
@@ -200,7 +217,9 @@ def solve_many(
                 Mfs = np.stack([_finish(r, Fs[j], Zs[j], b[j], ineq[j], y[j], M[j]) for j, r in enumerate(reds)])
             per = (time.perf_counter() - t0) / len(chunk)
             for j, i in enumerate(chunk):
-                cs, reduction, red, idx, t_prep = prepared[i]
+                prep = prepared[i]
+                assert prep is not None
+                cs, reduction, red, idx, t_prep = prep
                 t1 = time.perf_counter()
                 lam_r = np.zeros(red.mask.size)
                 lam_r[idx] = y[j]
@@ -218,6 +237,7 @@ def solve_many(
                 e._accept(cs, alphas[i], raw, "nuclear", t_prep + per + time.perf_counter() - t1)
                 if e.status_ == OPTIMAL:
                     e.info_.update(
+                        time=e.solve_time_,
                         objective=e.objective_,
                         dual_objective=e.objective_ - e.duality_gap_,
                         relative_gap=e.relative_gap_,

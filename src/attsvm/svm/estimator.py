@@ -468,7 +468,7 @@ class AttentionSVM:
                 f"AttentionSVM: backend {self.backend_} reported infeasible but no Farkas certificate "
                 "verifies it (the feasibility LP finds none)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             return self
         self.certificate_: NDArray[np.float64] | None = cert.lam
@@ -515,7 +515,7 @@ class AttentionSVM:
                     f"AttentionSVM: the {self.backend_} backend hit its iteration limit "
                     f"(violation {self.max_violation_:.1e}, relative gap {self.relative_gap_:.1e})",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
 
     def _set_batched(
