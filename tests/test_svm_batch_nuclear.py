@@ -237,3 +237,53 @@ def test_an_iteration_limit_goes_one_at_a_time():
         one = AttentionSVM("nuc", max_iter=1).fit(p)
         assert m.info_.get("path") != "batched-ipm" and m.n_iter_ == one.n_iter_ == 1
         assert m.status_ == one.status_
+
+
+def _svm_eq_shaped(seed: int, eq_share: float = 0.3, rhs: str = "unit") -> ConstraintSet:
+    """docs/spec.md §5's SVM-eq / W_fin shapes: equality rows mixed with inequalities."""
+    p = random_instance(5, 6, 8, seed=seed)
+    n, T = p.n, p.T
+    rng = np.random.default_rng(seed)
+    ref = np.zeros(n, dtype=np.int64)
+    A = p.X[np.arange(n), ref][:, None, :] - p.X
+    mask = np.ones((n, T), bool)
+    mask[np.arange(n), ref] = False
+    eq = mask & (rng.random((n, T)) < eq_share)
+    b = np.where(eq, 0.0, 1.0) if rhs == "unit" else np.where(mask, rng.normal(size=(n, T)), 0.0)
+    return ConstraintSet(A, p.queries.copy(), mask, b, eq)
+
+
+def test_fit_many_constraints_equals_fit_constraints():
+    css = [_svm_eq_shaped(s) for s in range(12)] + [_svm_eq_shaped(100 + s, 0.5, "normal") for s in range(6)]
+    css.append(_svm_eq_shaped(7, eq_share=0.0))  # inequalities only, one more shape
+    bad = _svm_eq_shaped(3)  # an infeasible one: a row and its opposite, both ≥ 1
+    A = bad.A.copy()
+    A[0, 2] = -A[0, 1]
+    css.append(ConstraintSet(A, bad.Z, bad.mask, np.where(bad.mask, 1.0, 0.0), np.zeros_like(bad.mask)))
+    many = AttentionSVM("nuc").fit_many_constraints(css)
+    statuses = []
+    for cs, m in zip(css, many):
+        one = AttentionSVM("nuc").fit_constraints(cs)
+        assert m.tokens_ is None and m.constraints_ is cs
+        _assert_same(m, one)
+        statuses.append(m.status_)
+    assert statuses[-1] == "infeasible" and statuses.count("optimal") >= 15
+    batched = [m.info_.get("path") == "batched-ipm" for m in many]
+    assert batched == [s == "optimal" for s in statuses]  # every feasible one in the batch
+    # the Frobenius norm takes them one at a time, and agrees
+    fro = AttentionSVM().fit_many_constraints(css[:3])
+    for cs, m in zip(css[:3], fro):
+        assert m.info_.get("path") != "batched-dense"
+        np.testing.assert_array_equal(m.W_, AttentionSVM().fit_constraints(cs).W_)
+
+
+@pytest.mark.parametrize(
+    "arg,match",
+    [
+        ("x", "constraint_sets must be a sequence of ConstraintSet"),
+        ([paper_instance(3, 4, 5, seed=0)], r"constraint_sets\[0\] must be a ConstraintSet"),
+    ],
+)
+def test_fit_many_constraints_bad_input(arg, match):
+    with pytest.raises(TypeError, match=match):
+        AttentionSVM("nuc").fit_many_constraints(arg)

@@ -18,6 +18,8 @@ __all__ = [
     "paper_problems",
     "optimal_or_none",
     "fit_svm",
+    "fit_svms",
+    "fit_constraint_svms",
     "num",
     "train_batch",
     "corr_or_nan",
@@ -41,8 +43,15 @@ def fit_svms(
     problems: list[AttentionProblem], tokens: list[NDArray[np.int64]], norm: str = "fro"
 ) -> list[AttentionSVM]:
     """:func:`fit_svm` of many problems at once, by :meth:`attsvm.svm.AttentionSVM.fit_many`
-    (Frobenius instances of one shape are solved as one vectorised program)."""
+    (Frobenius instances of one shape are solved as one vectorised program, nuclear ones by a batched
+    interior point)."""
     return AttentionSVM(norm).fit_many(problems, tokens)  # type: ignore[arg-type]
+
+
+def fit_constraint_svms(constraint_sets: list[ConstraintSet], norm: str = "fro") -> list[AttentionSVM]:
+    """:func:`fit_svm` of many constraint sets at once (the SVM-eq / W_fin programs of docs/spec.md §5), by
+    :meth:`attsvm.svm.AttentionSVM.fit_many_constraints` (nuclear ones by a batched interior point)."""
+    return AttentionSVM(norm).fit_many_constraints(constraint_sets)  # type: ignore[arg-type]
 
 
 def num(value: float | None, missing: float = np.nan) -> float:

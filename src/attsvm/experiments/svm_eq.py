@@ -33,7 +33,7 @@ from .._linalg import correlation
 from ..problem import AttentionProblem, Head
 from ..svm.equivalence import equivalence_constraints
 from ._base import Experiment, Headline, Trial, headline
-from ._common import fit_svm, num, train_batch
+from ._common import fit_constraint_svms, fit_svms, num, train_batch
 from ._plotting import band, save, subplots
 
 __all__ = ["SVMEq", "EXPERIMENT", "relu_instance", "svm_eq_draw", "equivalence_runs", "DROP_REASONS"]
@@ -102,17 +102,22 @@ def equivalence_runs(
         steps, W_hist = np.asarray(out.history["step"], dtype=np.int64), out.history["W"]
         amb = ((S > lo) & (S <= hi)).any(axis=(1, 2))
         fin = ~(S <= lo).any(axis=(1, 2))
+        # the three SVMs of every kept run, each kind by one batched call (fit_many / fit_many_constraints)
+        kept = [r for r in range(len(train_idx)) if not (amb[r] or fin[r])]
+        programs = [equivalence_constraints(probs[train_idx[r]], S[r] > hi, S[r]) for r in kept]
+        assert all(c_fin is not None for _, c_fin in programs)  # probs were given
+        eqs = fit_constraint_svms([c_eq for c_eq, _ in programs], norm)
+        wfins = fit_constraint_svms([c_fin for _, c_fin in programs], norm)  # type: ignore[misc]
+        singles = fit_svms([probs[train_idx[r]] for r in kept], [np.argmax(S[r], axis=1) for r in kept], norm)
+        svms = {r: (eqs[j], wfins[j], singles[j]) for j, r in enumerate(kept)}
         for r, i in enumerate(train_idx):
             seed = seeds[i]
             if amb[r] or fin[r]:
                 rows.append({"seed": seed, "accepted": False, "reason": "ambiguous" if amb[r] else "finite"})
                 continue
-            p, sr = probs[i], S[r]
+            sr = S[r]
             sel = sr > hi
-            cs_eq, cs_fin = equivalence_constraints(p, sel, sr)
-            assert cs_fin is not None  # probs were given
-            eq, wfin = fit_svm(cs_eq, norm=norm), fit_svm(cs_fin, norm=norm)
-            single = fit_svm(p, np.argmax(sr, axis=1), norm)
+            eq, wfin, single = svms[r]
             if eq.W_ is None or wfin.W_ is None or single.W_ is None:
                 rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible"})
                 continue

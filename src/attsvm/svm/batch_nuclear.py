@@ -1,11 +1,13 @@
 """Many certified nuclear-norm attention SVMs as one vectorised program (docs/spec.md §3).
 
-:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` hands the nuclear instances
-(``norm="nuc"``, no rank constraint, ``backend="auto"``) here:
+:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` and
+:meth:`~attsvm.svm.AttentionSVM.fit_many_constraints` hand the nuclear instances (``norm="nuc"``, no
+rank constraint, ``backend="auto"``, no explicit ``max_iter``) here:
 
-1. **Constraints and reduction**, per instance, exactly as :func:`~attsvm.svm.nuclear.solve_nuclear`
-   does them (:func:`~attsvm.svm.reduction.reduce`: unit rows, the subspaces of the features and
-   queries, a global power-of-two scale), so that an instance is solved in the same units either way.
+1. **Reduction**, per instance, exactly as :func:`~attsvm.svm.nuclear.solve_nuclear` does it
+   (:func:`~attsvm.svm.reduction.reduce`: unit rows, the subspaces of the features and queries, a
+   global power-of-two scale), so that an instance is solved in the same units either way; a row
+   repeated exactly (a duplicated token) is kept once.
 2. **Interior point, batched**: instances whose reduced programs have the same shape
    (K rows, r_a, r_z) are stacked and solved together by :func:`attsvm.svm._sdp.ipm_many`, the
    primal–dual interior-point method on the semidefinite form of the nuclear SVM.
@@ -13,12 +15,12 @@
    (:func:`~attsvm.svm._factored._make_feasible`), lifted to W, and the certificate of
    :mod:`.certificate` computed from (W, λ) in the user's units.
 
-An instance goes to :meth:`AttentionSVM.fit` instead — the augmented Lagrangian with its polish,
-its fallbacks and its Farkas certificates — when it is trivial or infeasible by inspection, too
-large for the batch (:data:`NUC_BATCH_MAX_K`, :data:`NUC_BATCH_MAX_N`), or when its interior point
-does not certify at ``tol`` (an infeasible instance never does). So every instance comes back as
-``fit`` would return it: optimal with a passing certificate, or whatever ``fit`` says; a failing
-instance never changes the others. The interior point is also an independent check of the
+An instance goes to :meth:`AttentionSVM.fit` (or ``fit_constraints``) instead — the augmented
+Lagrangian with its polish, its fallbacks and its Farkas certificates — when it is trivial or
+infeasible by inspection, too large for the batch (:data:`NUC_BATCH_MAX_K`, :data:`NUC_BATCH_MAX_N`),
+or when its interior point does not certify at ``tol`` (an infeasible instance never does). So every
+instance comes back as ``fit`` would return it: optimal with a passing certificate, or whatever ``fit``
+says; a failing instance never changes the others. The interior point is also an independent check of the
 augmented Lagrangian: the two agree on every instance of the tests.
 """
 
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from ._base import ConstraintSet, RawSolution, _att_svm_constraints
+from ._base import ConstraintSet, RawSolution
 from ._factored import _make_feasible, _nuclear, _reduce, _Reduced
 from ._sdp import _guarded, ipm_many
 from .nuclear import _lift_dual, _trivial
@@ -38,7 +40,6 @@ from .reduction import Reduction, reduce
 from .status import OPTIMAL
 
 if TYPE_CHECKING:
-    from ..problem import AttentionProblem
     from .estimator import AttentionSVM
 
 __all__ = ["NUC_BATCH_MAX_K", "NUC_BATCH_MAX_N", "ready", "solve_many"]
@@ -159,8 +160,10 @@ def _distinct_rows(red: _Reduced) -> NDArray[np.int64]:
     the program but makes the interior point's Schur complement singular; its multiplier is 0 in the
     solution (any split of one multiplier over identical rows is a solution)."""
     idx = np.flatnonzero(red.mask.ravel())
-    T = red.mask.shape[1]
-    rows = np.column_stack([idx // T, red.A.reshape(-1, red.A.shape[2])[idx], red.b.ravel()[idx], red.eq.ravel()[idx]])
+    n, T, r_a = red.A.shape
+    if idx.size < 2 or r_a == 0:
+        return idx
+    rows = np.column_stack([idx // T, red.A.reshape(n * T, r_a)[idx], red.b.ravel()[idx], red.eq.ravel()[idx]])
     _, first = np.unique(rows, axis=0, return_index=True)
     return idx if first.size == idx.size else idx[np.sort(first)]
 
@@ -172,21 +175,21 @@ def ready(est: AttentionSVM) -> bool:
 
 
 def solve_many(
-    est: AttentionSVM, problems: list[AttentionProblem], alphas: list[NDArray[np.int64]]
+    est: AttentionSVM, constraint_sets: list[ConstraintSet | None], alphas: list[NDArray[np.int64] | None]
 ) -> list[AttentionSVM | None]:
-    """Fit the nuclear SVMs of ``problems`` at ``alphas`` (module doc).
+    """Fit the nuclear SVMs of ``constraint_sets`` (module doc; ``alphas``: the selections they come
+    from, recorded as ``tokens_``, or None).
 
     Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
-    must go through ``fit``."""
-    out: list[AttentionSVM | None] = [None] * len(problems)
+    must go through ``fit`` (and where its constraint set is None: too large for the batch)."""
+    out: list[AttentionSVM | None] = [None] * len(constraint_sets)
     prepared: list[tuple[ConstraintSet, Reduction, _Reduced, NDArray[np.int64], float] | None] = []
     groups: dict[tuple[int, int, int], list[int]] = {}
-    for i, (p, a) in enumerate(zip(problems, alphas)):
+    for i, cs in enumerate(constraint_sets):
         prepared.append(None)
-        if p.n * (p.T - 1) > NUC_BATCH_MAX_K:
+        if cs is None or cs.n_constraints > NUC_BATCH_MAX_K:
             continue  # (more rows than the batch takes even before the reduction: fit, and its threads)
         t0 = time.perf_counter()
-        cs = _att_svm_constraints(p, a)
         reduction = reduce(cs)
         red = _reduce(reduction)
         idx = _distinct_rows(red)

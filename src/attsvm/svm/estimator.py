@@ -325,8 +325,12 @@ class AttentionSVM:
                 for i, e in zip(members, fitted):
                     out[i] = e
         if batch_nuclear.ready(self):
+            css = [
+                _att_svm_constraints(p, a) if p.n * (p.T - 1) <= batch_nuclear.NUC_BATCH_MAX_K else None
+                for p, a in zip(probs, alphas)
+            ]
             with blas_threads(1):
-                out = batch_nuclear.solve_many(self, probs, alphas)
+                out = batch_nuclear.solve_many(self, css, list(alphas))
         params = self.get_params()
         return [e if e is not None else type(self)(**params).fit(p, a) for e, p, a in zip(out, probs, alphas)]
 
@@ -336,6 +340,34 @@ class AttentionSVM:
         if not isinstance(cs, ConstraintSet):
             raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
         return self._fit(cs, None)
+
+    def fit_many_constraints(self, constraint_sets: Sequence[ConstraintSet]) -> list[AttentionSVM]:
+        """:meth:`fit_constraints` for many constraint sets (e.g. the SVM-eq and W_fin programs of a sweep,
+        docs/spec.md §5): new estimators with these parameters, in order, each exactly as
+        :meth:`fit_constraints` would return it.
+
+        Nuclear programs (``rank=None``, ``backend="auto"``, equality rows and any right-hand sides
+        included) are solved together by the batched interior point of :mod:`attsvm.svm.batch_nuclear`
+        and certified one by one; every other program, and any that does not certify there, goes
+        through :meth:`fit_constraints` (the Frobenius batch takes only the inequality rows b = 1 of
+        :meth:`fit_many`'s problems)."""
+        from . import batch_nuclear
+
+        self._validate_params()
+        if isinstance(constraint_sets, (ConstraintSet, str, bytes)) or not hasattr(constraint_sets, "__len__"):
+            raise TypeError(
+                f"constraint_sets must be a sequence of ConstraintSet, got {type(constraint_sets).__name__}"
+            )
+        css = list(constraint_sets)
+        for i, cs in enumerate(css):
+            if not isinstance(cs, ConstraintSet):
+                raise TypeError(f"constraint_sets[{i}] must be a ConstraintSet, got {type(cs).__name__}")
+        out: list[AttentionSVM | None] = [None] * len(css)
+        if batch_nuclear.ready(self):
+            with blas_threads(1):
+                out = batch_nuclear.solve_many(self, list(css), [None] * len(css))
+        params = self.get_params()
+        return [e if e is not None else type(self)(**params).fit_constraints(cs) for e, cs in zip(out, css)]
 
     def _solve(self, cs: ConstraintSet) -> tuple[RawSolution, str]:
         kw: dict[str, Any] = {} if self.max_iter is None else {"max_iter": int(self.max_iter)}
