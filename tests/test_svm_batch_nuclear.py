@@ -17,6 +17,7 @@ from attsvm.svm._factored import _reduce
 from attsvm.svm._sdp import ipm_many
 from attsvm.svm.batch_nuclear import NUC_BATCH_MAX_K, _tighten
 from attsvm.svm.reduction import reduce
+from test_svm_batch import _duplicate_selected  # (a zero feature: an infeasible instance)
 
 CERT_TOL = 1e-9  # the estimator's default tolerance: every "optimal" passes it
 OBJ_RTOL = 1e-8  # ‖W‖_* of the batch against fit's (both certified to a relative gap of 1e-9)
@@ -24,13 +25,6 @@ OBJ_RTOL = 1e-8  # ‖W‖_* of the batch against fit's (both certified to a rel
 # instances but less well conditioned than the Frobenius one (a 1e-9 gap pins W to about its root)
 W_RTOL = 1e-4
 CVX_RTOL = 1e-6  # interior point against cvxpy's Clarabel (which stops at about 1e-8)
-
-
-def _duplicate_selected(p: AttentionProblem, alpha: np.ndarray) -> AttentionProblem:
-    """A copy of p where sequence 0 repeats its selected token: a zero feature, infeasible."""
-    X = p.X.copy()
-    X[0, (alpha[0] + 1) % p.T] = X[0, alpha[0]]
-    return AttentionProblem(X, p.y, p.v, Z=p.Z)
 
 
 def _mixed() -> tuple[list[AttentionProblem], list[np.ndarray | None]]:
@@ -110,22 +104,25 @@ def _stacked(css: list[ConstraintSet]):
     return [np.stack(x) for x in zip(*out)], out
 
 
+def _svm_eq_shaped(seed: int, eq_share: float = 0.3, rhs: str = "unit") -> ConstraintSet:
+    """docs/spec.md §5's SVM-eq / W_fin shapes: equality rows mixed with inequalities."""
+    p = random_instance(5, 6, 8, seed=seed)
+    n, T = p.n, p.T
+    rng = np.random.default_rng(seed)
+    ref = np.zeros(n, dtype=np.int64)
+    A = p.X[np.arange(n), ref][:, None, :] - p.X
+    mask = np.ones((n, T), bool)
+    mask[np.arange(n), ref] = False
+    eq = mask & (rng.random((n, T)) < eq_share)
+    b = np.where(eq, 0.0, 1.0) if rhs == "unit" else np.where(mask, rng.normal(size=(n, T)), 0.0)
+    return ConstraintSet(A, p.queries.copy(), mask, b, eq)
+
+
 def test_interior_point_matches_cvxpy_with_equality_rows():
     pytest.importorskip("cvxpy")
     from attsvm.svm.cvxpy_backend import solve_cvxpy
 
-    css = []
-    for s in range(3):  # docs/spec.md §5's SVM-eq shape: equalities b = 0 plus inequalities b = 1
-        p = random_instance(5, 6, 8, seed=20 + s)
-        n, T = p.n, p.T
-        rng = np.random.default_rng(s)
-        ref = np.zeros(n, dtype=np.int64)
-        A = p.X[np.arange(n), ref][:, None, :] - p.X
-        mask = np.ones((n, T), bool)
-        mask[np.arange(n), ref] = False
-        eq = mask & (rng.random((n, T)) < 0.3)
-        eq[:, 1] = True  # the same number of equality rows is not needed, but one shape keeps one batch
-        css.append(ConstraintSet(A, p.queries.copy(), mask, np.where(eq, 0.0, 1.0), eq))
+    css = [_svm_eq_shaped(20 + s) for s in range(3)]  # one shape: equalities b = 0, inequalities b = 1
     (Fs, Zs, b, ineq), rows = _stacked(css)
     assert (~ineq).any() and ineq.any()
     M, y, converged, _ = ipm_many(Fs, Zs, b, ineq)
@@ -237,20 +234,6 @@ def test_an_iteration_limit_goes_one_at_a_time():
         one = AttentionSVM("nuc", max_iter=1).fit(p)
         assert m.info_.get("path") != "batched-ipm" and m.n_iter_ == one.n_iter_ == 1
         assert m.status_ == one.status_
-
-
-def _svm_eq_shaped(seed: int, eq_share: float = 0.3, rhs: str = "unit") -> ConstraintSet:
-    """docs/spec.md §5's SVM-eq / W_fin shapes: equality rows mixed with inequalities."""
-    p = random_instance(5, 6, 8, seed=seed)
-    n, T = p.n, p.T
-    rng = np.random.default_rng(seed)
-    ref = np.zeros(n, dtype=np.int64)
-    A = p.X[np.arange(n), ref][:, None, :] - p.X
-    mask = np.ones((n, T), bool)
-    mask[np.arange(n), ref] = False
-    eq = mask & (rng.random((n, T)) < eq_share)
-    b = np.where(eq, 0.0, 1.0) if rhs == "unit" else np.where(mask, rng.normal(size=(n, T)), 0.0)
-    return ConstraintSet(A, p.queries.copy(), mask, b, eq)
 
 
 def test_fit_many_constraints_equals_fit_constraints():
