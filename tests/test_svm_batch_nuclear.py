@@ -198,6 +198,14 @@ def test_repeated_rows_and_batches_of_only_singular_instances():
     for p, a, m in zip(repeats, toks, AttentionSVM("nuc").fit_many(repeats, toks)):
         assert m.info_["path"] == "batched-ipm"
         _assert_same(m, AttentionSVM("nuc").fit(p, a))
+    # a constraint set alone whose Schur complement LAPACK refuses (equality rows a and −a, b = 0:
+    # feasible but dependent) leaves the batch and comes back as fit_constraints returns it
+    cs = _svm_eq_shaped(5)
+    A, eq = cs.A.copy(), cs.equality.copy()
+    A[0, 2], eq[0, 1:3] = -A[0, 1], True
+    dep = ConstraintSet(A, cs.Z, cs.mask, np.where(eq, 0.0, cs.rhs), eq & cs.mask)
+    (m,) = AttentionSVM("nuc").fit_many_constraints([dep])
+    _assert_same(m, AttentionSVM("nuc").fit_constraints(dep))
     # a batch whose every instance is infeasible (opposite rows): each comes back as fit returns it
     for batch in (mirrored[:1], mirrored):
         for p, a, m in zip(batch, toks, AttentionSVM("nuc").fit_many(batch, toks[: len(batch)])):
@@ -205,14 +213,20 @@ def test_repeated_rows_and_batches_of_only_singular_instances():
             _assert_same(m, AttentionSVM("nuc").fit(p, a))
 
 
-def test_an_infeasible_instance_leaves_the_interior_point_early():
+def test_an_infeasible_instance_leaves_the_interior_point_early(monkeypatch):
+    import attsvm.svm._sdp as sdp
+
     css = [AttentionSVM("nuc").fit(paper_instance(3, 4, 5, seed=s)).constraints_ for s in range(2)]
     (Fs, Zs, b, ineq), _ = _stacked(css)
-    Fs[1, 1], Zs[1, 1] = -Fs[1, 0], Zs[1, 0]  # rows a and −a on one query, each ≥ b > 0
+    # instance 1: rows a₀, a₁ and −(a₀ + a₁) (unit) on one query, each ≥ b > 0: infeasible, while its
+    # Schur complement stays regular, so only the divergence of its multipliers can stop it
+    a2 = -(Fs[1, 0] + Fs[1, 1])
+    Fs[1, 2], Zs[1, 1], Zs[1, 2] = a2 / np.linalg.norm(a2), Zs[1, 0], Zs[1, 0]
     assert np.all(b > 0)
     M, y, converged, iters = ipm_many(Fs, Zs, b, ineq)
-    assert converged[0] and not converged[1]
-    assert iters[1] < 40  # (max_iter is 60: the multipliers' divergence stops it first)
+    assert converged[0] and not converged[1] and iters[1] < 20
+    monkeypatch.setattr(sdp, "DIVERGED_Y", np.inf)  # without the test: all of max_iter
+    assert ipm_many(Fs, Zs, b, ineq)[3][1] == 60
 
 
 def test_instances_of_different_length_in_one_group():

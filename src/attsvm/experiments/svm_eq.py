@@ -102,7 +102,9 @@ def equivalence_runs(
         steps, W_hist = np.asarray(out.history["step"], dtype=np.int64), out.history["W"]
         amb = ((S > lo) & (S <= hi)).any(axis=(1, 2))
         fin = ~(S <= lo).any(axis=(1, 2))
-        # the three SVMs of every kept run, each kind by one batched call (fit_many / fit_many_constraints)
+        # the three SVMs of every kept run, each kind by one call (fit_many / fit_many_constraints: batched
+        # for the nuclear norm, and for the Frobenius single-token SVMs; the Frobenius SVM-eq and W_fin
+        # programs go one at a time inside the call)
         kept = [r for r in range(len(train_idx)) if not (amb[r] or fin[r])]
         programs = [equivalence_constraints(probs[train_idx[r]], S[r] > hi, S[r]) for r in kept]
         assert all(c_fin is not None for _, c_fin in programs)  # probs were given

@@ -53,18 +53,18 @@ def _sym(X: NDArray[np.float64]) -> NDArray[np.float64]:
 
 
 def _guarded(
-    fn: Callable[..., NDArray[np.float64]], *arrays: NDArray[np.float64]
+    fn: Callable[..., NDArray[np.float64]], *arrays: NDArray[np.float64], shape: tuple[int, ...] | None = None
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """``fn`` over the stack, and which instances it succeeded on: when LAPACK refuses one instance
-    (not positive definite, singular), the others are computed one by one, so that it poisons no one.
-    ``fn``'s result has the shape of its last argument (a factor of A, or the solution for b); the
-    refused instances get NaN there."""
+    (not positive definite, singular, eigenvalues that do not converge on a NaN), the others are
+    computed one by one, so that it poisons no one. ``fn``'s result has ``shape`` (default: that of its
+    last argument, as a factor of A or the solution for b); the refused instances get NaN there."""
     B = arrays[0].shape[0]
     try:
         return fn(*arrays), np.ones(B, dtype=bool)
     except np.linalg.LinAlgError:
         ok = np.ones(B, dtype=bool)
-        out = np.full(arrays[-1].shape, np.nan)
+        out = np.full(arrays[-1].shape if shape is None else shape, np.nan)
         for i in range(B):
             try:
                 out[i] = fn(*(a[i : i + 1] for a in arrays))[0]
@@ -94,7 +94,8 @@ def _max_step(Li: NDArray[np.float64], D: NDArray[np.float64]) -> NDArray[np.flo
     """Largest α (capped at 1e30) with ``LLᵀ + αD ⪰ 0`` given ``Li = L⁻¹``, from the smallest eigenvalue
     of ``L⁻¹ D L⁻ᵀ`` (exact: an estimate, e.g. by power iteration, cost the predictor more iterations
     than it saved)."""
-    ev = np.linalg.eigvalsh(Li @ D @ Li.transpose(0, 2, 1))[:, 0]
+    S = Li @ D @ Li.transpose(0, 2, 1)
+    ev = _guarded(np.linalg.eigvalsh, S, shape=S.shape[:2])[0][:, 0]  # (NaN, a step of NaN: that one leaves)
     return np.where(ev < 0, -1.0 / np.minimum(ev, -1e-300), 1e30)
 
 

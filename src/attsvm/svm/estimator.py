@@ -270,13 +270,18 @@ class AttentionSVM:
         self, problems: Sequence[AttentionProblem], tokens: Sequence[ArrayLike | None] | None = None
     ) -> list[AttentionSVM]:
         """Fit one Att-SVM per problem (docs/spec.md §3): new estimators with these parameters, in
-        order (this one is not changed), each exactly as :meth:`fit` would return it.
+        order (this one is not changed), each with the status :meth:`fit` would give it and a
+        certificate that passes ``tol`` (or the same Farkas certificate). The Frobenius batch returns
+        fit's W to round-off; the nuclear batch is another method, so its W, multipliers, ``n_iter_`` and
+        ``info_`` differ from fit's within what the certificate allows (W to about 1e-5 relative at
+        the default ``tol``; a repeated row gets multiplier 0 where fit may split it).
 
         Frobenius instances (``backend="auto"``) of one shape with at most ``BATCH_MAX_K`` constraint
         rows are solved together as one vectorised program and certified together
-        (:mod:`attsvm.svm.batch`); nuclear instances (``rank=None``, ``backend="auto"``) whose reduced
-        programs share a shape are solved together by a batched interior-point method
-        (:mod:`attsvm.svm.batch_nuclear`) and certified one by one as :meth:`fit` certifies. Every other
+        (:mod:`attsvm.svm.batch`); nuclear instances (``rank=None``, ``backend="auto"``,
+        ``max_iter=None``) whose reduced programs share a shape are solved together by a batched
+        interior-point method (:mod:`attsvm.svm.batch_nuclear`) and certified one by one as :meth:`fit`
+        certifies. Every other
         instance, and any that leaves a batch (a duplicate token, an unsettled active set, a certificate
         that misses ``tol``, an infeasible instance), goes through :meth:`fit`.
 
@@ -343,12 +348,13 @@ class AttentionSVM:
 
     def fit_many_constraints(self, constraint_sets: Sequence[ConstraintSet]) -> list[AttentionSVM]:
         """:meth:`fit_constraints` for many constraint sets (e.g. the SVM-eq and W_fin programs of a sweep,
-        docs/spec.md §5): new estimators with these parameters, in order, each exactly as
-        :meth:`fit_constraints` would return it.
+        docs/spec.md §5): new estimators with these parameters, in order, each with the status
+        :meth:`fit_constraints` would give it and a certificate that passes ``tol`` (see :meth:`fit_many`
+        for how the nuclear batch's W may differ within it).
 
-        Nuclear programs (``rank=None``, ``backend="auto"``, equality rows and any right-hand sides
-        included) are solved together by the batched interior point of :mod:`attsvm.svm.batch_nuclear`
-        and certified one by one; every other program, and any that does not certify there, goes
+        Nuclear programs (``rank=None``, ``backend="auto"``, ``max_iter=None``; equality rows and any
+        right-hand sides included) are solved together by the batched interior point of
+        :mod:`attsvm.svm.batch_nuclear` and certified one by one; every other program, and any that does not certify there, goes
         through :meth:`fit_constraints` (the Frobenius batch takes only the inequality rows b = 1 of
         :meth:`fit_many`'s problems)."""
         from . import batch_nuclear
