@@ -354,9 +354,9 @@ class AttentionSVM:
 
         Nuclear programs (``rank=None``, ``backend="auto"``, ``max_iter=None``; equality rows and any
         right-hand sides included) are solved together by the batched interior point of
-        :mod:`attsvm.svm.batch_nuclear` and certified one by one; every other program, and any that does not certify there, goes
-        through :meth:`fit_constraints` (the Frobenius batch takes only the inequality rows b = 1 of
-        :meth:`fit_many`'s problems)."""
+        :mod:`attsvm.svm.batch_nuclear` and certified one by one; every other program, and any that
+        does not certify there, goes through :meth:`fit_constraints` (the Frobenius batch takes only the
+        inequality rows b = 1 of :meth:`fit_many`'s problems)."""
         from . import batch_nuclear
 
         self._validate_params()
