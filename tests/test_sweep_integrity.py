@@ -333,3 +333,25 @@ def test_a_resume_with_other_code_never_leaves_the_old_results_as_this_runs(
     assert not (out / "results.json").exists(), "results of the old code must not pass for the new run's"
     res = plot_run(out).results
     assert res["complete"] is False and res["n_trials_done"] == 0 and res["n_trials"] == 2
+
+
+def test_an_edit_to_a_solver_changes_every_fingerprint(tmp_path, monkeypatch):
+    """Trials depend on the solvers and trainers they call, not only on their experiment's module: an
+    edit anywhere in the package (e.g. a solver whose results move within its certificate's tolerance)
+    gives new fingerprints, so a resumed folder never mixes trials from before and after it."""
+    import attsvm.experiments._runner as runner
+
+    tree = tmp_path / "pkg"
+    (tree / "svm").mkdir(parents=True)
+    (tree / "svm" / "solver.py").write_text("STEP = 0.95\n")
+    (tree / "train.py").write_text("LR = 1.0\n")
+    before = runner._tree_hash(tree)
+    (tree / "svm" / "solver.py").write_text("STEP = 0.9\n")
+    runner._tree_hash.cache_clear()
+    assert runner._tree_hash(tree) != before
+    # the package's own tree is part of every experiment's code version, hence of its fingerprint
+    exp = get_experiment("svm-rank")
+    settings = dict(exp.defaults)
+    fp = fingerprint(exp, settings)
+    monkeypatch.setattr(runner, "PACKAGE_ROOT", tree)
+    assert fingerprint(exp, settings) != fp

@@ -15,6 +15,7 @@ Layout of a run folder::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -138,16 +139,31 @@ class RunOutput:
         return bool(self.results.get("complete", True))
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=4)
+def _tree_hash(root: Path) -> str:
+    """A hash of the Python sources under ``root`` (read once per process and root)."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def code_version(exp: Experiment) -> str:
-    """The version of the code that computes ``exp``'s trials: attsvm's version and a hash of the
-    experiment's module source (an edit to the experiment invalidates its saved trials)."""
+    """The version of the code that computes ``exp``'s trials: attsvm's version, a hash of the
+    experiment's module source and a hash of the whole package's sources. The solvers and trainers
+    the trials call count too: a trial computed before an edit to a solver (whose results may move
+    within its certificate's tolerance) is never mixed with trials computed after it."""
     from .. import __version__
 
     try:
         source = Path(inspect.getfile(type(exp))).read_bytes()
     except (OSError, TypeError):  # pragma: no cover - a class without a source file
         source = type(exp).__qualname__.encode()
-    return f"{__version__}+{hashlib.sha256(source).hexdigest()[:12]}"
+    return f"{__version__}+{hashlib.sha256(source).hexdigest()[:12]}+{_tree_hash(PACKAGE_ROOT)}"
 
 
 def fingerprint(exp: Experiment, settings: dict[str, Any]) -> str:

@@ -205,8 +205,9 @@ def solve_many(
         for start in range(0, len(members), NUC_CHUNK):
             chunk = members[start : start + NUC_CHUNK]
             t0 = time.perf_counter()
-            reds = [prep[2] for prep in (prepared[i] for i in chunk) if prep is not None]
-            idxs = [prep[3] for prep in (prepared[i] for i in chunk) if prep is not None]
+            preps = [prepared[i] for i in chunk]  # (every grouped instance was prepared)
+            reds = [prep[2] for prep in preps if prep is not None]
+            idxs = [prep[3] for prep in preps if prep is not None]
             # (a group shares K, r_a and r_z, not T: each instance's rows map to its own sequences)
             Fs = np.stack([r.A.reshape(-1, r_a)[k] for r, k in zip(reds, idxs)])
             Zs = np.stack([r.Z[k // r.mask.shape[1]] for r, k in zip(reds, idxs)])
