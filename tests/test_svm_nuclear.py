@@ -572,21 +572,28 @@ def test_homogeneous_rows_give_the_exact_zero_solution(norm: str) -> None:
     assert ref.objective_ <= 1e-6
 
 
-@pytest.mark.parametrize("n, T, d, seed, route", [(5, 10, 3, 56, None), (5, 15, 3, 40, "subgradient")])
-def test_degenerate_svm_rank_instances_are_certified_by_the_subgradient_dual(n, T, d, seed, route):
-    """Two degenerate svm-rank instances where Clarabel stops "inaccurate". On (5, 15, 3, 40) the
-    augmented Lagrangian stops "inaccurate" too, and the dual from the subgradient identity at the exactly
-    feasible primal certifies it (nuclear.py, step 6). (5, 10, 3, 56) needed that route when small
-    solves ran on two BLAS threads; on one (attsvm._threads) the polish certifies it directly."""
+@pytest.mark.parametrize("n, T, d, seed", [(5, 10, 3, 56), (5, 15, 3, 40)])
+def test_degenerate_svm_rank_instances_are_certified_by_the_subgradient_dual(n, T, d, seed):
+    """Two degenerate svm-rank instances where Clarabel stops "inaccurate". The polish certifies both
+    directly. On (5, 15, 3, 40), with the polish releasing every row of negative multiplier at once
+    (``release_frac=0``, the rule before), the augmented Lagrangian stops "inaccurate", and the dual from the
+    subgradient identity at the exactly feasible primal certifies it (nuclear.py, step 6). (5, 10, 3, 56)
+    needed that route when small solves ran on two BLAS threads."""
     from attsvm.datasets import paper_instance
     from attsvm.svm import optimality_certificate
+    from attsvm.svm.nuclear import solve_nuclear
 
     p = paper_instance(n, T, d, seed=seed)
     opt = p.optimal_tokens()
     f = AttentionSVM("nuc").fit(p, opt)
-    assert f.status_ == "optimal" and f.info_.get("dual_polish") == route
+    assert f.status_ == "optimal" and f.info_.get("dual_polish") is None
     cert = optimality_certificate(f.constraints_, f.W_, f.dual_coef_, "nuc")  # recomputed independently
     assert cert.relative_gap <= DEFAULT_SVM_TOL and cert.relative_violation <= DEFAULT_SVM_TOL
     assert np.all(f.dual_coef_[f.constraints_.mask] >= 0)
+    old = solve_nuclear(f.constraints_, release_frac=0.0)
+    assert old.status == "optimal" and old.info.get("dual_polish") == ("subgradient" if seed == 40 else None)
+    cert = optimality_certificate(f.constraints_, old.W, old.dual, "nuc")
+    assert cert.relative_gap <= DEFAULT_SVM_TOL and cert.relative_violation <= DEFAULT_SVM_TOL
+    assert abs(cert.primal - f.objective_) <= OBJ_RTOL * f.objective_
     ref = AttentionSVM("nuc", backend="cvxpy").fit(p, opt)  # (Clarabel itself stops "inaccurate" here)
     assert abs(f.objective_ - ref.objective_) <= OBJ_RTOL * ref.objective_

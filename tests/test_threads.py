@@ -27,24 +27,35 @@ def test_blas_threads_limits_inside_and_restores_after():
 
 
 def test_small_fits_run_on_one_blas_thread_large_ones_keep_the_pool():
+    """The limit each fit asks for (recorded at the call, so that the test tells "one thread" from "the
+    pool" whatever the pool is in this process: the test session starts with one BLAS thread), and the
+    pool inside the block of a small fit."""
     import attsvm.svm.estimator as est_mod
 
-    seen: list[list[int]] = []
-    real = AttentionSVM._solve
+    asked: list[int | None] = []
+    inside: list[list[int]] = []
+    real_limit, real_solve = est_mod.blas_threads, AttentionSVM._solve
 
-    def spy(self, cs):
-        seen.append(_blas_threads())
-        return real(self, cs)
+    def limit(n):
+        asked.append(n)
+        return real_limit(n)
+
+    def solve(self, cs):
+        inside.append(_blas_threads())
+        return real_solve(self, cs)
 
     p = paper_instance(6, 8, 10, seed=0)
     assert p.X.size <= SMALL_SOLVE_ELEMENTS
-    with mock.patch.object(AttentionSVM, "_solve", spy):
+    with mock.patch.object(est_mod, "blas_threads", limit), mock.patch.object(AttentionSVM, "_solve", solve):
         AttentionSVM().fit(p)
         AttentionSVM("nuc").fit(p)
         with mock.patch.object(est_mod, "SMALL_SOLVE_ELEMENTS", 0):  # as if the instance were large
             AttentionSVM().fit(p)
-    assert all(n == 1 for n in seen[0]) and all(n == 1 for n in seen[1])
-    assert seen[2] == _blas_threads()  # the pool as it is outside
+            AttentionSVM("nuc").fit(p)  # (the nuclear solver has a limit of its own)
+        with mock.patch.object(est_mod, "SMALL_NUCLEAR_ELEMENTS", 0):
+            AttentionSVM("nuc").fit(p)
+    assert asked == [1, 1, None, 1, None]
+    assert all(n == 1 for n in inside[0]) and all(n == 1 for n in inside[1])
 
 
 def test_overlapping_blocks_in_two_threads_restore_the_pool_once():

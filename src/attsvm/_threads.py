@@ -17,13 +17,16 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["blas_threads", "SMALL_SOLVE_ELEMENTS"]
+__all__ = ["blas_threads", "SMALL_SOLVE_ELEMENTS", "SMALL_NUCLEAR_ELEMENTS"]
 
 # Problems with at most this many token features (n·T·d) are solved with one BLAS thread; larger ones
-# keep the library's pool. Measured on 2 cores: one thread is faster per iteration at every size tried,
-# but at (200, 32, 128) (819,200 features) the nuclear solver's path then took twice the iterations on
-# two seeds (15–18 s against 12 s), so the large sizes keep the pool.
+# keep the library's pool. Measured on 2 cores: one thread is faster per iteration at every size tried up
+# to here; the Frobenius solver's large products gain from the pool above it ((250, 100, 256): 5.4 s with
+# the pool against 10.7 s with one thread).
 SMALL_SOLVE_ELEMENTS = 500_000
+# The nuclear solver's limit: at (200, 32, 128) (819,200 features) it took 4.3–10.6 s with one thread over
+# seeds 0–9 and 10.7–13.7 s with the pool (seeds 0–4; 2026-12-04, after the polish's release rule).
+SMALL_NUCLEAR_ELEMENTS = 1_000_000
 
 _controller: Any = None
 _controller_failed = False

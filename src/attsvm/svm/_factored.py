@@ -40,6 +40,10 @@ class NuclearOptions:
     early_exit_res, early_exit_lam, early_viol_factor : a Newton round stops early once its residual is
         below early_exit_res while an inequality multiplier is below −early_exit_lam·max|λ|; rows
         violated by more than early_viol_factor × the residual are then added.
+    release_frac : a polish round releases the inequality rows whose multiplier is at most release_frac ×
+        the most negative one (0: every row with λ < 0). Releasing all of them at once can drop rows that
+        the optimum keeps (their multipliers turn positive once the more negative rows are gone), after
+        which Newton finds no KKT point round after round.
     """
 
     tol: float = 1e-9
@@ -66,6 +70,7 @@ class NuclearOptions:
     early_exit_res: float = 1e-3
     early_exit_lam: float = 1e-6
     early_viol_factor: float = 100.0
+    release_frac: float = 0.1
 
     def __post_init__(self) -> None:
         check_finite_scalar(self.tol, "tol", positive=True)
@@ -75,6 +80,9 @@ class NuclearOptions:
         check_positive_int(self.p0, "p0")
         check_positive_int(self.inner_max, "inner_max")
         check_positive_int(self.newton_patience, "newton_patience")
+        check_finite_scalar(self.release_frac, "release_frac")
+        if not 0.0 <= self.release_frac < 1.0:
+            raise ValueError(f"release_frac must be in [0, 1), got {self.release_frac!r}")
 
 
 def _options(options: NuclearOptions | None, overrides: dict[str, Any], fn: str) -> NuclearOptions:

@@ -7,15 +7,18 @@ system of ``min ½(‖K‖² + ‖Q‖²) s.t. 𝒜_S(KQᵀ) = b_S`` by Newton's
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.linalg.lapack import dgetrf, dgetrs
+from scipy.linalg.lapack import dgetrf, dgetrs, dsytrf, dsytrf_lwork, dsytrs
 
 from ._factored import NuclearOptions, _Reduced
 
 __all__: list[str] = []
+
+logger = logging.getLogger("attsvm.svm.nuclear")
 
 
 @dataclass
@@ -78,30 +81,47 @@ def _newton_solver(
     Zt = (Zs @ V).T  # (r_z, s): Vᵀ z_k
     # The constraint gradient C_k = (a_k (Qᵀz_k)ᵀ, z_k (Kᵀa_k)ᵀ) has u/w coordinates
     # c(ã_ki q̃_kj ± z̃_ki k̃_kj); the Schur complement S = Σ_E C_k C_lᵀ / h needs only s × s products.
-    Gqq, Gkk, Gqk = ZQ @ ZQ.T, FK @ FK.T, ZQ @ FK.T
     Au, Zu = At[:q], Zt[:q]
-    ap = eu + 1.0 / h_p
-    am = eu - 1.0 / h_p
-    X = (Au.T * am) @ Zu * Gqk  # the two cross terms are X + Xᵀ
-    Sm = 0.5 * ((Au.T * ap) @ Au * Gqq + (Zu.T * ap) @ Zu * Gkk + X + X.T)
-    Sm += (At[q:].T @ At[q:]) * Gqq / h_r + (Zt[q:].T @ Zt[q:]) * Gkk / h_r
     # u coordinates kept (σ_i ≈ 1): ChR (nRi·r, s)
     ChR = (c * (At[:q][Ri][:, None, :] * ZQ.T[None] + Zt[:q][Ri][:, None, :] * FK.T[None])).reshape(-1, s)
     hR = np.repeat(h_m[Ri], r)
     nR = hR.size
-    Jr = np.zeros((nR + s, nR + s))
-    Jr[np.arange(nR), np.arange(nR)] = hR
-    Jr[:nR, nR:] = -ChR
-    Jr[nR:, :nR] = ChR.T
-    Jr[nR:, nR:] = Sm
-    # LAPACK's LU directly: scipy's wrappers cost more than the factorisation at these sizes
-    lu, piv, info = dgetrf(Jr, overwrite_a=1)
+    n_j = nR + s
+    # weights of −S's three products: the u/w coordinates (first q) and the rest (1/h_r) in one product
+    # per side; −S because the system is solved in symmetric form, its second block row negated
+    wa = np.concatenate([-0.5 * (eu + 1.0 / h_p), np.full(r_a - q, -1.0 / h_r)])
+    wz = np.concatenate([-0.5 * (eu + 1.0 / h_p), np.full(r_z - q, -1.0 / h_r)])
+    am = -0.5 * (eu - 1.0 / h_p)
+
+    def assemble() -> NDArray[np.float64]:
+        """The lower triangle of the symmetric ``[[diag(h_R), −C_R], [−C_Rᵀ, −S]]`` (Fortran order, so
+        that LAPACK factorises it in place)."""
+        J = np.zeros((n_j, n_j), order="F")
+        J[np.arange(nR), np.arange(nR)] = hR
+        J[nR:, :nR] = -ChR.T
+        Sb = J[nR:, nR:]
+        np.multiply((At.T * wa) @ At, ZQ @ ZQ.T, out=Sb)
+        Sb += ((Zt.T * wz) @ Zt) * (FK @ FK.T)
+        X = (Au.T * am) @ Zu  # the two cross terms are X + Xᵀ
+        X *= ZQ @ FK.T
+        Sb += X
+        Sb += X.T
+        return J
+
+    # the system is symmetric indefinite (h may be ≈ δ or < 0 on the kept rows): LAPACK's Bunch–Kaufman
+    # LDLᵀ directly (scipy's wrappers cost more than the factorisation at these sizes), about 30% cheaper
+    # than an LU at a few thousand unknowns
+    lwork = max(1, int(dsytrf_lwork(n_j, lower=1)[0]))
+    ldl, piv, info = dsytrf(assemble(), lower=1, overwrite_a=1, lwork=lwork)
+    flip = np.ones(n_j)
+    flip[nR:] = -1.0
     if info == 0:
 
         def solve(b: NDArray[np.float64]) -> NDArray[np.float64]:
-            return dgetrs(lu, piv, b)[0]
+            return dsytrs(ldl, piv, flip * b, lower=1)[0]
     else:  # pragma: no cover - singular reduced system
-        pinv = np.linalg.pinv(Jr)
+        Jl = np.tril(assemble())
+        pinv = np.linalg.pinv((Jl + np.tril(Jl, -1).T) * flip[:, None])
 
         def solve(b: NDArray[np.float64]) -> NDArray[np.float64]:
             return pinv @ b
@@ -289,6 +309,7 @@ def _polish(
         if idx.size == 0:
             return None
         S_round = S.copy()
+        r_round = K.shape[1]
         ineq_s = red.ineq.ravel()[idx]
         K, Q, lam_s, res = _kkt_newton(red, idx, K, Q, lam_full.ravel()[idx], opt, ineq_s=ineq_s)
         # a guess far from the optimum keeps Newton from converging round after round: hand back to
@@ -302,6 +323,7 @@ def _polish(
         changed = False
         neg = red.ineq & S & (lam_full < 0)
         if neg.any():  # these rows are not active: release the most negative ones
+            neg &= lam_full <= opt.release_frac * lam_full[neg].min()
             S = S & ~neg
             lam_full = np.where(neg, 0.0, lam_full)
             changed = True
@@ -338,6 +360,17 @@ def _polish(
             root = np.sqrt(sm[:r_new])
             K, Q, r = Um[:, :r_new] * root, Vmt[:r_new].T * root, r_new
             changed = True
+        logger.debug(
+            "    polish round %d: rank %d, %d rows, residual %.1e%s; released %d, added %d, failed %d",
+            rounds,
+            r_round,
+            idx.size,
+            res,
+            " (early exit)" if early else "",
+            int(neg.sum()),
+            int(viol.sum()),
+            failed,
+        )
         if not changed and res <= 1e-10:
             return _Polished(K, Q, lam_full, res, rounds)
     return None

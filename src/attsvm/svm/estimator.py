@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._threads import SMALL_SOLVE_ELEMENTS, blas_threads
+from .._threads import SMALL_NUCLEAR_ELEMENTS, SMALL_SOLVE_ELEMENTS, blas_threads
 from .._validation import Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
@@ -418,7 +418,8 @@ class AttentionSVM:
 
     def _fit(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
         # small solves run with one BLAS thread (attsvm._threads: several only wait for each other)
-        with blas_threads(1 if cs.A.size <= SMALL_SOLVE_ELEMENTS else None):
+        small = SMALL_NUCLEAR_ELEMENTS if self.norm == "nuc" and self.rank is None else SMALL_SOLVE_ELEMENTS
+        with blas_threads(1 if cs.A.size <= small else None):
             return self._fit_here(cs, alpha)
 
     def _fit_here(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
