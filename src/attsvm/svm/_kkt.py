@@ -226,6 +226,9 @@ def _kkt_newton(
 
     F = resid(K, Q, lam_s)
     nrm = float(np.linalg.norm(F))
+    # the residual's K − YQ and Q − YᵀK blocks are of the size of K and Q: round-off floors there, so the
+    # tolerance is relative to them (an instance of near-duplicate tokens has ‖K‖ ~ 10³ in solver units)
+    ftol = ftol * max(1.0, _size(K, Q))
     solver = None
     fresh = False
     hist = [nrm]
@@ -263,6 +266,11 @@ def _kkt_newton(
         K, Q, lam_s, F, nrm = Kn, Qn, ln, Fn, nn
         hist.append(nrm)
     return K, Q, lam_s, nrm
+
+
+def _size(K: NDArray[np.float64], Q: NDArray[np.float64]) -> float:
+    """‖(K, Q)‖_F, the scale of the KKT residual's first two blocks."""
+    return float(np.sqrt(np.vdot(K, K) + np.vdot(Q, Q)))
 
 
 def _wrong_sign(lam_s: NDArray[np.float64], ineq_s: NDArray[np.bool_], rtol: float) -> bool:
@@ -315,7 +323,8 @@ def _polish(
         # a guess far from the optimum keeps Newton from converging round after round: hand back to
         # the augmented Lagrangian (cheaper than more Newton rounds) and retry from a better point.
         # An early exit on a wrong-signed multiplier (see _kkt_newton) is progress, not a failure.
-        early = 1e-10 < res <= opt.early_exit_res and _wrong_sign(lam_s, ineq_s, opt.early_exit_lam)
+        done = 1e-10 * max(1.0, _size(K, Q))  # a converged round (relative, as in _kkt_newton)
+        early = done < res <= opt.early_exit_res and _wrong_sign(lam_s, ineq_s, opt.early_exit_lam)
         lam_full = np.zeros(n * T)
         lam_full[idx] = lam_s
         lam_full = lam_full.reshape(n, T)
@@ -338,7 +347,7 @@ def _polish(
         # added; a row released and added back again is no change) is progress too: on large instances
         # the first guess from a loosely solved point often needs several such rounds (at
         # (200, 32, 128), seeds 2 and 3 went from 27 s to 11–14 s); only rounds that change nothing fail
-        failed = failed + 1 if res > 1e-10 and not early and not (S ^ S_round).any() else 0
+        failed = failed + 1 if res > done and not early and not (S ^ S_round).any() else 0
         if failed >= max_failed:
             return None
         Y = red.adjoint(lam_full)
@@ -371,6 +380,6 @@ def _polish(
             int(viol.sum()),
             failed,
         )
-        if not changed and res <= 1e-10:
+        if not changed and res <= done:
             return _Polished(K, Q, lam_full, res, rounds)
     return None
