@@ -355,3 +355,32 @@ def test_reproduce_all_runs_a_repeated_name_once(tmp_path: Path) -> None:
 
     runs = reproduce_all(out=tmp_path, names=["nuclear-identity", "nuclear-identity"], quick=True, progress=False)
     assert [r.name for r in runs] == ["nuclear-identity"]
+
+
+def test_the_svm_experiments_load_no_torch_until_a_trial_draws_data():
+    """In a fresh interpreter: the main process of ``attsvm reproduce svm-rank`` (registry, runner, the
+    experiment, the datasets and the solvers) loads no torch: only the trials, which draw the published
+    data with torch's generator, do (then once per worker)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    import attsvm
+
+    code = textwrap.dedent("""
+        import sys
+        import attsvm.cli, attsvm.datasets, attsvm.svm
+        from attsvm.experiments import get_experiment
+        from attsvm.experiments import _runner
+        e = get_experiment("svm-rank")
+        e.trials(dict(e.defaults))
+        assert "torch" not in sys.modules, "loaded torch"
+        attsvm.datasets.paper_instance(3, 4, 5, seed=0)
+        assert "torch" in sys.modules
+        print("ok")
+    """)
+    src = os.path.dirname(os.path.dirname(attsvm.__file__))
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from ._validation import check_choice, check_finite_scalar, check_positive_int
@@ -41,6 +40,8 @@ def paper_instance(
     ``self_attention=True`` the same draws are made (``Z`` is drawn and discarded, as in the published
     code) and ``z_i = x_{i, query_index}``.
     """
+    import torch  # (here, not at import: a process that only plots or aggregates never loads torch)
+
     n, T, d = _check_nTd(n, T, d)
     seed = _check_seed(seed)
     g = torch.Generator()
@@ -64,6 +65,8 @@ def gd_paths_instance(T: Literal[3, 5] = 3) -> AttentionProblem:
     Seed 1; ``v ~ N(0, I)`` normalised; ``y = (1, 1)``; tokens ``0.3·N(0, I)`` shifted by (−1, 0) in
     sequence 0 and (+1, 0) in sequence 1; unit-norm Gaussian cross-attention queries.
     """
+    import torch
+
     if T not in (3, 5):
         raise ValueError(f"T must be 3 or 5 (the two GD-path figures), got {T!r}")
     n, d = 2, 2

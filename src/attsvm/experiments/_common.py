@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -12,7 +12,9 @@ from ..datasets import paper_instance
 from ..problem import AttentionProblem, TieError
 from ..svm import AttentionSVM
 from ..svm._base import ConstraintSet
-from ..train import TrainResult, train
+
+if TYPE_CHECKING:  # (torch loads with the trainer, in the trials that train: not in svm-rank's workers)
+    from ..train import TrainResult
 
 __all__ = [
     "paper_problems",
@@ -66,6 +68,8 @@ def train_batch(
     """The paper's normalized GD (docs/spec.md §4) on R problems as one batched program, by
     :func:`attsvm.train.train`, with W recorded, one thread and no progress bar. Run r starts from its
     own generator seeded with ``seeds[r]``, so a run never depends on the batch it is in."""
+    from ..train import train
+
     return train(
         problems,
         normalized=True,
