@@ -41,15 +41,27 @@ def _check(p_unit: AttentionProblem, p: AttentionProblem, factor: float, norm: s
         if ref.status_ == "optimal":
             assert svm.objective_ == pytest.approx(ref.objective_ * factor, rel=OBJ_RTOL)
         else:  # the reference's own certificate brackets the optimum: ours must lie inside it
-            cert = optimality_certificate(ref.constraints_, ref.W_, ref.dual_coef_, norm)
-            lo, hi = cert.dual * factor, cert.primal * factor
-            assert lo * (1 - OBJ_RTOL) <= svm.objective_ <= hi * (1 + OBJ_RTOL)
+            lo, hi = _bracket(ref, norm)
+            assert lo * factor * (1 - OBJ_RTOL) <= svm.objective_ <= hi * factor * (1 + OBJ_RTOL)
     if svm.status_ == "infeasible":
         cert = farkas_certificate(att_svm_constraints(p, alpha), svm.certificate_)
         assert cert.valid
         assert not feasible(p, alpha)
     if ref.status_ == "optimal":  # a feasible, well-solved instance never turns into "infeasible"
         assert svm.status_ != "infeasible"
+
+
+def _bracket(ref: AttentionSVM, norm: str) -> tuple[float, float]:
+    """[lower, upper] bounds on the optimal objective (‖W‖_F or ‖W‖_*) from ``ref``'s certificate,
+    recomputed independently: the dual bound, and the primal value of ``ref``'s W made feasible by scaling
+    (W/min_k m_k meets every row when the smallest margin m is positive). The certificate's values are
+    ½‖W‖_F² for the Frobenius norm."""
+    cs = ref.constraints_
+    cert = optimality_certificate(cs, ref.W_, ref.dual_coef_, norm)
+    m = float((cs.apply(ref.W_)[cs.mask] / cs.rhs[cs.mask]).min())
+    assert m > 0, "the reference's W misses a row by its whole margin"
+    lo, hi = (np.sqrt(2 * max(cert.dual, 0.0)), np.sqrt(2 * cert.primal)) if norm == "fro" else (cert.dual, cert.primal)
+    return lo, hi / min(m, 1.0)
 
 
 scales = st.floats(-8, 8)
@@ -205,17 +217,58 @@ def test_nuclear_info_is_in_the_users_units(c):
 def test_tokens_equal_up_to_round_off_are_tied_in_every_unit(norm):
     """Tokens one ulp apart are tied: the row is round-off, and 10·x rounds differently from x, so a
     "solution" of 1/ulp would differ between units (found by the slow fuzz). Both units say infeasible,
-    with a valid Farkas certificate; a near tie of 1e-7 stays a real, unit-independent constraint."""
-    for gap, want in ((np.spacing(1.0), "infeasible"), (1e-7, "optimal")):
-        X = np.array([[[1.0, 0.3], [1.0 - gap, 0.3]]])
-        p = AttentionProblem(X, np.ones(1), np.array([1.0, 0.0]), Z=np.array([[1.0, 0.0]]))
+    with a valid Farkas certificate, through fit and fit_many alike; a near tie of 1e-7 stays a real,
+    unit-independent constraint, also beside a coordinate of 1e8 (the rule is per coordinate)."""
+    for gap, big, want in ((np.spacing(1.0), 0.0, "infeasible"), (1e-7, 0.0, "optimal"), (1e-7, 1e8, "optimal")):
+        X = np.array([[[1.0, 0.3, big], [1.0 - gap, 0.3, big]], [[0.2, 1.0, 0.0], [0.1, -1.0, 0.0]]])
+        Z = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+        p = AttentionProblem(X, np.ones(2), np.array([1.0, 1.0, 0.0]), Z=Z)
+        alpha = np.array([0, 0])
         fits = []
         for c in (1.0, 10.0, 1e-3):
-            q = _rescale(p, np.array([c]), np.array([1.0 / c]))
-            svm = AttentionSVM(norm).fit(q, np.array([0]))
-            assert svm.status_ == want
-            if want == "infeasible":
-                assert farkas_certificate(att_svm_constraints(q, np.array([0])), svm.certificate_).valid
-            fits.append(svm)
+            q = _rescale(p, np.array([c, 1.0]), np.array([1.0 / c, 1.0]))
+            one = AttentionSVM(norm).fit(q, alpha)
+            many = AttentionSVM(norm).fit_many([q, q], [alpha, alpha])
+            for svm in (one, *many):
+                assert svm.status_ == want
+                if want == "infeasible":
+                    assert farkas_certificate(att_svm_constraints(q, alpha), svm.certificate_).valid
+                else:
+                    assert svm.objective_ == pytest.approx(one.objective_, rel=OBJ_RTOL)
+            fits.append(one)
         if want == "optimal":
             assert all(f.objective_ == pytest.approx(fits[0].objective_, rel=OBJ_RTOL) for f in fits)
+
+
+def test_every_constraint_builder_ties_the_same_rows():
+    """att_svm_constraints, pair_differences and the W^eq constraints (one-element sets) give the same
+    rows, tied ones included, so that fit, fit_many and svm_eq solve the same program."""
+    from attsvm.svm import svm_eq
+    from attsvm.tokens import pair_differences
+
+    X = np.array([[[1.0, 0.3], [np.nextafter(1.0, 2.0), 0.3], [0.0, 1.0]]])
+    p = AttentionProblem(X, np.ones(1), np.array([1.0, 0.0]), Z=np.array([[1.0, 0.5]]))
+    alpha = np.array([0])
+    A = att_svm_constraints(p, alpha).A
+    assert np.all(A[0, 1] == 0) and np.all(A[0, 2] != 0)
+    np.testing.assert_array_equal(pair_differences(p, alpha)[0], A)
+    O = np.zeros((1, 3), dtype=bool)
+    O[0, 0] = True
+    assert svm_eq(p, O).status_ == "infeasible"
+
+
+def test_fit_many_ties_the_rows_that_fit_ties():
+    """The Frobenius batch builds its rows itself: a token one ulp from the selected one (beside a large
+    coordinate) is tied there too, so fit_many says "infeasible" where fit does (review of this rule)."""
+    p = random_instance(3, 4, 8, seed=0)
+    X = p.X.copy()
+    X[..., 0] += 1e8
+    X[0, 1] = X[0, 0]
+    X[0, 1, 0] = np.nextafter(X[0, 0, 0], np.inf)
+    q = AttentionProblem(X, p.y, p.head, Z=p.queries)
+    alpha = np.array([0, 1, 2])
+    one = AttentionSVM().fit(q, alpha)
+    many = AttentionSVM().fit_many([q, q], [alpha, alpha])
+    assert one.status_ == "infeasible"
+    assert [m.status_ for m in many] == ["infeasible", "infeasible"]
+    assert np.all(many[0].constraints_.A[0, 1] == 0)

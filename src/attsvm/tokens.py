@@ -18,6 +18,8 @@ from .problem import AttentionProblem
 
 __all__ = [
     "pair_differences",
+    "differences",
+    "TIE_ULPS",
     "constraint_mask",
     "margins",
     "support_tokens",
@@ -44,9 +46,27 @@ def pair_differences(
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """``a_it = x_{iα_i} − x_it`` of shape (n, T, d) and the constraint mask (n, T) (docs/spec.md §3).
 
-    ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out.
+    ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out; so are the rows of
+    tokens tied with ``x_{iα_i}`` up to round-off (:func:`differences`).
     """
     return _pair_differences(problem, problem.check_tokens(tokens))
+
+
+# Tokens equal to the selected one up to this many units of round-off in every coordinate are tied
+# (docs/spec.md §3): their row is exactly 0, not the round-off that a solver would scale up to a unit row
+# (x and 10·x differ by one ulp in one representation and by another in the other, so a "solution" of
+# size 1/ulp would depend on the units).
+TIE_ULPS = 8.0
+
+
+def differences(sel: NDArray[np.float64], X: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``a_it = sel_i − x_it`` over (..., n, T, d) for the selected tokens ``sel`` (..., n, d), with every
+    row whose coordinates all satisfy ``|a_j| ≤ TIE_ULPS·ε·max(|sel_j|, |x_j|)`` set to exactly 0 (tied
+    tokens, docs/spec.md §3). Every constraint builder goes through it, so that all solve the same rows."""
+    A = sel[..., None, :] - X
+    scale = TIE_ULPS * np.finfo(np.float64).eps * np.maximum(np.abs(sel)[..., None, :], np.abs(X))
+    tied: NDArray[np.bool_] = np.all(np.abs(A) <= scale, axis=-1)
+    return np.where(tied[..., None], 0.0, A) if tied.any() else A
 
 
 def _pair_differences(
@@ -54,7 +74,7 @@ def _pair_differences(
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """:func:`pair_differences` at an already validated selection ``alpha``."""
     X = problem.X
-    A = X[np.arange(problem.n), alpha][:, None, :] - X  # (n, T, d)
+    A = differences(X[np.arange(problem.n), alpha], X)  # (n, T, d); 0 at t = α_i and on tied tokens
     return A, constraint_mask(problem.n, problem.T, alpha)
 
 

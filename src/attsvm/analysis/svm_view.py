@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 
 from .._linalg import correlation
 from .._validation import check_positive_int
+from ..tokens import differences
 from ._models import attention_inputs, corpus_windows, family_of, head_matrices, load_model, qk_weights
 
 __all__ = ["SVMView", "svm_view", "collect_pairs", "parse_head", "ov_direction"]
@@ -237,7 +238,7 @@ def svm_view(
         model, tok, layer, head, n_pairs=n_pairs, T=T, seed=seed, max_windows=8 if quick else 64
     )
     n = len(alpha)
-    A = X[np.arange(n), alpha][:, None, :] - X
+    A = differences(X[np.arange(n), alpha], X)
     mask = np.ones((n, T), dtype=bool)
     mask[np.arange(n), alpha] = False
     cs = ConstraintSet(A, Z, mask)

@@ -26,10 +26,6 @@ from ..tokens import _pair_differences
 
 __all__ = ["ConstraintSet", "Operator", "att_svm_constraints", "Subspaces", "RawSolution", "SolverStatus"]
 
-# a row a_k = x_α − x_t no larger than this many machine epsilons of its tokens' largest entry is
-# round-off: the tokens are tied (docs/spec.md §3), and the row is exactly 0
-TIE_ULPS = 8.0
-
 
 # ---------------------------------------------------------------- the one operator implementation
 def margins(A: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -322,12 +318,5 @@ def att_svm_constraints(problem: AttentionProblem, tokens: NDArray[np.int64] | N
 def _att_svm_constraints(problem: AttentionProblem, alpha: NDArray[np.int64]) -> ConstraintSet:
     """:func:`att_svm_constraints` at an already validated selection ``alpha``."""
     A, mask = _pair_differences(problem, alpha)
-    # a token equal to the selected one up to a few units of round-off is tied with it: its row is set to
-    # exactly 0 (no W separates them), not left as round-off that a solver would scale up to a unit row
-    # (x and 10·x differ by one ulp in one representation and by another in the other: the "solution"
-    # would be 1/ulp, a different one in each unit)
-    X = problem.X
-    size = np.maximum(np.abs(X[np.arange(problem.n), alpha]).max(axis=1)[:, None], np.abs(X).max(axis=2))
-    A = np.where((np.abs(A).max(axis=2) <= TIE_ULPS * np.finfo(np.float64).eps * size)[:, :, None], 0.0, A)
-    # (A is exactly zero at t = α_i, x − x = 0: the invariants of ConstraintSet hold as built)
+    # (A is exactly zero at t = α_i, x − x = 0, and on tied tokens: the invariants of ConstraintSet hold)
     return ConstraintSet._trusted(A, problem.queries.copy(), mask, mask.astype(np.float64), np.zeros_like(mask))

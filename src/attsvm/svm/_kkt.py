@@ -20,6 +20,9 @@ __all__: list[str] = []
 
 logger = logging.getLogger("attsvm.svm.nuclear")
 
+# the largest KKT residual at which a polish round counts as converged, however large ‖(K, Q)‖ is
+ROUND_RES_CAP = 1e-6
+
 
 @dataclass
 class _Polished:
@@ -323,7 +326,9 @@ def _polish(
         # a guess far from the optimum keeps Newton from converging round after round: hand back to
         # the augmented Lagrangian (cheaper than more Newton rounds) and retry from a better point.
         # An early exit on a wrong-signed multiplier (see _kkt_newton) is progress, not a failure.
-        done = 1e-10 * max(1.0, _size(K, Q))  # a converged round (relative, as in _kkt_newton)
+        # a converged round: relative to ‖(K, Q)‖ as in _kkt_newton, but never above ROUND_RES_CAP (the
+        # constraint block's scale is b's, not ‖(K, Q)‖'s)
+        done = min(1e-10 * max(1.0, _size(K, Q)), ROUND_RES_CAP)
         early = done < res <= opt.early_exit_res and _wrong_sign(lam_s, ineq_s, opt.early_exit_lam)
         lam_full = np.zeros(n * T)
         lam_full[idx] = lam_s

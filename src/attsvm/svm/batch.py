@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from ..tokens import SUPPORT_TOL
+from ..tokens import SUPPORT_TOL, differences
 from ._base import ConstraintSet
 from .certificate import ROW_FLOOR
 from .frobenius import FrobeniusOptions
@@ -146,7 +146,7 @@ def _solve_chunk(
     Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
     alpha = np.stack(alphas)  # (B, n)
     # 1. constraints (A is exactly 0 at t = α_i) and their flat rows, K = n(T − 1) per instance
-    A = np.take_along_axis(X, alpha[:, :, None, None], axis=2) - X
+    A = differences(np.take_along_axis(X, alpha[:, :, None, None], axis=2)[:, :, 0], X)  # (ties: 0 rows)
     mask = np.ones((B, n, T), dtype=bool)
     np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
     K = n * (T - 1)

@@ -35,6 +35,7 @@ from .._validation import (
     check_positive_int,
 )
 from ..problem import AttentionProblem
+from ..tokens import differences
 from ._base import ConstraintSet
 
 __all__ = [
@@ -143,7 +144,7 @@ def equivalence_constraints(
     ref = _reference(O, s, reference)
     n, T = O.shape
     X = problem.X
-    A = X[np.arange(n), ref][:, None, :] - X  # (n, T, d): x_ir − x_it
+    A = differences(X[np.arange(n), ref], X)  # (n, T, d): x_ir − x_it (0 on tokens tied with x_ir)
     mask = np.ones((n, T), dtype=bool)
     mask[np.arange(n), ref] = False
     eq = O & mask

@@ -418,7 +418,8 @@ class AttentionSVM:
 
     def _fit(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
         # small solves run with one BLAS thread (attsvm._threads: several only wait for each other)
-        small = SMALL_NUCLEAR_ELEMENTS if self.norm == "nuc" and self.rank is None else SMALL_SOLVE_ELEMENTS
+        ours_nuc = self.norm == "nuc" and self.rank is None and self.backend != "cvxpy"
+        small = SMALL_NUCLEAR_ELEMENTS if ours_nuc else SMALL_SOLVE_ELEMENTS
         with blas_threads(1 if cs.A.size <= small else None):
             return self._fit_here(cs, alpha)
 
