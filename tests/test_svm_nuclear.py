@@ -468,11 +468,19 @@ def test_early_newton_exit_matches_full_rounds(
 NEWTON_STEP_RTOL = 1e-8  # the two factorisations of the same KKT Jacobian (condition ~1/δ = 1e7)
 
 
+@pytest.mark.parametrize("singular", [False, True])
 @pytest.mark.parametrize("n,T,d,seed", [(6, 8, 10, 0), (15, 15, 20, 0), (12, 6, 9, 7)])
-def test_direct_and_eliminated_newton_steps_agree(n: int, T: int, d: int, seed: int) -> None:
+def test_direct_and_eliminated_newton_steps_agree(
+    monkeypatch: pytest.MonkeyPatch, n: int, T: int, d: int, seed: int, singular: bool
+) -> None:
     """The whole-Jacobian LU (small systems) and the elimination in the singular basis of Y (large
-    ones) solve the same KKT system: their steps agree on a perturbed optimum, for any residual."""
+    ones) solve the same KKT system: their steps agree on a perturbed optimum, for any residual. With
+    ``singular``, LAPACK's LDLᵀ reports a singular system and the eliminated solver takes its fallback
+    (the pseudo-inverse of the rebuilt, unsymmetrised system)."""
     from attsvm.svm import _factored, _kkt
+
+    if singular:
+        monkeypatch.setattr(_kkt, "dsytrf", lambda a, **kw: (a, np.zeros(a.shape[0], dtype=np.int32), 1))
 
     p = paper_instance(n, T, d, seed=seed)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))

@@ -24,7 +24,7 @@ __all__ = ["blas_threads", "SMALL_SOLVE_ELEMENTS", "SMALL_NUCLEAR_ELEMENTS"]
 # to here; the Frobenius solver's large products gain from the pool above it ((250, 100, 256): 5.4 s with
 # the pool against 10.7 s with one thread).
 SMALL_SOLVE_ELEMENTS = 500_000
-# The nuclear solver's limit: at (200, 32, 128) (819,200 features) it took 4.3–10.6 s with one thread over
+# The nuclear solver's limit: at (200, 32, 128) (819,200 features) it took 4.0–9.2 s with one thread over
 # seeds 0–9 and 10.7–13.7 s with the pool (seeds 0–4; 2026-12-04, after the polish's release rule).
 SMALL_NUCLEAR_ELEMENTS = 1_000_000
 
