@@ -56,6 +56,15 @@ def test_small_fits_run_on_one_blas_thread_large_ones_keep_the_pool():
             AttentionSVM("nuc").fit(p)
     assert asked == [1, 1, None, 1, None]
     assert all(n == 1 for n in inside[0]) and all(n == 1 for n in inside[1])
+    # fit_many's one-at-a-time fits (here: max_iter keeps them out of the batch) share one limit around them
+    asked.clear()
+    inside.clear()
+    with mock.patch.object(est_mod, "blas_threads", limit), mock.patch.object(AttentionSVM, "_solve", solve):
+        AttentionSVM("nuc", max_iter=200).fit_many([p, p])
+        with mock.patch.object(est_mod, "SMALL_NUCLEAR_ELEMENTS", 0):
+            AttentionSVM("nuc", max_iter=200).fit_many([p, p])
+    assert asked == [1, 1, 1, None, None, None]
+    assert all(n == 1 for n in inside[0] + inside[1])
 
 
 def test_overlapping_blocks_in_two_threads_restore_the_pool_once():
