@@ -23,26 +23,40 @@ def _duplicate_selected(p: AttentionProblem, alpha: np.ndarray) -> AttentionProb
     return AttentionProblem(X, p.y, p.v, Z=p.Z)
 
 
-def _mixed() -> tuple[list[AttentionProblem], list[np.ndarray | None]]:
+def _mixed(
+    n_one: int = 90,
+    n_other: int = 30,
+    n_infeasible: int = 4,
+    big: tuple[int, int, int] = (20, 20, 30),
+    degenerate: bool = False,
+) -> tuple[list[AttentionProblem], list[np.ndarray | None]]:
+    """Mixed instances for fit_many against fit (also used by the nuclear batch's tests): ``n_one`` of one
+    shape (K = 42); ``n_other`` each of other shapes with non-optimal selections (some infeasible) and of
+    self-attention (and, with ``degenerate``, of K = 40 rows on 4 × 4 matrices); ``n_infeasible`` with a
+    zero feature; one of shape ``big``, beyond the batch (one at a time)."""
     rng = np.random.default_rng(0)
     probs: list[AttentionProblem] = []
     toks: list[np.ndarray | None] = []
-    for s in range(90):  # more than one chunk of one shape (K = 42)
+    for s in range(n_one):
         probs.append(paper_instance(6, 8, 10, seed=s))
         toks.append(probs[-1].optimal_tokens(ties="first"))
-    for s in range(30):  # other shapes, non-optimal selections, self-attention
+    for s in range(n_other):
         p = random_instance(3, 5, 6, seed=s)
         probs.append(p)
         toks.append(rng.integers(0, p.T, size=p.n))
         q = paper_instance(4, 6, 8, seed=s, self_attention=True)
         probs.append(q)
         toks.append(q.optimal_tokens(ties="first"))
-    for s in range(4):  # infeasible instances inside the batch
+        if degenerate:
+            r = paper_instance(10, 5, 4, seed=s)
+            probs.append(r)
+            toks.append(r.optimal_tokens(ties="first"))
+    for s in range(n_infeasible):
         p = paper_instance(6, 8, 10, seed=100 + s)
         a = p.optimal_tokens()
         probs.append(_duplicate_selected(p, a))
         toks.append(a)
-    probs.append(paper_instance(20, 20, 30, seed=0))  # K = 380 > BATCH_MAX_K: one at a time
+    probs.append(paper_instance(*big, seed=0))
     toks.append(probs[-1].optimal_tokens(ties="first"))
     return probs, toks
 
@@ -66,7 +80,8 @@ def _assert_same(a: AttentionSVM, b: AttentionSVM) -> None:
 
 
 def test_fit_many_equals_fit_instance_by_instance():
-    probs, toks = _mixed()
+    probs, toks = _mixed()  # (90 of K = 42: more than one chunk; (20, 20, 30): K = 380 > BATCH_MAX_K)
+    assert 20 * 19 > BATCH_MAX_K
     many = AttentionSVM().fit_many(probs, toks)
     assert len(many) == len(probs)
     for p, t, a in zip(probs, toks, many):

@@ -18,6 +18,7 @@ from attsvm.svm._sdp import ipm_many
 from attsvm.svm.batch_nuclear import NUC_BATCH_MAX_K, _tighten
 from attsvm.svm.reduction import reduce
 from test_svm_batch import _duplicate_selected  # (a zero feature: an infeasible instance)
+from test_svm_batch import _mixed as _mixed_instances
 
 CERT_TOL = 1e-9  # the estimator's default tolerance: every "optimal" passes it
 OBJ_RTOL = 1e-8  # ‖W‖_* of the batch against fit's (both certified to a relative gap of 1e-9)
@@ -28,30 +29,9 @@ CVX_RTOL = 1e-6  # interior point against cvxpy's Clarabel (which stops at about
 
 
 def _mixed() -> tuple[list[AttentionProblem], list[np.ndarray | None]]:
-    rng = np.random.default_rng(0)
-    probs: list[AttentionProblem] = []
-    toks: list[np.ndarray | None] = []
-    for s in range(40):  # one shape, one group
-        probs.append(paper_instance(6, 8, 10, seed=s))
-        toks.append(probs[-1].optimal_tokens(ties="first"))
-    for s in range(12):  # other shapes, non-optimal selections (some infeasible), self-attention, small d
-        p = random_instance(3, 5, 6, seed=s)
-        probs.append(p)
-        toks.append(rng.integers(0, p.T, size=p.n))
-        q = paper_instance(4, 6, 8, seed=s, self_attention=True)
-        probs.append(q)
-        toks.append(q.optimal_tokens(ties="first"))
-        r = paper_instance(10, 5, 4, seed=s)  # K = 40 rows on 4 × 4 matrices: degenerate
-        probs.append(r)
-        toks.append(r.optimal_tokens(ties="first"))
-    for s in range(3):  # infeasible instances inside the batch
-        p = paper_instance(6, 8, 10, seed=100 + s)
-        a = p.optimal_tokens()
-        probs.append(_duplicate_selected(p, a))
-        toks.append(a)
-    probs.append(paper_instance(12, 16, 20, seed=0))  # K = 180 > NUC_BATCH_MAX_K: one at a time
-    toks.append(probs[-1].optimal_tokens(ties="first"))
-    return probs, toks
+    # 40 of one shape (one group), degenerate K = 40 on 4 × 4, and (12, 16, 20): K = 180 > NUC_BATCH_MAX_K
+    assert 12 * 15 > NUC_BATCH_MAX_K
+    return _mixed_instances(40, 12, 3, (12, 16, 20), degenerate=True)
 
 
 def _assert_same(a: AttentionSVM, b: AttentionSVM) -> None:
