@@ -8,8 +8,8 @@ import pytest
 
 from attsvm.datasets import paper_instance, random_instance
 from attsvm.problem import AttentionProblem
-from attsvm.svm import AttentionSVM
-from attsvm.svm.batch import BATCH_MAX_K
+from attsvm.svm import AttentionSVM, batch
+from attsvm.svm.batch import BATCH_MAX_K, COMPILED_MAX_K
 
 W_RTOL = 1e-8  # W of the batch against fit's, relative to ‖W‖ (both are exact to round-off)
 DUAL_ATOL = 1e-6  # λ against fit's, relative to max λ (degenerate faces may split λ differently)
@@ -79,20 +79,37 @@ def _assert_same(a: AttentionSVM, b: AttentionSVM) -> None:
     assert a.rank_ == b.rank_
 
 
-def test_fit_many_equals_fit_instance_by_instance():
+ROUTES = {"compiled": "batched-active-set", "numpy": "batched-dense"}
+
+
+@pytest.fixture(params=list(ROUTES))
+def route(request, monkeypatch):
+    """Each test runs on both routes of attsvm.svm.batch: the compiled dual active set (numba, the
+    ``fast`` extra) and the NumPy active set (without numba, or ATTSVM_COMPILED=0)."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("ATTSVM_COMPILED", "1" if request.param == "compiled" else "0")
+    monkeypatch.setattr(batch, "_compiled_module", None)  # (chosen again under this environment)
+    yield request.param
+    monkeypatch.setattr(batch, "_compiled_module", None)
+
+
+def test_fit_many_equals_fit_instance_by_instance(route):
     probs, toks = _mixed()  # (90 of K = 42: more than one chunk; (20, 20, 30): K = 380 > BATCH_MAX_K)
-    assert 20 * 19 > BATCH_MAX_K
+    assert BATCH_MAX_K < 20 * 19 <= COMPILED_MAX_K
     many = AttentionSVM().fit_many(probs, toks)
     assert len(many) == len(probs)
     for p, t, a in zip(probs, toks, many):
         _assert_same(a, AttentionSVM().fit(p, t))
     paths = [m.info_.get("path") for m in many]
-    small = [m.status_ == "optimal" and p.n * (p.T - 1) <= BATCH_MAX_K for p, m in zip(probs, many)]
-    assert paths.count("batched-dense") == sum(small) == 150  # every feasible small one went through the batch
-    assert all(m.info_.get("path") != "batched-dense" for m in many if m.status_ == "infeasible")
+    limit = COMPILED_MAX_K if route == "compiled" else BATCH_MAX_K
+    small = [m.status_ == "optimal" and p.n * (p.T - 1) <= limit for p, m in zip(probs, many)]
+    # every feasible instance within the route's size went through its batch
+    assert paths.count(ROUTES[route]) == sum(small) == (151 if route == "compiled" else 150)
+    assert all(m.info_.get("path") not in ROUTES.values() for m in many if m.status_ == "infeasible")
 
 
-def test_a_failing_instance_does_not_change_the_others():
+def test_a_failing_instance_does_not_change_the_others(route):
     good = [paper_instance(6, 8, 10, seed=s) for s in range(10)]
     toks = [p.optimal_tokens(ties="first") for p in good]
     bad = _duplicate_selected(good[3], toks[3])
@@ -130,6 +147,24 @@ def test_tied_tokens_raise_the_named_error_with_the_position():
         ([paper_instance(3, 4, 5, seed=0), "x"], None, TypeError, r"problems\[1\] must be an AttentionProblem"),
         ([paper_instance(3, 4, 5, seed=0)], [None, None], ValueError, "tokens must hold one selection per problem"),
         ([paper_instance(3, 4, 5, seed=0)], [[0, 1, 9]], ValueError, r"problems\[0\]: tokens must be token indices"),
+        (  # int64 selections are range-checked together: the one out of range is still named
+            [paper_instance(3, 4, 5, seed=0)] * 3,
+            [np.array([0, 1, 2]), np.array([0, 4, 1]), np.array([1, 1, 1])],
+            ValueError,
+            r"problems\[1\]: tokens must be token indices in \[0, 4\)",
+        ),
+        (
+            [paper_instance(3, 4, 5, seed=0)] * 2,
+            [np.array([0, 1, 2]), np.array([0, -1, 1])],
+            ValueError,
+            r"problems\[1\]: tokens must be token indices",
+        ),
+        (
+            [paper_instance(3, 4, 5, seed=0)],
+            [np.array([0.5, 1, 2])],
+            TypeError,
+            r"problems\[0\]: tokens must be integer",
+        ),
     ],
 )
 def test_bad_input(problems, tokens, exc, match):

@@ -13,11 +13,12 @@ where threadpoolctl is not importable.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["blas_threads", "SMALL_SOLVE_ELEMENTS", "SMALL_NUCLEAR_ELEMENTS"]
+__all__ = ["batch_threads", "blas_threads", "SMALL_SOLVE_ELEMENTS", "SMALL_NUCLEAR_ELEMENTS"]
 
 # Problems with at most this many token features (n·T·d) are solved with one BLAS thread; larger ones
 # keep the library's pool. Measured on 2 cores: one thread is faster per iteration at every size tried up
@@ -27,6 +28,23 @@ SMALL_SOLVE_ELEMENTS = 500_000
 # The nuclear solver's limit: at (200, 32, 128) (819,200 features) it took 4.0–9.2 s with one thread over
 # seeds 0–9 and 10.7–13.7 s with the pool (seeds 0–4; 2026-12-04, after the polish's release rule).
 SMALL_NUCLEAR_ELEMENTS = 1_000_000
+
+
+def batch_threads() -> int:
+    """Threads for a compiled batch of independent solves (:mod:`attsvm.svm.batch`): the environment
+    variable ``ATTSVM_NUM_THREADS`` when set (the experiment executors set it to 1 in each worker), else
+    the CPUs this process may run on."""
+    value = os.environ.get("ATTSVM_NUM_THREADS")
+    if value is not None:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(f"ATTSVM_NUM_THREADS must be a positive integer, got {value!r}") from None
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+        return os.cpu_count() or 1
+
 
 _controller: Any = None
 _controller_failed = False

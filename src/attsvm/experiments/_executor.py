@@ -77,7 +77,7 @@ def _single_threaded() -> None:
     BLAS pool is already loaded when this runs (numpy is imported with the trial function), so it is
     resized through threadpoolctl (a core dependency); the environment variables also reach libraries
     loaded later (scipy's own OpenBLAS) and anything the worker starts."""
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "ATTSVM_NUM_THREADS"):
         os.environ[var] = "1"
     with contextlib.suppress(ImportError):
         import torch

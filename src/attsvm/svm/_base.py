@@ -176,8 +176,7 @@ class ConstraintSet:
         rhs; bool mask and equality; A, rhs and equality zero/False where masked) — for the reduction,
         whose arrays are built that way, so that tiny solves skip re-masking them."""
         self = object.__new__(cls)
-        for name, value in (("A", A), ("Z", Z), ("mask", mask), ("rhs", rhs), ("equality", equality)):
-            object.__setattr__(self, name, value)
+        self.__dict__.update(A=A, Z=Z, mask=mask, rhs=rhs, equality=equality)  # (frozen: no setattr)
         return self
 
     # ---------------------------------------------------------------- sizes

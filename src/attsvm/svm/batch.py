@@ -26,12 +26,15 @@ never changes the others.
 
 from __future__ import annotations
 
+import os
 import time
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
+from .._threads import batch_threads
 from ..tokens import SUPPORT_TOL, differences
 from ._base import ConstraintSet
 from .certificate import ROW_FLOOR
@@ -42,13 +45,26 @@ if TYPE_CHECKING:
     from ..problem import AttentionProblem
     from .estimator import AttentionSVM
 
-__all__ = ["BATCH_MAX_K", "group_key", "rank_deficient", "ready", "solve_group"]
+__all__ = [
+    "BATCH_MAX_K",
+    "COMPILED_MAX_K",
+    "compiled",
+    "deficient_shape",
+    "group_key",
+    "max_k",
+    "rank_deficient",
+    "ready",
+    "solve_group",
+]
 
 # Instances with more constraint rows than this go one at a time: the batched rounds carry the full
 # K × K Gram matrices (products and gathers), the one-at-a-time route builds only what its working set
 # needs, and the two cross between K = 90 and K = 126 (benchmarks/bench_batch.py; at K = 210 batched
 # is 0.6× of one at a time).
 BATCH_MAX_K = 80
+# The compiled route (numba) keeps no Gram matrix: it builds one column per row that enters its working
+# set, so it stays ahead of one-at-a-time fits further (benchmarks/bench_batch.py)
+COMPILED_MAX_K = 400
 # Gram entries per chunk of the stack (16 MiB of float64): large enough that the per-round NumPy calls
 # are few per instance, small enough to bound memory (benchmarks/bench_batch.py)
 CHUNK_FLOATS = 2_097_152
@@ -110,6 +126,31 @@ def _pdas_many(
     return lam, done, iters
 
 
+def compiled() -> ModuleType | None:
+    """The compiled solver :mod:`attsvm.svm._active_set`, or None where numba is not installed (the
+    ``fast`` extra) or ``ATTSVM_COMPILED=0`` turns it off."""
+    global _compiled_module
+    if _compiled_module is None:
+        _compiled_module = False
+        if os.environ.get("ATTSVM_COMPILED", "1") != "0":
+            try:
+                from . import _active_set
+
+                _compiled_module = _active_set
+            except ImportError:  # numba not installed: the NumPy route
+                pass
+    return _compiled_module if isinstance(_compiled_module, ModuleType) else None
+
+
+_compiled_module: ModuleType | bool | None = None  # None: not chosen yet; False: the NumPy route
+
+
+def max_k(est: AttentionSVM) -> int:
+    """The most constraint rows an instance may have to enter the batch: ``COMPILED_MAX_K`` on the
+    compiled route, ``BATCH_MAX_K`` on the NumPy one."""
+    return COMPILED_MAX_K if compiled() is not None and est.max_iter is None else BATCH_MAX_K
+
+
 def solve_group(
     est: AttentionSVM,
     problems: list[AttentionProblem],
@@ -120,8 +161,13 @@ def solve_group(
 
     Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
     must go through ``fit`` (a vanishing feature, an unsettled or singular face, a certificate that
-    misses ``est.tol``). The stack is processed in chunks of about ``CHUNK_FLOATS`` Gram entries, which
-    bounds the memory of a step while keeping the NumPy calls per instance few."""
+    misses ``est.tol``). With numba installed (and ``est.max_iter`` None) the stack goes to the compiled
+    dual active set of :mod:`._active_set`, spread over :func:`attsvm._threads.batch_threads` threads;
+    otherwise it is processed in chunks of about ``CHUNK_FLOATS`` Gram entries, which bounds the memory
+    of a step while keeping the NumPy calls per instance few."""
+    kernel = compiled()
+    if kernel is not None and est.max_iter is None:
+        return _solve_compiled(est, problems, alphas, kernel)
     n, T, _ = problems[0].X.shape
     K = n * (T - 1)
     size = max(1, CHUNK_FLOATS // (K * K))
@@ -130,6 +176,39 @@ def solve_group(
         stop = start + size
         out += _solve_chunk(est, problems[start:stop], alphas[start:stop], opt)
     return out
+
+
+def _solve_compiled(
+    est: AttentionSVM, problems: list[AttentionProblem], alphas: list[NDArray[np.int64]], kernel: ModuleType
+) -> list[AttentionSVM | None]:
+    """:func:`solve_group` by the compiled dual active set (:mod:`._active_set`), which solves and
+    certifies each instance in one pass."""
+    t0 = time.perf_counter()
+    X = np.stack([p.X for p in problems])  # (B, n, T, d)
+    Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
+    alpha = np.stack(alphas)  # (B, n)
+    B, n, T, _ = X.shape
+    res = kernel.solve_stack(X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads())
+    # the constraint rows a_it = x_iα − x_it (exactly 0 at t = α_i). An instance kept by the kernel has no
+    # tied row, so these are the rows attsvm.tokens.differences builds.
+    A = np.take_along_axis(X, alpha[:, :, None, None], axis=2) - X
+    mask = np.ones((B, n, T), dtype=bool)
+    np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
+    return _fitted(
+        est,
+        A,
+        Zq,
+        mask,
+        alpha,
+        res["W"],
+        res["lam"],
+        res["margins"],
+        res["support"],
+        res["stats"],
+        res["code"],
+        path="batched-active-set",
+        t0=t0,
+    )
 
 
 def _solve_chunk(
@@ -195,32 +274,77 @@ def _solve_chunk(
     support = mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
     viol = v.reshape(B, -1).max(axis=1) + 0.0
     compl = np.abs(lam_nt * r).reshape(B, -1).max(axis=1)
-    per = (time.perf_counter() - t0) / B
-    out: list[AttentionSVM | None] = []
+    stats = np.stack([viol, rel_viol, gap, rel_gap, compl, g], axis=1)
+    return _fitted(
+        est,
+        A,
+        Zq,
+        mask,
+        alpha,
+        W,
+        lam_nt,
+        np.where(mask, m, np.inf),
+        support,
+        stats,
+        np.where(ok, iters, -1),
+        path="batched-dense",
+        t0=t0,
+    )
+
+
+def _fitted(
+    est: AttentionSVM,
+    A: NDArray[np.float64],
+    Zq: NDArray[np.float64],
+    mask: NDArray[np.bool_],
+    alpha: NDArray[np.int64],
+    W: NDArray[np.float64],
+    lam: NDArray[np.float64],
+    margins: NDArray[np.float64],
+    support: NDArray[np.bool_],
+    stats: NDArray[np.float64],
+    code: NDArray[np.int64],
+    *,
+    path: str,
+    t0: float,
+) -> list[AttentionSVM | None]:
+    """Estimators for the instances of a stack whose ``code`` is ≥ 0 (the iteration count) and whose
+    certificate ``stats`` (violation, relative violation, gap, relative gap, complementarity, g) passes
+    ``est.tol``; None for the others (they go through ``fit``). The arrays are per-instance views of the
+    stack, so an estimator costs a few attribute writes."""
+    B, n, T, _ = A.shape
+    K = n * (T - 1)
+    ok = (code >= 0) & (stats[:, 1] <= est.tol) & (stats[:, 3] <= est.tol) & np.isfinite(W).all(axis=(1, 2))
+    objective = np.sqrt(np.einsum("bde,bde->b", W, W))
+    rhs = mask.astype(np.float64)
+    eq = np.zeros((n, T), dtype=bool)
+    eq.flags.writeable = False  # (shared by every instance's constraint set)
     params = est.get_params()
-    for i in range(B):
-        if not ok[i]:
-            out.append(None)
-            continue
-        e = type(est)(**params)
-        cs = ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], np.zeros((n, T), dtype=bool))
-        e._set_batched(
-            cs,
+    cls = type(est)
+    per = (time.perf_counter() - t0) / B
+    st = stats.tolist()
+    codes = code.tolist()
+    out: list[AttentionSVM | None] = [None] * B
+    for i in np.flatnonzero(ok).tolist():
+        viol, rel_viol, gap, rel_gap, compl, g = st[i]
+        out[i] = cls._batched(
+            params,
+            ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], eq),
             alpha[i],
             W=W[i],
-            lam=lam_nt[i],
-            margins=m[i],
+            objective=float(objective[i]),
+            lam=lam[i],
+            margins=margins[i],
             support=support[i],
-            violation=float(viol[i]),
-            relative_violation=float(rel_viol[i]),
-            gap=float(gap[i]),
-            relative_gap=float(rel_gap[i]),
-            complementarity=float(compl[i]),
-            n_iter=int(iters[i]),
-            info={"backend": "frobenius", "path": "batched-dense", "K": K, "batch_size": B, "global_scale": g[i]},
+            violation=viol,
+            relative_violation=rel_viol,
+            gap=gap,
+            relative_gap=rel_gap,
+            complementarity=compl,
+            n_iter=codes[i],
+            info={"backend": "frobenius", "path": path, "K": K, "batch_size": B, "global_scale": g},
             solve_time=per,
         )
-        out.append(e)
     return out
 
 
@@ -237,9 +361,14 @@ def rank_deficient(problem: AttentionProblem) -> bool:
     rarely settle and where the instance is often infeasible. ``fit`` solves these by the finite
     LDP/NNLS route (attsvm.svm.frobenius), which also returns the Farkas certificate at once, so they
     skip the batch."""
-    n, T, d = problem.X.shape
+    return deficient_shape(group_key(problem))
+
+
+def deficient_shape(key: tuple[int, ...]) -> bool:
+    """:func:`rank_deficient` read off a :func:`group_key` (n, T, d, d_z)."""
+    n, T, d, dz = key
     K = n * (T - 1)
-    return K > min(d, K) * min(problem.queries.shape[1], n)
+    return K > min(d, K) * min(dz, n)
 
 
 def ready(est: AttentionSVM) -> bool:

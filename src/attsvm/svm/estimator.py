@@ -124,6 +124,37 @@ _FITTED = (
 )
 
 
+def _check_selections(probs: list[AttentionProblem], toks: list[ArrayLike | None]) -> list[NDArray[np.int64]]:
+    """:meth:`AttentionProblem.check_tokens` for each (problem, selection) pair of
+    :meth:`AttentionSVM.fit_many`, its error naming the pair's position. Selections that are already
+    int64 vectors of the right length are range-checked together (a sweep passes thousands of them);
+    if any is out of range, and for every other selection, ``check_tokens`` runs one by one and raises
+    the named error."""
+    alphas: list[NDArray[np.int64] | None] = [None] * len(probs)
+    fast: list[int] = []
+    for i, (p, t) in enumerate(zip(probs, toks)):
+        if not isinstance(p, AttentionProblem):
+            raise TypeError(f"problems[{i}] must be an AttentionProblem, got {type(p).__name__}")
+        if type(t) is np.ndarray and t.dtype == np.int64 and t.ndim == 1 and t.shape[0] == p.X.shape[0]:
+            fast.append(i)
+    if fast:
+        sel: list[NDArray[np.int64]] = [toks[i] for i in fast]  # type: ignore[misc]
+        flat = np.concatenate(sel)
+        bound = np.repeat([probs[i].X.shape[1] for i in fast], [probs[i].X.shape[0] for i in fast])
+        if ((flat >= 0) & (flat < bound)).all():
+            for i, t in zip(fast, sel):
+                alphas[i] = t
+    for i, (p, t) in enumerate(zip(probs, toks)):
+        if alphas[i] is None:
+            try:
+                alphas[i] = p.check_tokens(t)
+            except TypeError as exc:
+                raise TypeError(f"problems[{i}]: {exc}") from exc
+            except ValueError as exc:
+                raise ValueError(f"problems[{i}]: {exc}") from exc
+    return alphas  # type: ignore[return-value]
+
+
 class AttentionSVM:
     """Certified solver of the attention SVMs (docs/spec.md §3): ``min ‖W‖ s.t. (x_{iα_i} − x_it)ᵀ W z_i ≥ 1``.
 
@@ -305,25 +336,18 @@ class AttentionSVM:
             raise ValueError(
                 f"tokens must hold one selection per problem (or be None); got {len(toks)} for {len(probs)} problems"
             )
-        alphas: list[NDArray[np.int64]] = []
-        for i, (p, t) in enumerate(zip(probs, toks)):
-            if not isinstance(p, AttentionProblem):
-                raise TypeError(f"problems[{i}] must be an AttentionProblem, got {type(p).__name__}")
-            try:
-                alphas.append(p.check_tokens(t))
-            except TypeError as exc:
-                raise TypeError(f"problems[{i}]: {exc}") from exc
-            except ValueError as exc:
-                raise ValueError(f"problems[{i}]: {exc}") from exc
+        alphas = _check_selections(probs, toks)
         out: list[AttentionSVM | None] = [None] * len(probs)
         if batch.ready(self):
             opt = FrobeniusOptions(tol=min(float(self.tol), 1e-10))
             if self.max_iter is not None:
                 opt = replace(opt, max_iter=int(self.max_iter))
             groups: dict[tuple[int, ...], list[int]] = {}
+            limit = batch.max_k(self)
             for i, p in enumerate(probs):
-                if 0 < p.n * (p.T - 1) <= batch.BATCH_MAX_K and not batch.rank_deficient(p):
-                    groups.setdefault(batch.group_key(p), []).append(i)
+                key = batch.group_key(p)
+                if 0 < key[0] * (key[1] - 1) <= limit and not batch.deficient_shape(key):
+                    groups.setdefault(key, []).append(i)
             for members in groups.values():
                 with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
                     fitted = batch.solve_group(self, [probs[i] for i in members], [alphas[i] for i in members], opt)
@@ -576,12 +600,15 @@ class AttentionSVM:
                     stacklevel=5,
                 )
 
-    def _set_batched(
-        self,
+    @classmethod
+    def _batched(
+        cls,
+        params: dict[str, Any],
         cs: ConstraintSet,
         alpha: NDArray[np.int64],
         *,
         W: NDArray[np.float64],
+        objective: float,
         lam: NDArray[np.float64],
         margins: NDArray[np.float64],
         support: NDArray[np.bool_],
@@ -593,30 +620,37 @@ class AttentionSVM:
         n_iter: int,
         info: dict[str, Any],
         solve_time: float,
-    ) -> None:
-        """The fitted attributes of an instance certified by :mod:`attsvm.svm.batch` (as :meth:`_fit`)."""
-        self.solve_time_ = solve_time
-        self.backend_ = "frobenius"
-        self.n_iter_ = n_iter
-        self.info_ = info
-        self.factors_ = None
-        self.tokens_ = alpha
-        self.constraints_ = cs
-        self.reached_convex_optimum_ = None
-        self.W_ = W
-        self.objective_ = float(np.sqrt(np.vdot(W, W)))
-        self.dual_coef_ = lam
-        self.margins_ = np.where(cs.mask, margins, np.inf)
-        self.support_ = support
-        self.max_violation_ = violation
-        self.relative_violation_ = relative_violation
-        self.duality_gap_ = gap
-        self.relative_gap_ = relative_gap
-        self.complementary_slackness_ = complementarity
-        self.__dict__["_rank"] = None
-        self.certificate_ = None
-        self.certificate_residual_ = None
-        self.status_ = OPTIMAL
+    ) -> AttentionSVM:
+        """A new estimator with ``params`` and the fitted attributes of an instance certified by
+        :mod:`attsvm.svm.batch` (as :meth:`_fit` sets them; ``margins`` already inf off the mask). Built
+        without ``__init__``: a batch makes thousands of them, so each costs a dictionary update."""
+        self = object.__new__(cls)
+        self.__dict__.update(params)
+        self.__dict__.update(
+            solve_time_=solve_time,
+            backend_="frobenius",
+            n_iter_=n_iter,
+            info_=info,
+            factors_=None,
+            tokens_=alpha,
+            constraints_=cs,
+            reached_convex_optimum_=None,
+            W_=W,
+            objective_=objective,
+            dual_coef_=lam,
+            margins_=margins,
+            support_=support,
+            max_violation_=violation,
+            relative_violation_=relative_violation,
+            duality_gap_=gap,
+            relative_gap_=relative_gap,
+            complementary_slackness_=complementarity,
+            _rank=None,
+            certificate_=None,
+            certificate_residual_=None,
+            status_=OPTIMAL,
+        )
+        return self
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:

@@ -1,0 +1,112 @@
+"""The compiled dual active set behind fit_many's Frobenius batch (attsvm.svm._active_set,
+docs/spec.md §3): its codes, its degenerate and infeasible instances, its threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from attsvm.datasets import paper_instance
+from attsvm.svm import AttentionSVM, batch
+from attsvm.svm import _active_set as gi
+
+W_RTOL = 1e-8  # W against fit's, relative to max |W| (both exact to round-off)
+CERT_TOL = 1e-9  # the estimator's default tolerance
+
+
+def _stack(probs, toks):
+    return (
+        np.stack([p.X for p in probs]),
+        np.stack([p.queries for p in probs]),
+        np.stack([np.asarray(t, dtype=np.int64) for t in toks]),
+    )
+
+
+def _solve(probs, toks, **kw):
+    X, Z, a = _stack(probs, toks)
+    K = X.shape[1] * (X.shape[2] - 1)
+    return gi.solve_stack(X, Z, a, kw.pop("tol", gi.GI_TOL), kw.pop("max_iter", gi.max_iterations(K)), **kw)
+
+
+def test_degenerate_instances_certify_or_leave_as_infeasible_as_fit_says():
+    # (10, 5, 4): K = 40 rows for W with 16 entries, so the rows are dependent (fit_many sends these
+    # shapes to fit; the kernel is run on them here directly). Optimal selections are feasible, random ones
+    # often are not: the kernel must certify the first kind as fit does and leave the second as infeasible.
+    rng = np.random.default_rng(0)
+    probs = [paper_instance(10, 5, 4, seed=s) for s in range(60)]
+    toks = [p.optimal_tokens(ties="first") if s % 2 else rng.integers(0, 5, size=10) for s, p in enumerate(probs)]
+    out = _solve(probs, toks)
+    kinds = set()
+    for i, (p, t) in enumerate(zip(probs, toks)):
+        ref = AttentionSVM().fit(p, t)
+        code = int(out["code"][i])
+        if ref.status_ == "infeasible":
+            assert code == gi.LEAVE_INFEASIBLE, i
+            kinds.add("infeasible")
+            continue
+        assert ref.status_ == "optimal" and code >= 0, (i, code)
+        kinds.add("optimal")
+        assert out["stats"][i, 1] <= CERT_TOL and out["stats"][i, 3] <= CERT_TOL
+        np.testing.assert_allclose(out["W"][i], ref.W_, rtol=0, atol=W_RTOL * np.abs(ref.W_).max())
+    assert kinds == {"optimal", "infeasible"}
+
+
+def test_tied_rows_and_zero_queries_leave_for_fit():
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    X, Z, a = _stack(probs, toks)
+    X[1, 2, (a[1, 2] + 1) % 8] = X[1, 2, a[1, 2]]  # a token equal to the selected one: a zero row
+    X[2, 0, (a[2, 0] + 3) % 8] = X[2, 0, a[2, 0]] * (1 + 2e-16)  # equal up to round-off (the tie rule)
+    Z[3, 4] = 0.0  # a zero query: every row of sequence 4 vanishes
+    out = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(42))
+    assert out["code"][0] >= 0
+    assert list(out["code"][1:]) == [gi.LEAVE_TIED] * 3
+
+
+def test_the_iteration_budget_is_honoured():
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(5)]
+    out = _solve(probs, [p.optimal_tokens(ties="first") for p in probs], max_iter=3)
+    assert (out["code"] == gi.LEAVE_MAX_ITER).all()  # (each needs more than 14 additions)
+
+
+def test_threads_give_bit_identical_results():
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(3 * gi.MIN_PER_THREAD)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    one = _solve(probs, toks, threads=1)
+    three = _solve(probs, toks, threads=3)
+    for key in one:
+        np.testing.assert_array_equal(one[key], three[key])
+
+
+@pytest.mark.parametrize("scale", [1e-8, 1e8])
+def test_scale_invariance(scale):
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(8)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    X, Z, a = _stack(probs, toks)
+    base = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(42))
+    scaled = gi.solve_stack(X * scale, Z, a, gi.GI_TOL, gi.max_iterations(42))
+    assert (scaled["code"] >= 0).all() and (scaled["stats"][:, 1] <= CERT_TOL).all()
+    np.testing.assert_allclose(scaled["W"] * scale, base["W"], rtol=0, atol=W_RTOL * np.abs(base["W"]).max())
+    np.testing.assert_array_equal(scaled["support"], base["support"])
+
+
+def test_fit_many_with_an_iteration_limit_takes_the_numpy_route(monkeypatch):
+    monkeypatch.setattr(batch, "_compiled_module", None)
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4)]
+    paths = {m.info_["path"] for m in AttentionSVM().fit_many(probs)}
+    limited = {m.info_["path"] for m in AttentionSVM(max_iter=50).fit_many(probs)}
+    assert paths == {"batched-active-set"} and limited == {"batched-dense"}
+
+
+def test_batch_threads_reads_the_environment(monkeypatch):
+    from attsvm._threads import batch_threads
+
+    monkeypatch.setenv("ATTSVM_NUM_THREADS", "3")
+    assert batch_threads() == 3
+    monkeypatch.setenv("ATTSVM_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="ATTSVM_NUM_THREADS must be a positive integer, got 'two'"):
+        batch_threads()
+    monkeypatch.delenv("ATTSVM_NUM_THREADS")
+    assert batch_threads() >= 1
