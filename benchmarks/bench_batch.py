@@ -1,18 +1,20 @@
 """Benchmark: AttentionSVM.fit_many (one vectorised program) against fit one instance at a time.
 
 Workload: R instances ``paper_instance(n, T, d, seed=r)`` at their optimal tokens, Frobenius and
-nuclear norms, certificates included on both sides. Both run in this process with one thread, alternating, so the
-ratio is measured on the same machine at the same time (timings on a shared machine are noisy; the
-ratio less so). Every instance's W is checked against the one-at-a-time solution; for the nuclear
+nuclear norms, certificates included on both sides. Everything runs in this process, alternating, so the
+ratios are measured on the same machine at the same time (timings on a shared machine are noisy; the
+ratios less so). Every instance's W is checked against the one-at-a-time solution; for the nuclear
 norm (a batched interior point against fit's augmented Lagrangian: two independent methods) the
 objectives too.
+
+The Frobenius rows time both routes of attsvm.svm.batch: the NumPy active set (``numpy``, what
+fit_many runs without numba; instances above BATCH_MAX_K = 80 rows go one at a time there) and the
+compiled dual active set (numba; ``compiled ×1`` on one thread, ``compiled ×N`` on N, the machine's
+cores or ATTSVM_NUM_THREADS). fit and the NumPy route run with one BLAS thread.
 
     .venv/bin/python benchmarks/bench_batch.py            # R = 1000, 500 and 200
     .venv/bin/python benchmarks/bench_batch.py --quick    # R = 200, 100 and 40
     .venv/bin/python benchmarks/bench_batch.py --norm nuc # the nuclear rows only
-
-(15, 15, 20) has K = 210 > BATCH_MAX_K: fit_many solves it one at a time, so its row shows the cost of
-the dispatch only.
 """
 
 from __future__ import annotations
@@ -44,31 +46,55 @@ def main() -> None:
         ]
     if args.norm in ("nuc", "both"):  # svm-rank's shapes: the smallest and the largest interior point
         sizes += [("nuc", (5, 10, 10), 40 if args.quick else 200), ("nuc", (15, 5, 20), 20 if args.quick else 100)]
+    from attsvm._threads import batch_threads
+    from attsvm.svm import batch
+
+    threads = batch_threads()
+    routes = {"numpy": (False, 1), "compiled ×1": (None, 1), f"compiled ×{threads}": (None, threads)}
+    if batch.compiled() is None:
+        print("numba is not installed: the compiled columns are skipped (pip install -e '.[fast]')")
+        routes = {"numpy": (False, 1)}
     print(
-        f"{'norm':>4} {'(n, T, d)':>14} {'K':>5} {'R':>5} {'fit (µs/inst)':>14} {'fit_many':>10} {'speed-up':>9} "
-        f"{'max ΔW/‖W‖':>11} {'max Δobj':>9}"
+        f"{'norm':>4} {'(n, T, d)':>14} {'K':>5} {'R':>5} {'fit (µs/inst)':>14} "
+        + " ".join(f"{name:>13}" for name in routes)
+        + f" {'best ×fit':>9} {'max ΔW/‖W‖':>11} {'max Δobj':>9}"
     )
     for norm, (n, T, d), R in sizes:
         probs = [paper_instance(n, T, d, seed=r) for r in range(R)]
         toks = [p.optimal_tokens(ties="first") for p in probs]
         est = AttentionSVM(norm)  # type: ignore[arg-type]
-        est.fit_many(probs[:8], toks[:8])  # warm-up
-        one_t, many_t = [], []
+        # (the nuclear batch has one route)
+        these = routes if norm == "fro" else {"batched": (None, 1)}
+        times: dict[str, list[float]] = {name: [] for name in ["fit", *these]}
+        for module, th in these.values():  # warm-up (compiles or loads the kernels)
+            batch._compiled_module = module
+            os.environ["ATTSVM_NUM_THREADS"] = str(th)
+            est.fit_many(probs[:8], toks[:8])
+        many: list = []
         for _ in range(args.rounds):
             t = time.perf_counter()
             one = [AttentionSVM(norm).fit(p, a) for p, a in zip(probs, toks)]  # type: ignore[arg-type]
-            one_t.append((time.perf_counter() - t) / R)
-            t = time.perf_counter()
-            many = est.fit_many(probs, toks)
-            many_t.append((time.perf_counter() - t) / R)
-        dw = max(float(np.abs(a.W_ - b.W_).max() / np.abs(b.W_).max()) for a, b in zip(many, one))
-        dobj = max(abs(a.objective_ - b.objective_) / b.objective_ for a, b in zip(many, one))
-        assert all(m.status_ == "optimal" for m in many)
+            times["fit"].append((time.perf_counter() - t) / R)
+            for name, (module, th) in these.items():
+                batch._compiled_module = module
+                os.environ["ATTSVM_NUM_THREADS"] = str(th)
+                t = time.perf_counter()
+                out = est.fit_many(probs, toks)
+                times[name].append((time.perf_counter() - t) / R)
+                many.append(out)
+        dw = max(float(np.abs(a.W_ - b.W_).max() / np.abs(b.W_).max()) for m in many for a, b in zip(m, one))
+        dobj = max(abs(a.objective_ - b.objective_) / b.objective_ for m in many for a, b in zip(m, one))
+        assert all(x.status_ == "optimal" for m in many for x in m)
+        best = min(min(times[name]) for name in these)
         K = n * (T - 1)
+        cells = " ".join(f"{min(times[name]) * 1e6:>13.1f}" for name in these)
+        if norm == "nuc":
+            cells = f"{cells:>{14 * len(routes) - 1}}"
         print(
-            f"{norm:>4} {(n, T, d)!s:>14} {K:>5} {R:>5} {min(one_t) * 1e6:>14.1f} {min(many_t) * 1e6:>10.1f} "
-            f"{min(one_t) / min(many_t):>8.1f}× {dw:>11.1e} {dobj:>9.1e}"
+            f"{norm:>4} {(n, T, d)!s:>14} {K:>5} {R:>5} {min(times['fit']) * 1e6:>14.1f} {cells} "
+            f"{min(times['fit']) / best:>8.1f}× {dw:>11.1e} {dobj:>9.1e}"
         )
+    batch._compiled_module = None
 
 
 if __name__ == "__main__":
