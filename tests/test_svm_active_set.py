@@ -11,6 +11,7 @@ pytest.importorskip("numba")
 from attsvm.datasets import paper_instance
 from attsvm.svm import AttentionSVM, batch
 from attsvm.svm import _active_set as gi
+from attsvm.svm.certificate import farkas_certificate
 
 W_RTOL = 1e-8  # W against fit's, relative to max |W| (both exact to round-off)
 CERT_TOL = 1e-9  # the estimator's default tolerance
@@ -39,11 +40,15 @@ def test_degenerate_instances_certify_or_leave_as_infeasible_as_fit_says():
     toks = [p.optimal_tokens(ties="first") if s % 2 else rng.integers(0, 5, size=10) for s, p in enumerate(probs)]
     out = _solve(probs, toks)
     kinds = set()
+    verified = 0
     for i, (p, t) in enumerate(zip(probs, toks)):
         ref = AttentionSVM().fit(p, t)
         code = int(out["code"][i])
         if ref.status_ == "infeasible":
-            assert code == gi.LEAVE_INFEASIBLE, i
+            assert code == batch.LEAVE_INFEASIBLE, i
+            # its candidate (y_p = 1, y_A = −r, in the user's rows) is a Farkas certificate
+            cert = farkas_certificate(ref.constraints_, out["lam"][i])
+            verified += cert.valid
             kinds.add("infeasible")
             continue
         assert ref.status_ == "optimal" and code >= 0, (i, code)
@@ -51,6 +56,7 @@ def test_degenerate_instances_certify_or_leave_as_infeasible_as_fit_says():
         assert out["stats"][i, 1] <= CERT_TOL and out["stats"][i, 3] <= CERT_TOL
         np.testing.assert_allclose(out["W"][i], ref.W_, rtol=0, atol=W_RTOL * np.abs(ref.W_).max())
     assert kinds == {"optimal", "infeasible"}
+    assert verified == int((out["code"] == batch.LEAVE_INFEASIBLE).sum())
 
 
 def test_tied_rows_and_zero_queries_leave_for_fit():
@@ -62,13 +68,13 @@ def test_tied_rows_and_zero_queries_leave_for_fit():
     Z[3, 4] = 0.0  # a zero query: every row of sequence 4 vanishes
     out = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(42))
     assert out["code"][0] >= 0
-    assert list(out["code"][1:]) == [gi.LEAVE_TIED] * 3
+    assert list(out["code"][1:]) == [batch.LEAVE_TIED] * 3
 
 
 def test_the_iteration_budget_is_honoured():
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(5)]
     out = _solve(probs, [p.optimal_tokens(ties="first") for p in probs], max_iter=3)
-    assert (out["code"] == gi.LEAVE_MAX_ITER).all()  # (each needs more than 14 additions)
+    assert (out["code"] == batch.LEAVE_MAX_ITER).all()  # (each needs more than 14 additions)
 
 
 def test_threads_give_bit_identical_results():
@@ -110,3 +116,33 @@ def test_batch_threads_reads_the_environment(monkeypatch):
         batch_threads()
     monkeypatch.delenv("ATTSVM_NUM_THREADS")
     assert batch_threads() >= 1
+
+
+_BOUNDS_SCRIPT = """
+import numpy as np
+from attsvm.datasets import paper_instance, random_instance
+from attsvm.svm import _active_set as gi
+rng = np.random.default_rng(1)
+for shape, count in (((10, 5, 4), 40), ((3, 5, 6), 40), ((6, 8, 10), 20), ((4, 9, 2), 40)):
+    probs = [(random_instance if s % 3 == 0 else paper_instance)(*shape, seed=s) for s in range(count)]
+    toks = [rng.integers(0, p.T, size=p.n) if s % 2 else p.optimal_tokens(ties="first") for s, p in enumerate(probs)]
+    X = np.stack([p.X for p in probs])
+    Z = np.stack([p.queries for p in probs])
+    a = np.stack([np.asarray(t, dtype=np.int64) for t in toks])
+    K = shape[0] * (shape[1] - 1)
+    out = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(K))
+    print(shape, sorted(set(out["code"].tolist()))[:3])
+"""
+
+
+def test_no_out_of_bounds_access_on_degenerate_and_infeasible_stacks(tmp_path):
+    # numba does not check indices: the kernel runs here compiled with NUMBA_BOUNDSCHECK=1 (its own cache)
+    # on degenerate, infeasible and tiny shapes, where an IndexError would surface instead of corrupting memory
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _BOUNDS_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("(") == 4

@@ -16,9 +16,10 @@ finite method, whose active rows stay linearly independent, so degenerate faces 
 
 The multipliers are lifted to the user's units (``λ_k = g λ̂_k / s_k``), W = Σ λ_k a_k z_kᵀ, and the
 certificate of :mod:`.certificate` — relative violation, duality gap, complementarity, support — is
-computed in the same compiled pass. An instance whose rows include a tied token (a zero row), whose
-new row is dependent on the active rows with no multiplier to release (infeasible), or that exceeds
-its iteration budget returns a negative code and goes to ``AttentionSVM.fit``.
+computed in the same compiled pass. An instance whose new row is dependent on the active rows with no
+multiplier to release is infeasible: it returns LEAVE_INFEASIBLE with the candidate Farkas certificate
+in ``lam``. One whose rows include a tied token (a zero row), or that exceeds its iteration budget,
+returns another negative code and goes to ``AttentionSVM.fit``.
 
 numba is imported only when this module is, and this module only when a stack is solved; the kernels
 are compiled once and cached next to this file (``cache=True``).
@@ -36,18 +37,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..tokens import SUPPORT_TOL, TIE_ULPS
+from .batch import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
 from .certificate import ROW_FLOOR
 from .reduction import ZERO_ROW_RTOL
 
-__all__ = [
-    "GI_TOL",
-    "max_iterations",
-    "LEAVE_TIED",
-    "LEAVE_INFEASIBLE",
-    "LEAVE_MAX_ITER",
-    "LEAVE_SINGULAR",
-    "solve_stack",
-]
+__all__ = ["GI_TOL", "max_iterations", "solve_stack"]
 
 # A new row whose component orthogonal to the active rows has squared norm at most this (its own is 1)
 # is dependent on them: the step cannot satisfy it, only release an active row.
@@ -55,11 +49,6 @@ DEPENDENT_TOL = 1e-10
 # Stop when no row is violated by more than this, relative to its b̂ (normalised units of .reduction):
 # each addition makes its row active to round-off, so this only absorbs the round-off of the margins
 GI_TOL = 1e-13
-# Codes of instances that leave for AttentionSVM.fit (non-negative codes are iteration counts)
-LEAVE_TIED = -1  # a zero or vanishing row (tied tokens): possibly infeasible
-LEAVE_MAX_ITER = -2  # iteration budget spent
-LEAVE_INFEASIBLE = -3  # a violated row dependent on active rows whose multipliers cannot be released
-LEAVE_SINGULAR = -4  # the working set's Gram matrix lost positive definiteness on a refactorisation
 # instances per task when the stack is split over threads
 MIN_PER_THREAD = 64
 
@@ -190,6 +179,13 @@ def _solve_one(X, Z, alpha, tol, max_iter, W, lam, marg, supp, stats):
                         jdrop = a
             t2 = (bh[p] - mh[p]) / dl if dl > DEPENDENT_TOL * cols[na, p] else np.inf  # full step
             if t1 == np.inf and t2 == np.inf:
+                # ĉ_p = Σ_A r_a ĉ_a with r ≤ 0, and b̂_p > ĉ_pᵀŵ = rᵀb̂_A (the active rows are tight): so
+                # y = (1 at p, −r on A) ≥ 0 has Σ y_k ĉ_k = 0 and b̂ᵀy > 0 (docs/spec.md §3); in the
+                # user's rows, y_k/s_k
+                lam[:, :] = 0.0
+                lam[seq[p], tpos[p]] = inv_s[p]
+                for a in range(na):
+                    lam[seq[act[a]], tpos[act[a]]] = -r[a] * inv_s[act[a]]
                 return LEAVE_INFEASIBLE
             step = min(t1, t2)
             for a in range(na):
@@ -204,6 +200,8 @@ def _solve_one(X, Z, alpha, tol, max_iter, W, lam, marg, supp, stats):
             for k in range(K):
                 mh[k] += step * work[k]
             if t2 <= t1:  # p joins the active set: one new row of the Cholesky factor
+                if na + 1 >= cap:  # more independent rows than W has entries: round-off, not a face
+                    return LEAVE_SINGULAR
                 for b in range(na):
                     L[na, b] = rho[b]
                 L[na, na] = math.sqrt(dl)

@@ -36,10 +36,11 @@ from numpy.typing import NDArray
 
 from .._threads import batch_threads
 from ..tokens import SUPPORT_TOL, differences
-from ._base import ConstraintSet
-from .certificate import ROW_FLOOR
+from ._base import ConstraintSet, RawSolution
+from .certificate import ROW_FLOOR, farkas_certificate
 from .frobenius import FrobeniusOptions
 from .reduction import ZERO_ROW_RTOL
+from .status import INFEASIBLE
 
 if TYPE_CHECKING:
     from ..problem import AttentionProblem
@@ -55,6 +56,7 @@ __all__ = [
     "rank_deficient",
     "ready",
     "solve_group",
+    "takes_deficient",
 ]
 
 # Instances with more constraint rows than this go one at a time: the batched rounds carry the full
@@ -65,6 +67,13 @@ BATCH_MAX_K = 80
 # The compiled route (numba) keeps no Gram matrix: it builds one column per row that enters its working
 # set, so it stays ahead of one-at-a-time fits further (benchmarks/bench_batch.py)
 COMPILED_MAX_K = 400
+# Codes of the instances of a stack (a non-negative code is the iteration count; the others leave for
+# AttentionSVM.fit, except LEAVE_INFEASIBLE with a certificate that verifies)
+LEAVE_TIED = -1  # a zero or vanishing row (tied tokens): possibly infeasible; also the NumPy route's "not ok"
+LEAVE_MAX_ITER = -2  # iteration budget spent
+LEAVE_INFEASIBLE = -3  # a violated row dependent on active rows whose multipliers cannot be released: λ holds
+# the candidate Farkas certificate, which _fitted verifies (else the instance goes to fit)
+LEAVE_SINGULAR = -4  # the working set's Gram matrix lost positive definiteness, or outgrew W's entries
 # Gram entries per chunk of the stack (16 MiB of float64): large enough that the per-round NumPy calls
 # are few per instance, small enough to bound memory (benchmarks/bench_batch.py)
 CHUNK_FLOATS = 2_097_152
@@ -149,6 +158,13 @@ def max_k(est: AttentionSVM) -> int:
     """The most constraint rows an instance may have to enter the batch: ``COMPILED_MAX_K`` on the
     compiled route, ``BATCH_MAX_K`` on the NumPy one."""
     return COMPILED_MAX_K if compiled() is not None and est.max_iter is None else BATCH_MAX_K
+
+
+def takes_deficient(est: AttentionSVM) -> bool:
+    """Whether rank-deficient shapes (:func:`rank_deficient`) enter the batch: on the compiled route,
+    whose active set keeps its rows independent and proves infeasibility with a Farkas certificate; the
+    NumPy route sends them to ``fit``."""
+    return compiled() is not None and est.max_iter is None
 
 
 def solve_group(
@@ -286,7 +302,7 @@ def _solve_chunk(
         np.where(mask, m, np.inf),
         support,
         stats,
-        np.where(ok, iters, -1),
+        np.where(ok, iters, LEAVE_TIED),
         path="batched-dense",
         t0=t0,
     )
@@ -325,6 +341,11 @@ def _fitted(
     st = stats.tolist()
     codes = code.tolist()
     out: list[AttentionSVM | None] = [None] * B
+    if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
+        for i in np.flatnonzero(code == LEAVE_INFEASIBLE).tolist():
+            out[i] = _infeasible(
+                cls, params, ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], eq), alpha[i], lam[i], path, per
+            )
     for i in np.flatnonzero(ok).tolist():
         viol, rel_viol, gap, rel_gap, compl, g = st[i]
         out[i] = cls._batched(
@@ -346,6 +367,26 @@ def _fitted(
             solve_time=per,
         )
     return out
+
+
+def _infeasible(
+    cls: type[AttentionSVM],
+    params: dict,
+    cs: ConstraintSet,
+    alpha: NDArray[np.int64],
+    candidate: NDArray[np.float64],
+    path: str,
+    solve_time: float,
+) -> AttentionSVM | None:
+    """An instance the active set found infeasible: fitted with status "infeasible" through the
+    estimator's own acceptance (:meth:`AttentionSVM._accept`, as ``fit``) when ``candidate`` verifies as a
+    Farkas certificate (:func:`~attsvm.svm.certificate.farkas_certificate`); None otherwise (``fit``)."""
+    cert = farkas_certificate(cs, candidate, "active set")
+    if not cert.valid:
+        return None
+    e = cls(**params)
+    raw = RawSolution(None, cert.lam, INFEASIBLE, 0, {"backend": "frobenius", "path": path})
+    return e._accept(cs, alpha, raw, "frobenius", solve_time)
 
 
 def group_key(problem: AttentionProblem) -> tuple[int, ...]:
