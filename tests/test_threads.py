@@ -94,3 +94,19 @@ def test_overlapping_blocks_in_two_threads_restore_the_pool_once():
     ta.join(10), tb.join(10)
     assert all(n == 1 for n in seen["b after a left"])
     assert _blas_threads() == before
+
+
+def test_experiment_workers_run_the_compiled_batch_on_one_thread():
+    # each worker of the process pool takes one core: its compiled batches too (ATTSVM_NUM_THREADS)
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.environ.pop('ATTSVM_NUM_THREADS', None)\n"
+        "from attsvm._threads import batch_threads\n"
+        "from attsvm.experiments._executor import _single_threaded\n"
+        "before = batch_threads(); _single_threaded(); print(before, batch_threads())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    before, after = map(int, out.stdout.split())
+    assert after == 1 and before >= 1

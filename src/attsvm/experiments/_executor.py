@@ -70,7 +70,8 @@ _WATCHDOG_PERIOD = 0.5  # seconds between a worker's checks that its parent is a
 
 
 def _single_threaded() -> None:
-    """One worker, one core: torch's and the BLAS library's thread pools of size 1 in this process.
+    """One worker, one core: torch's and the BLAS library's thread pools of size 1 in this process, and
+    one thread for the compiled Frobenius batch (``ATTSVM_NUM_THREADS``, attsvm._threads.batch_threads).
 
     Without it each of N workers on N cores runs two pools of N threads, and tiny tensor and BLAS calls
     spend their time waiting for each other (lp-convergence ran 2.1× slower on 2 workers than on 1). The

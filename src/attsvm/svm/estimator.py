@@ -302,19 +302,21 @@ class AttentionSVM:
     ) -> list[AttentionSVM]:
         """Fit one Att-SVM per problem (docs/spec.md §3): new estimators with these parameters, in
         order (this one is not changed), each with the status :meth:`fit` would give it and a
-        certificate that passes ``tol`` (or the same Farkas certificate). The Frobenius batch returns
+        certificate that passes ``tol``, or a verified Farkas certificate. The Frobenius batch returns
         fit's W to round-off; the nuclear batch is another method, so its W, multipliers, ``n_iter_`` and
         ``info_`` differ from fit's within what the certificate allows (W to about 1e-5 relative at
         the default ``tol``; a repeated row gets multiplier 0 where fit may split it).
 
-        Frobenius instances (``backend="auto"``) of one shape with at most ``BATCH_MAX_K`` constraint
-        rows are solved together as one vectorised program and certified together
-        (:mod:`attsvm.svm.batch`); nuclear instances (``rank=None``, ``backend="auto"``,
-        ``max_iter=None``) whose reduced programs share a shape are solved together by a batched
-        interior-point method (:mod:`attsvm.svm.batch_nuclear`) and certified one by one as :meth:`fit`
-        certifies. Every other
+        Frobenius instances (``backend="auto"``) of one shape are solved together (:mod:`attsvm.svm.batch`):
+        with numba (the ``fast`` extra) and ``max_iter=None``, those with at most ``COMPILED_MAX_K``
+        constraint rows by a compiled dual active set, which also proves infeasibility with its own Farkas
+        certificate (verified and accepted as fit's; Farkas certificates are not unique, so it may differ
+        from fit's); otherwise those of full rank with at most ``BATCH_MAX_K`` rows, as one vectorised
+        NumPy program. Nuclear instances (``rank=None``, ``backend="auto"``, ``max_iter=None``) whose
+        reduced programs share a shape are solved together by a batched interior-point method
+        (:mod:`attsvm.svm.batch_nuclear`) and certified one by one as :meth:`fit` certifies. Every other
         instance, and any that leaves a batch (a duplicate token, an unsettled active set, a certificate
-        that misses ``tol``, an infeasible instance), goes through :meth:`fit`.
+        that misses ``tol``, an infeasibility the batch cannot certify), goes through :meth:`fit`.
 
         Parameters
         ----------
