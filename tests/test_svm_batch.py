@@ -190,3 +190,15 @@ def test_fit_many_leaves_the_estimator_unfitted_and_keeps_its_parameters():
     out = est.fit_many([paper_instance(3, 4, 5, seed=0)])
     assert out[0].tol == 1e-8 and out[0] is not est
     assert "status_" not in est.__dict__
+
+
+@pytest.mark.parametrize("cx,cz", [(1e8, 1.0), (1e-8, 1.0), (1.0, 1e-8), (1e6, 1e6)])
+def test_fit_many_is_invariant_to_scale(route, cx, cz):
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(6)]
+    scaled = [AttentionProblem(p.X * cx, p.y, p.v, Z=p.Z * cz) for p in probs]
+    toks = [p.optimal_tokens() for p in probs]
+    base = AttentionSVM().fit_many(probs, toks)
+    for a, b in zip(AttentionSVM().fit_many(scaled, toks), base):
+        assert a.status_ == b.status_ == "optimal" and a.info_["path"] == b.info_["path"] == ROUTES[route]
+        np.testing.assert_allclose(a.W_ * (cx * cz), b.W_, rtol=0, atol=W_RTOL * np.abs(b.W_).max())
+        np.testing.assert_array_equal(a.support_, b.support_)
