@@ -3,6 +3,9 @@ docs/spec.md §3): its codes, its degenerate and infeasible instances, its threa
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -99,6 +102,7 @@ def test_scale_invariance(scale):
 
 
 def test_fit_many_with_an_iteration_limit_takes_the_numpy_route(monkeypatch):
+    monkeypatch.setenv("ATTSVM_COMPILED", "1")
     monkeypatch.setattr(batch, "_compiled_module", None)
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(4)]
     paths = {m.info_["path"] for m in AttentionSVM().fit_many(probs)}
@@ -111,11 +115,64 @@ def test_batch_threads_reads_the_environment(monkeypatch):
 
     monkeypatch.setenv("ATTSVM_NUM_THREADS", "3")
     assert batch_threads() == 3
-    monkeypatch.setenv("ATTSVM_NUM_THREADS", "two")
-    with pytest.raises(ValueError, match="ATTSVM_NUM_THREADS must be a positive integer, got 'two'"):
-        batch_threads()
+    for bad in ("two", "0", "-3"):
+        monkeypatch.setenv("ATTSVM_NUM_THREADS", bad)
+        with pytest.raises(ValueError, match=f"ATTSVM_NUM_THREADS must be a positive integer, got '{bad}'"):
+            batch_threads()
     monkeypatch.delenv("ATTSVM_NUM_THREADS")
-    assert batch_threads() >= 1
+    assert batch_threads() == len(os.sched_getaffinity(0))
+
+
+def test_fitted_tokens_do_not_alias_the_callers_selections(monkeypatch):
+    # the int64 fast path copies the selections once: tokens_ never is (or follows) the caller's array
+    probs = [paper_instance(4, 5, 6, seed=s) for s in range(3)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    for est in (AttentionSVM(), AttentionSVM("nuc")):
+        mine = [t.copy() for t in toks]
+        fits = est.fit_many(probs, mine)
+        for t in mine:
+            t[:] = 0
+        for f, t in zip(fits, toks):
+            np.testing.assert_array_equal(f.tokens_, t)
+
+
+def test_concurrent_first_calls_all_take_the_compiled_route(monkeypatch):
+    # the route is chosen once, under a lock: threads asking while numba loads wait for the choice
+    monkeypatch.setenv("ATTSVM_COMPILED", "1")
+    monkeypatch.setattr(batch, "_compiled_module", None)
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda _: AttentionSVM().fit_many(probs), range(4)))
+    assert {m.info_["path"] for run in runs for m in run} == {"batched-active-set"}
+
+
+_FORK_SCRIPT = """
+import multiprocessing as mp, os
+os.environ["ATTSVM_NUM_THREADS"] = "2"
+from attsvm.datasets import paper_instance
+from attsvm.svm import AttentionSVM
+probs = [paper_instance(6, 8, 10, seed=s) for s in range(200)]
+
+def child(_):
+    return sum(m.status_ == "optimal" for m in AttentionSVM().fit_many(probs))
+
+if __name__ == "__main__":
+    print(child(0))  # the parent's pool of threads exists now
+    with mp.get_context("fork").Pool(1) as pool:
+        print(pool.map_async(child, [0]).get(timeout=120)[0])
+"""
+
+
+def test_a_forked_child_solves_after_its_parent_used_the_threads(tmp_path):
+    # a child made by fork inherits the pool object but not its threads: it must start its own
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork_child.py"
+    script.write_text(_FORK_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["200", "200"]
 
 
 _BOUNDS_SCRIPT = """

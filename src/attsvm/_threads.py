@@ -37,9 +37,12 @@ def batch_threads() -> int:
     value = os.environ.get("ATTSVM_NUM_THREADS")
     if value is not None:
         try:
-            return max(1, int(value))
+            threads = int(value)
         except ValueError:
-            raise ValueError(f"ATTSVM_NUM_THREADS must be a positive integer, got {value!r}") from None
+            threads = 0
+        if threads < 1:
+            raise ValueError(f"ATTSVM_NUM_THREADS must be a positive integer, got {value!r}")
+        return threads
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # (not on Linux)

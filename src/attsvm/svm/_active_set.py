@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -66,6 +67,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, W, lam, marg, supp, stats):
     n, T, d = X.shape
     dz = Z.shape[1]
     K = n * (T - 1)
+    stats[:] = np.nan  # (an instance that leaves early has no certificate)
     # 1. rows a_k = x_iα − x_it (tie rule of attsvm.tokens.differences), their norms s_k = ‖a_k‖‖z_i‖
     AT = np.empty((d, K))  # rows as columns: the column products run over k, contiguous
     seq = np.empty(K, np.int64)
@@ -364,6 +366,17 @@ def solve_stack(
 
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """In a child made by fork: the parent's pool threads do not exist here (a job submitted to the
+    inherited pool would never run), so the child starts its own pool when it needs one."""
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _pool(parts: int) -> ThreadPoolExecutor:

@@ -27,6 +27,7 @@ never changes the others.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -140,18 +141,22 @@ def compiled() -> ModuleType | None:
     ``fast`` extra) or ``ATTSVM_COMPILED=0`` turns it off."""
     global _compiled_module
     if _compiled_module is None:
-        _compiled_module = False
-        if os.environ.get("ATTSVM_COMPILED", "1") != "0":
-            try:
-                from . import _active_set
+        with _compiled_lock:  # (threads that ask while numba loads wait for the choice, never see half of it)
+            if _compiled_module is None:
+                chosen: ModuleType | bool = False
+                if os.environ.get("ATTSVM_COMPILED", "1") != "0":
+                    try:
+                        from . import _active_set
 
-                _compiled_module = _active_set
-            except ImportError:  # numba not installed: the NumPy route
-                pass
+                        chosen = _active_set
+                    except ImportError:  # numba not installed: the NumPy route
+                        pass
+                _compiled_module = chosen
     return _compiled_module if isinstance(_compiled_module, ModuleType) else None
 
 
 _compiled_module: ModuleType | bool | None = None  # None: not chosen yet; False: the NumPy route
+_compiled_lock = threading.Lock()
 
 
 def max_k(est: AttentionSVM) -> int:

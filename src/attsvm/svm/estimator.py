@@ -134,17 +134,21 @@ def _check_selections(probs: list[AttentionProblem], toks: list[ArrayLike | None
     fast: list[int] = []
     for i, (p, t) in enumerate(zip(probs, toks)):
         if not isinstance(p, AttentionProblem):
-            raise TypeError(f"problems[{i}] must be an AttentionProblem, got {type(p).__name__}")
+            break  # (the loop below raises, in order of position)
         if type(t) is np.ndarray and t.dtype == np.int64 and t.ndim == 1 and t.shape[0] == p.X.shape[0]:
             fast.append(i)
     if fast:
-        sel: list[NDArray[np.int64]] = [toks[i] for i in fast]  # type: ignore[misc]
-        flat = np.concatenate(sel)
-        bound = np.repeat([probs[i].X.shape[1] for i in fast], [probs[i].X.shape[0] for i in fast])
+        # one copy of them all (checked and used from here: the caller's arrays are neither aliased by the
+        # fitted tokens_ nor read again after the check)
+        flat = np.concatenate([toks[i] for i in fast])  # type: ignore[misc]
+        lengths = [probs[i].X.shape[0] for i in fast]
+        bound = np.repeat([probs[i].X.shape[1] for i in fast], lengths)
         if ((flat >= 0) & (flat < bound)).all():
-            for i, t in zip(fast, sel):
+            for i, t in zip(fast, np.split(flat, np.cumsum(lengths)[:-1])):
                 alphas[i] = t
     for i, (p, t) in enumerate(zip(probs, toks)):
+        if not isinstance(p, AttentionProblem):
+            raise TypeError(f"problems[{i}] must be an AttentionProblem, got {type(p).__name__}")
         if alphas[i] is None:
             try:
                 alphas[i] = p.check_tokens(t)
