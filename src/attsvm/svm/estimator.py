@@ -140,7 +140,7 @@ def _check_selections(probs: list[AttentionProblem], toks: list[ArrayLike | None
     if fast:
         # one copy of them all (checked and used from here: the caller's arrays are neither aliased by the
         # fitted tokens_ nor read again after the check)
-        flat = np.concatenate([toks[i] for i in fast])  # type: ignore[misc]
+        flat = np.concatenate([toks[i] for i in fast])
         lengths = [probs[i].X.shape[0] for i in fast]
         bound = np.repeat([probs[i].X.shape[1] for i in fast], lengths)
         if ((flat >= 0) & (flat < bound)).all():
