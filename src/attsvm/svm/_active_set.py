@@ -60,8 +60,9 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
 @nb.njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _solve_one(X, Z, alpha, tol, max_iter, W, lam, marg, supp, stats):
-    """One instance (module doc). Writes W (d, d_z), λ (n, T), margins (n, T), support (n, T) and
+def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats):
+    """One instance (module doc). Writes the rows A (n, T, d; 0 at α), W (d, d_z), λ (n, T), margins
+    (n, T), support (n, T) and
     ``stats = (violation, relative violation, gap, relative gap, complementarity, g)``; returns the
     iteration count, or a negative LEAVE_* code."""
     n, T, d = X.shape
@@ -85,12 +86,14 @@ def _solve_one(X, Z, alpha, tol, max_iter, W, lam, marg, supp, stats):
         ai = alpha[i]
         for t in range(T):
             if t == ai:
+                A[i, t, :] = 0.0
                 continue
             tied = True
             acc = 0.0
             for j in range(d):
                 v = X[i, ai, j] - X[i, t, j]
                 AT[j, k] = v
+                A[i, t, j] = v
                 if abs(v) > TIE_ULPS * _EPS * max(abs(X[i, ai, j]), abs(X[i, t, j])):
                     tied = False
                 acc += v * v
@@ -309,9 +312,9 @@ def _solve_one(X, Z, alpha, tol, max_iter, W, lam, marg, supp, stats):
 
 
 @nb.njit(cache=True, nogil=True)
-def _solve_range(X, Z, alpha, tol, max_iter, W, lam, marg, supp, stats, code, lo, hi):
+def _solve_range(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, code, lo, hi):
     for b in range(lo, hi):
-        code[b] = _solve_one(X[b], Z[b], alpha[b], tol, max_iter, W[b], lam[b], marg[b], supp[b], stats[b])
+        code[b] = _solve_one(X[b], Z[b], alpha[b], tol, max_iter, A[b], W[b], lam[b], marg[b], supp[b], stats[b])
 
 
 def max_iterations(K: int) -> int:
@@ -330,7 +333,8 @@ def solve_stack(
 ) -> dict[str, NDArray]:
     """Solve and certify the stack X (B, n, T, d), Z (B, n, d_z) at the selections ``alpha`` (B, n).
 
-    Returns arrays ``W`` (B, d, d_z), ``lam`` (B, n, T; the multipliers λ⁺, 0 at α), ``margins``
+    Returns arrays ``A`` (B, n, T, d: the rows, 0 at α; of an instance that leaves early, only up to the
+    row where it left), ``W`` (B, d, d_z), ``lam`` (B, n, T; the multipliers λ⁺, 0 at α), ``margins``
     (B, n, T; inf at α), ``support`` (B, n, T), ``stats`` (B, 6: violation, relative violation, gap,
     relative gap, complementarity, g) and ``code`` (B: iteration count, or a negative LEAVE_* code).
     The instances are independent: with ``threads`` > 1 the stack is split into contiguous ranges
@@ -341,6 +345,7 @@ def solve_stack(
     Z = np.ascontiguousarray(Z, dtype=np.float64)
     alpha = np.ascontiguousarray(alpha, dtype=np.int64)
     out = {
+        "A": np.empty((B, n, T, d)),
         "W": np.empty((B, d, dz)),
         "lam": np.empty((B, n, T)),
         "margins": np.empty((B, n, T)),
@@ -348,7 +353,7 @@ def solve_stack(
         "stats": np.empty((B, 6)),
         "code": np.empty(B, dtype=np.int64),
     }
-    args = (X, Z, alpha, float(tol), int(max_iter), out["W"], out["lam"], out["margins"], out["support"])
+    args = (X, Z, alpha, float(tol), int(max_iter), out["A"], out["W"], out["lam"], out["margins"], out["support"])
     tail = (out["stats"], out["code"])
     parts = max(1, min(int(threads), B // MIN_PER_THREAD))
     if parts == 1:

@@ -210,14 +210,13 @@ def _solve_compiled(
     alpha = np.stack(alphas)  # (B, n)
     B, n, T, _ = X.shape
     res = kernel.solve_stack(X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads())
-    # the constraint rows a_it = x_iα − x_it (exactly 0 at t = α_i). An instance kept by the kernel has no
-    # tied row, so these are the rows attsvm.tokens.differences builds.
-    A = np.take_along_axis(X, alpha[:, :, None, None], axis=2) - X
+    # res["A"]: the constraint rows a_it = x_iα − x_it (exactly 0 at t = α_i). An instance kept by the kernel
+    # has no tied row, so these are the rows attsvm.tokens.differences builds.
     mask = np.ones((B, n, T), dtype=bool)
     np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
     return _fitted(
         est,
-        A,
+        res["A"],
         Zq,
         mask,
         alpha,
@@ -343,34 +342,36 @@ def _fitted(
     params = est.get_params()
     cls = type(est)
     per = (time.perf_counter() - t0) / B
-    st = stats.tolist()
-    codes = code.tolist()
     out: list[AttentionSVM | None] = [None] * B
     if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
         for i in np.flatnonzero(code == LEAVE_INFEASIBLE).tolist():
-            out[i] = _infeasible(
-                cls, params, ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], eq), alpha[i], lam[i], path, per
-            )
-    for i in np.flatnonzero(ok).tolist():
-        viol, rel_viol, gap, rel_gap, compl, g = st[i]
-        out[i] = cls._batched(
-            params,
-            ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], eq),
-            alpha[i],
-            W=W[i],
-            objective=float(objective[i]),
-            lam=lam[i],
-            margins=margins[i],
-            support=support[i],
-            violation=viol,
-            relative_violation=rel_viol,
-            gap=gap,
-            relative_gap=rel_gap,
-            complementarity=compl,
-            n_iter=codes[i],
-            info={"backend": "frobenius", "path": path, "K": K, "batch_size": B, "global_scale": g},
-            solve_time=per,
-        )
+            cs = ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], eq)
+            out[i] = _infeasible(cls, params, cs, alpha[i], lam[i], path, per)
+    keep = np.flatnonzero(ok).tolist()
+
+    def each(arr: NDArray) -> list:  # the kept instances' views of a stacked array
+        return list(arr) if len(keep) == B else [arr[i] for i in keep]
+
+    css = [ConstraintSet._trusted(*arrays, eq) for arrays in zip(each(A), each(Zq), each(mask), each(rhs))]
+    kept_stats = stats[keep] if len(keep) < B else stats
+    info = [
+        {"backend": "frobenius", "path": path, "K": K, "batch_size": B, "global_scale": g}
+        for g in kept_stats[:, 5].tolist()
+    ]
+    rows = zip(  # (in the order of AttentionSVM._BATCHED_FIELDS)
+        css,
+        each(alpha),
+        each(W),
+        objective[keep].tolist(),
+        each(lam),
+        each(margins),
+        each(support),
+        *kept_stats[:, :5].T.tolist(),
+        code[keep].tolist(),
+        info,
+    )
+    for i, e in zip(keep, cls._batched_many(params, rows, per)):
+        out[i] = e
     return out
 
 

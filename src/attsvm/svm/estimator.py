@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -144,7 +144,10 @@ def _check_selections(probs: list[AttentionProblem], toks: list[ArrayLike | None
         lengths = [probs[i].X.shape[0] for i in fast]
         bound = np.repeat([probs[i].X.shape[1] for i in fast], lengths)
         if ((flat >= 0) & (flat < bound)).all():
-            for i, t in zip(fast, np.split(flat, np.cumsum(lengths)[:-1])):
+            n0 = lengths[0]
+            same = all(m == n0 for m in lengths)  # (one n: rows of a matrix, cheaper than np.split)
+            parts = list(flat.reshape(-1, n0)) if same else np.split(flat, np.cumsum(lengths)[:-1])
+            for i, t in zip(fast, parts):
                 alphas[i] = t
     for i, (p, t) in enumerate(zip(probs, toks)):
         if not isinstance(p, AttentionProblem):
@@ -607,57 +610,52 @@ class AttentionSVM:
                     stacklevel=5,
                 )
 
+    # the fitted attributes a batch sets per instance (AttentionSVM._batched_many), in the order of its rows
+    _BATCHED_FIELDS = (
+        "constraints_",
+        "tokens_",
+        "W_",
+        "objective_",
+        "dual_coef_",
+        "margins_",
+        "support_",
+        "max_violation_",
+        "relative_violation_",
+        "duality_gap_",
+        "relative_gap_",
+        "complementary_slackness_",
+        "n_iter_",
+        "info_",
+    )
+
     @classmethod
-    def _batched(
-        cls,
-        params: dict[str, Any],
-        cs: ConstraintSet,
-        alpha: NDArray[np.int64],
-        *,
-        W: NDArray[np.float64],
-        objective: float,
-        lam: NDArray[np.float64],
-        margins: NDArray[np.float64],
-        support: NDArray[np.bool_],
-        violation: float,
-        relative_violation: float,
-        gap: float,
-        relative_gap: float,
-        complementarity: float,
-        n_iter: int,
-        info: dict[str, Any],
-        solve_time: float,
-    ) -> AttentionSVM:
-        """A new estimator with ``params`` and the fitted attributes of an instance certified by
-        :mod:`attsvm.svm.batch` (as :meth:`_fit` sets them; ``margins`` already inf off the mask). Built
-        without ``__init__``: a batch makes thousands of them, so each costs a dictionary update."""
-        self = object.__new__(cls)
-        self.__dict__.update(params)
-        self.__dict__.update(
-            solve_time_=solve_time,
-            backend_="frobenius",
-            n_iter_=n_iter,
-            info_=info,
-            factors_=None,
-            tokens_=alpha,
-            constraints_=cs,
-            reached_convex_optimum_=None,
-            W_=W,
-            objective_=objective,
-            dual_coef_=lam,
-            margins_=margins,
-            support_=support,
-            max_violation_=violation,
-            relative_violation_=relative_violation,
-            duality_gap_=gap,
-            relative_gap_=relative_gap,
-            complementary_slackness_=complementarity,
-            _rank=None,
-            certificate_=None,
-            certificate_residual_=None,
-            status_=OPTIMAL,
-        )
-        return self
+    def _batched_many(
+        cls, params: dict[str, Any], rows: Iterable[tuple[Any, ...]], solve_time: float
+    ) -> list[AttentionSVM]:
+        """New estimators with ``params`` and the fitted attributes of instances certified by
+        :mod:`attsvm.svm.batch` (as :meth:`_fit` sets them): one per row of values in the order of
+        ``_BATCHED_FIELDS`` (``margins_`` already inf off the mask). Built without ``__init__``: a batch
+        makes thousands of them, so each costs three dictionary updates."""
+        fixed = {
+            **params,
+            "solve_time_": solve_time,
+            "backend_": "frobenius",
+            "factors_": None,
+            "reached_convex_optimum_": None,
+            "_rank": None,
+            "certificate_": None,
+            "certificate_residual_": None,
+            "status_": OPTIMAL,
+        }
+        keys = cls._BATCHED_FIELDS
+        out = []
+        for row in rows:
+            self = object.__new__(cls)
+            d = self.__dict__
+            d.update(fixed)
+            d.update(zip(keys, row))
+            out.append(self)
+        return out
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:
