@@ -203,3 +203,18 @@ def test_no_out_of_bounds_access_on_degenerate_and_infeasible_stacks(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _BOUNDS_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("(") == 4
+
+
+def test_on_infeasible_raise_still_raises_the_named_error(monkeypatch):
+    # the active set proves these infeasible; with on_infeasible="raise" fit_many raises as fit does
+    monkeypatch.setenv("ATTSVM_COMPILED", "1")
+    monkeypatch.setattr(batch, "_compiled_module", None)
+    from attsvm.svm import InfeasibleSVMError
+
+    rng = np.random.default_rng(0)
+    probs = [paper_instance(10, 5, 4, seed=s) for s in range(10)]
+    toks = [rng.integers(0, 5, size=10) for _ in probs]
+    status = AttentionSVM().fit_many(probs, toks)
+    assert status[0].status_ == "infeasible" and status[0].info_["path"] == "batched-active-set"
+    with pytest.raises(InfeasibleSVMError, match=r"infeasible for tokens \[4, 3, 2"):
+        AttentionSVM(on_infeasible="raise").fit_many(probs, toks)
