@@ -96,13 +96,11 @@ _PARAMETERS: dict[str, ParamSpec] = {
 # Names of the norms in summaries.
 _NORM_NAMES = {"fro": "Frobenius", "nuc": "nuclear", "lp": "l{p:g}", "l1": "l1", "linf": "l-inf"}
 
-# Attributes set by fit (reading one before fit raises NotFittedError).
-_FITTED = (
-    "status_",
+# the attributes of a solution and its certificate (None when there is no solution), in this order
+_SOLUTION_FIELDS = (
     "W_",
     "objective_",
     "dual_coef_",
-    "dual_",
     "margins_",
     "support_",
     "max_violation_",
@@ -110,6 +108,12 @@ _FITTED = (
     "duality_gap_",
     "relative_gap_",
     "complementary_slackness_",
+)
+# Attributes set by fit (reading one before fit raises NotFittedError).
+_FITTED = (
+    "status_",
+    *_SOLUTION_FIELDS,
+    "dual_",
     "rank_",
     "certificate_",
     "certificate_residual_",
@@ -514,20 +518,7 @@ class AttentionSVM:
 
     def _clear(self, status: str) -> None:
         self.status_ = status
-        for name in (
-            "W_",
-            "objective_",
-            "dual_coef_",
-            "margins_",
-            "support_",
-            "max_violation_",
-            "relative_violation_",
-            "duality_gap_",
-            "relative_gap_",
-            "complementary_slackness_",
-            "certificate_",
-            "certificate_residual_",
-        ):
+        for name in (*_SOLUTION_FIELDS, "certificate_", "certificate_residual_"):
             setattr(self, name, None)
         self.__dict__["_rank"] = None
 
@@ -611,22 +602,7 @@ class AttentionSVM:
                 )
 
     # the fitted attributes a batch sets per instance (AttentionSVM._batched_many), in the order of its rows
-    _BATCHED_FIELDS = (
-        "constraints_",
-        "tokens_",
-        "W_",
-        "objective_",
-        "dual_coef_",
-        "margins_",
-        "support_",
-        "max_violation_",
-        "relative_violation_",
-        "duality_gap_",
-        "relative_gap_",
-        "complementary_slackness_",
-        "n_iter_",
-        "info_",
-    )
+    _BATCHED_FIELDS = ("constraints_", "tokens_", *_SOLUTION_FIELDS, "n_iter_", "info_")
 
     @classmethod
     def _batched_many(
