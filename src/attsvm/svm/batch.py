@@ -1,8 +1,15 @@
-"""Many certified Frobenius attention SVMs as one vectorised program (docs/spec.md §3).
+"""Many certified Frobenius attention SVMs as one program (docs/spec.md §3).
 
 :meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` hands the Frobenius instances here.
-Instances of one shape (n, T, d, d_z) are stacked and solved together, each step a batched
-NumPy/LAPACK call over the stack:
+Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of two routes
+(:func:`uses_compiled`):
+
+- **compiled** (numba installed, ``max_iter`` None; up to ``COMPILED_MAX_K`` rows, rank-deficient shapes
+  included): the Goldfarb–Idnani dual active set of :mod:`._active_set` solves and certifies each instance
+  in one compiled pass, with the same reduction and certificate as below; an instance it proves
+  infeasible comes back with its Farkas certificate once :func:`~attsvm.svm.certificate.farkas_certificate`
+  verifies it.
+- **NumPy** (up to ``BATCH_MAX_K`` rows of full rank), each step a batched NumPy/LAPACK call over the stack:
 
 1. **Constraints** ``a_it = x_{iα_i} − x_it`` and their K = n(T − 1) flat rows, for the whole stack.
 2. **Reduction** (steps 1 and 3 of :mod:`.reduction`): the Gram matrix of the unit rows
@@ -18,10 +25,10 @@ NumPy/LAPACK call over the stack:
 
 An instance leaves the batch for :meth:`AttentionSVM.fit` — the one-at-a-time route with all its
 fallbacks (constraint generation, LDP, the Farkas LP) — when a feature vanishes (a duplicate token:
-possibly infeasible), its active set does not settle, its face system is singular, or its
-certificate misses the tolerance. So every instance comes back exactly as ``fit`` would return it:
-the same status, a certificate that passes, or the infeasibility certificate; a failing instance
-never changes the others.
+possibly infeasible), its active set does not settle, its face system is singular, its infeasibility
+certificate does not verify, or its certificate misses the tolerance. So every instance comes back as
+``fit`` would return it: the same status, a certificate that passes, or a verified infeasibility
+certificate; a failing instance never changes the others.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ __all__ = [
     "rank_deficient",
     "ready",
     "solve_group",
-    "takes_deficient",
+    "uses_compiled",
 ]
 
 # Instances with more constraint rows than this go one at a time: the batched rounds carry the full
@@ -159,17 +166,18 @@ _compiled_module: ModuleType | bool | None = None  # None: not chosen yet; False
 _compiled_lock = threading.Lock()
 
 
+def uses_compiled(est: AttentionSVM) -> bool:
+    """Whether ``est``'s instances take the compiled route: numba is there and ``max_iter`` is None (an
+    explicit iteration limit is honoured by the NumPy route and ``fit``). On it, instances of up to
+    ``COMPILED_MAX_K`` rows enter the batch, rank-deficient shapes (:func:`rank_deficient`) included: its
+    active set keeps its rows independent and proves infeasibility with a Farkas certificate. The NumPy
+    route takes up to ``BATCH_MAX_K`` rows of full rank."""
+    return est.max_iter is None and compiled() is not None
+
+
 def max_k(est: AttentionSVM) -> int:
-    """The most constraint rows an instance may have to enter the batch: ``COMPILED_MAX_K`` on the
-    compiled route, ``BATCH_MAX_K`` on the NumPy one."""
-    return COMPILED_MAX_K if compiled() is not None and est.max_iter is None else BATCH_MAX_K
-
-
-def takes_deficient(est: AttentionSVM) -> bool:
-    """Whether rank-deficient shapes (:func:`rank_deficient`) enter the batch: on the compiled route,
-    whose active set keeps its rows independent and proves infeasibility with a Farkas certificate; the
-    NumPy route sends them to ``fit``."""
-    return compiled() is not None and est.max_iter is None
+    """The most constraint rows an instance may have to enter ``est``'s batch (:func:`uses_compiled`)."""
+    return COMPILED_MAX_K if uses_compiled(est) else BATCH_MAX_K
 
 
 def solve_group(
@@ -187,7 +195,7 @@ def solve_group(
     otherwise it is processed in chunks of about ``CHUNK_FLOATS`` Gram entries, which bounds the memory
     of a step while keeping the NumPy calls per instance few."""
     kernel = compiled()
-    if kernel is not None and est.max_iter is None:
+    if kernel is not None and uses_compiled(est):
         return _solve_compiled(est, problems, alphas, kernel)
     n, T, _ = problems[0].X.shape
     K = n * (T - 1)

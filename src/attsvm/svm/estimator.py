@@ -357,7 +357,7 @@ class AttentionSVM:
                 opt = replace(opt, max_iter=int(self.max_iter))
             groups: dict[tuple[int, ...], list[int]] = {}
             limit = batch.max_k(self)
-            deficient_ok = batch.takes_deficient(self)
+            deficient_ok = batch.uses_compiled(self)
             for i, p in enumerate(probs):
                 key = batch.group_key(p)
                 if 0 < key[0] * (key[1] - 1) <= limit and (deficient_ok or not batch.deficient_shape(key)):
