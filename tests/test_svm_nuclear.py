@@ -368,13 +368,11 @@ def test_failed_polish_falls_back_to_more_alm(monkeypatch: pytest.MonkeyPatch) -
     assert abs(_nuc(raw.W) - _nuc(ref.W)) <= GAP_RTOL * _nuc(ref.W)
 
 
-def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A KKT system without a solution (the optimum's active set, one rank too few) makes Newton
-    stagnate; it must stop after _NEWTON_PATIENCE steps instead of crawling on (the polish then
-    corrects the guess)."""
-    from attsvm.svm import _factored, _kkt
+def _optimum_in_solver_units(p):  # type: ignore[no-untyped-def]
+    """The reduced program of p at its optimal tokens, its optimum M, its rank r, the multipliers of the
+    scaled rows and their support (the active set), for the Newton polish's tests."""
+    from attsvm.svm import _factored
 
-    p = paper_instance(15, 15, 20, seed=0)
     cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
     reduction = reduce(cs)
     red = _factored._reduce(reduction)
@@ -382,7 +380,16 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
     M = reduction.reduce_W(raw.W)
     lam = reduction.reduce_dual(raw.dual) * red.scale * red.mask  # multipliers of the scaled rows
     idx = np.flatnonzero((red.mask & (lam > 1e-9)).ravel())
-    r = int(matrix_rank(M))
+    return red, M, int(matrix_rank(M)), lam, idx
+
+
+def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KKT system without a solution (the optimum's active set, one rank too few) makes Newton
+    stagnate; it must stop after _NEWTON_PATIENCE steps instead of crawling on (the polish then
+    corrects the guess)."""
+    from attsvm.svm import _kkt
+
+    red, M, r, lam, idx = _optimum_in_solver_units(paper_instance(15, 15, 20, seed=0))
     assert r >= 2
     K, Q = balanced_factors(M, rank=r - 1)
     steps: list[int] = []
@@ -404,6 +411,43 @@ def test_newton_gives_up_on_a_wrong_rank_guess(monkeypatch: pytest.MonkeyPatch) 
     # the guess with the right rank converges to round-off from the same start
     K, Q = balanced_factors(M, rank=r)
     *_, res = _kkt._kkt_newton(red, idx, 1.1 * K, Q, lam.ravel()[idx], NuclearOptions())
+    assert res <= 1e-10
+
+
+def test_failed_chord_steps_do_not_break_the_stagnation_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reused (chord) Jacobian whose step fails is refactorised without an accepted step; the
+    stagnation test counts accepted steps, so a run of such failures cannot read past the residual
+    history (it did: an IndexError in the hierarchy experiment, trial KQ-L2-s0000-0008)."""
+    from attsvm.svm import _kkt
+
+    red, M, r, lam, idx = _optimum_in_solver_units(paper_instance(15, 15, 20, seed=0))
+    K, Q = balanced_factors(M, rank=r)
+    failed: list[int] = []
+
+    def failing_when_reused(factory):  # type: ignore[no-untyped-def]
+        def make(*args, **kwargs):  # type: ignore[no-untyped-def]
+            step = factory(*args, **kwargs)
+            calls = [0]
+
+            def solve(F: np.ndarray) -> np.ndarray:
+                calls[0] += 1
+                if calls[0] > 1:  # a chord step: no progress, so Newton refactorises
+                    failed.append(1)
+                    return np.zeros_like(step(F))
+                return step(F)
+
+            return solve
+
+        return make
+
+    monkeypatch.setattr(_kkt, "_newton_solver", failing_when_reused(_kkt._newton_solver))
+    monkeypatch.setattr(_kkt, "_newton_solver_direct", failing_when_reused(_kkt._newton_solver_direct))
+    # reuse the Jacobian after every full step (chord steps, as on large active sets); ftol = 0: Newton runs
+    # until its steps stop helping, its iterations (accepted steps and failed chord steps) past the patience
+    # while its accepted steps are fewer
+    opt = NuclearOptions(chord_min_rows=0, chord_rate=1.0)
+    *_, res = _kkt._kkt_newton(red, idx, 1.1 * K, Q, lam.ravel()[idx], opt, max_newton=40, ftol=0.0)
+    assert len(failed) >= 2
     assert res <= 1e-10
 
 

@@ -242,7 +242,8 @@ def _kkt_newton(
             break
         # stagnation: a wrong rank / active-set guess has no KKT point; Newton then crawls. Give up
         # early (the caller corrects the guess) instead of spending max_newton factorisations.
-        if it >= opt.newton_patience and nrm > 0.5 * hist[-opt.newton_patience]:
+        # (counted in accepted steps: a failed chord step refactors without adding to hist)
+        if len(hist) > opt.newton_patience and nrm > 0.5 * hist[-opt.newton_patience]:
             break
         if solver is None:
             small = (r_a + r_z) * K.shape[1] + s <= opt.direct_kkt_max
