@@ -235,7 +235,7 @@ def _kkt_newton(
     solver = None
     fresh = False
     hist = [nrm]
-    for it in range(max_newton):
+    for _ in range(max_newton):
         if nrm <= ftol:
             break
         if ineq_s is not None and nrm <= opt.early_exit_res and _wrong_sign(lam_s, ineq_s, opt.early_exit_lam):
