@@ -43,6 +43,7 @@ def main() -> None:
             ("fro", (6, 8, 10), 200 if args.quick else 1000),
             ("fro", (8, 8, 10), 100 if args.quick else 500),
             ("fro", (15, 15, 20), 40 if args.quick else 200),
+            ("fro", (20, 20, 30), 10 if args.quick else 50),  # K = 380, near COMPILED_MAX_K
         ]
     if args.norm in ("nuc", "both"):  # svm-rank's shapes: the smallest and the largest interior point
         sizes += [("nuc", (5, 10, 10), 40 if args.quick else 200), ("nuc", (15, 5, 20), 20 if args.quick else 100)]
