@@ -27,11 +27,17 @@ __all__ = [
 
 
 def as_float_array(
-    value: Any, name: str, *, ndim: int | None = None, shape: tuple[int | None, ...] | None = None
+    value: Any,
+    name: str,
+    *,
+    ndim: int | None = None,
+    shape: tuple[int | None, ...] | None = None,
+    copy: bool = True,
 ) -> NDArray[np.float64]:
     """Return ``value`` as a finite float64 array, or raise naming ``name``.
 
-    ``shape`` entries that are ``None`` are free; others must match exactly.
+    ``shape`` entries that are ``None`` are free; others must match exactly. With ``copy=False`` a
+    float64 array comes back as it is (for a caller that only reads it during the call).
     """
     if value is None:
         raise TypeError(f"{name} must be an array, got None")
@@ -45,7 +51,7 @@ def as_float_array(
         raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
     if np.iscomplexobj(arr):
         raise TypeError(f"{name} must be real, got complex dtype {arr.dtype}")
-    arr = arr.astype(np.float64, copy=True)
+    arr = arr.astype(np.float64, copy=copy)
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {arr.shape}")
     if shape is not None and (

@@ -41,6 +41,7 @@ from .norms import FROBENIUS, NUCLEAR, Norm, get_norm
 from .nuclear import NuclearOptions, balanced_factors, solve_nuclear, solve_nuclear_rank
 from .prompt import HeadSVM, JointSVM, PromptSVM, head_svm_constraints, joint_svm, p_svm_constraints
 from .reduction import Reduction, reduce
+from .stack import SVMStack
 from .status import (
     ALL_STATUSES,
     CERTIFIED,
@@ -56,6 +57,7 @@ from .status import (
 
 __all__ = [
     "AttentionSVM",
+    "SVMStack",
     "InfeasibleSVMError",
     "NotFittedError",
     "feasible",

@@ -50,8 +50,9 @@ DEPENDENT_TOL = 1e-10
 # Stop when no row is violated by more than this, relative to its b̂ (normalised units of .reduction):
 # each addition makes its row active to round-off, so this only absorbs the round-off of the margins
 GI_TOL = 1e-13
-# instances per task when the stack is split over threads
+# instances per task when the stack is split over threads, and tasks per thread (at most)
 MIN_PER_THREAD = 64
+CHUNKS_PER_THREAD = 4
 
 _EPS = float(np.finfo(np.float64).eps)
 # reassociation and contraction (FMA) let the compiler vectorise the inner products; no "nnan"/"ninf":
@@ -359,11 +360,21 @@ def solve_stack(
     if parts == 1:
         _solve_range(*args, *tail, 0, B)
         return out
-    bounds = np.linspace(0, B, parts + 1).astype(int).tolist()
+    # CHUNKS_PER_THREAD ranges per thread, taken in turn by whichever thread is free: a thread that the
+    # machine slows (another process, an uneven range) holds up the others by one range at most
+    chunks = max(parts, min(parts * CHUNKS_PER_THREAD, B // MIN_PER_THREAD))
+    ranges = list(itertools.pairwise(np.linspace(0, B, chunks + 1).astype(int).tolist()))
+    take = itertools.count()  # (next() on a count is atomic under the GIL)
+
+    def work() -> None:
+        for j in iter(take.__next__, None):
+            if j >= len(ranges):
+                return
+            _solve_range(*args, *tail, *ranges[j])
+
     pool = _pool(parts)
-    (lo0, hi0), *rest = itertools.pairwise(bounds)
-    futures = [pool.submit(_solve_range, *args, *tail, lo, hi) for lo, hi in rest]
-    _solve_range(*args, *tail, lo0, hi0)  # the first range in this thread
+    futures = [pool.submit(work) for _ in range(parts - 1)]
+    work()  # (this thread too)
     for f in futures:
         f.result()
     return out

@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -63,6 +63,10 @@ __all__ = [
     "max_k",
     "rank_deficient",
     "ready",
+    "Stacked",
+    "estimators",
+    "infeasible",
+    "solve_arrays",
     "solve_group",
     "uses_compiled",
 ]
@@ -181,6 +185,34 @@ def max_k(est: AttentionSVM) -> int:
     return COMPILED_MAX_K if uses_compiled(est) else BATCH_MAX_K
 
 
+class Stacked(NamedTuple):
+    """A stack of B instances of one shape as the batch leaves it (arrays over the first axis b): the rows
+    ``A`` (B, n, T, d; 0 at α), queries ``Zq``, constraint ``mask``, selections ``alpha``, ``W``,
+    multipliers ``lam`` (n, T; the candidate Farkas certificate where ``code`` is LEAVE_INFEASIBLE),
+    ``margins`` (inf off the mask), ``support``, the certificate ``stats`` (violation, relative
+    violation, gap, relative gap, complementarity, g), ``code`` (the iteration count, or a negative
+    LEAVE_* code), the ``path`` that solved it and the solve time ``per`` instance (seconds)."""
+
+    A: NDArray[np.float64]
+    Zq: NDArray[np.float64]
+    mask: NDArray[np.bool_]
+    alpha: NDArray[np.int64]
+    W: NDArray[np.float64]
+    lam: NDArray[np.float64]
+    margins: NDArray[np.float64]
+    support: NDArray[np.bool_]
+    stats: NDArray[np.float64]
+    code: NDArray[np.int64]
+    path: str
+    per: float
+
+    def certified(self, tol: float) -> NDArray[np.bool_]:
+        """The instances the batch solved whose certificate passes ``tol`` (the others go to ``fit``,
+        except the infeasible ones whose candidate verifies, :func:`infeasible`)."""
+        s = self.stats
+        return (self.code >= 0) & (s[:, 1] <= tol) & (s[:, 3] <= tol) & np.isfinite(self.W).all(axis=(1, 2))
+
+
 def solve_group(
     est: AttentionSVM,
     problems: list[AttentionProblem],
@@ -191,40 +223,62 @@ def solve_group(
 
     Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
     must go through ``fit`` (a vanishing feature, an unsettled or singular face, a certificate that
-    misses ``est.tol``). With numba installed (and ``est.max_iter`` None) the stack goes to the compiled
-    dual active set of :mod:`._active_set`, spread over :func:`attsvm._threads.batch_threads` threads;
-    otherwise it is processed in chunks of about ``CHUNK_FLOATS`` Gram entries, which bounds the memory
-    of a step while keeping the NumPy calls per instance few."""
-    kernel = compiled()
-    if kernel is not None and uses_compiled(est):
-        return _solve_compiled(est, problems, alphas, kernel)
-    n, T, _ = problems[0].X.shape
-    K = n * (T - 1)
-    size = max(1, CHUNK_FLOATS // (K * K))
-    out: list[AttentionSVM | None] = []
-    for start in range(0, len(problems), size):
-        stop = start + size
-        out += _solve_chunk(est, problems[start:stop], alphas[start:stop], opt)
+    misses ``est.tol``)."""
+    X = np.stack([p.X for p in problems])  # (B, n, T, d)
+    Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
+    st = solve_arrays(est, X, Zq, np.stack(alphas), opt)
+    out: list[AttentionSVM | None] = [None] * len(problems)
+    if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
+        for i in np.flatnonzero(st.code == LEAVE_INFEASIBLE).tolist():
+            out[i] = infeasible(est, st, i)
+    keep = np.flatnonzero(st.certified(est.tol))
+    for i, e in zip(keep.tolist(), estimators(est, st, keep)):
+        out[i] = e
     return out
 
 
+def solve_arrays(
+    est: AttentionSVM,
+    X: NDArray[np.float64],
+    Zq: NDArray[np.float64],
+    alpha: NDArray[np.int64],
+    opt: FrobeniusOptions,
+) -> Stacked:
+    """Solve the Frobenius SVMs of the stack X (B, n, T, d), Zq (B, n, d_z) at the selections ``alpha``
+    (B, n) as one program (module doc), without building estimators. With numba installed (and
+    ``est.max_iter`` None) the stack goes to the compiled dual active set of :mod:`._active_set`, spread
+    over :func:`attsvm._threads.batch_threads` threads; otherwise it is processed in chunks of about
+    ``CHUNK_FLOATS`` Gram entries, which bounds the memory of a step while keeping the NumPy calls per
+    instance few."""
+    kernel = compiled()
+    if kernel is not None and uses_compiled(est):
+        return _solve_compiled(X, Zq, alpha, kernel)
+    B, n, T, _ = X.shape
+    K = n * (T - 1)
+    size = max(1, CHUNK_FLOATS // (K * K))
+    t0 = time.perf_counter()
+    parts = [
+        _solve_chunk(est, X[lo : lo + size], Zq[lo : lo + size], alpha[lo : lo + size], opt) for lo in range(0, B, size)
+    ]
+    if len(parts) == 1:
+        return parts[0]._replace(per=(time.perf_counter() - t0) / max(B, 1))
+    cat = [np.concatenate(arrays) for arrays in zip(*(p[:10] for p in parts))]  # (the 10 arrays)
+    return Stacked._make([*cat, parts[0].path, (time.perf_counter() - t0) / B])
+
+
 def _solve_compiled(
-    est: AttentionSVM, problems: list[AttentionProblem], alphas: list[NDArray[np.int64]], kernel: ModuleType
-) -> list[AttentionSVM | None]:
-    """:func:`solve_group` by the compiled dual active set (:mod:`._active_set`), which solves and
+    X: NDArray[np.float64], Zq: NDArray[np.float64], alpha: NDArray[np.int64], kernel: ModuleType
+) -> Stacked:
+    """:func:`solve_arrays` by the compiled dual active set (:mod:`._active_set`), which solves and
     certifies each instance in one pass."""
     t0 = time.perf_counter()
-    X = np.stack([p.X for p in problems])  # (B, n, T, d)
-    Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
-    alpha = np.stack(alphas)  # (B, n)
     B, n, T, _ = X.shape
     res = kernel.solve_stack(X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads())
     # res["A"]: the constraint rows a_it = x_iα − x_it (exactly 0 at t = α_i). An instance kept by the kernel
     # has no tied row, so these are the rows attsvm.tokens.differences builds.
     mask = np.ones((B, n, T), dtype=bool)
     np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
-    return _fitted(
-        est,
+    return Stacked(
         res["A"],
         Zq,
         mask,
@@ -236,23 +290,19 @@ def _solve_compiled(
         res["stats"],
         res["code"],
         path="batched-active-set",
-        t0=t0,
+        per=(time.perf_counter() - t0) / max(B, 1),
     )
 
 
 def _solve_chunk(
     est: AttentionSVM,
-    problems: list[AttentionProblem],
-    alphas: list[NDArray[np.int64]],
+    X: NDArray[np.float64],
+    Zq: NDArray[np.float64],
+    alpha: NDArray[np.int64],
     opt: FrobeniusOptions,
-) -> list[AttentionSVM | None]:
-    """:func:`solve_group` on one chunk (steps 1–4 of the module doc)."""
-    t0 = time.perf_counter()
-    B = len(problems)
-    n, T, d = problems[0].X.shape
-    X = np.stack([p.X for p in problems])  # (B, n, T, d)
-    Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
-    alpha = np.stack(alphas)  # (B, n)
+) -> Stacked:
+    """:func:`solve_arrays` on one chunk by NumPy (steps 1–4 of the module doc)."""
+    B, n, T, d = X.shape
     # 1. constraints (A is exactly 0 at t = α_i) and their flat rows, K = n(T − 1) per instance
     A = differences(np.take_along_axis(X, alpha[:, :, None, None], axis=2)[:, :, 0], X)  # (ties: 0 rows)
     mask = np.ones((B, n, T), dtype=bool)
@@ -304,8 +354,7 @@ def _solve_chunk(
     viol = v.reshape(B, -1).max(axis=1) + 0.0
     compl = np.abs(lam_nt * r).reshape(B, -1).max(axis=1)
     stats = np.stack([viol, rel_viol, gap, rel_gap, compl, g], axis=1)
-    return _fitted(
-        est,
+    return Stacked(
         A,
         Zq,
         mask,
@@ -317,91 +366,60 @@ def _solve_chunk(
         stats,
         np.where(ok, iters, LEAVE_TIED),
         path="batched-dense",
-        t0=t0,
+        per=0.0,  # (set by solve_arrays)
     )
 
 
-def _fitted(
-    est: AttentionSVM,
-    A: NDArray[np.float64],
-    Zq: NDArray[np.float64],
-    mask: NDArray[np.bool_],
-    alpha: NDArray[np.int64],
-    W: NDArray[np.float64],
-    lam: NDArray[np.float64],
-    margins: NDArray[np.float64],
-    support: NDArray[np.bool_],
-    stats: NDArray[np.float64],
-    code: NDArray[np.int64],
-    *,
-    path: str,
-    t0: float,
-) -> list[AttentionSVM | None]:
-    """Estimators for the instances of a stack whose ``code`` is ≥ 0 (the iteration count) and whose
-    certificate ``stats`` (violation, relative violation, gap, relative gap, complementarity, g) passes
-    ``est.tol``; None for the others (they go through ``fit``). The arrays are per-instance views of the
+def estimators(est: AttentionSVM, st: Stacked, keep: NDArray[np.int64]) -> list[AttentionSVM]:
+    """Fitted estimators with ``est``'s parameters for the instances ``keep`` of ``st`` that the batch
+    certified (:meth:`Stacked.certified`), in that order. Their arrays are per-instance views of the
     stack, so an estimator costs a few attribute writes."""
-    B, n, T, _ = A.shape
+    B, n, T, _ = st.A.shape
     K = n * (T - 1)
-    ok = (code >= 0) & (stats[:, 1] <= est.tol) & (stats[:, 3] <= est.tol) & np.isfinite(W).all(axis=(1, 2))
-    objective = np.sqrt(np.einsum("bde,bde->b", W, W))
-    rhs = mask.astype(np.float64)
+    idx = keep.tolist()
+    objective = np.sqrt(np.einsum("bde,bde->b", st.W[keep], st.W[keep])).tolist()
     eq = np.zeros((n, T), dtype=bool)
     eq.flags.writeable = False  # (shared by every instance's constraint set)
-    params = est.get_params()
-    cls = type(est)
-    per = (time.perf_counter() - t0) / B
-    out: list[AttentionSVM | None] = [None] * B
-    if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
-        for i in np.flatnonzero(code == LEAVE_INFEASIBLE).tolist():
-            cs = ConstraintSet._trusted(A[i], Zq[i], mask[i], rhs[i], eq)
-            out[i] = _infeasible(cls, params, cs, alpha[i], lam[i], path, per)
-    keep = np.flatnonzero(ok).tolist()
+    rhs = st.mask.astype(np.float64)
 
     def each(arr: NDArray) -> list:  # the kept instances' views of a stacked array
-        return list(arr) if len(keep) == B else [arr[i] for i in keep]
+        return list(arr) if len(idx) == B else [arr[i] for i in idx]
 
-    css = [ConstraintSet._trusted(*arrays, eq) for arrays in zip(each(A), each(Zq), each(mask), each(rhs))]
-    kept_stats = stats[keep] if len(keep) < B else stats
+    css = [ConstraintSet._trusted(*arrays, eq) for arrays in zip(each(st.A), each(st.Zq), each(st.mask), each(rhs))]
+    stats = st.stats[keep]
     info = [
-        {"backend": "frobenius", "path": path, "K": K, "batch_size": B, "global_scale": g}
-        for g in kept_stats[:, 5].tolist()
+        {"backend": "frobenius", "path": st.path, "K": K, "batch_size": B, "global_scale": g}
+        for g in stats[:, 5].tolist()
     ]
     rows = zip(  # (in the order of AttentionSVM._BATCHED_FIELDS)
         css,
-        each(alpha),
-        each(W),
-        objective[keep].tolist(),
-        each(lam),
-        each(margins),
-        each(support),
-        *kept_stats[:, :5].T.tolist(),
-        code[keep].tolist(),
+        each(st.alpha),
+        each(st.W),
+        objective,
+        each(st.lam),
+        each(st.margins),
+        each(st.support),
+        *stats[:, :5].T.tolist(),
+        st.code[keep].tolist(),
         info,
     )
-    for i, e in zip(keep, cls._batched_many(params, rows, per)):
-        out[i] = e
-    return out
+    return type(est)._batched_many(est.get_params(), rows, st.per)
 
 
-def _infeasible(
-    cls: type[AttentionSVM],
-    params: dict,
-    cs: ConstraintSet,
-    alpha: NDArray[np.int64],
-    candidate: NDArray[np.float64],
-    path: str,
-    solve_time: float,
-) -> AttentionSVM | None:
-    """An instance the active set found infeasible: fitted with status "infeasible" through the
-    estimator's own acceptance (:meth:`AttentionSVM._accept`, as ``fit``) when ``candidate`` verifies as a
-    Farkas certificate (:func:`~attsvm.svm.certificate.farkas_certificate`); None otherwise (``fit``)."""
-    cert = farkas_certificate(cs, candidate, "active set")
+def infeasible(est: AttentionSVM, st: Stacked, i: int) -> AttentionSVM | None:
+    """Instance ``i`` of ``st``, which the active set found infeasible (code LEAVE_INFEASIBLE): fitted
+    with status "infeasible" through the estimator's own acceptance (:meth:`AttentionSVM._accept`, as
+    ``fit``) when its candidate verifies as a Farkas certificate
+    (:func:`~attsvm.svm.certificate.farkas_certificate`); None otherwise (``fit``)."""
+    n, T = st.mask.shape[1:]
+    eq = np.zeros((n, T), dtype=bool)
+    cs = ConstraintSet._trusted(st.A[i], st.Zq[i], st.mask[i], st.mask[i].astype(np.float64), eq)
+    cert = farkas_certificate(cs, st.lam[i], "active set")
     if not cert.valid:
         return None
-    e = cls(**params)
-    raw = RawSolution(None, cert.lam, INFEASIBLE, 0, {"backend": "frobenius", "path": path})
-    return e._accept(cs, alpha, raw, "frobenius", solve_time)
+    e = type(est)(**est.get_params())
+    raw = RawSolution(None, cert.lam, INFEASIBLE, 0, {"backend": "frobenius", "path": st.path})
+    return e._accept(cs, st.alpha[i], raw, "frobenius", st.per)
 
 
 def group_key(problem: AttentionProblem) -> tuple[int, ...]:

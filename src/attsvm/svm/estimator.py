@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -33,6 +33,9 @@ from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .certificate import FARKAS_RTOL, find_farkas, numerical_rank, optimality_certificate
 from .norms import Norm, get_norm, lp_norm
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
+
+if TYPE_CHECKING:
+    from .stack import SVMStack
 
 __all__ = ["AttentionSVM", "InfeasibleSVMError", "NotFittedError", "CERTIFICATE_RTOL"]
 
@@ -375,6 +378,23 @@ class AttentionSVM:
             with blas_threads(1):
                 out = batch_nuclear.solve_many(self, css, list(alphas))
         return self._fit_rest(out, [p.X.size for p in probs], lambda est, i: est.fit(probs[i], alphas[i]))
+
+    def fit_stack(self, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) -> SVMStack:
+        """Fit one Att-SVM per instance of a stack of one shape (docs/spec.md §3) and return the answers as
+        arrays (:class:`~attsvm.svm.stack.SVMStack`): W (B, d, d_z), status, multipliers, margins, support
+        and certificate per instance, and ``stack[b]``, the fitted estimator of instance b. Entry b is what
+        :meth:`fit` returns on that instance, as with :meth:`fit_many`; without building B estimator
+        objects, the Frobenius batch (:mod:`attsvm.svm.batch`) costs no Python per instance.
+
+        Parameters
+        ----------
+        X : (B, n, T, d) the tokens of each instance.
+        Z : (B, n, d_z) the query of each sequence (``X[:, :, q]`` for self-attention at position q).
+        tokens : (B, n) the selection α of each instance (integer token indices in [0, T)).
+        """
+        from .stack import fit_stack
+
+        return fit_stack(self, X, Z, tokens)
 
     def fit_constraints(self, cs: ConstraintSet) -> AttentionSVM:
         """Solve ``min ‖W‖ s.t. cs`` for any constraint set (e.g. docs/spec.md §5's SVM-eq / W_fin)."""

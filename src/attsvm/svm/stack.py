@@ -1,0 +1,250 @@
+"""A stack of attention SVMs in, stacked arrays out: :meth:`AttentionSVM.fit_stack` (docs/spec.md §3).
+
+A sweep that solves thousands of SVMs of one shape wants their answers as arrays — every W, status and
+certificate of the sweep in a few arrays it can reduce, save or plot — not as thousands of estimator
+objects, whose construction costs more than a small solve. :func:`fit_stack` takes the stacked data
+``X`` (B, n, T, d), queries ``Z`` (B, n, d_z) and selections (B, n) and returns an :class:`SVMStack`:
+
+- **Frobenius** (``backend="auto"``): the stack goes to the batch of :mod:`.batch` (the compiled dual
+  active set with numba, else the NumPy route) as one program, with no per-instance Python; instances it
+  does not certify go through :meth:`AttentionSVM.fit`'s own route one at a time, and instances it
+  proves infeasible come back with their verified Farkas certificate, exactly as :meth:`fit_many`.
+- **every other norm or backend**: the instances go through :meth:`AttentionSVM.fit_many`'s batches
+  (the nuclear interior point) or one at a time, and the stack is read off the fitted estimators.
+
+Either way entry ``b`` of every array is what ``fit`` on instance ``b`` returns (its status, W,
+multipliers, margins, support and certificate), and ``stack[b]`` is that fitted estimator, built on
+first access.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .._threads import blas_threads
+from .._validation import as_float_array
+from ..tokens import constraint_mask, differences
+from ._base import ConstraintSet
+from .status import INFEASIBLE, OPTIMAL
+
+if TYPE_CHECKING:
+    from .batch import Stacked
+    from .estimator import AttentionSVM
+
+__all__ = ["SVMStack", "fit_stack"]
+
+# the per-instance scalars of the certificate, as arrays of SVMStack and attributes of AttentionSVM
+_SCALARS = (
+    ("max_violation", "max_violation_"),
+    ("relative_violation", "relative_violation_"),
+    ("duality_gap", "duality_gap_"),
+    ("relative_gap", "relative_gap_"),
+    ("complementary_slackness", "complementary_slackness_"),
+)
+
+
+class SVMStack:
+    """The fitted SVMs of a stack (:func:`fit_stack`), as arrays over the instances b = 0 … B − 1.
+
+    Attributes
+    ----------
+    status : (B,) str array — "optimal", "infeasible", or fit's status of an instance it did not certify.
+    W : (B, d, d_z) — NaN where an instance has no solution (infeasible, failed).
+    objective : (B,) — the norm of W (NaN without a W).
+    dual_coef : (B, n, T) — the multipliers λ (0 at α_i; NaN without a W).
+    margins : (B, n, T) — ``(x_{iα_i} − x_it)ᵀ W z_i``, inf at α_i (NaN without a W).
+    support : (B, n, T) bool — the support tokens (tight constraints).
+    max_violation, relative_violation, duality_gap, relative_gap, complementary_slackness : (B,) — the
+        certificate of docs/spec.md §3 (NaN without a W).
+    certificate : (B, n, T) — the verified Farkas certificate of an infeasible instance (NaN elsewhere).
+    tokens : (B, n) — the selections.
+    n_iter : (B,) — iterations of the solver that returned the instance.
+    solve_time : float — seconds for the whole stack.
+
+    ``len(stack)``, ``stack[b]`` (the fitted :class:`AttentionSVM` of instance b, as ``fit`` returns it;
+    built on first access) and ``iter(stack)`` make it a sequence of estimators too.
+    """
+
+    status: NDArray[np.str_]
+    W: NDArray[np.float64]
+    objective: NDArray[np.float64]
+    dual_coef: NDArray[np.float64]
+    margins: NDArray[np.float64]
+    support: NDArray[np.bool_]
+    max_violation: NDArray[np.float64]
+    relative_violation: NDArray[np.float64]
+    duality_gap: NDArray[np.float64]
+    relative_gap: NDArray[np.float64]
+    complementary_slackness: NDArray[np.float64]
+    certificate: NDArray[np.float64]
+    tokens: NDArray[np.int64]
+    n_iter: NDArray[np.int64]
+    solve_time: float
+
+    def __init__(
+        self,
+        est: AttentionSVM,
+        shape: tuple[int, int, int, int, int],
+        tokens: NDArray[np.int64],
+        stacked: Stacked | None,
+        fitted: dict[int, AttentionSVM],
+        solve_time: float,
+    ) -> None:
+        B, n, T, d, dz = shape
+        self._est = est
+        self._stacked = stacked
+        self._fitted = fitted
+        self.tokens = tokens
+        self.solve_time = solve_time
+        if stacked is not None:  # the batch's arrays (its estimators' views), NaN where it did not certify
+            st = stacked
+            ok = st.certified(est.tol)  # (the others are in fitted)
+            self._batched = ok
+            self.W, self.dual_coef, self.margins, self.support = st.W, st.lam, st.margins, st.support
+            self.objective = np.sqrt(np.einsum("bde,bde->b", st.W, st.W))
+            for j, (name, _) in enumerate(_SCALARS):
+                setattr(self, name, st.stats[:, j])
+            self.n_iter = st.code.copy()
+            self.status = np.full(B, OPTIMAL, dtype="<U20")
+            if not ok.all():  # (no estimator views these instances' rows: they come from fit)
+                off = ~ok
+                for arr in (self.W, self.dual_coef, self.margins, self.objective, *st.stats[:, :5].T):
+                    arr[off] = np.nan
+                self.support[off] = False
+                self.n_iter[off] = 0
+        else:
+            self._batched = np.zeros(B, dtype=bool)
+            self.W = np.full((B, d, dz), np.nan)
+            self.objective = np.full(B, np.nan)
+            self.dual_coef = np.full((B, n, T), np.nan)
+            self.margins = np.full((B, n, T), np.nan)
+            self.support = np.zeros((B, n, T), dtype=bool)
+            for name, _ in _SCALARS:
+                setattr(self, name, np.full(B, np.nan))
+            self.n_iter = np.zeros(B, dtype=np.int64)
+            self.status = np.full(B, "", dtype="<U20")
+        self.certificate = np.full((B, n, T), np.nan)
+        for i, e in fitted.items():  # the instances fit (or the batch's infeasibility proof) returned
+            self.status[i] = e.status_
+            self.n_iter[i] = e.n_iter_
+            if e.status_ == INFEASIBLE:
+                self.certificate[i] = e.certificate_
+            if e.W_ is None:
+                continue
+            self.W[i] = e.W_
+            self.objective[i] = e.objective_
+            self.dual_coef[i] = e.dual_coef_
+            self.margins[i] = e.margins_
+            self.support[i] = e.support_
+            for name, attr in _SCALARS:
+                getattr(self, name)[i] = getattr(e, attr)
+
+    @property
+    def optimal(self) -> NDArray[np.bool_]:
+        """(B,) whether each instance is certified optimal."""
+        return self.status == OPTIMAL
+
+    def __len__(self) -> int:
+        return int(self.status.shape[0])
+
+    def __getitem__(self, b: int) -> AttentionSVM:
+        if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+            raise TypeError(f"an SVMStack is indexed by an instance number, got {type(b).__name__}")
+        B = len(self)
+        if not -B <= b < B:
+            raise IndexError(f"instance {b} out of range for a stack of {B}")
+        b = int(b) % B
+        e = self._fitted.get(b)
+        if e is None:  # certified by the batch: the estimator from its arrays, once
+            from .batch import estimators
+
+            assert self._stacked is not None and self._batched[b]
+            e = self._fitted[b] = estimators(self._est, self._stacked, np.array([b]))[0]
+        return e
+
+    def __iter__(self) -> Iterator[AttentionSVM]:
+        return (self[b] for b in range(len(self)))
+
+    def __repr__(self) -> str:
+        kinds, counts = np.unique(self.status, return_counts=True)
+        tally = ", ".join(f"{c} {k}" for k, c in zip(kinds.tolist(), counts.tolist()))
+        return f"SVMStack({len(self)} instances: {tally}; {self.solve_time:.3g} s)"
+
+
+def _check_stack(
+    X: ArrayLike, Z: ArrayLike, tokens: ArrayLike
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
+    """The arrays of :func:`fit_stack`, validated: errors name the argument and, for a selection, the
+    instance."""
+    X = as_float_array(X, "X", ndim=4, copy=False)  # (read during the call only, never kept)
+    B, n, T, d = X.shape
+    if n < 1 or d < 1 or T < 2:
+        raise ValueError(f"X must have shape (B, n, T, d) with n >= 1, T >= 2 and d >= 1, got {X.shape}")
+    Z = as_float_array(Z, "Z", ndim=3)
+    if Z.shape[:2] != (B, n) or Z.shape[2] < 1:
+        raise ValueError(f"Z must have shape ({B}, {n}, d_z) (one query per sequence of X), got {Z.shape}")
+    tok = np.asarray(tokens)
+    if tok.shape != (B, n):
+        raise ValueError(f"tokens must hold one token index per sequence: shape ({B}, {n}), got {tok.shape}")
+    if tok.dtype.kind not in "iu":
+        if tok.dtype.kind == "f" and np.isfinite(tok).all() and (tok == np.round(tok)).all():
+            tok = tok.astype(np.int64)
+        else:
+            raise TypeError(f"tokens must be integer token indices, got dtype {tok.dtype}")
+    bad = (tok < 0) | (tok >= T)
+    if bad.any():
+        b, i = (int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(f"tokens[{b}, {i}] = {int(tok[b, i])} is not a token index in [0, {T})")
+    return X, Z, tok.astype(np.int64)  # (a copy: the caller's array is neither aliased nor read again)
+
+
+def _constraints(X: NDArray[np.float64], Z: NDArray[np.float64], alpha: NDArray[np.int64]) -> ConstraintSet:
+    """The constraint set ``fit`` builds for one instance (attsvm.svm._base.att_svm_constraints)."""
+    n, T, _ = X.shape
+    A = differences(X[np.arange(n), alpha], X)
+    mask = constraint_mask(n, T, alpha)
+    return ConstraintSet._trusted(A, Z.copy(), mask, mask.astype(np.float64), np.zeros_like(mask))
+
+
+def fit_stack(est: AttentionSVM, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) -> SVMStack:
+    """:meth:`AttentionSVM.fit_stack` (module doc)."""
+    from . import batch, batch_nuclear
+    from .frobenius import FrobeniusOptions
+
+    est._validate_params()
+    X, Z, alpha = _check_stack(X, Z, tokens)
+    B, n, T, d = X.shape
+    shape = (B, n, T, d, Z.shape[2])
+    t0 = time.perf_counter()
+    params = est.get_params()
+    key = (n, T, d, Z.shape[2])
+    K = n * (T - 1)
+    fitted: dict[int, Any] = {}
+    batched = batch.ready(est) and K <= batch.max_k(est)
+    if B and batched and (batch.uses_compiled(est) or not batch.deficient_shape(key)):
+        opt = FrobeniusOptions(tol=min(float(est.tol), 1e-10))
+        with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
+            st = batch.solve_arrays(est, X, Z, alpha, opt)
+        if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
+            for i in np.flatnonzero(st.code == batch.LEAVE_INFEASIBLE).tolist():
+                e = batch.infeasible(est, st, i)
+                if e is not None:
+                    fitted[i] = e
+        rest = [i for i in np.flatnonzero(~st.certified(est.tol)).tolist() if i not in fitted]
+        for i in rest:
+            fitted[i] = type(est)(**params)._fit(_constraints(X[i], Z[i], alpha[i]), alpha[i])
+        return SVMStack(est, shape, alpha, st, fitted, time.perf_counter() - t0)
+    # every other norm or backend: fit_many's nuclear batch where it applies, then fit one at a time
+    css: list[ConstraintSet | None] = [_constraints(X[i], Z[i], alpha[i]) for i in range(B)]
+    out: list[AttentionSVM | None] = [None] * B
+    if batch_nuclear.ready(est):
+        with blas_threads(1):
+            out = batch_nuclear.solve_many(est, css, list(alpha))
+    sizes = [n * T * d] * B
+    fits = est._fit_rest(out, sizes, lambda e, i: e._fit(css[i], alpha[i]))  # type: ignore[arg-type]
+    return SVMStack(est, shape, alpha, None, dict(enumerate(fits)), time.perf_counter() - t0)
