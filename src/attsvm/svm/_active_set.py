@@ -128,6 +128,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats):
     act = np.empty(cap, np.int64)
     isact = np.zeros(K, np.bool_)
     L = np.empty((cap, cap))  # lower Cholesky factor of Ĝ_AA
+    M = np.empty((cap, K))  # L⁻¹ Ĝ_A,: (its column p is ρ = L⁻¹ Ĝ_Ap, and Mᵀρ = Ĝ_:A r)
     lamA = np.empty(cap)
     mh = np.zeros(K)  # Ĝλ̂: the scaled margins
     rho = np.empty(cap)
@@ -160,12 +161,8 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats):
             it += 1
             if it > max_iter:
                 return LEAVE_MAX_ITER
-            for a in range(na):  # ρ = L⁻¹ Ĝ_Ap, r = L⁻ᵀ ρ
-                acc = cols[na, act[a]]
-                for b in range(a):
-                    acc -= L[a, b] * rho[b]
-                rho[a] = acc / L[a, a]
-            for a in range(na):
+            for a in range(na):  # ρ = L⁻¹ Ĝ_Ap (a column of M), r = L⁻ᵀ ρ
+                rho[a] = M[a, p]
                 r[a] = rho[a]
             for a in range(na - 1, -1, -1):  # (by rows of L: contiguous)
                 r[a] /= L[a, a]
@@ -197,20 +194,23 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats):
             for a in range(na):
                 lamA[a] -= step * r[a]
             lam_p += step
-            for k in range(K):
+            for k in range(K):  # Ĝ_:p − Ĝ_:A r = Ĝ_:p − Mᵀρ
                 work[k] = cols[na, k]
             for a in range(na):
-                ra = r[a]
+                ra = rho[a]
                 for k in range(K):
-                    work[k] -= cols[a, k] * ra
+                    work[k] -= M[a, k] * ra
             for k in range(K):
                 mh[k] += step * work[k]
-            if t2 <= t1:  # p joins the active set: one new row of the Cholesky factor
+            if t2 <= t1:  # p joins the active set: one new row of the Cholesky factor and of M
                 if na + 1 >= cap:  # more independent rows than W has entries: round-off, not a face
                     return LEAVE_SINGULAR
                 for b in range(na):
                     L[na, b] = rho[b]
-                L[na, na] = math.sqrt(dl)
+                dd = math.sqrt(dl)
+                L[na, na] = dd
+                for k in range(K):
+                    M[na, k] = work[k] / dd
                 act[na] = p
                 lamA[na] = lam_p
                 isact[p] = True
@@ -236,6 +236,14 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats):
                         L[a, a] = math.sqrt(acc)
                     else:
                         L[a, b] = acc / L[b, b]
+                for k in range(K):  # (M's row a: L⁻¹ Ĝ_A,: by forward substitution)
+                    work[k] = cols[a, k]
+                for b in range(a):
+                    lab = L[a, b]
+                    for k in range(K):
+                        work[k] -= lab * M[b, k]
+                for k in range(K):
+                    M[a, k] = work[k] / L[a, a]
     # 4. lift to the user's units and certify (attsvm.svm.certificate, as attsvm.svm.batch step 4)
     W[:, :] = 0.0
     lam[:, :] = 0.0
@@ -287,8 +295,8 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats):
                 continue
             m = 0.0
             an = 0.0
-            for e in range(d):
-                v = X[i, ai, e] - X[i, t, e]
+            for e in range(d):  # (the row a_it as step 1 wrote it)
+                v = A[i, t, e]
                 m += v * u[e]
                 an += v * v
             marg[i, t] = m
