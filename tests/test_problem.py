@@ -8,6 +8,7 @@ import torch
 
 from attsvm import AttentionProblem, Head, TieError, correlation, effective_rank, matrix_rank, nuc_fro_ratio
 from attsvm.datasets import gd_paths_instance, paper_instance, random_instance
+from attsvm._validation import as_float_array
 from attsvm.problem import loss_fn
 from attsvm.tokens import (
     constraint_mask,
@@ -73,6 +74,21 @@ def test_nan_and_dtype_rejected(rng):
         AttentionProblem(X, y, v, Z=Z)
     with pytest.raises(TypeError, match="X must hold real numbers"):
         AttentionProblem(np.array([["a"]]), y, v, Z=Z)
+
+
+def test_the_finiteness_check_counts_entries_not_their_sum():
+    # (as_float_array tests the sum first: a NaN or inf always makes it non-finite, and finite entries
+    # whose sum overflows are still finite)
+    big = np.full((2, 3), 1e308)
+    np.testing.assert_array_equal(as_float_array(big, "X"), big)  # the sum is inf, every entry finite
+    for bad, count in ((np.inf, 1), (-np.inf, 1), (np.nan, 1)):
+        arr = big.copy()
+        arr[1, 2] = bad
+        with pytest.raises(ValueError, match=f"X must be finite, got {count} NaN/inf"):
+            as_float_array(arr, "X")
+    both = np.array([np.inf, -np.inf, 1.0])  # (inf − inf: a NaN sum)
+    with pytest.raises(ValueError, match="X must be finite, got 2 NaN/inf"):
+        as_float_array(both, "X")
 
 
 # ---------------------------------------------------------------- scores and optimal tokens

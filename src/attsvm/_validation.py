@@ -59,7 +59,9 @@ def as_float_array(
     ):
         want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
         raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    # (a finite sum means every entry is finite — a NaN or inf propagates —, and costs no temporary;
+    # a sum that overflows from finite entries falls through to the entry-by-entry check)
+    if not np.isfinite(arr.sum()) and not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         raise ValueError(f"{name} must be finite, got {bad} NaN/inf entries")
     return arr
