@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attsvm import AttentionProblem, Head, TieError, correlation, effective_rank, matrix_rank, nuc_fro_ratio
-from attsvm.datasets import gd_paths_instance, paper_instance, random_instance
 from attsvm._validation import as_float_array
+from attsvm.datasets import gd_paths_instance, paper_instance, random_instance
 from attsvm.problem import loss_fn
 from attsvm.tokens import (
     constraint_mask,
