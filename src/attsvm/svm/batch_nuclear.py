@@ -164,8 +164,12 @@ def _distinct_rows(red: _Reduced) -> NDArray[np.int64]:
     if idx.size < 2 or r_a == 0:
         return idx
     rows = np.column_stack([idx // T, red.A.reshape(n * T, r_a)[idx], red.b.ravel()[idx], red.eq.ravel()[idx]])
+    # (usually no row repeats: sorting the rows and comparing neighbours says so without np.unique's copies)
+    srt = rows[np.lexsort(rows.T[::-1])]
+    if not (srt[1:] == srt[:-1]).all(axis=1).any():
+        return idx
     _, first = np.unique(rows, axis=0, return_index=True)
-    return idx if first.size == idx.size else idx[np.sort(first)]
+    return idx[np.sort(first)]
 
 
 def ready(est: AttentionSVM) -> bool:
