@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -80,15 +82,19 @@ def test_the_finiteness_check_counts_entries_not_their_sum():
     # (as_float_array tests the sum first: a NaN or inf always makes it non-finite, and finite entries
     # whose sum overflows are still finite)
     big = np.full((2, 3), 1e308)
-    np.testing.assert_array_equal(as_float_array(big, "X"), big)  # the sum is inf, every entry finite
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the overflowing sum is silent)
+        np.testing.assert_array_equal(as_float_array(big, "X"), big)  # the sum is inf, every entry finite
     for bad, count in ((np.inf, 1), (-np.inf, 1), (np.nan, 1)):
         arr = big.copy()
         arr[1, 2] = bad
         with pytest.raises(ValueError, match=f"X must be finite, got {count} NaN/inf"):
             as_float_array(arr, "X")
     both = np.array([np.inf, -np.inf, 1.0])  # (inf − inf: a NaN sum)
-    with pytest.raises(ValueError, match="X must be finite, got 2 NaN/inf"):
-        as_float_array(both, "X")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="X must be finite, got 2 NaN/inf"):
+            as_float_array(both, "X")
 
 
 # ---------------------------------------------------------------- scores and optimal tokens

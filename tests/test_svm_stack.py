@@ -11,6 +11,7 @@ from attsvm.datasets import paper_instance
 from attsvm.problem import AttentionProblem
 from attsvm.svm import AttentionSVM, InfeasibleSVMError, SVMStack, batch
 from attsvm.svm.certificate import FARKAS_RTOL, farkas_certificate
+from attsvm.svm.frobenius import FrobeniusOptions
 from test_svm_batch import ROUTES, _assert_same, _duplicate_selected
 
 route = test_svm_batch.route  # (the fixture: each test that takes it runs on both routes of attsvm.svm.batch)
@@ -59,7 +60,8 @@ def _check_entry(stack: SVMStack, b: int, ref: AttentionSVM) -> None:
     np.testing.assert_array_equal(stack.support[b], ref.support_)
     assert stack.objective[b] == pytest.approx(ref.objective_, rel=W_RTOL)
     assert stack.relative_violation[b] <= CERT_TOL and stack.relative_gap[b] <= CERT_TOL
-    # the arrays are the estimator's numbers, not a second computation
+    # the arrays hold the estimator's numbers (views of one another where the batch solved the instance,
+    # copies where fit did)
     e = stack[b]
     for arr, attr in (
         (stack.max_violation, "max_violation_"),
@@ -153,7 +155,7 @@ def test_fit_stack_validates_its_arrays_and_names_them():
     assert stack[-1] is stack[2]  # (built once)
 
 
-def test_fit_stack_keeps_no_view_of_the_callers_arrays():
+def test_fit_stack_keeps_no_view_of_the_callers_arrays(route):
     probs = [paper_instance(3, 4, 5, seed=s) for s in range(4)]
     X, Z, A = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
     stack = AttentionSVM().fit_stack(X, Z, A)
@@ -181,7 +183,7 @@ def test_fit_stack_empty_infeasible_raise_and_scale():
         AttentionSVM(on_infeasible="raise").fit_stack(X, Z, A)
     stack = est.fit_stack(X, Z, A)
     assert stack.status.tolist() == ["optimal", "infeasible"] and stack.optimal.tolist() == [True, False]
-    assert "1 infeasible, 1 optimal" in repr(stack)
+    assert "2 instances: 1 infeasible, 1 optimal;" in repr(stack) and "SVMStack(0 instances; " in repr(empty)
     # scale invariance (docs/spec.md §3): X by c, Z by c' gives W / (c c')
     for c in (1e-8, 1e8):
         scaled = est.fit_stack(X * c, Z / c**0.5, A)
@@ -203,3 +205,42 @@ def test_the_numpy_route_in_chunks_equals_one_chunk(monkeypatch):
     np.testing.assert_array_equal(chunked.relative_gap, one.relative_gap)
     assert [e.info_.get("path") for e in chunked] == [e.info_.get("path") for e in one]
     assert sum(e.info_.get("path") == ROUTES["numpy"] for e in chunked) > 7  # (several chunks in the batch)
+
+
+def test_fit_stack_honours_max_iter_as_fit_does():
+    # (an explicit max_iter takes the NumPy route, with that budget, as fit_many)
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(6)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    est = AttentionSVM(max_iter=2)
+    with pytest.warns(RuntimeWarning, match="iteration limit"):
+        stack = est.fit_stack(*_stack(probs, toks))
+    with pytest.warns(RuntimeWarning, match="iteration limit"):
+        refs = [AttentionSVM(max_iter=2).fit(p, t) for p, t in zip(probs, toks)]
+    assert stack.status.tolist() == [r.status_ for r in refs] and "max_iter" in stack.status.tolist()
+    for b, r in enumerate(refs):
+        np.testing.assert_array_equal(stack.W[b], r.W_)
+
+
+def test_fit_stack_keeps_the_parameters_it_was_fitted_with():
+    probs = [paper_instance(4, 5, 6, seed=s) for s in range(3)]
+    X, Z, A = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    svm = AttentionSVM(tol=1e-8)
+    stack = svm.fit_stack(X, Z, A)
+    svm.set_params(norm="nuc", tol=1e-15)  # (a sweep reuses its estimator)
+    for e in stack:
+        assert (e.norm, e.tol, e.status_) == ("fro", 1e-8, "optimal")
+
+
+def test_the_batch_solves_an_empty_stack_on_both_routes(route):
+    X, Z, A = np.zeros((0, 2, 3, 4)), np.zeros((0, 2, 4)), np.zeros((0, 2), dtype=np.int64)
+    st = batch.solve_arrays(AttentionSVM(), X, Z, A, FrobeniusOptions())
+    assert st.W.shape == (0, 4, 4) and st.lam.shape == (0, 2, 3) and st.certified(1e-9).shape == (0,)
+
+
+def test_far_out_of_range_float_tokens_are_named_as_given():
+    probs = [paper_instance(3, 4, 5, seed=s) for s in range(2)]
+    X, Z, _ = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    with pytest.raises(ValueError, match=r"tokens\[0, 0\] = 1e\+300 is not a token index in \[0, 4\)"):
+        AttentionSVM().fit_stack(X, Z, np.full((2, 3), 1e300))
+    with pytest.raises(TypeError, match=r"got tokens\[1, 2\] = 0.5"):
+        AttentionSVM().fit_stack(X, Z, np.array([[0, 1, 2], [0, 1, 0.5]]))

@@ -61,7 +61,9 @@ def as_float_array(
         raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
     # (a finite sum means every entry is finite — a NaN or inf propagates —, and costs no temporary;
     # a sum that overflows from finite entries falls through to the entry-by-entry check)
-    if not np.isfinite(arr.sum()) and not np.all(np.isfinite(arr)):
+    with np.errstate(over="ignore", invalid="ignore"):  # (an overflowing or inf − inf sum is only a hint)
+        total = arr.sum()
+    if not np.isfinite(total) and not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         raise ValueError(f"{name} must be finite, got {bad} NaN/inf entries")
     return arr

@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from types import ModuleType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -187,11 +187,14 @@ def max_k(est: AttentionSVM) -> int:
 
 class Stacked(NamedTuple):
     """A stack of B instances of one shape as the batch leaves it (arrays over the first axis b): the rows
-    ``A`` (B, n, T, d; 0 at α), queries ``Zq``, constraint ``mask``, selections ``alpha``, ``W``,
-    multipliers ``lam`` (n, T; the candidate Farkas certificate where ``code`` is LEAVE_INFEASIBLE),
-    ``margins`` (inf off the mask), ``support``, the certificate ``stats`` (violation, relative
-    violation, gap, relative gap, complementarity, g), ``code`` (the iteration count, or a negative
-    LEAVE_* code), the ``path`` that solved it and the solve time ``per`` instance (seconds)."""
+    ``A`` (B, n, T, d; 0 at α), queries ``Zq`` (B, n, d_z), constraint ``mask`` (B, n, T), selections
+    ``alpha`` (B, n), ``W`` (B, d, d_z), multipliers ``lam`` (B, n, T; the candidate Farkas certificate
+    where ``code`` is LEAVE_INFEASIBLE), ``margins`` (B, n, T; inf off the mask), ``support`` (B, n, T),
+    the certificate ``stats`` (B, 6: violation, relative violation, gap, relative gap, complementarity,
+    g), ``code`` (B: the iteration count, or a negative LEAVE_* code), the ``path`` that solved it and
+    the solve time ``per`` instance (seconds). Only the entries of the instances that
+    :meth:`certified` accepts are meaningful (and ``lam`` of the LEAVE_INFEASIBLE ones): an instance that
+    leaves early may leave the others uninitialised, NaN or partial."""
 
     A: NDArray[np.float64]
     Zq: NDArray[np.float64]
@@ -232,7 +235,7 @@ def solve_group(
         for i in np.flatnonzero(st.code == LEAVE_INFEASIBLE).tolist():
             out[i] = infeasible(est, st, i)
     keep = np.flatnonzero(st.certified(est.tol))
-    for i, e in zip(keep.tolist(), estimators(est, st, keep)):
+    for i, e in zip(keep.tolist(), estimators(type(est), est.get_params(), st, keep)):
         out[i] = e
     return out
 
@@ -254,6 +257,8 @@ def solve_arrays(
     if kernel is not None and uses_compiled(est):
         return _solve_compiled(X, Zq, alpha, kernel)
     B, n, T, _ = X.shape
+    if B == 0:
+        return _empty(X, Zq, alpha)
     K = n * (T - 1)
     size = max(1, CHUNK_FLOATS // (K * K))
     t0 = time.perf_counter()
@@ -264,6 +269,26 @@ def solve_arrays(
         return parts[0]._replace(per=(time.perf_counter() - t0) / max(B, 1))
     cat = [np.concatenate(arrays) for arrays in zip(*(p[:10] for p in parts))]  # (the 10 arrays)
     return Stacked._make([*cat, parts[0].path, (time.perf_counter() - t0) / B])
+
+
+def _empty(X: NDArray[np.float64], Zq: NDArray[np.float64], alpha: NDArray[np.int64]) -> Stacked:
+    """:func:`solve_arrays` of a stack of no instances."""
+    _, n, T, d = X.shape
+    nt = np.zeros((0, n, T))
+    return Stacked(
+        np.zeros((0, n, T, d)),
+        Zq,
+        nt.astype(bool),
+        alpha,
+        np.zeros((0, d, Zq.shape[2])),
+        nt,
+        nt.copy(),
+        nt.astype(bool),
+        np.zeros((0, 6)),
+        np.zeros(0, dtype=np.int64),
+        path="batched-dense",
+        per=0.0,
+    )
 
 
 def _solve_compiled(
@@ -370,10 +395,13 @@ def _solve_chunk(
     )
 
 
-def estimators(est: AttentionSVM, st: Stacked, keep: NDArray[np.int64]) -> list[AttentionSVM]:
-    """Fitted estimators with ``est``'s parameters for the instances ``keep`` of ``st`` that the batch
-    certified (:meth:`Stacked.certified`), in that order. Their arrays are per-instance views of the
-    stack, so an estimator costs a few attribute writes."""
+def estimators(
+    cls: type[AttentionSVM], params: dict[str, Any], st: Stacked, keep: NDArray[np.int64]
+) -> list[AttentionSVM]:
+    """Fitted estimators of class ``cls`` with the parameters ``params`` (those the stack was solved
+    with) for the instances ``keep`` of ``st`` that the batch certified (:meth:`Stacked.certified`), in
+    that order. Their arrays are per-instance views of the stack, so an estimator costs a few attribute
+    writes."""
     B, n, T, _ = st.A.shape
     K = n * (T - 1)
     idx = keep.tolist()
@@ -403,7 +431,7 @@ def estimators(est: AttentionSVM, st: Stacked, keep: NDArray[np.int64]) -> list[
         st.code[keep].tolist(),
         info,
     )
-    return type(est)._batched_many(est.get_params(), rows, st.per)
+    return cls._batched_many(params, rows, st.per)
 
 
 def infeasible(est: AttentionSVM, st: Stacked, i: int) -> AttentionSVM | None:

@@ -12,15 +12,19 @@ objects, whose construction costs more than a small solve. :func:`fit_stack` tak
 - **every other norm or backend**: the instances go through :meth:`AttentionSVM.fit_many`'s batches
   (the nuclear interior point) or one at a time, and the stack is read off the fitted estimators.
 
-Either way entry ``b`` of every array is what ``fit`` on instance ``b`` returns (its status, W,
-multipliers, margins, support and certificate), and ``stack[b]`` is that fitted estimator, built on
-first access.
+Either way entry ``b`` holds what ``fit`` on instance ``b`` returns — the same status; W, margins,
+support and objective to round-off; a certificate that passes ``tol``, or a verified Farkas certificate —
+with the latitude of :meth:`AttentionSVM.fit_many`: on a degenerate face the multipliers may be split
+differently from ``fit``'s, a Farkas certificate from the batch may differ from ``fit``'s (both verify),
+and ``n_iter`` counts the iterations of the method that solved the instance. ``stack[b]`` is the fitted
+estimator of instance b, built on first access with the parameters the stack was fitted with.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,8 +70,11 @@ class SVMStack:
     n_iter : (B,) — iterations of the solver that returned the instance.
     solve_time : float — seconds for the whole stack.
 
-    ``len(stack)``, ``stack[b]`` (the fitted :class:`AttentionSVM` of instance b, as ``fit`` returns it;
-    built on first access) and ``iter(stack)`` make it a sequence of estimators too.
+    ``len(stack)``, ``stack[b]`` (the fitted :class:`AttentionSVM` of instance b, as ``fit_many`` returns
+    it; built on first access, with the parameters the stack was fitted with) and ``iter(stack)`` make it
+    a sequence of estimators too. The estimators of instances the batch solved view the stack's arrays
+    (as ``fit_many``'s view theirs): writing into ``stack.W`` changes their ``W_``. The stack keeps the
+    constraint rows (the size of X) for them.
     """
 
     status: NDArray[np.str_]
@@ -96,7 +103,7 @@ class SVMStack:
         solve_time: float,
     ) -> None:
         B, n, T, d, dz = shape
-        self._est = est
+        self._cls, self._params = type(est), est.get_params()  # (as fitted: est may be changed later)
         self._stacked = stacked
         self._fitted = fitted
         self.tokens = tokens
@@ -164,7 +171,7 @@ class SVMStack:
             from .batch import estimators
 
             assert self._stacked is not None and self._batched[b]
-            e = self._fitted[b] = estimators(self._est, self._stacked, np.array([b]))[0]
+            e = self._fitted[b] = estimators(self._cls, self._params, self._stacked, np.array([b]))[0]
         return e
 
     def __iter__(self) -> Iterator[AttentionSVM]:
@@ -172,8 +179,10 @@ class SVMStack:
 
     def __repr__(self) -> str:
         kinds, counts = np.unique(self.status, return_counts=True)
-        tally = ", ".join(f"{c} {k}" for k, c in zip(kinds.tolist(), counts.tolist()))
-        return f"SVMStack({len(self)} instances: {tally}; {self.solve_time:.3g} s)"
+        tally = "".join(
+            f"{', ' if j else ': '}{c} {k}" for j, (k, c) in enumerate(zip(kinds.tolist(), counts.tolist()))
+        )
+        return f"SVMStack({len(self)} instances{tally}; {self.solve_time:.3g} s)"
 
 
 def _check_stack(
@@ -191,15 +200,15 @@ def _check_stack(
     tok = np.asarray(tokens)
     if tok.shape != (B, n):
         raise ValueError(f"tokens must hold one token index per sequence: shape ({B}, {n}), got {tok.shape}")
-    if tok.dtype.kind not in "iu":
-        if tok.dtype.kind == "f" and np.isfinite(tok).all() and (tok == np.round(tok)).all():
-            tok = tok.astype(np.int64)
-        else:
-            raise TypeError(f"tokens must be integer token indices, got dtype {tok.dtype}")
-    bad = (tok < 0) | (tok >= T)
+    if tok.dtype.kind not in "iuf":
+        raise TypeError(f"tokens must be integer token indices, got dtype {tok.dtype}")
+    if tok.dtype.kind == "f" and not (np.isfinite(tok) & (tok == np.round(tok))).all():
+        b, i = (int(v) for v in np.argwhere(~(np.isfinite(tok) & (tok == np.round(tok))))[0])
+        raise TypeError(f"tokens must be integer token indices, got tokens[{b}, {i}] = {tok[b, i].item()!r}")
+    bad = (tok < 0) | (tok >= T)  # (before any cast: a float far out of range stays itself)
     if bad.any():
         b, i = (int(v) for v in np.argwhere(bad)[0])
-        raise ValueError(f"tokens[{b}, {i}] = {int(tok[b, i])} is not a token index in [0, {T})")
+        raise ValueError(f"tokens[{b}, {i}] = {tok[b, i].item()!r} is not a token index in [0, {T})")
     return X, Z, tok.astype(np.int64)  # (a copy: the caller's array is neither aliased nor read again)
 
 
@@ -227,7 +236,9 @@ def fit_stack(est: AttentionSVM, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) 
     fitted: dict[int, Any] = {}
     batched = batch.ready(est) and K <= batch.max_k(est)
     if B and batched and (batch.uses_compiled(est) or not batch.deficient_shape(key)):
-        opt = FrobeniusOptions(tol=min(float(est.tol), 1e-10))
+        opt = FrobeniusOptions(tol=min(float(est.tol), 1e-10))  # (as fit_many)
+        if est.max_iter is not None:
+            opt = replace(opt, max_iter=int(est.max_iter))
         with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
             st = batch.solve_arrays(est, X, Z, alpha, opt)
         if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
