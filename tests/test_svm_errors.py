@@ -137,3 +137,26 @@ def test_dataset_arguments(kwargs, exc, match):
         paper_instance(**kwargs, seed=0)
     with pytest.raises(ValueError, match="seed must be >= 0, got -3"):
         paper_instance(2, 3, 2, seed=-3)
+
+
+@pytest.mark.parametrize("scale", [1e160, 1e-160])
+@pytest.mark.parametrize("norm", ["fro", "nuc"])
+def test_data_whose_svm_leaves_float64_is_refused_by_name(norm, scale):
+    # the rows' scales ‖a_k‖‖z_k‖ ~ scale: W ~ 1/scale, ‖W‖² beyond float64 (a bare AssertionError deep in the
+    # Frobenius solver before, or an "optimal_inaccurate" W of 0); 1e±140 still solves (W ~ 1e∓140)
+    import numpy as np
+
+    from attsvm.problem import AttentionProblem
+
+    p = paper_instance(3, 4, 5, seed=0)
+    a = p.optimal_tokens(ties="first")
+    for X, Z in ((p.X * scale, p.Z), (p.X, p.Z * scale)):
+        q = AttentionProblem(X, p.y, p.v, Z=Z)
+        with pytest.raises(ValueError, match=r"constraint rows' scales .* Rescale X or Z: W scales inversely"):
+            AttentionSVM(norm).fit(q, a)
+        with pytest.raises(ValueError, match=r"Rescale X or Z"):
+            AttentionSVM(norm).fit_stack(X[None], Z[None], a[None])
+    ok = AttentionSVM(norm).fit(AttentionProblem(p.X * scale ** (14 / 16), p.y, p.v, Z=p.Z), a)
+    ref = AttentionSVM(norm).fit(p, a)
+    assert ok.status_ == ref.status_ == "optimal"
+    np.testing.assert_allclose(ok.W_ * scale ** (14 / 16), ref.W_, rtol=0, atol=1e-6 * np.abs(ref.W_).max())
