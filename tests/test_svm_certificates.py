@@ -184,3 +184,32 @@ def test_lp_failure_is_not_an_exception(monkeypatch):
     assert find_farkas(cs) is None
     svm = AttentionSVM().fit(p, p.optimal_tokens(ties="first"))  # the Frobenius ray still certifies it
     assert svm.status_ == "infeasible" and svm.certificate_ is not None
+
+
+@pytest.mark.parametrize("norm", ["nuc", "l1", "linf"])
+def test_norm_objectives_report_the_dual_feasible_multipliers_they_certify(norm):
+    # (degree-1 objectives: the certificate scores λ/max(1, ‖𝒜*(λ)‖°); dual_coef_ is that point, so
+    # ‖𝒜*(dual_coef_)‖° ≤ 1 and bᵀ dual_coef_ is the dual objective, whatever λ the backend returned)
+    from attsvm.problem import AttentionProblem
+    from attsvm.svm import get_norm, optimality_certificate
+
+    nm = get_norm(norm)
+    for seed in range(6):
+        p = random_instance(3, 4, 5, seed=seed)
+        f = AttentionSVM(norm).fit(p)
+        if f.W_ is None:
+            continue
+        cs = f.constraints_
+        Y = cs.adjoint(f.dual_coef_)
+        assert nm.dual_norm(Y) <= 1 + 1e-12
+        cert = optimality_certificate(cs, f.W_, f.dual_coef_, norm)
+        assert cert.dual == pytest.approx(float((cs.rhs * f.dual_coef_).sum()), rel=1e-12)
+        np.testing.assert_allclose(cert.lam, f.dual_coef_, rtol=1e-12, atol=0)  # (a fixed point)
+    # one row, a 1 × 1 W: the multiplier is unique, 1/|a z| (fit's small-problem route returned 1.04× that)
+    rng = np.random.default_rng(3)
+    X, Z = rng.standard_normal((1, 2, 1)), rng.standard_normal((1, 1))
+    t = np.array([int(np.argmax(X[0, :, 0] * Z[0, 0]))])
+    q = AttentionProblem(X, np.ones(1), np.ones(1), Z=Z)
+    a = X[0, t[0], 0] - X[0, 1 - t[0], 0]
+    for e in (AttentionSVM(norm).fit(q, t), *AttentionSVM(norm).fit_many([q], [t])):
+        assert e.dual_coef_[0, 1 - t[0]] == pytest.approx(1 / abs(a * Z[0, 0]), rel=1e-9)

@@ -14,7 +14,9 @@ verdict never depends on the units of X or Z:
   normalised rhs ``b_k/(‖a_k‖‖z_k‖)``, and it is invariant to any positive rescaling of a row, of
   a sequence or of the whole instance.
 * dual feasibility: λ is clipped to λ_I ≥ 0 before use, and the norm's dual objective
-  (:class:`~attsvm.svm.norms.Norm.dual_objective`) is a valid lower bound at any λ;
+  (:class:`~attsvm.svm.norms.Norm.dual_objective`) is a valid lower bound at any λ; for a norm objective
+  (degree 1: nuclear, ℓ1, ℓ∞) that bound is attained at ``λ / max(1, ‖𝒜*(λ)‖°)``, which is dual feasible,
+  and that scaled λ is the one the certificate reports (``lam``, and the estimator's ``dual_coef_``);
 * duality gap ``primal − dual`` with ``relative_gap = |gap| / (|primal| + |dual|)`` (never an
   absolute test below an objective of 1);
 * complementarity ``max_k |λ_k (m_k − b_k)|`` and the support (tight rows).
@@ -87,7 +89,7 @@ class OptimalityCertificate(NamedTuple):
     violation: float  # max_k v_k, absolute
     relative_violation: float  # max_k v_k / σ_k
     complementarity: float  # max_k |λ_k (m_k − b_k)|
-    dual_norm: float  # ‖𝒜*(λ)‖° (≤ 1 for a nuclear dual-feasible λ)
+    dual_norm: float  # ‖𝒜*(λ)‖° of the reported λ (≤ 1 for the norms of degree 1: nuclear, ℓ1, ℓ∞)
     lam: NDArray[np.float64]  # λ made sign-feasible (λ_I ≥ 0, 0 where masked)
     margins: NDArray[np.float64]  # m_k (0 where masked)
     support: NDArray[np.bool_]  # tight rows (equalities included)
@@ -156,7 +158,13 @@ def optimality_certificate(
     svals = (np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)) if nm.name == "nuc" else None
     bl = float((b * lam).sum())
     primal = nm.objective(W, svals)
-    dual = nm.dual_objective(bl, Y)
+    dn = nm.dual_norm(Y)
+    if nm.degree == 1:  # (the dual point scored is λ/max(1, ‖𝒜*(λ)‖°): report that one, dual feasible)
+        scale = max(1.0, dn)
+        lam, bl, dn = lam / scale, bl / scale, dn / scale
+        dual = bl
+    else:
+        dual = nm.dual_objective(bl, Y)
     gap = primal - dual
     den = abs(primal) + abs(dual)
     rel_gap = abs(gap) / den if den > 0 else (0.0 if gap == 0 else np.inf)
@@ -178,7 +186,7 @@ def optimality_certificate(
         violation=float(v.max(initial=0.0)) + 0.0,
         relative_violation=relative_violation(cs, W, m, v),
         complementarity=float(np.abs(lam * r).max(initial=0.0)),
-        dual_norm=nm.dual_norm(Y),
+        dual_norm=dn,
         lam=lam,
         margins=m,
         support=support,
