@@ -10,7 +10,8 @@ with g the power of two at the upper median of 1/s (the same numbers as the batc
 The Hessian is the identity, so the method only needs the Gram matrix Ĝ_kl = ĉ_kᵀĉ_l of the rows in
 its working set: Ĝ_kl = (a_k·a_l)(z_k·z_l)/(s_k s_l), one column per row that enters, never the whole
 K × K matrix. Starting from ŵ = 0 it adds the most violated row, moving the multipliers of the active
-rows along ``r = Ĝ_AA⁻¹ Ĝ_Ap`` (Cholesky factor of Ĝ_AA, extended by one row per addition) and dropping
+rows along ``r = Ĝ_AA⁻¹ Ĝ_Ap`` (Cholesky factor L of Ĝ_AA and M = L⁻¹Ĝ_A,:, each extended by one row per
+addition: ρ = L⁻¹Ĝ_Ap is a column of M, and the margins move by Ĝ_:p − Mᵀρ) and dropping
 a row whose multiplier reaches 0, until no row is violated by more than ``tol`` relative to b̂ — a
 finite method, whose active rows stay linearly independent, so degenerate faces do not stall it.
 

@@ -66,6 +66,7 @@ __all__ = [
     "Stacked",
     "estimators",
     "infeasible",
+    "proved_infeasible",
     "solve_arrays",
     "solve_group",
     "uses_compiled",
@@ -231,9 +232,8 @@ def solve_group(
     Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
     st = solve_arrays(est, X, Zq, np.stack(alphas), opt)
     out: list[AttentionSVM | None] = [None] * len(problems)
-    if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
-        for i in np.flatnonzero(st.code == LEAVE_INFEASIBLE).tolist():
-            out[i] = infeasible(est, st, i)
+    for i, e in proved_infeasible(est, st).items():
+        out[i] = e
     keep = np.flatnonzero(st.certified(est.tol))
     for i, e in zip(keep.tolist(), estimators(type(est), est.get_params(), st, keep)):
         out[i] = e
@@ -432,6 +432,19 @@ def estimators(
         info,
     )
     return cls._batched_many(params, rows, st.per)
+
+
+def proved_infeasible(est: AttentionSVM, st: Stacked) -> dict[int, AttentionSVM]:
+    """The instances of ``st`` the batch proved infeasible with a certificate that verifies
+    (:func:`infeasible`), fitted, by position; none with ``on_infeasible="raise"`` (``fit`` raises the
+    named error for those)."""
+    out: dict[int, AttentionSVM] = {}
+    if est.on_infeasible == "status":
+        for i in np.flatnonzero(st.code == LEAVE_INFEASIBLE).tolist():
+            e = infeasible(est, st, i)
+            if e is not None:
+                out[i] = e
+    return out
 
 
 def infeasible(est: AttentionSVM, st: Stacked, i: int) -> AttentionSVM | None:

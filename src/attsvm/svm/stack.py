@@ -230,7 +230,6 @@ def fit_stack(est: AttentionSVM, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) 
     B, n, T, d = X.shape
     shape = (B, n, T, d, Z.shape[2])
     t0 = time.perf_counter()
-    params = est.get_params()
     key = (n, T, d, Z.shape[2])
     K = n * (T - 1)
     fitted: dict[int, Any] = {}
@@ -241,14 +240,15 @@ def fit_stack(est: AttentionSVM, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) 
             opt = replace(opt, max_iter=int(est.max_iter))
         with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
             st = batch.solve_arrays(est, X, Z, alpha, opt)
-        if est.on_infeasible == "status":  # (with "raise", fit raises the named error)
-            for i in np.flatnonzero(st.code == batch.LEAVE_INFEASIBLE).tolist():
-                e = batch.infeasible(est, st, i)
-                if e is not None:
-                    fitted[i] = e
+        fitted.update(batch.proved_infeasible(est, st))
         rest = [i for i in np.flatnonzero(~st.certified(est.tol)).tolist() if i not in fitted]
-        for i in rest:
-            fitted[i] = type(est)(**params)._fit(_constraints(X[i], Z[i], alpha[i]), alpha[i])
+        if rest:  # (fit one at a time, as fit_many's leftovers: one BLAS-thread limit around them all)
+            fits = est._fit_rest(
+                [None] * len(rest),
+                [n * T * d] * len(rest),
+                lambda e, j: e._fit(_constraints(X[rest[j]], Z[rest[j]], alpha[rest[j]]), alpha[rest[j]]),
+            )
+            fitted.update(zip(rest, fits))
         return SVMStack(est, shape, alpha, st, fitted, time.perf_counter() - t0)
     # every other norm or backend: fit_many's nuclear batch where it applies, then fit one at a time
     css: list[ConstraintSet | None] = [_constraints(X[i], Z[i], alpha[i]) for i in range(B)]
