@@ -156,6 +156,14 @@ def test_data_whose_svm_leaves_float64_is_refused_by_name(norm, scale):
             AttentionSVM(norm).fit(q, a)
         with pytest.raises(ValueError, match=r"Rescale X or Z"):
             AttentionSVM(norm).fit_stack(X[None], Z[None], a[None])
+    # in a batch the error names the position (the batches leave such an instance to fit)
+    probs = [paper_instance(3, 4, 5, seed=s) for s in range(4)]
+    probs[2] = AttentionProblem(p.X * scale, p.y, p.v, Z=p.Z)
+    with pytest.raises(ValueError, match=r"^problems\[2\]: the constraint rows' scales"):
+        AttentionSVM(norm).fit_many(probs, [a] * 4)
+    X = np.stack([q.X for q in probs])
+    with pytest.raises(ValueError, match=r"^instance 2 \(X\[2\], Z\[2\]\): the constraint rows' scales"):
+        AttentionSVM(norm).fit_stack(X, np.stack([q.Z for q in probs]), np.stack([a] * 4))
     ok = AttentionSVM(norm).fit(AttentionProblem(p.X * scale ** (14 / 16), p.y, p.v, Z=p.Z), a)
     ref = AttentionSVM(norm).fit(p, a)
     assert ok.status_ == ref.status_ == "optimal"

@@ -378,7 +378,9 @@ class AttentionSVM:
             ]
             with blas_threads(1):
                 out = batch_nuclear.solve_many(self, css, list(alphas))
-        return self._fit_rest(out, [p.X.size for p in probs], lambda est, i: est.fit(probs[i], alphas[i]))
+        return self._fit_rest(
+            out, [p.X.size for p in probs], lambda est, i: est.fit(probs[i], alphas[i]), lambda i: f"problems[{i}]"
+        )
 
     def fit_stack(self, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) -> SVMStack:
         """Fit one Att-SVM per instance of a stack of one shape (docs/spec.md §3) and return the answers as
@@ -430,23 +432,36 @@ class AttentionSVM:
         if batch_nuclear.ready(self):
             with blas_threads(1):
                 out = batch_nuclear.solve_many(self, list(css), [None] * len(css))
-        return self._fit_rest(out, [cs.A.size for cs in css], lambda est, i: est.fit_constraints(css[i]))
+        return self._fit_rest(
+            out,
+            [cs.A.size for cs in css],
+            lambda est, i: est.fit_constraints(css[i]),
+            lambda i: f"constraint_sets[{i}]",
+        )
 
     def _fit_rest(
         self,
         out: list[AttentionSVM | None],
         sizes: list[int],
         fit_one: Callable[[AttentionSVM, int], AttentionSVM],
+        label: Callable[[int], str],
     ) -> list[AttentionSVM]:
         """Fill the entries of ``out`` that no batch fitted, one at a time (``fit_one(new estimator, i)``).
         When all of them are small (each fit would limit the BLAS pool to one thread, see :meth:`_fit`),
-        the limit is set once around them rather than per fit: about 50 µs each, 20% of a small fit."""
+        the limit is set once around them rather than per fit: about 50 µs each, 20% of a small fit.
+        A ValueError of entry i's data (e.g. a scale beyond float64) is raised again prefixed with
+        ``label(i)``, which names its position."""
         params = self.get_params()
         rest = [i for i, e in enumerate(out) if e is None]
         small = SMALL_NUCLEAR_ELEMENTS if self._ours_nuc() else SMALL_SOLVE_ELEMENTS
         with blas_threads(1 if all(sizes[i] <= small for i in rest) else None):
             for i in rest:
-                out[i] = fit_one(type(self)(**params), i)
+                try:
+                    out[i] = fit_one(type(self)(**params), i)
+                except ValueError as exc:
+                    if type(exc) is not ValueError:  # (InfeasibleSVMError and other subclasses as they are)
+                        raise
+                    raise ValueError(f"{label(i)}: {exc}") from exc
         return [e for e in out if e is not None]
 
     def _solve(self, cs: ConstraintSet) -> tuple[RawSolution, str]:

@@ -247,6 +247,7 @@ def fit_stack(est: AttentionSVM, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) 
                 [None] * len(rest),
                 [n * T * d] * len(rest),
                 lambda e, j: e._fit(_constraints(X[rest[j]], Z[rest[j]], alpha[rest[j]]), alpha[rest[j]]),
+                lambda j: f"instance {rest[j]} (X[{rest[j]}], Z[{rest[j]}])",
             )
             fitted.update(zip(rest, fits))
         return SVMStack(est, shape, alpha, st, fitted, time.perf_counter() - t0)
@@ -257,5 +258,10 @@ def fit_stack(est: AttentionSVM, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) 
         with blas_threads(1):
             out = batch_nuclear.solve_many(est, css, list(alpha))
     sizes = [n * T * d] * B
-    fits = est._fit_rest(out, sizes, lambda e, i: e._fit(css[i], alpha[i]))  # type: ignore[arg-type]
+    fits = est._fit_rest(
+        out,
+        sizes,
+        lambda e, i: e._fit(css[i], alpha[i]),  # type: ignore[arg-type]
+        lambda i: f"instance {i} (X[{i}], Z[{i}])",
+    )
     return SVMStack(est, shape, alpha, None, dict(enumerate(fits)), time.perf_counter() - t0)
