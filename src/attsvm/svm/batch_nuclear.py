@@ -194,10 +194,7 @@ def solve_many(
         if cs is None or cs.n_constraints > NUC_BATCH_MAX_K:
             continue  # (more rows than the batch takes even before the reduction: fit, and its threads)
         t0 = time.perf_counter()
-        try:
-            reduction = reduce(cs)
-        except ValueError:  # (data the solvers refuse, e.g. beyond float64: fit raises the error, by position)
-            continue
+        reduction = reduce(cs)
         red = _reduce(reduction)
         idx = _distinct_rows(red)
         r_a, r_z = red.A.shape[2], red.Z.shape[1]

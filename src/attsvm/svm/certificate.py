@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -207,6 +207,15 @@ class FarkasCertificate:
     info: dict = field(default_factory=dict)
 
 
+def _scaled_norm(M: NDArray[np.float64], axis: int | None) -> Any:
+    """The Euclidean norm of ``M`` over ``axis`` (None: all of it), computed on ``M`` divided by its largest
+    entry (there) so that no square over- or underflows."""
+    m = np.abs(M).max(axis=axis, keepdims=True, initial=0.0)
+    safe = np.where(m > 0, m, 1.0)
+    out = np.sqrt(((M / safe) ** 2).sum(axis=axis, keepdims=True)) * m
+    return float(out.ravel()[0]) if axis is None else np.squeeze(out, axis=axis)
+
+
 def farkas_certificate(cs: ConstraintSet, lam: NDArray[np.float64] | None, source: str = "") -> FarkasCertificate:
     """Check a candidate Farkas direction λ (any positive scale) and normalise it (module doc)."""
     n, T = cs.mask.shape
@@ -219,8 +228,10 @@ def farkas_certificate(cs: ConstraintSet, lam: NDArray[np.float64] | None, sourc
     if s == 0 or not np.isfinite(s):
         return FarkasCertificate(np.zeros((n, T)), np.inf, np.inf, 0.0, False, source)
     lam = lam / s
-    resid = float(np.linalg.norm(cs.adjoint(lam)))
-    size = float((np.abs(lam) * np.sqrt(cs.gram_diag())).sum())
+    # (norms scaled by the largest entry first: rows of entries near 1e-170 have squares that underflow to
+    # 0, and a residual and a size of 0 would "verify" any λ on them)
+    resid = _scaled_norm(cs.adjoint(lam), axis=None)
+    size = float((np.abs(lam) * _scaled_norm(cs.A, axis=-1) * _scaled_norm(cs.Z, axis=-1)[:, None]).sum())
     rel = resid / size if size > 0 else (0.0 if resid == 0 else np.inf)
     bl = float((cs.rhs * lam).sum())
     bs = float((np.abs(cs.rhs) * np.abs(lam)).sum())

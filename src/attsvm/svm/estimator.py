@@ -32,7 +32,6 @@ from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .certificate import FARKAS_RTOL, find_farkas, numerical_rank, optimality_certificate
 from .norms import Norm, get_norm, lp_norm
-from .reduction import check_row_scale
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
 if TYPE_CHECKING:
@@ -516,7 +515,6 @@ class AttentionSVM:
             return self._fit_here(cs, alpha)
 
     def _fit_here(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
-        check_row_scale(cs)  # (data whose W would leave float64's range: a named error, before any backend)
         t0 = time.perf_counter()
         raw, backend = self._solve(cs)
         return self._accept(cs, alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)

@@ -211,7 +211,20 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
     n, T = cs.mask.shape
     if red.zero.any() and red.unattainable.any():
         cert = find_farkas(cs, red=red, lp=False)
-        assert cert is not None
+        if cert is None:  # (a row vanished in the reduction, yet its λ does not verify: its norm over- or
+            # underflowed in float64, e.g. entries beyond 1e±154; a status that says so, never a crash)
+            return RawSolution(
+                None,
+                np.zeros((n, T)),
+                ERROR,
+                0,
+                {
+                    "backend": "frobenius",
+                    "path": "trivial",
+                    "message": "a constraint row vanished (its norm is 0 or overflows in float64: rescale X or Z) "
+                    "and no infeasibility certificate verifies",
+                },
+            )
         return RawSolution(
             None,
             cert.lam,

@@ -87,7 +87,7 @@ from ._factored import (
 )
 from .certificate import find_farkas, optimality_certificate, relative_violation
 from .reduction import Reduction, reduce
-from .status import INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
+from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
 __all__ = [
     "solve_nuclear",
@@ -130,7 +130,18 @@ def _trivial(cs: ConstraintSet, reduction: Reduction, red: _Reduced, t0: float, 
     """Handle the infeasible-by-inspection and constraint-free cases; None otherwise."""
     if reduction.unattainable.any():
         cert = find_farkas(cs, red=reduction, lp=False)
-        assert cert is not None
+        if cert is None:  # (a vanished row whose λ does not verify: its norm over- or underflowed in float64)
+            return RawSolution(
+                None,
+                np.zeros(cs.mask.shape),
+                ERROR,
+                0,
+                {
+                    "solver": solver,
+                    "message": "a constraint row vanished (its norm is 0 or overflows in float64: rescale X or Z) "
+                    "and no infeasibility certificate verifies",
+                },
+            )
         return RawSolution(
             None,
             cert.lam,

@@ -36,10 +36,6 @@ __all__ = ["Reduction", "reduce", "DenseReduction", "reduce_dense", "ZERO_ROW_RT
 # A feature a_k is zero when ‖a_k‖ ≤ ZERO_ROW_RTOL · max_t ‖a_it‖ of its own sequence (duplicate
 # tokens leave round-off of this order); a query is zero when it is exactly zero.
 ZERO_ROW_RTOL = 1e-13
-# The scales s_k = ‖a_k‖‖z_k‖ of the non-zero rows must lie in [1/ROW_SCALE_MAX, ROW_SCALE_MAX]: W is of
-# order 1/s and the certificate squares it (½‖W‖², Gram entries s_k s_l), so beyond this float64 would
-# overflow or lose the numbers to subnormals; such data are refused with a named error.
-ROW_SCALE_MAX = 1e150
 # Step 2 takes its bases from the user's rows while ‖a_k‖ (and ‖z_i‖) vary by at most this factor,
 # else from the normalised rows.
 SPREAD_MAX = 1e6
@@ -104,36 +100,6 @@ def _pow2(x: float) -> float:
     return math.ldexp(1.0, e - 1 if m == 0.5 else e)
 
 
-def check_row_scale(cs: ConstraintSet) -> None:
-    """Refuse, with a ValueError that says what to do, a constraint set whose non-zero rows have scales
-    ``s_k = ‖a_k‖‖z_k‖`` outside ``[1/ROW_SCALE_MAX, ROW_SCALE_MAX]`` (or not finite): every solver's W is
-    of order 1/s and its certificate squares it, beyond float64's range. (Called by ``AttentionSVM`` before
-    any backend, and by :func:`reduce`; rows that the reduction takes as zero, a tie's, do not count.)"""
-    na = np.sqrt(np.einsum("ntd,ntd->nt", cs.A, cs.A))
-    nz = np.sqrt(np.einsum("nd,nd->n", cs.Z, cs.Z))
-    _check_scale(cs, na, nz, cs.mask & (na <= ZERO_ROW_RTOL * na.max(axis=1, initial=0.0)[:, None]))
-
-
-def _check_scale(cs: ConstraintSet, na: NDArray[np.float64], nz: NDArray[np.float64], zero: NDArray[np.bool_]) -> None:
-    """:func:`check_row_scale` from the norms :func:`reduce` computes; caches the certificate's row scales
-    ``‖a_k‖‖z_k‖`` on ``cs`` (the same numbers, computed once)."""
-    fn = cs.__dict__.get("_feature_norms")
-    if fn is None:
-        fn = na * nz[:, None]
-        fn.flags.writeable = False
-        object.__setattr__(cs, "_feature_norms", fn)
-    rows = fn[cs.mask]
-    live = fn[cs.mask & ~zero & (nz[:, None] > 0)]
-    finite = bool(np.isfinite(rows).all())  # (an overflowing norm also makes its sequence's rows "zero")
-    if not finite or (live.size and not (1.0 / ROW_SCALE_MAX <= live.min() and live.max() <= ROW_SCALE_MAX)):
-        span = f"[{live.min():.1e}, {live.max():.1e}]" if finite else "beyond float64 (their norms overflow)"
-        raise ValueError(
-            f"the constraint rows' scales ‖x_iα − x_it‖·‖z_i‖ span {span}, outside [{1 / ROW_SCALE_MAX:.0e}, "
-            f"{ROW_SCALE_MAX:.0e}]: W (of order 1/scale) and its squared norm would leave float64's range "
-            "(docs/spec.md §3). Rescale X or Z: W scales inversely"
-        )
-
-
 def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> Reduction:
     """Reduce ``cs`` to solver units (module doc). ``subspace=False`` skips step 2 (U = V = I)."""
     if not isinstance(cs, ConstraintSet):
@@ -145,7 +111,10 @@ def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> 
     seq_scale = na.max(axis=1, initial=0.0)  # (n,) (masked rows have na = 0)
     # (na = 0 is caught by the relative test, as seq_scale ≥ 0)
     zero = cs.mask & (na <= ZERO_ROW_RTOL * seq_scale[:, None])
-    _check_scale(cs, na, nz, zero)
+    if "_feature_norms" not in cs.__dict__:  # the certificate's row scale: the same numbers, computed once
+        fn = na * nz[:, None]
+        fn.flags.writeable = False
+        object.__setattr__(cs, "_feature_norms", fn)
     zero_z = nz == 0
     if zero_z.any():
         zero |= cs.mask & zero_z[:, None]
