@@ -164,6 +164,8 @@ def test_data_beyond_float64_gets_a_status_never_a_crash_or_a_false_answer(norm,
                 fits = [AttentionSVM(norm).fit(q, a), *AttentionSVM(norm).fit_many([q], [a])]
                 stack = AttentionSVM(norm).fit_stack(X[None], Z[None], a[None])
             assert fits[0].status_ == fits[1].status_ == stack.status[0]
+            if fits[0].status_ == "error":  # (a status that says what to do)
+                assert "rescale X or Z" in fits[0].info_["message"]
             if fits[0].status_ == "optimal":
                 assert ref.status_ == "optimal"
                 np.testing.assert_allclose(fits[0].W_ * scale, ref.W_, rtol=0, atol=1e-6 * np.abs(ref.W_).max())

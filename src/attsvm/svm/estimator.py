@@ -448,8 +448,8 @@ class AttentionSVM:
         """Fill the entries of ``out`` that no batch fitted, one at a time (``fit_one(new estimator, i)``).
         When all of them are small (each fit would limit the BLAS pool to one thread, see :meth:`_fit`),
         the limit is set once around them rather than per fit: about 50 µs each, 20% of a small fit.
-        A ValueError of entry i's data (e.g. a scale beyond float64) is raised again prefixed with
-        ``label(i)``, which names its position."""
+        A plain ValueError raised while fitting entry i (bad data a backend refuses) is raised again
+        prefixed with ``label(i)``, which names its position."""
         params = self.get_params()
         rest = [i for i, e in enumerate(out) if e is None]
         small = SMALL_NUCLEAR_ELEMENTS if self._ours_nuc() else SMALL_SOLVE_ELEMENTS

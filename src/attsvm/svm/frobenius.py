@@ -60,7 +60,7 @@ from scipy.linalg.lapack import dposv as _dposv
 from .._validation import check_choice, check_finite_scalar, check_positive_int
 from ._base import ConstraintSet, Operator, RawSolution
 from .certificate import ROW_FLOOR, farkas_certificate, find_farkas, relative_violation
-from .reduction import DenseReduction, reduce, reduce_dense
+from .reduction import VANISHED_ROW_MESSAGE, DenseReduction, reduce, reduce_dense
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL
 
 __all__ = ["solve_frobenius", "FrobeniusOptions", "DENSE_MAX"]
@@ -221,8 +221,7 @@ def solve_frobenius(cs: ConstraintSet, options: FrobeniusOptions | None = None, 
                 {
                     "backend": "frobenius",
                     "path": "trivial",
-                    "message": "a constraint row vanished (its norm is 0 or overflows in float64: rescale X or Z) "
-                    "and no infeasibility certificate verifies",
+                    "message": VANISHED_ROW_MESSAGE,
                 },
             )
         return RawSolution(

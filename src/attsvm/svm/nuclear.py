@@ -86,7 +86,7 @@ from ._factored import (
     balanced_factors,
 )
 from .certificate import find_farkas, optimality_certificate, relative_violation
-from .reduction import Reduction, reduce
+from .reduction import VANISHED_ROW_MESSAGE, Reduction, reduce
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
 __all__ = [
@@ -138,8 +138,7 @@ def _trivial(cs: ConstraintSet, reduction: Reduction, red: _Reduced, t0: float, 
                 0,
                 {
                     "solver": solver,
-                    "message": "a constraint row vanished (its norm is 0 or overflows in float64: rescale X or Z) "
-                    "and no infeasibility certificate verifies",
+                    "message": VANISHED_ROW_MESSAGE,
                 },
             )
         return RawSolution(

@@ -36,6 +36,12 @@ __all__ = ["Reduction", "reduce", "DenseReduction", "reduce_dense", "ZERO_ROW_RT
 # A feature a_k is zero when ‖a_k‖ ≤ ZERO_ROW_RTOL · max_t ‖a_it‖ of its own sequence (duplicate
 # tokens leave round-off of this order); a query is zero when it is exactly zero.
 ZERO_ROW_RTOL = 1e-13
+# The message of the solvers' "error" status when a row vanished here (its norm is 0 or over/underflows in
+# float64) although its entries are not zero, so that no Farkas λ on it verifies
+VANISHED_ROW_MESSAGE = (
+    "a constraint row vanished (its norm is 0 or overflows in float64: rescale X or Z) "
+    "and no infeasibility certificate verifies"
+)
 # Step 2 takes its bases from the user's rows while ‖a_k‖ (and ‖z_i‖) vary by at most this factor,
 # else from the normalised rows.
 SPREAD_MAX = 1e6
