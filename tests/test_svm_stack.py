@@ -198,7 +198,11 @@ def test_the_numpy_route_in_chunks_equals_one_chunk(monkeypatch):
     probs, toks = _mixed_one_shape()
     one = AttentionSVM().fit_stack(*_stack(probs, toks))
     monkeypatch.setattr(batch, "CHUNK_FLOATS", 7 * 42 * 42)  # chunks of 7 instances
+    calls = []
+    real = batch._solve_chunk
+    monkeypatch.setattr(batch, "_solve_chunk", lambda *a: calls.append(a[1].shape[0]) or real(*a))
     chunked = AttentionSVM().fit_stack(*_stack(probs, toks))
+    assert calls == [7] * 8 + [6]  # (62 instances: 9 chunks)
     monkeypatch.setattr(batch, "_compiled_module", None)
     assert chunked.status.tolist() == one.status.tolist()
     np.testing.assert_array_equal(chunked.W, one.W)
