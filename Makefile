@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	# [test] brings the experiments, cvxpy, docs and lint extras; [models] the transformers stack
 	$(PY) -m pip install --quiet -e ".[test,models]"
+	# compile the numba kernels once (about 20 s; cached next to their sources), not in the first run's workers
+	$(PY) -m attsvm.svm._warm
 	touch $(STAMP)
 
 $(KVSTAMP): pyproject.toml scripts/kvpress_env.sh

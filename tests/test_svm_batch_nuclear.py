@@ -11,7 +11,7 @@ import pytest
 
 from attsvm.datasets import paper_instance, random_instance
 from attsvm.problem import AttentionProblem
-from attsvm.svm import AttentionSVM
+from attsvm.svm import AttentionSVM, batch
 from attsvm.svm._base import ConstraintSet
 from attsvm.svm._factored import _reduce
 from attsvm.svm._sdp import ipm_many
@@ -26,6 +26,22 @@ OBJ_RTOL = 1e-8  # ‖W‖_* of the batch against fit's (both certified to a rel
 # instances but less well conditioned than the Frobenius one (a 1e-9 gap pins W to about its root)
 W_RTOL = 1e-4
 CVX_RTOL = 1e-6  # interior point against cvxpy's Clarabel (which stops at about 1e-8)
+# the compiled interior point against the NumPy one, both converged to a relative gap of 3e-10: the same
+# iterates but for round-off (Cholesky against LU for the Schur complement), amplified near the optimum
+IPM_ATOL = 1e-6
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def compiled(request, monkeypatch):
+    """Each test runs on both routes of the interior point: the compiled kernel (attsvm.svm._sdp_compiled,
+    numba, the ``fast`` extra) and the NumPy one (without numba, or ATTSVM_COMPILED=0). Yields the
+    ``compiled`` argument of ipm_many; fit_many chooses the same route through the environment."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("ATTSVM_COMPILED", "1" if request.param == "compiled" else "0")
+    monkeypatch.setattr(batch, "_compiled_module", None)  # (chosen again under this environment)
+    yield request.param == "compiled"
+    monkeypatch.setattr(batch, "_compiled_module", None)
 
 
 def _mixed() -> tuple[list[AttentionProblem], list[np.ndarray | None]]:
@@ -48,13 +64,14 @@ def _assert_same(a: AttentionSVM, b: AttentionSVM) -> None:
     assert a.rank_ == b.rank_
 
 
-def test_fit_many_equals_fit_instance_by_instance():
+def test_fit_many_equals_fit_instance_by_instance(compiled):
     probs, toks = _mixed()
     many = AttentionSVM("nuc").fit_many(probs, toks)
     assert len(many) == len(probs)
     for p, t, a in zip(probs, toks, many):
         _assert_same(a, AttentionSVM("nuc").fit(p, t))
     batched = [m.info_.get("path") == "batched-ipm" for m in many]
+    assert all(m.info_["route"] == ("compiled" if compiled else "numpy") for m, b in zip(many, batched) if b)
     small = [m.status_ == "optimal" and p.n * (p.T - 1) <= NUC_BATCH_MAX_K for p, m in zip(probs, many)]
     assert sum(small) >= 70
     assert batched == small  # every feasible small one went through the batch, nothing else did
@@ -98,14 +115,14 @@ def _svm_eq_shaped(seed: int, eq_share: float = 0.3, rhs: str = "unit") -> Const
     return ConstraintSet(A, p.queries.copy(), mask, b, eq)
 
 
-def test_interior_point_matches_cvxpy_with_equality_rows():
+def test_interior_point_matches_cvxpy_with_equality_rows(compiled):
     pytest.importorskip("cvxpy")
     from attsvm.svm.cvxpy_backend import solve_cvxpy
 
     css = [_svm_eq_shaped(20 + s) for s in range(3)]  # one shape: equalities b = 0, inequalities b = 1
     (Fs, Zs, b, ineq), rows = _stacked(css)
     assert (~ineq).any() and ineq.any()
-    M, y, converged, _ = ipm_many(Fs, Zs, b, ineq)
+    M, y, converged, _ = ipm_many(Fs, Zs, b, ineq, compiled=compiled)
     for j, cs in enumerate(css):
         Mt = _tighten(*rows[j], y[j], M[j])
         ours = np.linalg.svd(Mt, compute_uv=False).sum() * reduce(cs).global_scale
@@ -119,7 +136,7 @@ def test_interior_point_matches_cvxpy_with_equality_rows():
     assert converged.all()
 
 
-def test_a_singular_instance_leaves_the_interior_point_alone():
+def test_a_singular_instance_leaves_the_interior_point_alone(compiled):
     # one instance whose rows are all ±(one row), with right-hand side 1 (aᵀMz ≥ 1 and −aᵀMz ≥ 1:
     # infeasible, a rank-one Schur complement) inside a stack of feasible ones: the others converge
     # exactly as without it
@@ -132,8 +149,8 @@ def test_a_singular_instance_leaves_the_interior_point_alone():
     Fs_bad[1] = Fs[1][0]
     Zs_bad[1] = Zs[1][0]
     Fs_bad[1, ::2] *= -1
-    M0, y0, c0, _ = ipm_many(Fs, Zs, b, ineq)
-    M1, y1, c1, _ = ipm_many(Fs_bad, Zs_bad, b, ineq)  # (every b_k > 0)
+    M0, y0, c0, _ = ipm_many(Fs, Zs, b, ineq, compiled=compiled)
+    M1, y1, c1, _ = ipm_many(Fs_bad, Zs_bad, b, ineq, compiled=compiled)  # (every b_k > 0)
     assert c0.all() and not c1[1]
     for j in (0, 2, 3):
         assert c1[j]
@@ -169,7 +186,7 @@ def _with_mirror(p: AttentionProblem, alpha: np.ndarray) -> AttentionProblem:
     return AttentionProblem(X, p.y, p.v, Z=p.Z)
 
 
-def test_repeated_rows_and_batches_of_only_singular_instances():
+def test_repeated_rows_and_batches_of_only_singular_instances(compiled):
     base = [paper_instance(6, 8, 10, seed=s) for s in range(6)]
     toks = [p.optimal_tokens(ties="first") for p in base]
     repeats = [_with_repeats(p, a) for p, a in zip(base, toks)]
@@ -187,13 +204,80 @@ def test_repeated_rows_and_batches_of_only_singular_instances():
     (m,) = AttentionSVM("nuc").fit_many_constraints([dep])
     _assert_same(m, AttentionSVM("nuc").fit_constraints(dep))
     # a batch whose every instance is infeasible (opposite rows): each comes back as fit returns it
-    for batch in (mirrored[:1], mirrored):
-        for p, a, m in zip(batch, toks, AttentionSVM("nuc").fit_many(batch, toks[: len(batch)])):
+    for group in (mirrored[:1], mirrored):
+        for p, a, m in zip(group, toks, AttentionSVM("nuc").fit_many(group, toks[: len(group)])):
             assert m.status_ == "infeasible"
             _assert_same(m, AttentionSVM("nuc").fit(p, a))
 
 
-def test_an_infeasible_instance_leaves_the_interior_point_early(monkeypatch):
+def _svm_rank_stacks() -> list[tuple[np.ndarray, ...]]:
+    """Stacks of svm-rank's shapes: K ≫ N ((5, 15, 2): 70 rows on 2 × 2), K ≈ N ((6, 8, 10)), and
+    equality rows (docs/spec.md §5's shapes)."""
+    stacks = []
+    for n, T, d in ((5, 15, 2), (6, 8, 10)):
+        fits = [AttentionSVM().fit(paper_instance(n, T, d, seed=s)) for s in range(60)]
+        css = [f.constraints_ for f in fits if f.status_ == "optimal"]  # (the feasible ones)
+        shapes = {}
+        for cs in css:
+            red = _reduce(reduce(cs))
+            shapes.setdefault((red.A.shape[2], red.Z.shape[1]), []).append(cs)
+        stacks.append(_stacked(max(shapes.values(), key=len))[0])
+    stacks.append(_stacked([_svm_eq_shaped(200 + s) for s in range(12)])[0])
+    return stacks
+
+
+def test_compiled_interior_point_follows_the_numpy_one(monkeypatch):
+    # the same method (attsvm.svm._sdp_compiled): the same iterates to round-off, so the same iteration
+    # counts and optimum, except where an instance sits on a stopping threshold
+    sdpc = pytest.importorskip("attsvm.svm._sdp_compiled")
+    calls = []
+    kernel = sdpc.solve_stack
+    monkeypatch.setattr(sdpc, "solve_stack", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    for Fs, Zs, b, ineq in _svm_rank_stacks():
+        assert len(Fs) >= 10
+        Mc, yc, cc, ic = ipm_many(Fs, Zs, b, ineq, compiled=True)
+        Mn, yn, cn, i_n = ipm_many(Fs, Zs, b, ineq, compiled=False)
+        assert len(calls) == 1  # (the compiled route took the first, only the first)
+        calls.clear()
+        # (on the degenerate K ≫ N instances the last iterates sit at the round-off floor: one route may
+        # converge where the other stalls an iteration later, below STALL_BELOW; both points certify)
+        assert np.abs(ic - i_n).max() <= 2 and np.mean(ic == i_n) >= 0.8
+        assert cc.sum() >= 0.8 * len(Fs) and cn.sum() >= 0.8 * len(Fs)
+        stopped = (np.abs(Mc).max(axis=(1, 2)) > 0) & (np.abs(Mn).max(axis=(1, 2)) > 0)  # (converged or stalled)
+        assert stopped.all()
+        for j in range(len(Fs)):
+            np.testing.assert_allclose(Mc[j], Mn[j], rtol=0, atol=IPM_ATOL * np.abs(Mn[j]).max())
+            np.testing.assert_allclose(yc[j], yn[j], rtol=0, atol=IPM_ATOL * np.abs(yn[j]).max())
+
+
+def test_compile_kernels_runs_both_compiled_kernels(monkeypatch):
+    # `make install` compiles the numba kernels through this (attsvm.svm._warm)
+    sdpc = pytest.importorskip("attsvm.svm._sdp_compiled")
+    from attsvm.svm import _active_set
+    from attsvm.svm._warm import compile_kernels
+
+    calls = []
+    for mod in (sdpc, _active_set):
+        kernel = mod.solve_stack
+        monkeypatch.setattr(mod, "solve_stack", lambda *a, _k=kernel, _m=mod, **kw: calls.append(_m) or _k(*a, **kw))
+    assert compile_kernels() is True
+    assert set(calls) == {sdpc, _active_set}
+
+
+def test_compiled_interior_point_on_threads_is_bit_identical(monkeypatch):
+    sdpc = pytest.importorskip("attsvm.svm._sdp_compiled")
+    from attsvm.svm import _sdp
+
+    Fs, Zs, b, ineq = _svm_rank_stacks()[1]
+    tols = (3e-10, 60, _sdp.STALL_BELOW, _sdp.STALL_ITERS, _sdp.DIVERGED_Y, _sdp.STEP_FRACTION)
+    one = sdpc.solve_stack(Fs, Zs, b, ineq, *tols, threads=1)
+    monkeypatch.setattr(sdpc, "MIN_PER_THREAD", 1)  # (2 threads over 8 ranges of a small stack)
+    for threads in (2, 3):
+        for a, c in zip(one, sdpc.solve_stack(Fs, Zs, b, ineq, *tols, threads=threads)):
+            np.testing.assert_array_equal(a, c)
+
+
+def test_an_infeasible_instance_leaves_the_interior_point_early(monkeypatch, compiled):
     import attsvm.svm._sdp as sdp
 
     css = [AttentionSVM("nuc").fit(paper_instance(3, 4, 5, seed=s)).constraints_ for s in range(2)]
@@ -203,10 +287,10 @@ def test_an_infeasible_instance_leaves_the_interior_point_early(monkeypatch):
     a2 = -(Fs[1, 0] + Fs[1, 1])
     Fs[1, 2], Zs[1, 1], Zs[1, 2] = a2 / np.linalg.norm(a2), Zs[1, 0], Zs[1, 0]
     assert np.all(b > 0)
-    M, y, converged, iters = ipm_many(Fs, Zs, b, ineq)
+    M, y, converged, iters = ipm_many(Fs, Zs, b, ineq, compiled=compiled)
     assert converged[0] and not converged[1] and iters[1] < 20
     monkeypatch.setattr(sdp, "DIVERGED_Y", np.inf)  # without the test: all of max_iter
-    assert ipm_many(Fs, Zs, b, ineq)[3][1] == 60
+    assert ipm_many(Fs, Zs, b, ineq, compiled=compiled)[3][1] == 60
 
 
 def test_instances_of_different_length_in_one_group():
@@ -230,7 +314,7 @@ def test_an_iteration_limit_goes_one_at_a_time():
         assert m.status_ == one.status_
 
 
-def test_fit_many_constraints_equals_fit_constraints():
+def test_fit_many_constraints_equals_fit_constraints(compiled):
     css = [_svm_eq_shaped(s) for s in range(12)] + [_svm_eq_shaped(100 + s, 0.5, "normal") for s in range(6)]
     css.append(_svm_eq_shaped(7, eq_share=0.0))  # inequalities only, one more shape
     bad = _svm_eq_shaped(3)  # an infeasible one: a row and its opposite, both ≥ 1
@@ -247,6 +331,7 @@ def test_fit_many_constraints_equals_fit_constraints():
     assert statuses[-1] == "infeasible" and statuses.count("optimal") >= 15
     batched = [m.info_.get("path") == "batched-ipm" for m in many]
     assert batched == [s == "optimal" for s in statuses]  # every feasible one in the batch
+    assert all(m.info_["route"] == ("compiled" if compiled else "numpy") for m, b in zip(many, batched) if b)
     # the Frobenius norm takes them one at a time, and agrees
     fro = AttentionSVM().fit_many_constraints(css[:3])
     for cs, m in zip(css[:3], fro):

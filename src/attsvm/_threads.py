@@ -13,12 +13,14 @@ where threadpoolctl is not importable.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["batch_threads", "blas_threads", "SMALL_SOLVE_ELEMENTS", "SMALL_NUCLEAR_ELEMENTS"]
+__all__ = ["batch_threads", "blas_threads", "run_ranges", "SMALL_SOLVE_ELEMENTS", "SMALL_NUCLEAR_ELEMENTS"]
 
 # Problems with at most this many token features (n·T·d) are solved with one BLAS thread; larger ones
 # keep the library's pool. Measured on 2 cores: one thread is faster per iteration at every size tried up
@@ -94,3 +96,61 @@ def blas_threads(limit: int | None) -> Iterator[None]:
             if _depth == 0 and _restore is not None:
                 _restore.restore_original_limits()
                 _restore = None
+
+
+def run_ranges(
+    solve: Callable[[int, int], None], B: int, threads: int, min_per_thread: int, chunks_per_thread: int
+) -> None:
+    """``solve(lo, hi)`` over contiguous ranges covering ``range(B)``, on up to ``threads`` threads: the
+    compiled kernels' batches (:mod:`attsvm.svm._active_set`, :mod:`attsvm.svm._sdp_compiled`), whose
+    instances are independent and whose kernels release the GIL.
+
+    A thread gets at least ``min_per_thread`` instances (below that, starting it costs more than it
+    saves). With more than one thread the stack is cut into up to ``chunks_per_thread`` ranges per
+    thread, taken in turn by whichever thread is free: a thread that the machine slows (another
+    process, an uneven range) holds up the others by one range at most. The results do not depend on
+    the split."""
+    parts = max(1, min(int(threads), B // max(1, min_per_thread)))
+    if parts == 1:
+        solve(0, B)
+        return
+    chunks = max(parts, min(parts * chunks_per_thread, B // max(1, min_per_thread)))
+    ranges = list(itertools.pairwise([B * j // chunks for j in range(chunks + 1)]))
+    take = itertools.count()  # (next() on a count is atomic under the GIL)
+
+    def work() -> None:
+        for j in iter(take.__next__, None):
+            if j >= len(ranges):
+                return
+            solve(*ranges[j])
+
+    pool = _pool(parts)
+    futures = [pool.submit(work) for _ in range(parts - 1)]
+    work()  # (this thread too)
+    for f in futures:
+        f.result()
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """In a child made by fork: the parent's pool threads do not exist here (a job submitted to the
+    inherited pool would never run), so the child starts its own pool when it needs one."""
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _pool(parts: int) -> ThreadPoolExecutor:
+    """A process-wide pool with at least ``parts − 1`` threads (kept between calls: starting threads
+    costs more than a small stack's solve)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None or _executor._max_workers < parts - 1:
+            _executor = ThreadPoolExecutor(max(1, parts - 1), thread_name_prefix="attsvm-batch")
+        return _executor

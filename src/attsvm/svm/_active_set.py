@@ -28,16 +28,13 @@ are compiled once and cached next to this file (``cache=True``).
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numba as nb
 import numpy as np
 from numpy.typing import NDArray
 
+from .._threads import run_ranges
 from ..tokens import SUPPORT_TOL, TIE_ULPS
 from .batch import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
 from .certificate import ROW_FLOOR
@@ -365,50 +362,5 @@ def solve_stack(
     }
     args = (X, Z, alpha, float(tol), int(max_iter), out["A"], out["W"], out["lam"], out["margins"], out["support"])
     tail = (out["stats"], out["code"])
-    parts = max(1, min(int(threads), B // MIN_PER_THREAD))
-    if parts == 1:
-        _solve_range(*args, *tail, 0, B)
-        return out
-    # CHUNKS_PER_THREAD ranges per thread, taken in turn by whichever thread is free: a thread that the
-    # machine slows (another process, an uneven range) holds up the others by one range at most
-    chunks = max(parts, min(parts * CHUNKS_PER_THREAD, B // MIN_PER_THREAD))
-    ranges = list(itertools.pairwise(np.linspace(0, B, chunks + 1).astype(int).tolist()))
-    take = itertools.count()  # (next() on a count is atomic under the GIL)
-
-    def work() -> None:
-        for j in iter(take.__next__, None):
-            if j >= len(ranges):
-                return
-            _solve_range(*args, *tail, *ranges[j])
-
-    pool = _pool(parts)
-    futures = [pool.submit(work) for _ in range(parts - 1)]
-    work()  # (this thread too)
-    for f in futures:
-        f.result()
+    run_ranges(lambda lo, hi: _solve_range(*args, *tail, lo, hi), B, threads, MIN_PER_THREAD, CHUNKS_PER_THREAD)
     return out
-
-
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _forget_pool() -> None:
-    """In a child made by fork: the parent's pool threads do not exist here (a job submitted to the
-    inherited pool would never run), so the child starts its own pool when it needs one."""
-    global _executor, _executor_lock
-    _executor = None
-    _executor_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _pool(parts: int) -> ThreadPoolExecutor:
-    """A process-wide pool with at least ``parts − 1`` threads (kept between calls: starting threads
-    costs more than a small stack's solve)."""
-    global _executor
-    with _executor_lock:
-        if _executor is None or _executor._max_workers < parts - 1:
-            _executor = ThreadPoolExecutor(max(1, parts - 1), thread_name_prefix="attsvm-active-set")
-        return _executor

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from . import batch
 from ._base import ConstraintSet, RawSolution
 from ._factored import _make_feasible, _nuclear, _reduce, _Reduced
 from ._sdp import _guarded, ipm_many
@@ -205,6 +206,7 @@ def solve_many(
             continue
         groups.setdefault((idx.size, r_a, r_z), []).append(i)
     params = est.get_params()
+    compiled = batch.compiled() is not None  # (the interior point's route: attsvm.svm._sdp)
     for (_, r_a, _), members in groups.items():
         for start in range(0, len(members), NUC_CHUNK):
             chunk = members[start : start + NUC_CHUNK]
@@ -217,7 +219,7 @@ def solve_many(
             Zs = np.stack([r.Z[k // r.mask.shape[1]] for r, k in zip(reds, idxs)])
             b = np.stack([r.b.ravel()[k] for r, k in zip(reds, idxs)])
             ineq = np.stack([r.ineq.ravel()[k] for r, k in zip(reds, idxs)])
-            M, y, _, iters = ipm_many(Fs, Zs, b, ineq)
+            M, y, _, iters = ipm_many(Fs, Zs, b, ineq, compiled=compiled)
             if ineq.all():
                 scale = np.stack([r.scale.ravel()[k] for r, k in zip(reds, idxs)])
                 Mfs = _finish_many(Fs, Zs, b, scale, y, M)
@@ -239,6 +241,7 @@ def solve_many(
                     "rank_reduced": (red.A.shape[2], red.Z.shape[1]),
                     "iterations": int(iters[j]),
                     "batch_size": len(chunk),
+                    "route": "compiled" if compiled else "numpy",
                 }
                 raw = RawSolution(W, lam, OPTIMAL, int(iters[j]), info)
                 e = type(est)(**params)
