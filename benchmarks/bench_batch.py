@@ -7,10 +7,12 @@ ratios less so). Every instance's W is checked against the one-at-a-time solutio
 norm (a batched interior point against fit's augmented Lagrangian: two independent methods) the
 objectives too.
 
-The Frobenius rows time both routes of attsvm.svm.batch: the NumPy active set (``numpy``, what
-fit_many runs without numba; instances above BATCH_MAX_K = 80 rows go one at a time there) and the
-compiled dual active set (numba; ``compiled ×1`` on one thread, ``compiled ×N`` on N, the machine's
-cores or ATTSVM_NUM_THREADS). fit and the NumPy route run with one BLAS thread.
+Both norms time both routes: the NumPy one (``numpy``, what fit_many runs without numba: the batched
+active set of attsvm.svm.batch, where instances above BATCH_MAX_K = 80 rows go one at a time, and the
+batched interior point of attsvm.svm._sdp) and the compiled one (numba: the dual active set of
+attsvm.svm._active_set and the interior point of attsvm.svm._sdp_compiled; ``compiled ×1`` on one
+thread, ``compiled ×N`` on N, the machine's cores or ATTSVM_NUM_THREADS). fit and the NumPy route run
+with one BLAS thread.
 
     .venv/bin/python benchmarks/bench_batch.py            # R = 1000, 500 and 200
     .venv/bin/python benchmarks/bench_batch.py --quick    # R = 200, 100 and 40
@@ -64,8 +66,7 @@ def main() -> None:
         probs = [paper_instance(n, T, d, seed=r) for r in range(R)]
         toks = [p.optimal_tokens(ties="first") for p in probs]
         est = AttentionSVM(norm)  # type: ignore[arg-type]
-        # (the nuclear batch has one route)
-        these = routes if norm == "fro" else {"batched": (None, 1)}
+        these = routes
         times: dict[str, list[float]] = {name: [] for name in ["fit", *these]}
         for module, th in these.values():  # warm-up (compiles or loads the kernels)
             batch._compiled_module = module
@@ -89,8 +90,6 @@ def main() -> None:
         best = min(min(times[name]) for name in these)
         K = n * (T - 1)
         cells = " ".join(f"{min(times[name]) * 1e6:>13.1f}" for name in these)
-        if norm == "nuc":
-            cells = f"{cells:>{14 * len(routes) - 1}}"
         print(
             f"{norm:>4} {(n, T, d)!s:>14} {K:>5} {R:>5} {min(times['fit']) * 1e6:>14.1f} {cells} "
             f"{min(times['fit']) / best:>8.1f}× {dw:>11.1e} {dobj:>9.1e}"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from attsvm._threads import SMALL_SOLVE_ELEMENTS, blas_threads
@@ -109,3 +112,26 @@ def test_experiment_workers_run_the_compiled_batch_on_one_thread():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["4", "1"]
+
+
+def test_run_ranges_covers_every_instance_once_and_waits_for_its_threads_on_error():
+    from attsvm._threads import run_ranges
+
+    for B, threads, per in ((1000, 3, 10), (7, 2, 1), (5, 4, 8), (0, 2, 1)):
+        hits = np.zeros(B, dtype=int)
+        run_ranges(lambda lo, hi, h=hits: h.__setitem__(slice(lo, hi), h[lo:hi] + 1), B, threads, per, 4)
+        assert (hits == 1).all()
+    # the calling thread fails: the error reaches the caller only once the other threads have stopped
+    finished: list[tuple[int, int]] = []
+
+    def solve(lo: int, hi: int) -> None:
+        if threading.current_thread() is threading.main_thread():
+            raise RuntimeError("boom")
+        time.sleep(0.005)
+        finished.append((lo, hi))
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_ranges(solve, 400, 2, 10, 4)
+    count = len(finished)
+    time.sleep(0.05)
+    assert len(finished) == count

@@ -126,7 +126,11 @@ def run_ranges(
 
     pool = _pool(parts)
     futures = [pool.submit(work) for _ in range(parts - 1)]
-    work()  # (this thread too)
+    try:
+        work()  # (this thread too)
+    finally:  # (an error here returns only once the pool's threads have stopped writing)
+        for f in futures:
+            f.exception()
     for f in futures:
         f.result()
 

@@ -348,9 +348,10 @@ def solve_stack(
     solved concurrently (the kernel releases the GIL), with bit-identical results."""
     B, n, T, d = X.shape
     dz = Z.shape[2]
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    Z = np.ascontiguousarray(Z, dtype=np.float64)
-    alpha = np.ascontiguousarray(alpha, dtype=np.int64)
+    # (C-contiguous and writeable: a read-only array is another numba type, compiled again at first use)
+    X = np.require(X, np.float64, ["C", "W"])
+    Z = np.require(Z, np.float64, ["C", "W"])
+    alpha = np.require(alpha, np.int64, ["C", "W"])
     out = {
         "A": np.empty((B, n, T, d)),
         "W": np.empty((B, d, dz)),

@@ -27,7 +27,11 @@ With numba installed (the ``fast`` extra, and ``ATTSVM_COMPILED`` not 0: the swi
 :func:`attsvm.svm.batch.compiled`) the stack goes to :mod:`._sdp_compiled`, the same method compiled
 one instance at a time (about 2× faster on svm-rank's instances, where NumPy's per-call cost and the
 K × K elementwise work dominate the small programs). The NumPy route below is its reference: the two
-agree to round-off, iteration for iteration except where an instance sits on a stopping threshold.
+follow the same iterates to round-off, so they agree iteration for iteration except where an instance
+sits on a stopping threshold (a degenerate optimum at the round-off floor, or an infeasible instance's
+multipliers near ``DIVERGED_Y``), and except on an exactly singular Schur complement, where the NumPy
+route's LU may meet a zero pivot and the compiled Cholesky a tiny positive one (the batch removes
+repeated rows first, the usual cause).
 
 The interior point stops at a relative gap and infeasibility of ``tol``; the caller
 (:mod:`.batch_nuclear`) makes the primal exactly feasible, certifies it with the certificate of
@@ -101,7 +105,9 @@ def _max_step(Li: NDArray[np.float64], D: NDArray[np.float64]) -> NDArray[np.flo
     of ``L⁻¹ D L⁻ᵀ`` (exact: an estimate, e.g. by power iteration, cost the predictor more iterations
     than it saved)."""
     S = Li @ D @ Li.transpose(0, 2, 1)
-    ev = _guarded(np.linalg.eigvalsh, S, shape=S.shape[:2])[0][:, 0]  # (NaN, a step of NaN: that one leaves)
+    # (a NaN eigenvalue, from a NaN direction, gives the cap, so a full step: its NaN point fails the next
+    # factorisation and the instance leaves)
+    ev = _guarded(np.linalg.eigvalsh, S, shape=S.shape[:2])[0][:, 0]
     return np.where(ev < 0, -1.0 / np.minimum(ev, -1e-300), 1e30)
 
 
@@ -222,6 +228,7 @@ def ipm_many(
             break
         # factors of X and Z (an instance whose cone matrix LAPACK refuses leaves, unconverged)
         L2, ok2 = _guarded(np.linalg.cholesky, np.concatenate([X, Zm]))  # (one LAPACK call for both)
+        ok2 &= np.isfinite(L2).all(axis=(1, 2))  # (numpy returns NaN factors of a NaN matrix, not an error)
         P0 = X.shape[0]
         Lx, Lz, okx, okz = L2[:P0], L2[P0:], ok2[:P0], ok2[P0:]
         F, Zq, bb, iq, mm = Fs[pend], Zs[pend], b[pend], ineq[pend], m[pend]

@@ -428,10 +428,11 @@ def solve_stack(
     y = np.empty((B, K))
     conv = np.empty(B, dtype=np.bool_)
     iters = np.empty(B, dtype=np.int64)
-    Fs = np.ascontiguousarray(Fs, dtype=np.float64)
-    Zs = np.ascontiguousarray(Zs, dtype=np.float64)
-    b = np.ascontiguousarray(b, dtype=np.float64)
-    ineq = np.ascontiguousarray(ineq, dtype=np.bool_)
+    # (C-contiguous and writeable: a read-only array is another numba type, compiled again at first use)
+    Fs = np.require(Fs, np.float64, ["C", "W"])
+    Zs = np.require(Zs, np.float64, ["C", "W"])
+    b = np.require(b, np.float64, ["C", "W"])
+    ineq = np.require(ineq, np.bool_, ["C", "W"])
     args = (float(tol), int(max_iter), float(stall_below), int(stall_iters), float(diverged_y), float(fraction))
 
     def solve(lo: int, hi: int) -> None:
