@@ -46,10 +46,27 @@ def test_dask_local_cluster_gives_identical_results(serial_run: Path, tmp_path: 
     assert a == b
 
 
-def test_local_process_pool_gives_identical_results(serial_run: Path, tmp_path: Path) -> None:
+def test_local_process_pool_gives_identical_results(serial_run: Path, tmp_path: Path, monkeypatch) -> None:
+    import multiprocessing
+    import threading
+
+    from attsvm.experiments._executor import PoolExecutor
+
+    closes: list[tuple[str, str]] = []
+    close = PoolExecutor.close
+
+    def spy(self: PoolExecutor, abort: bool = False) -> None:
+        closes.append(("start", threading.current_thread().name))
+        close(self, abort)
+        closes.append(("end", threading.current_thread().name))
+
+    monkeypatch.setattr(PoolExecutor, "close", spy)
     out = tmp_path / "pool"
     reproduce("local-convergence", quick=True, overrides=SWEEP, out=out, workers=2, progress=False, command=["t"])
     pd.testing.assert_frame_equal(_frames(out), _frames(serial_run), check_exact=True)
+    # the workers were released in the background while the results were drawn, and were gone on return
+    assert closes == [("start", "attsvm-close-executor"), ("end", "attsvm-close-executor")]
+    assert not multiprocessing.active_children()
 
 
 def test_sigkill_mid_sweep_then_resume_loses_nothing(serial_run: Path, tmp_path: Path) -> None:

@@ -343,23 +343,33 @@ def reproduce(
                     raise RuntimeError(f"{exp.name}: more_trials never finished")
             aborted = False
         finally:
-            if own:
-                ex.close(abort=aborted)
-        seconds = time.perf_counter() - t0
-        data = store.load([t["key"] for t in trials])
-        results = _write_results(
-            exp,
-            settings,
-            data,
-            out,
-            seconds=seconds,
-            n_trials=len(trials),
-            computed=computed,
-            n_done=len(trials),
-            fingerprint_of=fp,
-        )
-        figures = _draw(exp, settings, data, results, out)
-        report = write_report(exp, settings, results, figures, out)
+            closing = None
+            if own and aborted:
+                ex.close(abort=True)
+            elif own and ex.close_in_background:  # (the workers exit while the results are written and drawn)
+                closing = threading.Thread(target=ex.close, name="attsvm-close-executor")
+                closing.start()
+            elif own:
+                ex.close()
+        try:
+            seconds = time.perf_counter() - t0
+            data = store.load([t["key"] for t in trials])
+            results = _write_results(
+                exp,
+                settings,
+                data,
+                out,
+                seconds=seconds,
+                n_trials=len(trials),
+                computed=computed,
+                n_done=len(trials),
+                fingerprint_of=fp,
+            )
+            figures = _draw(exp, settings, data, results, out)
+            report = write_report(exp, settings, results, figures, out)
+        finally:
+            if closing is not None:
+                closing.join()
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
 
 
