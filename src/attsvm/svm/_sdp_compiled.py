@@ -1,4 +1,4 @@
-"""The interior point of :mod:`._sdp`, compiled: one instance at a time, the same iterates.
+"""The interior point of :mod:`._sdp`, compiled: one instance at a time, the same iterates (docs/spec.md §3).
 
 :func:`attsvm.svm._sdp.ipm_many` sends a stack here when numba is installed (the ``fast`` extra). The
 method is the one of :mod:`._sdp` — the HKM direction, Mehrotra's predictor–corrector, the Schur
