@@ -131,3 +131,17 @@ def test_pool_workers_run_one_thread_per_pool() -> None:
         counts = [res for _, res in ex.map_unordered(_thread_counts, [(k, ()) for k in range(2)])]
     for torch_threads, blas in counts:
         assert torch_threads == 1 and blas and all(n == 1 for n in blas)
+
+
+def test_an_error_of_the_background_close_reaches_the_caller() -> None:
+    from attsvm.experiments._executor import Executor
+    from attsvm.experiments._runner import _Closing
+
+    class Broken(Executor):
+        def close(self, abort: bool = False) -> None:
+            raise RuntimeError("the pool broke while closing")
+
+    closing = _Closing(Broken())
+    closing.start()
+    with pytest.raises(RuntimeError, match="the pool broke"):
+        closing.join()

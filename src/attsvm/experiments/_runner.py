@@ -347,7 +347,7 @@ def reproduce(
             if own and aborted:
                 ex.close(abort=True)
             elif own and ex.close_in_background:  # (the workers exit while the results are written and drawn)
-                closing = threading.Thread(target=ex.close, name="attsvm-close-executor")
+                closing = _Closing(ex)
                 closing.start()
             elif own:
                 ex.close()
@@ -369,8 +369,28 @@ def reproduce(
             report = write_report(exp, settings, results, figures, out)
         finally:
             if closing is not None:
-                closing.join()
+                closing.join()  # (and re-raises an error of the close)
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
+
+
+class _Closing(threading.Thread):
+    """``executor.close()`` in a thread of its own; :meth:`join` re-raises its error, if any."""
+
+    def __init__(self, executor: Executor) -> None:
+        super().__init__(name="attsvm-close-executor")
+        self.executor = executor
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.executor.close()
+        except BaseException as exc:  # (handed to the caller by join)
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 def _drop_stale_results(out: Path, fp: str) -> None:

@@ -10,7 +10,8 @@ rank constraint, ``backend="auto"``, no explicit ``max_iter``) here:
    repeated exactly (a duplicated token) is kept once.
 2. **Interior point, batched**: instances whose reduced programs have the same shape
    (K rows, r_a, r_z) are stacked and solved together by :func:`attsvm.svm._sdp.ipm_many`, the
-   primal–dual interior-point method on the semidefinite form of the nuclear SVM.
+   primal–dual interior-point method on the semidefinite form of the nuclear SVM (with numba, the same
+   method compiled per instance, :mod:`attsvm.svm._sdp_compiled`; ``info_["route"]`` says which ran).
 3. **Lift and certify**, per instance, exactly as ``fit``: the primal made exactly feasible
    (:func:`~attsvm.svm._factored._make_feasible`), lifted to W, and the certificate of
    :mod:`.certificate` computed from (W, λ) in the user's units.
