@@ -200,8 +200,8 @@ def main() -> None:
             print(f"  fit_stack: {int(stack.optimal.sum())}/{R} optimal; instance 0's W against fit's: {dW:.1e}")
             for th in sorted({1, batch_threads()}):
                 os.environ["ATTSVM_NUM_THREADS"] = str(th)
-                t_many, _ = best(lambda est=est, probs=probs, toks=toks: est.fit_many(probs, toks), 3, 30.0)
-                t_stack, _ = best(lambda est=est, X=X, Z=Z, A=A: est.fit_stack(X, Z, A), 3, 30.0)
+                t_many, _ = best(lambda est=est, probs=probs, toks=toks: est.fit_many(probs, toks), args.repeat, 30.0)
+                t_stack, _ = best(lambda est=est, X=X, Z=Z, A=A: est.fit_stack(X, Z, A), args.repeat, 30.0)
                 many["fit_many", th] = t_many / R
                 many["fit_stack", th] = t_stack / R
                 print(

@@ -91,6 +91,49 @@ def test_threads_give_bit_identical_results():
             np.testing.assert_array_equal(one[key][:n_probs], many[key])
 
 
+def test_scratch_arrays_carry_nothing_from_one_instance_to_the_next():
+    # the scratch arrays are allocated once per range (gi._workspace): each instance must come out as if
+    # solved alone, whatever the one before it left there (an infeasible exit, a tie, an iteration limit)
+    rng = np.random.default_rng(1)
+    probs = [paper_instance(10, 5, 4, seed=s) for s in range(12)]  # dependent rows: infeasible selections
+    toks = [p.optimal_tokens(ties="first") if s % 3 else rng.integers(0, 5, size=10) for s, p in enumerate(probs)]
+    X, Z, a = _stack(probs, toks)
+    X[4, 2, (a[4, 2] + 1) % 5] = X[4, 2, a[4, 2]]  # a tied row: LEAVE_TIED
+
+    def solve(sl, **kw):
+        return gi.solve_stack(X[sl], Z[sl], a[sl], gi.GI_TOL, kw.pop("max_iter", gi.max_iterations(40)))
+
+    stacked = solve(slice(None))
+    codes = set(stacked["code"].tolist())
+    assert {batch.LEAVE_INFEASIBLE, batch.LEAVE_TIED} <= codes and max(codes) > 0
+    for b in range(len(probs)):
+        alone = solve(slice(b, b + 1))
+        code = stacked["code"][b]
+        # (an instance that left has only its code, and the infeasible ones their Farkas candidate)
+        keys = list(alone) if code >= 0 else ["code", "lam"] if code == batch.LEAVE_INFEASIBLE else ["code"]
+        for key in keys:
+            np.testing.assert_array_equal(stacked[key][b], alone[key][0], err_msg=f"instance {b}: {key}")
+    short = gi.solve_stack(X, Z, a, gi.GI_TOL, 3)  # every instance stopped part way: the next starts afresh
+    assert batch.LEAVE_MAX_ITER in short["code"].tolist()
+    for b in range(len(probs)):
+        alone = gi.solve_stack(X[b : b + 1], Z[b : b + 1], a[b : b + 1], gi.GI_TOL, 3)
+        assert short["code"][b] == alone["code"][0]
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 7, 42, 81])
+def test_select_is_the_sorted_entry(K):
+    # the median of the global scale g (gi._select, quickselect) against np.sort, ties included
+    rng = np.random.default_rng(K)
+    for trial in range(300):
+        v = rng.standard_normal(K)
+        if trial % 3 == 0:
+            v = np.round(v, 1)  # many ties
+        if trial % 7 == 0:
+            v[:] = 1.0
+        for k in {0, K // 2, K - 1, int(rng.integers(0, K))}:
+            assert gi._select(v.copy(), k) == np.sort(v)[k]
+
+
 @pytest.mark.parametrize("scale", [1e-8, 1e8])
 def test_scale_invariance(scale):
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(8)]
