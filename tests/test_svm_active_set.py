@@ -100,8 +100,8 @@ def test_scratch_arrays_carry_nothing_from_one_instance_to_the_next():
     X, Z, a = _stack(probs, toks)
     X[4, 2, (a[4, 2] + 1) % 5] = X[4, 2, a[4, 2]]  # a tied row: LEAVE_TIED
 
-    def solve(sl, **kw):
-        return gi.solve_stack(X[sl], Z[sl], a[sl], gi.GI_TOL, kw.pop("max_iter", gi.max_iterations(40)))
+    def solve(sl, max_iter=None):
+        return gi.solve_stack(X[sl], Z[sl], a[sl], gi.GI_TOL, gi.max_iterations(40) if max_iter is None else max_iter)
 
     stacked = solve(slice(None))
     codes = set(stacked["code"].tolist())
@@ -113,11 +113,10 @@ def test_scratch_arrays_carry_nothing_from_one_instance_to_the_next():
         keys = list(alone) if code >= 0 else ["code", "lam"] if code == batch.LEAVE_INFEASIBLE else ["code"]
         for key in keys:
             np.testing.assert_array_equal(stacked[key][b], alone[key][0], err_msg=f"instance {b}: {key}")
-    short = gi.solve_stack(X, Z, a, gi.GI_TOL, 3)  # every instance stopped part way: the next starts afresh
+    short = solve(slice(None), max_iter=3)  # every instance stopped part way: the next starts afresh
     assert batch.LEAVE_MAX_ITER in short["code"].tolist()
     for b in range(len(probs)):
-        alone = gi.solve_stack(X[b : b + 1], Z[b : b + 1], a[b : b + 1], gi.GI_TOL, 3)
-        assert short["code"][b] == alone["code"][0]
+        assert short["code"][b] == solve(slice(b, b + 1), max_iter=3)["code"][0]
 
 
 @pytest.mark.parametrize("K", [1, 2, 3, 7, 42, 81])

@@ -61,8 +61,8 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 @nb.njit(cache=True, nogil=True)
 def _select(v, k):
     """The k-th smallest entry of v (0-based; the value ``np.sort(v)[k]``) by quickselect with a
-    median-of-three pivot, reordering v in place: O(len v), where a sort of K = 42 values cost about a
-    tenth of an instance's solve."""
+    median-of-three pivot, reordering v in place: expected O(len v), where a sort of K = 42 values cost
+    about a tenth of an instance's solve."""
     lo = 0
     hi = v.shape[0] - 1
     while lo < hi:
@@ -99,6 +99,7 @@ def _workspace(n, T, d, dz):
         np.empty(K, np.int64),  # seq: the sequence i of row k
         np.empty(K, np.int64),  # tpos: its token t
         np.empty(K),  # inv_s: 1/s_k
+        np.empty(K),  # bh: b̂ = 1/(s_k g)
         np.empty(n),  # zn: ‖z_i‖
         np.empty(K),  # srt: scratch of the median
         np.empty((n, n)),  # Zg: the Gram matrix of the queries
@@ -122,7 +123,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     A (n, T, d; 0 at α), W (d, d_z), λ (n, T), margins (n, T), support (n, T) and
     ``stats = (violation, relative violation, gap, relative gap, complementarity, g)``; returns the
     iteration count, or a negative LEAVE_* code."""
-    AT, seq, tpos, inv_s, zn, srt, Zg, cols, act, isact, L, M, lamA, mh, rho, r, work, u = ws
+    AT, seq, tpos, inv_s, bh, zn, srt, Zg, cols, act, isact, L, M, lamA, mh, rho, r, work, u = ws
     n, T, d = X.shape
     dz = Z.shape[1]
     K = n * (T - 1)
@@ -167,7 +168,8 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     srt[:] = inv_s
     mant, ex = math.frexp(_select(srt, K // 2))
     g = math.ldexp(1.0, ex - 1 if mant == 0.5 else ex)
-    bh = inv_s / g
+    for k in range(K):
+        bh[k] = inv_s[k] / g
     for i in range(n):
         for i2 in range(n):
             acc = 0.0
