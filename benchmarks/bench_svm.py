@@ -218,7 +218,8 @@ def _time_fits(case: tuple, one_thread: bool) -> float:
     (n, T, d), reps, norm = case
     probs = [paper_instance(n, T, d, seed=r) for r in range(reps)]
     toks = [p.optimal_tokens(ties="first") for p in probs]
-    with mock.patch.object(est_mod, "SMALL_SOLVE_ELEMENTS", 10**12 if one_thread else -1):
+    limit = 10**12 if one_thread else -1  # (the Frobenius and the nuclear thresholds alike)
+    with mock.patch.multiple(est_mod, SMALL_SOLVE_ELEMENTS=limit, SMALL_NUCLEAR_ELEMENTS=limit):
         AttentionSVM(norm=norm).fit(probs[0], toks[0])
         t0 = time.perf_counter()
         for p, a in zip(probs, toks):
@@ -227,9 +228,10 @@ def _time_fits(case: tuple, one_thread: bool) -> float:
 
 
 def threads_table() -> int:
-    """Our fits with one BLAS thread (what the estimator does below attsvm._threads.SMALL_SOLVE_ELEMENTS)
-    against the library's default pool, each in a fresh Python process started as a user would start
-    a script (a multiprocessing child does not show the pool's slowdown), without OMP_NUM_THREADS."""
+    """Our fits with one BLAS thread (what the estimator does below attsvm._threads.SMALL_SOLVE_ELEMENTS,
+    or SMALL_NUCLEAR_ELEMENTS for the nuclear norm) against the library's default pool, each in a fresh
+    Python process started as a user would start a script (a multiprocessing child does not show the
+    pool's slowdown), without OMP_NUM_THREADS."""
     import subprocess
 
     cases = [((6, 8, 10), 50, "fro"), ((15, 15, 20), 20, "fro"), ((50, 20, 50), 5, "fro"), ((100, 20, 100), 3, "fro")]

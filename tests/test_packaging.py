@@ -162,6 +162,29 @@ def test_require_names_the_extra_when_the_module_is_missing(monkeypatch, module,
     assert "this feature" in str(info.value) and repr(module) in str(info.value)
 
 
+HIERARCHY_WITHOUT_PANDAS = textwrap.dedent(
+    """
+    import sys
+    sys.modules["pandas"] = None  # as if the experiments extra were not installed
+    import attsvm
+    import attsvm.hierarchy as h  # (the solvers and the depth trainer do not need pandas)
+    for f in (h.layer_trajectories, h.settle_steps):
+        try:
+            f(None)
+        except attsvm.MissingExtraError as exc:
+            assert 'attsvm[experiments]' in str(exc) and f.__name__ in str(exc), str(exc)
+        else:
+            raise AssertionError(f"{f.__name__} ran without pandas")
+    print("OK")
+    """
+)
+
+
+def test_hierarchy_imports_without_pandas_and_its_tables_name_the_extra():
+    proc = subprocess.run([sys.executable, "-c", HIERARCHY_WITHOUT_PANDAS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
+
+
 def test_require_returns_the_module_when_installed():
     import numpy
 

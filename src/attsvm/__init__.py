@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     # solvers (docs/spec.md §3, §5)
     "AttentionSVM": "attsvm.svm",
     "InfeasibleSVMError": "attsvm.svm",
+    "MissingExtraError": "attsvm._extras",
     "feasible": "attsvm.svm",
     "FeasibilityReport": "attsvm.svm",
     "locally_optimal": "attsvm.svm",

@@ -22,17 +22,20 @@ before directions do, and in which order the layers settle.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 from numpy.typing import NDArray
 
+from ._extras import require
 from ._linalg import correlation
 from .problem import AttentionProblem
 from .svm import AttentionSVM
 from .training.depth import DeepResult, deep_forward
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["layer_problem", "layer_svms", "layer_equivalence", "layer_trajectories", "settle_steps"]
 
@@ -101,6 +104,7 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
     ``corr_rolling`` (against the SVM of step k's inputs and selection; NaN where that SVM has no
     solution, or at steps not in ``rolling``: True for every recorded step, False for none, or a list of
     steps), ``changed`` (the selection differs from the final one), and the final SVM's status."""
+    pd = require("pandas", feature="attsvm.hierarchy.layer_trajectories")
     R, L = result.W.shape[0], result.layers
     steps = result.history["step"]
     finals = layer_svms(result, norm)
@@ -136,6 +140,7 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
 def settle_steps(traj: pd.DataFrame, tau: float = 0.99) -> pd.DataFrame:
     """Per run and layer: ``selection_settled`` (first recorded step from which the selection equals the
     final one) and ``direction_settled`` (first step from which corr_final ≥ τ stays; NaN if never)."""
+    pd = require("pandas", feature="attsvm.hierarchy.settle_steps")
     out = []
     for (r, ell), g in traj.sort_values("step").groupby(["run", "layer"]):
         steps = g.step.to_numpy()
