@@ -145,3 +145,26 @@ def test_an_error_of_the_background_close_reaches_the_caller() -> None:
     closing.start()
     with pytest.raises(RuntimeError, match="the pool broke"):
         closing.join()
+    quiet = _Closing(Broken())  # (while another error propagates, the caller joins without raising)
+    quiet.start()
+    quiet.join(reraise=False)
+    assert isinstance(quiet.error, RuntimeError) and not quiet.is_alive()
+
+
+def test_an_error_writing_the_results_is_not_masked_by_the_close(monkeypatch, tmp_path) -> None:
+    from attsvm.experiments import _runner
+    from attsvm.experiments._executor import PoolExecutor
+
+    real_close = PoolExecutor.close
+
+    def broken_close(self, abort: bool = False) -> None:
+        real_close(self, abort=abort)  # (the workers do exit: no process is left behind)
+        raise RuntimeError("the pool broke while closing")
+
+    def broken_write(*args, **kwargs):
+        raise OSError("disk full while writing results.json")
+
+    monkeypatch.setattr(PoolExecutor, "close", broken_close)
+    monkeypatch.setattr(_runner, "_write_results", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        _runner.reproduce("local-convergence", out=tmp_path / "r", quick=True, workers=2, progress=False)

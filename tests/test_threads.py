@@ -135,3 +135,16 @@ def test_run_ranges_covers_every_instance_once_and_waits_for_its_threads_on_erro
     count = len(finished)
     time.sleep(0.05)
     assert len(finished) == count
+
+
+def test_a_larger_pool_replaces_the_smaller_one_and_shuts_it_down(monkeypatch):
+    from attsvm import _threads
+
+    monkeypatch.setattr(_threads, "_executor", None)
+    small = _threads._pool(2)
+    assert _threads._pool(2) is small  # (kept between calls)
+    large = _threads._pool(4)
+    assert large is not small and large._max_workers >= 3
+    with pytest.raises(RuntimeError, match="shutdown"):
+        small.submit(int)  # (its idle threads exit instead of lingering until the process ends)
+    large.shutdown(wait=True)

@@ -156,5 +156,7 @@ def _pool(parts: int) -> ThreadPoolExecutor:
     global _executor
     with _executor_lock:
         if _executor is None or _executor._max_workers < parts - 1:
+            if _executor is not None:  # (its threads exit once the jobs already given to it are done)
+                _executor.shutdown(wait=False)
             _executor = ThreadPoolExecutor(max(1, parts - 1), thread_name_prefix="attsvm-batch")
         return _executor

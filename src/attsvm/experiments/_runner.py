@@ -367,9 +367,12 @@ def reproduce(
             )
             figures = _draw(exp, settings, data, results, out)
             report = write_report(exp, settings, results, figures, out)
-        finally:
+        except BaseException:
             if closing is not None:
-                closing.join()  # (and re-raises an error of the close)
+                closing.join(reraise=False)  # (the error of writing the results is the one to see)
+            raise
+        if closing is not None:
+            closing.join()  # (and re-raises an error of the close)
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
 
 
@@ -387,9 +390,9 @@ class _Closing(threading.Thread):
         except BaseException as exc:  # (handed to the caller by join)
             self.error = exc
 
-    def join(self, timeout: float | None = None) -> None:
+    def join(self, timeout: float | None = None, *, reraise: bool = True) -> None:
         super().join(timeout)
-        if self.error is not None:
+        if reraise and self.error is not None:
             raise self.error
 
 
