@@ -220,17 +220,21 @@ class Stacked(NamedTuple):
 def solve_group(
     est: AttentionSVM,
     problems: list[AttentionProblem],
-    alphas: list[NDArray[np.int64]],
+    alpha: NDArray[np.int64],
     opt: FrobeniusOptions,
 ) -> list[AttentionSVM | None]:
-    """Fit the Frobenius SVMs of ``problems`` (one shape) at ``alphas`` as one program (module doc).
+    """Fit the Frobenius SVMs of ``problems`` (one shape, :func:`group_key`) at the selections ``alpha``
+    (B, n) as one program (module doc).
 
     Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
     must go through ``fit`` (a vanishing feature, an unsettled or singular face, a certificate that
     misses ``est.tol``)."""
-    X = np.stack([p.X for p in problems])  # (B, n, T, d)
-    Zq = np.stack([p.queries for p in problems])  # (B, n, d_z)
-    st = solve_arrays(est, X, Zq, np.stack(alphas), opt)
+    B = len(problems)
+    n, T, d, dz = group_key(problems[0])
+    # (one shape: concatenating and reshaping costs half of np.stack, which reshapes every array first)
+    X = np.concatenate([p.X for p in problems]).reshape(B, n, T, d)
+    Zq = np.concatenate([p.queries for p in problems]).reshape(B, n, dz)
+    st = solve_arrays(est, X, Zq, alpha, opt)
     out: list[AttentionSVM | None] = [None] * len(problems)
     for i, e in proved_infeasible(est, st).items():
         out[i] = e
@@ -405,7 +409,8 @@ def estimators(
     B, n, T, _ = st.A.shape
     K = n * (T - 1)
     idx = keep.tolist()
-    objective = np.sqrt(np.einsum("bde,bde->b", st.W[keep], st.W[keep])).tolist()
+    W = st.W if len(idx) == B else st.W[keep]
+    objective = np.sqrt(np.einsum("bde,bde->b", W, W)).tolist()
     eq = np.zeros((n, T), dtype=bool)
     eq.flags.writeable = False  # (shared by every instance's constraint set)
     rhs = st.mask.astype(np.float64)

@@ -131,13 +131,19 @@ _FITTED = (
 )
 
 
-def _check_selections(probs: list[AttentionProblem], toks: list[ArrayLike | None]) -> list[NDArray[np.int64]]:
+def _check_selections(
+    probs: list[AttentionProblem], toks: list[ArrayLike | None]
+) -> tuple[list[NDArray[np.int64]], NDArray[np.int64] | None]:
     """:meth:`AttentionProblem.check_tokens` for each (problem, selection) pair of
     :meth:`AttentionSVM.fit_many`, its error naming the pair's position. Selections that are already
     int64 vectors of the right length are range-checked together (a sweep passes thousands of them);
     if any is out of range, and for every other selection, ``check_tokens`` runs one by one and raises
-    the named error."""
+    the named error.
+
+    Returns the checked selections and, when all of them were checked together and have one length,
+    the matrix whose rows they are (None otherwise)."""
     alphas: list[NDArray[np.int64] | None] = [None] * len(probs)
+    stacked: NDArray[np.int64] | None = None
     fast: list[int] = []
     for i, (p, t) in enumerate(zip(probs, toks)):
         if not isinstance(p, AttentionProblem):
@@ -153,7 +159,12 @@ def _check_selections(probs: list[AttentionProblem], toks: list[ArrayLike | None
         if ((flat >= 0) & (flat < bound)).all():
             n0 = lengths[0]
             same = all(m == n0 for m in lengths)  # (one n: rows of a matrix, cheaper than np.split)
-            parts = list(flat.reshape(-1, n0)) if same else np.split(flat, np.cumsum(lengths)[:-1])
+            if same:
+                parts = list(flat.reshape(-1, n0))
+                if len(fast) == len(probs):
+                    stacked = flat.reshape(-1, n0)
+            else:
+                parts = np.split(flat, np.cumsum(lengths)[:-1])
             for i, t in zip(fast, parts):
                 alphas[i] = t
     for i, (p, t) in enumerate(zip(probs, toks)):
@@ -166,7 +177,7 @@ def _check_selections(probs: list[AttentionProblem], toks: list[ArrayLike | None
                 raise TypeError(f"problems[{i}]: {exc}") from exc
             except ValueError as exc:
                 raise ValueError(f"problems[{i}]: {exc}") from exc
-    return alphas  # type: ignore[return-value]
+    return alphas, stacked  # type: ignore[return-value]
 
 
 class AttentionSVM:
@@ -352,7 +363,7 @@ class AttentionSVM:
             raise ValueError(
                 f"tokens must hold one selection per problem (or be None); got {len(toks)} for {len(probs)} problems"
             )
-        alphas = _check_selections(probs, toks)
+        alphas, stacked = _check_selections(probs, toks)
         out: list[AttentionSVM | None] = [None] * len(probs)
         if batch.ready(self):
             opt = FrobeniusOptions(tol=min(float(self.tol), 1e-10))
@@ -367,7 +378,8 @@ class AttentionSVM:
                     groups.setdefault(key, []).append(i)
             for members in groups.values():
                 with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
-                    fitted = batch.solve_group(self, [probs[i] for i in members], [alphas[i] for i in members], opt)
+                    alpha = np.stack([alphas[i] for i in members]) if stacked is None else stacked[members]
+                    fitted = batch.solve_group(self, [probs[i] for i in members], alpha, opt)
                 for i, e in zip(members, fitted):
                     out[i] = e
         if batch_nuclear.ready(self):
