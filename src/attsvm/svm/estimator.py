@@ -143,7 +143,6 @@ def _check_selections(
     Returns the checked selections and, when all of them were checked together and have one length,
     the matrix whose rows they are (None otherwise)."""
     alphas: list[NDArray[np.int64] | None] = [None] * len(probs)
-    stacked: NDArray[np.int64] | None = None
     fast: list[int] = []
     for i, (p, t) in enumerate(zip(probs, toks)):
         if not isinstance(p, AttentionProblem):
@@ -160,9 +159,10 @@ def _check_selections(
             n0 = lengths[0]
             same = all(m == n0 for m in lengths)  # (one n: rows of a matrix, cheaper than np.split)
             if same:
-                parts = list(flat.reshape(-1, n0))
-                if len(fast) == len(probs):
+                if len(fast) == len(probs):  # (every pair passed the loop above: all are problems)
                     stacked = flat.reshape(-1, n0)
+                    return list(stacked), stacked
+                parts = list(flat.reshape(-1, n0))
             else:
                 parts = np.split(flat, np.cumsum(lengths)[:-1])
             for i, t in zip(fast, parts):
@@ -177,7 +177,7 @@ def _check_selections(
                 raise TypeError(f"problems[{i}]: {exc}") from exc
             except ValueError as exc:
                 raise ValueError(f"problems[{i}]: {exc}") from exc
-    return alphas, stacked  # type: ignore[return-value]
+    return alphas, None  # type: ignore[return-value]
 
 
 class AttentionSVM:
