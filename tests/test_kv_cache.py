@@ -270,3 +270,16 @@ def test_beam_search_does_not_refuse_every_step_and_matches_per_layer(tiny_lm):
                 fused[fuse] = (cache.n_fused_steps, any(layer.group is not None for layer in cache.layers))
     assert torch.equal(outs[False], outs[True])
     assert fused[True] == (0, False)
+
+
+def test_a_budget_above_the_stored_keys_and_an_unknown_layer_are_named(tiny_lm):
+    s = torch.zeros(1, 1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"budget must be in \[1, 4\] \(the keys stored\), got 5"):
+        select_keep(SVMarginPolicy(recent=0), s, torch.arange(4).view(1, 1, 4), 5, 4)
+    model, _, _ = tiny_lm
+    with EvictionCache(model, "svm", budget=6) as cache:
+        n_layers = len(cache.layers)
+        with pytest.raises(ValueError, match=rf"layer_idx must be in \[0, {n_layers}\), got 99"):
+            cache.stored_length(99)
+    with pytest.raises(ValueError, match="seed must be <= 9223372036854775807"):
+        make_policy("random", seed=2**70)

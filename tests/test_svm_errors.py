@@ -37,7 +37,7 @@ def problem():
         (dict(tol=float("nan")), ValueError, r"tol must be a finite number > 0"),
         (dict(tol="small"), TypeError, r"tol must be a finite number > 0; got 'small'"),
         (dict(max_iter=0), ValueError, r"max_iter must be None or an integer >= 1; got 0"),
-        (dict(seed=-1), ValueError, r"seed must be an integer >= 0; got -1"),
+        (dict(seed=-1), ValueError, r"seed must be an integer >= 0 and <= 9223372036854775807; got -1"),
         (dict(solver="ECOS", backend="cvxpy"), ValueError, r"solver must be one of None, 'CLARABEL', 'SCS'"),
         (dict(solver="SCS"), ValueError, r"solver='SCS' applies to backend='cvxpy' only"),
     ],

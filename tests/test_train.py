@@ -371,8 +371,34 @@ def test_train_errors():
         train(p, param="KQ", steps=1, init="zeros")
     with pytest.raises(ValueError, match=r"init must be one of|init must be"):
         train(p, steps=1, init="xavier")
-    with pytest.raises(ValueError, match="seed must be an integer or 2 non-negative integers"):
+    with pytest.raises(ValueError, match=r"seed must be an integer or 2 integers in \[0, 9223372036854775807\]"):
         train(p, steps=1, n_init=2, seed=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"seed must be an integer or 2 integers in \[0, 9223372036854775807\]"):
+        train(p, steps=1, n_init=2, seed=[1, 2**63])  # (numpy makes it uint64, then int64 would wrap)
+    with pytest.raises(ValueError, match="seed must be <= 9223372036854775806 for 2 runs"):
+        train(p, steps=1, n_init=2, seed=2**63 - 1)
+    with pytest.raises(ValueError, match="seed must be <= 9223372036854775807, got 1180591620717411303424"):
+        train(p, steps=1, seed=2**70)
+    with pytest.raises(ValueError, match="device='tpu' is not a torch device"):
+        train(p, steps=1, device="tpu")
+    with pytest.raises(TypeError, match="device must be a torch device or its name"):
+        train(p, steps=1, device=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda' is not available on this machine"):
+            train(p, steps=1, device="cuda")
+    with pytest.raises(TypeError, match="record_W must be True, False or None, got str 'yes'"):
+        train(p, steps=1, record_W="yes")
+    with pytest.raises(ValueError, match="lr schedule must return a positive finite float or 1 such floats, got 'x'"):
+        train(p, steps=1, lr=lambda k: "x")
+    huge = AttentionProblem(p.X * 1e200, p.y, p.head, Z=p.Z)
+    with (
+        pytest.raises(ValueError, match=r"lr='auto' for plain GD is 1/L_W .* pass lr= explicitly"),
+        np.errstate(over="ignore"),
+    ):
+        train(huge, steps=1, normalized=False)
+    res = train(p, steps=1)
+    with pytest.raises(ValueError, match=r"run must be in \[0, 1\), got 9"):
+        res.problem(9)
     with pytest.raises(ValueError, match="m applies to param='KQ' only"):
         train(p, steps=1, m=3)
     with pytest.raises(ValueError, match="loss must be 'cross_entropy' for a multiclass head"):

@@ -77,13 +77,24 @@ def check_choice(value: Any, name: str, allowed: Iterable[Any]) -> Any:
     return value
 
 
-def check_positive_int(value: Any, name: str, *, minimum: int = 1) -> int:
-    """Check an integer argument ``>= minimum``."""
+# The largest seed: numpy's and torch's generators take seeds that fit in a signed 64-bit integer.
+SEED_MAX = 2**63 - 1
+
+
+def check_positive_int(value: Any, name: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """Check an integer argument ``>= minimum`` (and ``<= maximum``)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return int(value)
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """Check a random seed: an integer in [0, SEED_MAX]."""
+    return check_positive_int(value, name, minimum=0, maximum=SEED_MAX)
 
 
 def check_finite_scalar(value: Any, name: str, *, positive: bool = False) -> float:
@@ -144,16 +155,20 @@ class Integer(ParamSpec):
 
     minimum: int = 1
     optional: bool = False
+    maximum: int | None = None
 
     @property
     def expected(self) -> str:  # type: ignore[override]
-        return ("None or " if self.optional else "") + f"an integer >= {self.minimum}"
+        top = "" if self.maximum is None else f" and <= {self.maximum}"
+        return ("None or " if self.optional else "") + f"an integer >= {self.minimum}{top}"
 
     def wrong_type(self, value: Any) -> bool:
         return not (_is_int(value) or (self.optional and value is None))
 
     def ok(self, value: Any) -> bool:
-        return (self.optional and value is None) or (_is_int(value) and value >= self.minimum)
+        if self.optional and value is None:
+            return True
+        return _is_int(value) and value >= self.minimum and (self.maximum is None or value <= self.maximum)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._validation import check_choice, check_finite_scalar, check_positive_int
+from ._validation import check_choice, check_finite_scalar, check_positive_int, check_seed
 from .problem import AttentionProblem, Head
 
 __all__ = ["paper_instance", "gd_paths_instance", "random_instance", "mlp_head", "hop_instance", "HopInstance"]
@@ -23,11 +23,7 @@ def _check_nTd(n: int, T: int, d: int) -> tuple[int, int, int]:
 
 
 def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    return int(seed)
+    return check_seed(seed)
 
 
 def paper_instance(

@@ -42,7 +42,8 @@ LossName = Literal["logistic", "exponential", "correlation"]
 LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation")
 TIES: tuple[str, ...] = ("raise", "first")
 
-# Relative tolerance under which two token scores count as a tie for the maximum (docs/spec.md §2).
+# Tolerance under which two token scores count as a tie for the maximum (docs/spec.md §2), relative to
+# the largest |score| of the sequence (so that scaling X or the head changes no verdict).
 TIE_RTOL = 1e-12
 
 
@@ -363,16 +364,16 @@ class AttentionProblem(_TokenShape):
     def optimal_tokens(self, ties: Literal["raise", "first"] = "raise") -> NDArray[np.int64]:
         """``opt_i = argmax_t γ_it`` of shape (n,) (docs/spec.md §2).
 
-        A tie for the maximum breaks the theory's assumption: by default a :class:`TieError` names
-        the sequences concerned; ``ties="first"`` takes the first maximiser instead.
+        A tie for the maximum (scores within ``TIE_RTOL`` of the largest, relative to the sequence's
+        largest |score|) breaks the theory's assumption: by default a :class:`TieError` names the
+        sequences concerned; ``ties="first"`` takes the first maximiser instead.
         """
         check_choice(ties, "ties", TIES)
         g = self.scores
         opt = np.argmax(g, axis=1).astype(np.int64)
         if ties == "raise":
             top = g.max(axis=1, keepdims=True)
-            # = np.isclose(g, top, rtol=TIE_RTOL, atol=TIE_RTOL * (1 + |top|)), in fewer steps
-            close = np.abs(g - top) <= TIE_RTOL * (1.0 + 2.0 * np.abs(top))
+            close = np.abs(g - top) <= TIE_RTOL * np.abs(g).max(axis=1, keepdims=True)
             counts = close.sum(axis=1)
             if np.any(counts > 1):
                 seqs = [int(i) for i in np.flatnonzero(counts > 1)]
@@ -395,10 +396,17 @@ class AttentionProblem(_TokenShape):
         return np.einsum("ntd,...nd->...nt", self.X, u)
 
     def softmax(self, W: ArrayLike) -> NDArray[np.float64]:
-        """Attention probabilities ``s_it`` of shape (n, T) (or (R, n, T)), computed stably."""
+        """Attention probabilities ``s_it`` of shape (n, T) (or (R, n, T)), computed stably: when the
+        logits overflow (a W so large that ``x_itᵀ W z_i`` is not a float), from the logits of W/m,
+        m = max|W|, as ``exp(m·(g − max g))``, whose limit puts the mass on the maximisers."""
         g = self.logits(W)
-        g = g - g.max(axis=-1, keepdims=True)
-        e = np.exp(g)
+        m: float | NDArray[np.float64] = 1.0
+        if not np.isfinite(g).all():
+            Wa = np.asarray(W, dtype=np.float64)
+            m = np.abs(Wa).max(axis=(-2, -1), keepdims=True)  # (finite: as_float_array refused inf)
+            g = self.logits(np.divide(Wa, m, out=np.zeros_like(Wa), where=m > 0))  # (m: one per W)
+        with np.errstate(over="ignore"):
+            e = np.exp(m * (g - g.max(axis=-1, keepdims=True)))
         return e / e.sum(axis=-1, keepdims=True)
 
     # ------------------------------------------------------------------ persistence
@@ -436,11 +444,22 @@ class AttentionProblem(_TokenShape):
             missing = {"X", "y"} - keys
             if missing:
                 raise ValueError(f"{path} must contain arrays X and y; missing {sorted(missing)} (has {sorted(keys)})")
+
+            def need(*names: str) -> None:
+                absent = [x for x in names if x not in keys]
+                if absent:
+                    raise ValueError(f"{path} must contain arrays {list(names)}; missing {absent} (has {sorted(keys)})")
+
             if "head_kind" in keys:
                 kind = str(f["head_kind"])
+                kinds = ("linear", "relu", "multiclass", "mlp")
+                if kind not in kinds:
+                    raise ValueError(f"{path}: head_kind must be one of {kinds}, got {kind!r}")
+                need("head_weights")
                 w = f["head_weights"]
                 if kind == "mlp":
-                    act, k = str(f["mlp_activation"]), int(f["mlp_width"])
+                    need("mlp_activation", "mlp_width", "mlp_out")
+                    act, k = str(f["mlp_activation"]), _npz_int(f["mlp_width"], path, "mlp_width")
                     n_hidden = len([x for x in keys if x.startswith("mlp_hidden_")])
                     hidden = [f[f"mlp_hidden_{j}"] for j in range(n_hidden)]
                     head: Head = Head.mlp(
@@ -457,6 +476,20 @@ class AttentionProblem(_TokenShape):
             else:
                 raise ValueError(f"{path} must contain the head: array v (linear) or head_kind + head_weights")
             Z = f["Z"] if "Z" in keys else None
-            qi = int(f["query_index"]) if "query_index" in keys else None
+            qi = _npz_int(f["query_index"], path, "query_index") if "query_index" in keys else None
             loss = str(f["loss"]) if "loss" in keys else "logistic"
             return cls(f["X"], f["y"], head, Z=Z, query_index=qi, loss=loss)  # type: ignore[arg-type]
+
+
+def _npz_int(value: NDArray, path: Path, name: str) -> int:
+    """A scalar integer array of an ``.npz`` file as an int, or a ValueError naming the file and array."""
+    if value.ndim != 0 or not (np.issubdtype(value.dtype, np.integer) and not np.issubdtype(value.dtype, np.bool_)):
+        raise ValueError(f"{path}: {name} must be a scalar integer, got {value.dtype} of shape {value.shape}")
+    return int(value)
+
+
+def check_problem(value: object, name: str = "problem") -> AttentionProblem:
+    """``value`` if it is an :class:`AttentionProblem`, else a TypeError naming ``name``."""
+    if not isinstance(value, AttentionProblem):
+        raise TypeError(f"{name} must be an AttentionProblem, got {type(value).__name__}")
+    return value

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._validation import as_float_array
-from .problem import AttentionProblem
+from .problem import AttentionProblem, check_problem
 
 __all__ = [
     "pair_differences",
@@ -49,7 +49,7 @@ def pair_differences(
     ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out; so are the rows of
     tokens tied with ``x_{iα_i}`` up to round-off (:func:`differences`).
     """
-    return _pair_differences(problem, problem.check_tokens(tokens))
+    return _pair_differences(problem, check_problem(problem).check_tokens(tokens))
 
 
 # Tokens equal to the selected one up to this many units of round-off in every coordinate are tied
@@ -83,7 +83,7 @@ def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -
 
     Equivalently ``logit_{iα_i} − logit_it``. ``W`` may be a stack (R, d, d) → (R, n, T).
     """
-    alpha = problem.check_tokens(tokens)
+    alpha = check_problem(problem).check_tokens(tokens)
     W = as_float_array(W, "W")
     logits = problem.logits(W)  # (..., n, T)
     top = np.take_along_axis(logits, np.broadcast_to(alpha[:, None], (*logits.shape[:-1], 1)), axis=-1)
@@ -97,12 +97,18 @@ def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDA
 
     ``margin`` must be the margins of the (normalised) SVM solution, with ``+inf`` at α_i.
     """
-    return np.isfinite(margin) & (np.abs(margin - 1.0) <= tol * np.maximum(1.0, np.abs(margin)))
+    try:
+        m = np.asarray(margin, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"margin must be an array of real margins, got {type(margin).__name__}") from None
+    if m.ndim != 2 or np.isnan(m).any():
+        raise ValueError(f"margin must be an (n, T) array of margins (+inf at α_i, no NaN), got shape {m.shape}")
+    return np.isfinite(m) & (np.abs(m - 1.0) <= tol * np.maximum(1.0, np.abs(m)))
 
 
 def selected_tokens(problem: AttentionProblem, W: ArrayLike) -> NDArray[np.int64]:
     """Tokens selected by attention ``α̂_i = argmax_t s_it`` (docs/spec.md §4), shape (n,) or (R, n)."""
-    return np.argmax(problem.logits(W), axis=-1).astype(np.int64)
+    return np.argmax(check_problem(problem).logits(W), axis=-1).astype(np.int64)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from .._extras import require
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice, check_positive_int, check_seed
 
 _cache_utils = require("transformers.cache_utils", feature="attsvm.analysis.kv_cache")
 Cache, CacheLayerMixin = _cache_utils.Cache, _cache_utils.CacheLayerMixin
@@ -272,7 +272,7 @@ class RandomPolicy(EvictionPolicy):
 
     def __init__(self, *, seed: int = 0, sinks: int = 0, recent: int | float = 0) -> None:
         super().__init__(sinks=sinks, recent=recent)
-        self.seed = check_positive_int(seed, "seed", minimum=0)
+        self.seed = check_seed(seed)
         self._gen = torch.Generator().manual_seed(self.seed)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
@@ -312,6 +312,9 @@ def select_keep(
     policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, budget: int, n_seen: int
 ) -> torch.Tensor:
     """Indices (B, H, budget), ascending, of the stored keys to keep (protected ones first, then priority)."""
+    stored = int(positions.shape[-1])
+    if not 1 <= check_positive_int(budget, "budget") <= stored:
+        raise ValueError(f"budget must be in [1, {stored}] (the keys stored), got {budget}")
     score = eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
     return torch.topk(score, budget, dim=-1, largest=False, sorted=False).indices.sort(dim=-1).values
 
@@ -923,7 +926,10 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
 
     def stored_length(self, layer_idx: int = 0) -> int:
         """Keys currently stored by a layer (≤ budget between steps)."""
-        keys = self.layers[layer_idx].keys
+        idx = check_positive_int(layer_idx, "layer_idx", minimum=0)
+        if idx >= len(self.layers):
+            raise ValueError(f"layer_idx must be in [0, {len(self.layers)}), got {layer_idx}")
+        keys = self.layers[idx].keys
         return 0 if keys is None else int(keys.shape[-2])
 
     def close(self) -> None:

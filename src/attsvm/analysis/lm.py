@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._validation import check_finite_scalar, check_positive_int
+from .._validation import check_finite_scalar, check_positive_int, check_seed
 from ._models import corpus_topics, set_offline
 
 __all__ = [
@@ -82,7 +82,7 @@ class LMConfig:
             "heldout_every",
         ):
             check_positive_int(getattr(self, f), f)
-        check_positive_int(self.seed, "seed", minimum=0)
+        check_seed(self.seed)
         check_finite_scalar(self.lr, "lr", positive=True)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd}, n_head={self.n_head}")
@@ -346,7 +346,7 @@ class LlamaLMConfig:
             "heldout_every",
         ):
             check_positive_int(getattr(self, f), f)
-        check_positive_int(self.seed, "seed", minimum=0)
+        check_seed(self.seed)
         check_finite_scalar(self.lr, "lr", positive=True)
         check_finite_scalar(self.answer_weight, "answer_weight")
         check_finite_scalar(self.init_std, "init_std", positive=True)

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice, check_positive_int, check_seed
 
 __all__ = [
     "TASKS",
@@ -225,7 +225,7 @@ def make_rows(
     """
     pd = _require_pandas()
     n_samples = check_positive_int(n_samples, "n_samples")
-    seed = check_positive_int(seed, "seed", minimum=0)
+    seed = check_seed(seed)
     check_choice(task, "task", TASKS)
     words = filler_words(split)
     rng = np.random.default_rng([seed, TASKS.index(task), n_tokens])

@@ -17,11 +17,13 @@ vectorised (cost O(n·T·d + n·d²)), so matrix-free solvers never form the K �
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ..problem import AttentionProblem
+from .._validation import as_float_array
+from ..problem import AttentionProblem, check_problem
 from ..tokens import _pair_differences
 
 __all__ = ["ConstraintSet", "Operator", "att_svm_constraints", "Subspaces", "RawSolution", "SolverStatus"]
@@ -132,6 +134,16 @@ def _orth(rows: NDArray[np.float64], rtol: float = 1e-12) -> NDArray[np.float64]
     return vt[:r].T.copy()
 
 
+def _as_bool(value: Any, name: str, shape: tuple[int, int]) -> NDArray[np.bool_]:
+    """``value`` as a boolean array of ``shape`` (bool, or integers 0/1), or an error naming ``name``."""
+    arr = np.asarray(value)
+    if arr.dtype != bool and not (np.issubdtype(arr.dtype, np.integer) and np.isin(arr, (0, 1)).all()):
+        raise TypeError(f"{name} must be a boolean array (or of 0/1 integers), got dtype {arr.dtype}")
+    if arr.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (n, T of A), got {arr.shape}")
+    return arr.astype(bool, copy=False)
+
+
 @dataclass(frozen=True)
 class ConstraintSet:
     """Linear constraints ``a_itᵀ W z_i (≥ or =) b_it`` in the (n, T) layout (see module doc).
@@ -153,15 +165,18 @@ class ConstraintSet:
     equality: NDArray[np.bool_] = field(default=None)  # type: ignore[arg-type]  # filled in __post_init__
 
     def __post_init__(self) -> None:
-        n, T, d = self.A.shape
+        A = as_float_array(self.A, "A", ndim=3, copy=False)
+        n, T, _ = A.shape
         # Z may have its own width: a restricted set (see :meth:`restrict`) has W of shape (r_a, r_z)
-        assert self.Z.ndim == 2 and self.Z.shape[0] == n and self.mask.shape == (n, T)
-        A = np.where(self.mask[..., None], self.A, 0.0)
-        object.__setattr__(self, "A", A)
-        rhs = np.ones((n, T)) if self.rhs is None else np.asarray(self.rhs, dtype=np.float64)
-        object.__setattr__(self, "rhs", np.where(self.mask, rhs, 0.0))
-        eq = np.zeros((n, T), dtype=bool) if self.equality is None else np.asarray(self.equality, dtype=bool)
-        object.__setattr__(self, "equality", eq & self.mask)
+        Z = as_float_array(self.Z, "Z", shape=(n, None))
+        mask = _as_bool(self.mask, "mask", (n, T))
+        object.__setattr__(self, "Z", Z)
+        object.__setattr__(self, "mask", mask)
+        object.__setattr__(self, "A", np.where(mask[..., None], A, 0.0))
+        rhs = np.ones((n, T)) if self.rhs is None else as_float_array(self.rhs, "rhs", shape=(n, T), copy=False)
+        object.__setattr__(self, "rhs", np.where(mask, rhs, 0.0))
+        eq = np.zeros((n, T), dtype=bool) if self.equality is None else _as_bool(self.equality, "equality", (n, T))
+        object.__setattr__(self, "equality", eq & mask)
 
     @classmethod
     def _trusted(
@@ -311,7 +326,7 @@ class RawSolution:
 
 def att_svm_constraints(problem: AttentionProblem, tokens: NDArray[np.int64] | None = None) -> ConstraintSet:
     """The constraints of Att-SVM(α) (docs/spec.md §3): ``(x_{iα_i} − x_it)ᵀ W z_i ≥ 1`` for ``t ≠ α_i``."""
-    return _att_svm_constraints(problem, problem.check_tokens(tokens))
+    return _att_svm_constraints(problem, check_problem(problem).check_tokens(tokens))
 
 
 def _att_svm_constraints(problem: AttentionProblem, alpha: NDArray[np.int64]) -> ConstraintSet:

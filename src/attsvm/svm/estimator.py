@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._threads import SMALL_NUCLEAR_ELEMENTS, SMALL_SOLVE_ELEMENTS, blas_threads
-from .._validation import Choice, Integer, ParamSpec, Real, check_param
+from .._validation import SEED_MAX, Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .certificate import FARKAS_RTOL, find_farkas, numerical_rank, optimality_certificate
@@ -92,7 +92,7 @@ _PARAMETERS: dict[str, ParamSpec] = {
     "tol": Real(positive=True),
     "max_iter": Integer(1, optional=True),
     "on_infeasible": Choice(("status", "raise")),
-    "seed": Integer(0),
+    "seed": Integer(0, maximum=SEED_MAX),
     "solver": Choice((None, "CLARABEL", "SCS")),
 }
 
@@ -358,6 +358,10 @@ class AttentionSVM:
         if isinstance(problems, (AttentionProblem, str, bytes)) or not hasattr(problems, "__len__"):
             raise TypeError(f"problems must be a sequence of AttentionProblem, got {type(problems).__name__}")
         probs = list(problems)
+        if tokens is not None and (isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__")):
+            raise TypeError(
+                f"tokens must be None or a sequence of one selection (or None) per problem, got {type(tokens).__name__}"
+            )
         toks: list[ArrayLike | None] = [None] * len(probs) if tokens is None else list(tokens)
         if len(toks) != len(probs):
             raise ValueError(

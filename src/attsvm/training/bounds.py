@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..model import resolve_loss
-from ..problem import AttentionProblem
+from ..problem import AttentionProblem, check_problem
 
 __all__ = ["smoothness_bound", "gradient_bound"]
 
@@ -68,6 +68,7 @@ def smoothness_bound(problem: AttentionProblem, loss: str | None = None) -> floa
     scaled by ``e^{−min_t γ_it}``; cross-entropy: G = √2‖V‖₂, B = ‖V‖₂²/2). For the ReLU head the
     bound covers the smooth pieces only (the kinks have unbounded curvature).
     """
+    check_problem(problem)
     loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss, problem.head.kind)
     G, B = _head_constants(problem, loss)
     rho, zn = _radii(problem)
@@ -76,6 +77,7 @@ def smoothness_bound(problem: AttentionProblem, loss: str | None = None) -> floa
 
 def gradient_bound(problem: AttentionProblem, loss: str | None = None) -> float:
     """An upper bound on ``‖∇_W L(W)‖_F`` over all W: ``(1/n) Σ_i G_i ρ_i² ‖z_i‖`` (see :func:`smoothness_bound`)."""
+    check_problem(problem)
     loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss, problem.head.kind)
     G, _ = _head_constants(problem, loss)
     rho, zn = _radii(problem)

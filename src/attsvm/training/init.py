@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
+from .._validation import SEED_MAX, as_float_array, check_choice, check_finite_scalar, check_positive_int, check_seed
 from ..model import Parameterization
 
 __all__ = ["cone_init", "initial_params", "run_seeds", "INITS"]
@@ -49,14 +49,18 @@ def cone_init(
 
 def run_seeds(seed: int | Sequence[int], R: int) -> NDArray[np.int64]:
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        check_seed(seed)
+        if seed > SEED_MAX - R + 1:
+            raise ValueError(f"seed must be <= {SEED_MAX - R + 1} for {R} runs (seeds seed..seed+{R - 1}), got {seed}")
         return np.arange(R, dtype=np.int64) + int(seed)
     if isinstance(seed, (str, bytes, bool)) or not isinstance(seed, (Sequence, np.ndarray)):
         raise TypeError(f"seed must be an integer or a sequence of {R} integers, got {type(seed).__name__}")
-    arr = np.asarray(seed)
-    if arr.shape != (R,) or not np.issubdtype(arr.dtype, np.integer) or np.any(arr < 0):
-        raise ValueError(f"seed must be an integer or {R} non-negative integers (one per run), got {arr!r}")
+    try:
+        arr = np.asarray(seed)
+    except OverflowError:  # (Python integers beyond 64 bits)
+        arr = np.asarray(seed, dtype=object)
+    if arr.shape != (R,) or not np.issubdtype(arr.dtype, np.integer) or np.any(arr < 0) or np.any(arr > SEED_MAX):
+        raise ValueError(f"seed must be an integer or {R} integers in [0, {SEED_MAX}] (one per run), got {arr!r}")
     return arr.astype(np.int64)
 
 

@@ -153,6 +153,9 @@ class TrainResult:
 
     def problem(self, run: int) -> AttentionProblem:
         """The instance run ``run`` trained on."""
+        run = check_positive_int(run, "run", minimum=0)
+        if run >= self.n_runs:
+            raise ValueError(f"run must be in [0, {self.n_runs}), got {run}")
         return self.problems[int(self.problem_index[run])]
 
     def to_model(self) -> AttentionModel:
@@ -267,6 +270,12 @@ def _legacy_rule(
     elif isinstance(lr, str):
         check_choice(lr, "lr", ("auto", "polyak"))
         step = np.full(runs, NORMALIZED_LR) if normalized else par.auto_step(LW(), GW(), params0)
+        if not (np.all(np.isfinite(step)) and np.all(step > 0)):
+            raise ValueError(
+                f"lr='auto' for plain GD is 1/L_W from the smoothness bound, which gives no positive finite "
+                f"step for these data (steps {np.asarray(step)!r}, bound L_W {np.asarray(LW())!r}): pass lr= "
+                "explicitly, or normalized=True"
+            )
     else:
         arr = np.asarray(lr, dtype=np.float64) if not isinstance(lr, bool) else None
         if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
@@ -283,9 +292,37 @@ def _legacy_rule(
     return chain(*parts, StepSize(step), MirrorMap(mirror_p))
 
 
+def check_device(device: torch.device | str | None, name: str = "device") -> torch.device:
+    """``device`` (None: the CPU) as a torch device that this machine has, or a ValueError naming ``name``."""
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            f"{name} must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {type(device).__name__}"
+        )
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{name}={device!r} is not a torch device (e.g. cpu, cuda, cuda:0, mps)") from None
+    mps = getattr(torch.backends, "mps", None)
+    available = {
+        "cpu": True,
+        "cuda": torch.cuda.is_available(),
+        "mps": bool(mps is not None and mps.is_available()),
+    }
+    if not available.get(dev.type, False):
+        why = " (torch.cuda.is_available() is False)" if dev.type == "cuda" else ""
+        raise ValueError(f"{name}={device!r} is not available on this machine{why}")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
 def _recording(record: Recording | None, record_every: int | None, record_W: bool | None) -> Recording:
     if record is None:
         every = 1 if record_every is None else check_positive_int(record_every, "record_every")
+        if record_W is not None and not isinstance(record_W, (bool, np.bool_)):
+            raise TypeError(f"record_W must be True, False or None, got {type(record_W).__name__} {record_W!r}")
         return Recording(every=every, W=bool(record_W))
     if not isinstance(record, Recording):
         raise TypeError(f"record must be a Recording, got {type(record).__name__}")
@@ -426,7 +463,7 @@ def train(
     rec = _recording(record, record_every, record_W)
     if dtype not in (torch.float64, torch.float32):
         raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
-    dev = torch.device("cpu" if device is None else device)
+    dev = check_device(device)
     P = len(plist)
     R = P * n_init
     batch = Batch.from_problems(plist, loss=loss, repeat=n_init, device=dev, dtype=dtype)

@@ -257,10 +257,14 @@ class StepSize(Transform):
         neg_eta = state
         if neg_eta is None:  # schedule
             R = int(params[0].shape[0])
-            v = np.asarray(self.lr(step), dtype=np.float64)  # type: ignore[operator]
-            if v.shape not in ((), (R,)) or not np.all(np.isfinite(v)) or np.any(v <= 0):
+            out = self.lr(step)  # type: ignore[operator]
+            try:
+                v = np.asarray(out, dtype=np.float64)
+            except (TypeError, ValueError):
+                v = None
+            if v is None or v.shape not in ((), (R,)) or not np.all(np.isfinite(v)) or np.any(v <= 0):
                 raise ValueError(
-                    f"lr schedule must return a positive finite float or {R} such floats, got {v!r} at step {step}"
+                    f"lr schedule must return a positive finite float or {R} such floats, got {out!r} at step {step}"
                 )
             neg_eta = _col(torch.as_tensor(-np.broadcast_to(v, (R,)), dtype=params[0].dtype, device=params[0].device))
         return tuple([neg_eta * u for u in updates]), state

@@ -17,7 +17,7 @@ from .._validation import as_float_array, check_choice, check_finite_scalar, che
 from ..model import PARAMS, Batch, Param, factor_grads, risk_and_scaled_grad
 from ..problem import AttentionProblem
 from .bounds import gradient_bound, smoothness_bound
-from .loop import threads_context
+from .loop import check_device, threads_context
 
 __all__ = ["regularization_path", "RegularizationPath", "REG_PATH_TOL", "REG_PATH_MAX_ITER", "SADDLE_KICK"]
 
@@ -130,7 +130,7 @@ def regularization_path(
         raise ValueError(f"radii must be a non-empty increasing sequence of positive numbers, got {r_arr}")
     tol = check_finite_scalar(tol, "tol", positive=True)
     max_iter = check_positive_int(max_iter, "max_iter")
-    dev = torch.device("cpu" if device is None else device)
+    dev = check_device(device)
     batch = Batch.from_problems(problem, loss=loss, device=dev)
     d = problem.d
     m_ = d if (m is None or param == "W") else check_positive_int(m, "m")
