@@ -6,7 +6,8 @@ Each subcommand lives in its own module ``attsvm.cli._<name>`` exposing ``HELP``
 ``train`` work on the core install.
 
 Errors are handled once, in :func:`main`: every failure is one line on stderr and an exit code of
-:mod:`attsvm.cli._errors` (listed in ``attsvm --help``).
+:mod:`attsvm.cli._errors` (listed in ``attsvm --help``); ``-vv`` prints the traceback first and keeps
+the exit code.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib
 import logging
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 
 from ._errors import EPILOG, EXIT_USAGE, Terminated, exit_code_for, message_for
@@ -94,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except (Exception, KeyboardInterrupt) as exc:  # the one place where errors become messages
         if args.verbose >= 2 and not isinstance(exc, KeyboardInterrupt):
-            raise
+            traceback.print_exc()  # then the same one line and exit code as without -vv
         print(f"attsvm {args.command}: error: {message_for(exc)}", file=sys.stderr)
         return exit_code_for(exc)
     finally:

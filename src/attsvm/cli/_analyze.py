@@ -6,22 +6,36 @@ import argparse
 import logging
 from pathlib import Path
 
+from ._args import int_at_least
+
 HELP = "head anatomy of a real transformer (rank, sparsity, margins, low-rank compression, SVM view)"
 
 log = logging.getLogger(__name__)
 
+MAX_LENGTH = 256  # tokens per window by default
+COMPRESSION_WINDOWS = 16  # windows of the low-rank compression curves by default
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="'minilm' (the bundled all-MiniLM-L6-v2) or a local Hugging Face model folder")
-    parser.add_argument("--quick", action="store_true", help="a few short windows (CI smoke run)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 windows of 128 tokens, 2 for compression (CI smoke run); not combinable with --max-windows, "
+        "--max-length or --compression-windows",
+    )
     parser.add_argument("--out", default="results/analyze", help="output folder (default: %(default)s)")
-    parser.add_argument("--max-windows", type=int, default=None, help="cap on corpus windows (default: all)")
-    parser.add_argument("--max-length", type=int, default=256, help="tokens per window (default: %(default)s)")
+    parser.add_argument(
+        "--max-windows", type=int_at_least(1), default=None, help="cap on corpus windows (default: all)"
+    )
+    parser.add_argument(
+        "--max-length", type=int_at_least(2), default=None, help=f"tokens per window (default: {MAX_LENGTH})"
+    )
     parser.add_argument(
         "--compression-windows",
-        type=int,
-        default=16,
-        help="windows used for the low-rank compression curves (default: %(default)s)",
+        type=int_at_least(1),
+        default=None,
+        help=f"windows used for the low-rank compression curves (default: {COMPRESSION_WINDOWS})",
     )
     parser.add_argument(
         "--delta", type=float, default=1.0, help="support-key margin δ in logits (default: %(default)s)"
@@ -34,30 +48,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--svm-pairs",
-        type=int,
+        type=int_at_least(2),
         default=32,
         help="(sequence, query) pairs for the SVM view (default %(default)s: n <= d_head keeps the "
         "rank <= d_head nuclear SVM convex, since some W*_mm has rank <= n)",
     )
-    parser.add_argument("--svm-window", type=int, default=8, help="keys per query (T) for the SVM view")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    parser.add_argument(
+        "--svm-window", type=int_at_least(2), default=8, help="keys per query (T) for the SVM view (default: 8)"
+    )
+    parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the SVM view's pair sampling")
 
 
 def run(args: argparse.Namespace) -> int:
+    from ._errors import UsageError
+
+    if args.quick:
+        options = (
+            ("--max-windows", args.max_windows),
+            ("--max-length", args.max_length),
+            ("--compression-windows", args.compression_windows),
+        )
+        given = [option for option, value in options if value is not None]
+        if given:
+            raise UsageError(
+                f"--quick fixes 4 windows of 128 tokens (2 for compression); drop --quick or {' and '.join(given)}"
+            )
+    if args.model != "minilm" and not Path(args.model).is_dir():
+        raise UsageError(
+            f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} (no such folder)"
+        )
     import torch
 
     from attsvm.analysis._anatomy_report import plot_anatomy, write_anatomy_report
     from attsvm.analysis.anatomy import analyze
 
-    from ._errors import UsageError
     from ._output import owned_folders
 
-    if args.model != "minilm" and not Path(args.model).is_dir():
-        raise UsageError(
-            f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} (no such folder)"
-        )
-    torch.set_num_threads(max(1, int(args.threads)))
+    torch.set_num_threads(args.threads)
     if args.svm_head is not None:  # check the head before the (long) anatomy run
         import json
 
@@ -75,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
             args.model,
             quick=args.quick,
             max_windows=args.max_windows,
-            max_length=args.max_length,
-            compression_windows=args.compression_windows,
+            max_length=MAX_LENGTH if args.max_length is None else args.max_length,
+            compression_windows=COMPRESSION_WINDOWS if args.compression_windows is None else args.compression_windows,
             delta=args.delta,
             progress=log.isEnabledFor(logging.INFO),
         )

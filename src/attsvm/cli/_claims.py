@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ._args import int_at_least
+
 HELP = "measure the texts' claims on real models (sparsity, sinks, support keys) with bootstrap CIs and verdicts"
 
 log = logging.getLogger(__name__)
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-windows", type=int, default=None, help="corpus windows per model (default 48; quick 4)")
     parser.add_argument("--max-length", type=int, default=None, help="tokens per window (default 256; quick 64)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch CPU threads (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
         from attsvm.analysis.claims import run_claims
 
-        torch.set_num_threads(max(1, int(args.threads)))
+        torch.set_num_threads(args.threads)
         res = run_claims(
             models, out=out, quick=args.quick, max_windows=args.max_windows, max_length=args.max_length, seed=args.seed
         )

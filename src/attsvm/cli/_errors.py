@@ -1,7 +1,7 @@
 """Exit codes of the ``attsvm`` command and the errors that map to them.
 
-Every failure ends with one line on stderr, ``attsvm COMMAND: error: WHAT`` (``-vv`` re-raises it
-with its traceback), and one of these exit codes:
+Every failure ends with one line on stderr, ``attsvm COMMAND: error: WHAT`` (``-vv`` prints its
+traceback before it), and one of these exit codes, the same with or without ``-vv``:
 
 ====  =====================================================================================
 0     success
@@ -66,7 +66,7 @@ EPILOG = """exit codes:
   5    busy: another attsvm process is writing that folder
   70   internal error (a bug; rerun with -vv for the traceback and report it)
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM): finished trials are kept, rerun to resume
-every error is one line on stderr; -vv shows its traceback."""
+every error is one line on stderr; -vv shows its traceback too (same exit code)."""
 
 
 class CLIError(Exception):

@@ -10,6 +10,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from ._args import int_at_least
+
 HELP = "compare KV-cache eviction policies (svm margin, H2O, TOVA, StreamingLLM, recent, random) vs budget"
 
 log = logging.getLogger(__name__)
@@ -27,19 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=None, help="comma-separated subset of the policies (default: all)")
     parser.add_argument(
         "--n-seq",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help=f"held-out LM sequences (default: {N_SEQ}; --quick: 2, not combinable with --n-seq)",
     )
     parser.add_argument(
         "--seq-len",
-        type=int,
+        type=int_at_least(2),
         default=None,
         help="tokens per LM sequence (default: the LM's training context, 128; --quick: 64, "
         "not combinable with --seq-len)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random policy")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch CPU threads (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from attsvm.analysis.kv_bench import kv_bench, plot_kv_bench, write_kv_report
     from attsvm.analysis.kv_cache import POLICIES
 
-    torch.set_num_threads(max(1, int(args.threads)))
+    torch.set_num_threads(args.threads)
     policies = POLICIES if args.policies is None else tuple(p.strip() for p in args.policies.split(","))
     res = kv_bench(
         quick=args.quick,

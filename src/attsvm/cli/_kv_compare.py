@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ._args import int_at_least
+
 HELP = "KV-cache compression on retrieval tasks: kvpress presses vs attsvm policies (accuracy, perplexity)"
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=None, help="number of task seeds (default: 3; quick: 1)")
     parser.add_argument("--samples", type=int, default=None, help="contexts per task and seed")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default: %(default)s; the model is tiny)"
+        "--threads", type=int_at_least(1), default=1, help="torch CPU threads (default: %(default)s; the model is tiny)"
     )
 
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         write_compare_report,
     )
 
-    torch.set_num_threads(max(1, int(args.threads)))
+    torch.set_num_threads(args.threads)
     config = QUICK_COMPARE if args.quick else CompareConfig()
     changes: dict = {}
     if args.methods is not None:

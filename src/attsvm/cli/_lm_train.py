@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ._args import int_at_least
+
 HELP = "train the small GPT-2-style causal LM on the pydoc corpus (seeded, cached)"
 
 log = logging.getLogger(__name__)
@@ -16,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: 600; quick: 150)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="retrain even if a matching checkpoint exists")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int_at_least(1), default=2, help="torch CPU threads (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
         from attsvm.analysis.lm import QUICK_LM, LMConfig, train_lm
 
-        torch.set_num_threads(max(1, int(args.threads)))
+        torch.set_num_threads(args.threads)
         config = QUICK_LM if args.quick else LMConfig()
         changes = {"seed": args.seed}
         if args.steps is not None:

@@ -15,10 +15,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from attsvm.experiments import plot_run
 
-    from ._errors import EXIT_INCOMPLETE, EXIT_OK
+    from ._errors import EXIT_INCOMPLETE, EXIT_OK, InputError
 
+    for d in args.directory:  # every path checked before any figure is redrawn
+        if Path(d).is_file():
+            raise InputError(f"DIRECTORY {d!r} is a file; expected a run folder written by `attsvm reproduce`")
     code = EXIT_OK
     for d in args.directory:
         r = plot_run(d)

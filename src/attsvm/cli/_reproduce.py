@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +17,10 @@ if TYPE_CHECKING:
 
 # `--workers auto` never starts more processes than this (each holds its own torch)
 MAX_AUTO_WORKERS = 8
+
+# `--scheduler`: local:N, or the address of a running Dask scheduler, [PROTOCOL://]HOST:PORT
+SCHEDULER_FORMS = "local:N (N >= 1) or a Dask scheduler address [tcp|tls|ws|wss|ucx://]HOST:PORT"
+_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ws|wss|ucx)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 
 HELP = "reproduce a paper experiment (or 'all'): results.json, figures, report.md; resumable"
 
@@ -30,12 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        default="auto",
+        default=None,
         help="local worker processes; 1 runs in-process; 'auto' (default): one per usable core, at most "
-        f"{MAX_AUTO_WORKERS}, for full runs, in-process for --quick",
+        f"{MAX_AUTO_WORKERS}, for full runs, in-process for --quick. Not combinable with --scheduler",
     )
     parser.add_argument(
-        "--scheduler", default=None, help="Dask scheduler address, or local:N for a loopback LocalCluster of N workers"
+        "--scheduler",
+        default=None,
+        metavar="ADDR|local:N",
+        help="run the trials on Dask: a running scheduler at [tcp://]HOST:PORT, or local:N for a loopback "
+        "LocalCluster of N workers (which replace --workers)",
     )
     parser.add_argument(
         "--set",
@@ -53,13 +65,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attsvm.experiments import apply_overrides, get_experiment, parse_overrides, reproduce, reproduce_all
 
-    from ._errors import EXIT_DISAGREES, EXIT_OK
+    from ._errors import EXIT_DISAGREES, EXIT_OK, UsageError
 
+    if args.scheduler is not None:
+        check_scheduler(args.scheduler)
+        if args.workers is not None:
+            raise UsageError(
+                f"--workers cannot be combined with --scheduler: the Dask workers run the trials (use "
+                f"--scheduler local:{args.workers} for {args.workers} local Dask workers, or drop --scheduler)"
+            )
     raw = parse_overrides(args.overrides)
     common = dict(
         quick=args.quick,
         runs=args.runs,
-        workers=workers(args.workers, quick=args.quick),
+        workers=workers("auto" if args.workers is None else args.workers, quick=args.quick),
         scheduler=args.scheduler,
         progress=not args.no_progress,
         command=["attsvm", *sys.argv[1:]],
@@ -68,14 +87,56 @@ def run(args: argparse.Namespace) -> int:
         if raw:
             raise ValueError("--set cannot be combined with 'all' (settings differ per experiment)")
         root = Path(args.out or "results")
-        outs = reproduce_all(out=root, **common, on_done=_say)
+        with _dask_logging(args):
+            outs = reproduce_all(out=root, **common, on_done=_say)
         print(f"index:   {root / 'index.md'}")
         return EXIT_OK if all(r.passed for r in outs) else EXIT_DISAGREES
     exp = get_experiment(args.name)
     overrides = apply_overrides(exp.settings(quick=args.quick), raw)
-    r = reproduce(exp.name, out=args.out, overrides=overrides, **common)
+    with _dask_logging(args):
+        r = reproduce(exp.name, out=args.out, overrides=overrides, **common)
     _say(r)
     return EXIT_OK if r.passed else EXIT_DISAGREES
+
+
+def check_scheduler(value: str) -> str:
+    """``--scheduler``'s value, checked for its form before anything connects (a usage error otherwise)."""
+    from ._errors import UsageError
+
+    if value.startswith("local:"):
+        n = value.split(":", 1)[1]
+        if not (n.isdigit() and int(n) >= 1):
+            raise UsageError(f"--scheduler local:N needs a positive worker count N, got {value!r}")
+        return value
+    m = _ADDRESS.match(value)
+    if m is None or not 1 <= int(m.group(2)) <= 65535:
+        raise UsageError(f"--scheduler must be {SCHEDULER_FORMS}, got {value!r}")
+    return value
+
+
+@contextlib.contextmanager
+def _dask_logging(args: argparse.Namespace) -> Iterator[None]:
+    """Dask's own logging at the command's verbosity: ``distributed`` logs at INFO by default, in this
+    process and in every worker it starts (about 40 lines a run); ``-v`` shows them again."""
+    if args.scheduler is None or getattr(args, "verbose", 0) >= 1:
+        yield
+        return
+    key, before = "DASK_LOGGING__DISTRIBUTED", os.environ.get("DASK_LOGGING__DISTRIBUTED")
+    os.environ[key] = "warning"  # read by dask.config on import, here and in the worker processes
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    with contextlib.suppress(ImportError):
+        import distributed  # noqa: F401  (its import sets the level of its loggers)
+
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def usable_cores() -> int:

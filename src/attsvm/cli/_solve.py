@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--d", type=int, default=10, help="embedding dimension (default 10)")
     src.add_argument("--seed", type=int, default=0, help="seed of the published recipe (default 0)")
     src.add_argument("--self-attention", action="store_true", help="z_i = x_{i,q} instead of cross-attention queries")
-    src.add_argument("--query-index", type=int, default=0, help="q for --self-attention (default 0)")
+    src.add_argument(
+        "--query-index", type=int, default=None, help="q for --self-attention (default 0); needs --self-attention"
+    )
     svm = parser.add_argument_group("solver")
     svm.add_argument(
         "--tokens", type=str, default=None, help="comma-separated token selection alpha (default: the optimal tokens)"
@@ -45,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     from ..svm import AttentionSVM
     from ._errors import InputError, UsageError
 
+    if args.query_index is not None and not args.self_attention:
+        raise UsageError(
+            f"--query-index {args.query_index} needs --self-attention (cross-attention has no query token); "
+            "add --self-attention or drop --query-index"
+        )
     if args.json is not None and args.json.is_dir():
         raise UsageError(f"--json must be a file path, got the folder {str(args.json)!r}")
     if args.input is not None:
@@ -64,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         source: dict[str, Any] = {"input": str(args.input)}
     else:
+        query_index = 0 if args.query_index is None else args.query_index
         problem = paper_instance(
-            args.n, args.T, args.d, seed=args.seed, self_attention=args.self_attention, query_index=args.query_index
+            args.n, args.T, args.d, seed=args.seed, self_attention=args.self_attention, query_index=query_index
         )
         source = {
             "recipe": "paper_instance",
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             "d": args.d,
             "seed": args.seed,
             "self_attention": args.self_attention,
-            "query_index": args.query_index if args.self_attention else None,
+            "query_index": query_index if args.self_attention else None,
         }
     tokens = None
     if args.tokens is not None:

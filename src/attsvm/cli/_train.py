@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--head", choices=("linear", "relu", "multiclass"), default="linear", help="prediction head (default linear)"
     )
-    data.add_argument("--classes", type=int, default=3, help="classes of the multiclass head (default 3)")
+    data.add_argument(
+        "--classes", type=int, default=None, help="classes of the multiclass head (default 3); needs --head multiclass"
+    )
     data.add_argument("--self-attention", action="store_true", help="z_i = x_{i,0} instead of cross-attention")
     data.add_argument(
         "--runs", type=int, default=1, help="R instances, seeds SEED..SEED+R-1 (each run's init uses its instance seed)"
@@ -37,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     tr = parser.add_argument_group("training")
     tr.add_argument("--param", choices=("W", "KQ"), default="W", help="train W or (K, Q) (default W)")
-    tr.add_argument("--m", type=int, default=None, help="inner dimension of K, Q (default d)")
+    tr.add_argument("--m", type=int, default=None, help="inner dimension of K, Q (default d); needs --param KQ")
     tr.add_argument("--steps", type=int, default=2000, help="GD steps (default 2000)")
     tr.add_argument(
         "--lr", type=_lr, default="auto", help="step size, or 'auto' (0.1 normalized, 1/L_W plain; default auto)"
@@ -86,6 +88,16 @@ def run(args: argparse.Namespace) -> int:
             f"--save must be a file path ending in .json or .npz, got {str(args.save)!r}"
             + (" (a folder)" if args.save.is_dir() else "")
         )
+    if args.m is not None and args.param != "KQ":
+        raise UsageError(
+            f"--m {args.m} needs --param KQ (it is the inner dimension of K, Q; --param {args.param} trains W "
+            "directly): add --param KQ or drop --m"
+        )
+    if args.classes is not None and args.head != "multiclass":
+        raise UsageError(
+            f"--classes {args.classes} needs --head multiclass (the {args.head} head has no classes): "
+            "add --head multiclass or drop --classes"
+        )
     if args.device is not None:
         _check_device(args.device)
     if args.runs < 1:
@@ -103,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 args.d,
                 seed=s,
                 head=args.head,
-                n_classes=args.classes,
+                n_classes=3 if args.classes is None else args.classes,
                 self_attention=args.self_attention,
             )
             for s in seeds
@@ -116,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         lr=args.lr,
         normalized=args.normalized,
         init=args.init,
-        m=args.m if args.param == "KQ" else None,
+        m=args.m,
         seed=seeds,
         record_every=args.record_every,
         record_W=save_W,

@@ -21,12 +21,33 @@ def save(fig: Any, outdir: Path, name: str) -> list[Path]:
     """Write ``name.png`` and ``name.pdf`` into ``outdir``; return both paths."""
     import matplotlib.pyplot as plt
 
+    for ax in fig.axes:
+        _linear_without_positive_data(ax)
     fig.tight_layout()
     paths = [outdir / f"{name}.png", outdir / f"{name}.pdf"]
     fig.savefig(paths[0], dpi=130)
     fig.savefig(paths[1])
     plt.close(fig)
     return paths
+
+
+def _linear_without_positive_data(ax: Any) -> None:
+    """A log axis with no positive value to show (1 − corr = 0, or NaN correlations of a degenerate
+    instance) cannot be drawn (matplotlib raises): it is drawn linear instead, with a note on the panel."""
+    lims = ax.dataLim
+    for name, minpos in (("y", lims.minposy), ("x", lims.minposx)):
+        if getattr(ax, f"get_{name}scale")() == "log" and not np.isfinite(minpos):
+            getattr(ax, f"set_{name}scale")("linear")
+            ax.text(
+                0.5,
+                0.5,
+                f"no positive value to draw on a log {name} axis\n(all <= 0 or NaN): drawn linear",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize="small",
+                color="0.4",
+            )
 
 
 def band(ax: Any, x: np.ndarray, Y: np.ndarray, label: str, color: str | None = None, log: bool = False) -> None:
