@@ -39,6 +39,13 @@ RUN_CASES = [
         ["solve", "--query-index", "3"],
         "--query-index 3 needs --self-attention",
     ),
+    ("solve-input-with-n", ["solve", "--input", "{npz}", "--n", "7"], "--n describes a generated one: drop it"),
+    (
+        "solve-input-with-seed-and-self-attention",
+        ["solve", "--input", "{npz}", "--seed", "3", "--self-attention"],
+        "--seed, --self-attention describe a generated one: drop them or drop --input",
+    ),
+    ("solve-input-with-query-index", ["solve", "--input", "{npz}", "--query-index", "2"], "--query-index describes"),
     ("train-m-with-param-W", ["train", "--steps", "5", "--no-svm", "--m", "3"], "--m 3 needs --param KQ"),
     (
         "train-m-with-default-param",
@@ -87,6 +94,11 @@ def test_ignored_option_is_a_usage_error(
 ) -> None:
     if argv[0] in ("reproduce", "analyze"):
         argv = [*argv, "--out", str(tmp_path / "out")]
+    if "{npz}" in argv:
+        from attsvm.datasets import paper_instance
+
+        paper_instance(6, 8, 10, seed=0).to_npz(tmp_path / "p.npz")
+        argv = [str(tmp_path / "p.npz") if a == "{npz}" else a for a in argv]
     assert _run(argv) == EXIT_USAGE
     line = _one_line(capsys)
     assert line.startswith(f"attsvm {argv[0]}: error: ") and fragment in line, line

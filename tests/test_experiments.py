@@ -120,6 +120,18 @@ def test_bad_set_overrides_raise_naming_the_setting(pairs: list[str], message: s
         apply_overrides(s, parse_overrides(pairs))
 
 
+@pytest.mark.parametrize(
+    ("name", "pair"),
+    [("gd-paths", "threshold=5"), ("overparam", "tau=0"), ("ntp-convergence", "mass_threshold=1.5")],
+)
+def test_a_threshold_outside_0_1_is_refused(tmp_path: Path, name: str, pair: str) -> None:
+    s = get_experiment(name).settings(quick=True)
+    key = pair.split("=")[0]
+    with pytest.raises(ValueError, match=rf"setting '{key}' is a correlation or probability threshold: it must be in"):
+        reproduce(name, quick=True, overrides=apply_overrides(s, parse_overrides([pair])), out=tmp_path, progress=False)
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_unknown_experiment_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown experiment 'nope'; choose one of gd-paths, local-convergence"):
         get_experiment("nope")

@@ -3,6 +3,7 @@
 * two sweeps with different settings started at the same instant on one folder never mix;
 * a resume uses only trials with the run's fingerprint (settings + code), even without config.json;
 * ``plot`` of a stopped run says "k of N trials", marks the claims "not evaluated" and exits 4;
+* ``plot`` of a run with a damaged trial file names it and exits 3, and a resume recomputes it;
 * a reader never deletes anything, and a killed sweep plus a concurrent ``plot`` loses no file;
 * SIGINT, SIGTERM and SIGKILL of a ``--workers 2`` sweep leave no live worker.
 """
@@ -205,6 +206,22 @@ def test_plot_of_a_partial_run_reports_k_of_n_and_does_not_judge(
     assert set(res["not_evaluated"]) == set(get_experiment("local-convergence").claims)
     report = (out / "report.md").read_text()
     assert "3 of 4 trials" in report and "not evaluated" in report and "FAIL" not in report
+
+
+def test_plot_of_a_run_with_a_damaged_trial_file_says_so_and_reproduce_recomputes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "damaged"
+    run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
+    victim = sorted((out / "trials").glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:40])  # a truncated file: not an incomplete run, a damaged one
+    assert main(["plot", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert f"1 damaged trial file(s) that cannot be read ({victim.name})" in err and "rerun `attsvm reproduce`" in err
+    assert victim.exists(), "plot is a reader: it deletes nothing"
+    again = run_reproduce("local-convergence", quick=True, out=out, overrides=TINY, progress=False)
+    assert again.n_computed == 1 and TrialStore(out / "trials").unreadable() == set()
+    assert main(["plot", str(out)]) == 0
 
 
 def test_readers_delete_nothing_and_a_busy_folder_is_not_plotted(tmp_path: Path) -> None:

@@ -8,6 +8,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+# the generated instance's shape and seed when the options are not given
+GENERATED = {"n": 6, "T": 8, "d": 10, "seed": 0}
+
 HELP = "solve the attention SVM of a generated (paper recipe) or saved instance and print its certificate"
 
 
@@ -20,10 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.npz",
         help="load an instance saved by AttentionProblem.to_npz (arrays X, y, v, Z or query_index)",
     )
-    src.add_argument("--n", type=int, default=6, help="sequences (default 6)")
-    src.add_argument("--T", type=int, default=8, help="tokens per sequence (default 8)")
-    src.add_argument("--d", type=int, default=10, help="embedding dimension (default 10)")
-    src.add_argument("--seed", type=int, default=0, help="seed of the published recipe (default 0)")
+    # (defaults None, filled in by run: an option given together with --input is an error, not ignored)
+    src.add_argument("--n", type=int, default=None, help=f"sequences (default {GENERATED['n']})")
+    src.add_argument("--T", type=int, default=None, help=f"tokens per sequence (default {GENERATED['T']})")
+    src.add_argument("--d", type=int, default=None, help=f"embedding dimension (default {GENERATED['d']})")
+    src.add_argument(
+        "--seed", type=int, default=None, help=f"seed of the published recipe (default {GENERATED['seed']})"
+    )
     src.add_argument("--self-attention", action="store_true", help="z_i = x_{i,q} instead of cross-attention queries")
     src.add_argument(
         "--query-index", type=int, default=None, help="q for --self-attention (default 0); needs --self-attention"
@@ -47,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..svm import AttentionSVM
     from ._errors import InputError, UsageError
 
-    if args.query_index is not None and not args.self_attention:
+    if args.query_index is not None and not args.self_attention and args.input is None:
         raise UsageError(
             f"--query-index {args.query_index} needs --self-attention (cross-attention has no query token); "
             "add --self-attention or drop --query-index"
@@ -55,6 +61,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None and args.json.is_dir():
         raise UsageError(f"--json must be a file path, got the folder {str(args.json)!r}")
     if args.input is not None:
+        given = [f"--{k.replace('_', '-')}" for k in (*GENERATED, "query_index") if getattr(args, k) is not None]
+        given += ["--self-attention"] if args.self_attention else []
+        if given:
+            raise UsageError(
+                f"--input loads a saved instance; {', '.join(given)} "
+                f"{'describes' if len(given) == 1 else 'describe'} a generated one: drop "
+                f"{'it' if len(given) == 1 else 'them'} or drop --input"
+            )
         if not args.input.exists():
             raise UsageError(f"--input {str(args.input)!r} does not exist")
         if not args.input.is_file():
@@ -71,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         source: dict[str, Any] = {"input": str(args.input)}
     else:
+        for k, v in GENERATED.items():
+            if getattr(args, k) is None:
+                setattr(args, k, v)
         query_index = 0 if args.query_index is None else args.query_index
         problem = paper_instance(
             args.n, args.T, args.d, seed=args.seed, self_attention=args.self_attention, query_index=query_index

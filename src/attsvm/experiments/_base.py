@@ -222,9 +222,18 @@ def _check_type(key: str, val: Any, default: Any) -> None:
         )
 
 
+# settings that are correlations or probabilities to reach: each in (0, 1]
+UNIT_SETTINGS = frozenset(
+    {"threshold", "joint_threshold", "corr_threshold", "mass_threshold", "loss_threshold", "tau", "thred_low",
+     "thred_high"}
+)  # fmt: skip
+
+
 def _check_value(key: str, val: Any) -> None:
     if isinstance(val, bool) or val is None or isinstance(val, str):
         return
+    if key in UNIT_SETTINGS and isinstance(val, (int, float, np.integer, np.floating)) and not 0 < val <= 1:
+        raise ValueError(f"setting {key!r} is a correlation or probability threshold: it must be in (0, 1], got {val}")
     if isinstance(val, (int, np.integer)):
         low = 0 if key.endswith("seed") else 1
         if val < low:

@@ -604,6 +604,13 @@ def plot_run(directory: str | Path) -> RunOutput:
         except (ValueError, TypeError, KeyError) as exc:
             raise RunFolderError(f"{str(out / CONFIG)!r} holds settings this version cannot run ({exc})") from None
         store = TrialStore(out / "trials", config.get("fingerprint"), create=False)
+        damaged = sorted(store.unreadable())
+        if damaged:
+            names = ", ".join(str(store.path(k).name) for k in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
+            raise RunFolderError(
+                f"{str(out / 'trials')!r} holds {len(damaged)} damaged trial file(s) that cannot be read ({names}): "
+                "rerun `attsvm reproduce` on this folder to recompute them"
+            )
         done = store.done()
         keys = [t["key"] for t in trials]
         for _ in range(10_000):  # follow-up rounds, as far as the saved data goes

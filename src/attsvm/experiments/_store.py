@@ -77,6 +77,18 @@ class TrialStore:
             files = [p for p in files if self.file_fingerprint(p) == self.fingerprint]
         return {p.name[: -len(_SUFFIX)] for p in files}
 
+    def unreadable(self) -> set[str]:
+        """Keys of trial files whose Parquet schema cannot be read (damaged or truncated): ``reproduce``
+        recomputes them; ``plot`` refuses to draw a run that has any."""
+        pq = require("pyarrow.parquet", feature="reading trial files")
+        bad = set()
+        for p in self._files():
+            try:
+                pq.read_schema(p)
+            except (OSError, ValueError):
+                bad.add(p.name[: -len(_SUFFIX)])
+        return bad
+
     def foreign(self) -> set[str]:
         """Keys of trial files written by another run (other settings or code): never loaded."""
         if self.fingerprint is None:
