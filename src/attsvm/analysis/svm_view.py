@@ -219,7 +219,10 @@ def svm_view(
     quick: bool = False,
     tok: Any = None,
 ) -> SVMView:
-    """Solve Att-SVM / Att-SVM* on a real head's selections and compare with the head (module doc)."""
+    """Solve Att-SVM / Att-SVM* on a real head's selections and compare with the head (module doc).
+
+    ``quick=True`` (a smoke run) caps ``n_pairs`` at 12 and ``T`` at 6, reads at most 8 windows and
+    draws 8 random directions; the result's shapes say what was used."""
     from ..problem import AttentionProblem
     from ..svm import AttentionSVM
     from ..svm._base import ConstraintSet

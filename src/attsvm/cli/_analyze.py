@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="4 windows of 128 tokens, 2 for compression (CI smoke run); not combinable with --max-windows, "
-        "--max-length or --compression-windows",
+        help="4 windows of 128 tokens, 2 for compression (CI smoke run), and an SVM view of at most 12 pairs "
+        "of 6 keys; not combinable with --max-windows, --max-length or --compression-windows",
     )
     parser.add_argument("--out", default="results/analyze", help="output folder (default: %(default)s)")
     parser.add_argument(
