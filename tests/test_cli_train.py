@@ -90,3 +90,12 @@ def test_train_command_bad_lr(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--lr", "fast"])
     assert "--lr must be 'auto' or a positive number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--head", "relu"], ["--head", "multiclass", "--self-attention"]])
+def test_train_command_before_attention_is_selective(capsys, extra):
+    # 3 steps: every O_i is the whole sequence, so W^eq = 0 and corr(W, W^eq) is undefined
+    rc = main(["train", "--steps", "3", *extra])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "|O_i|=[8, 8, 8, 8, 8, 8] corr(W, W^eq)=n/a (not selective yet)" in out

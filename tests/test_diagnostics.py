@@ -220,3 +220,18 @@ def test_diagnostics_errors(local_runs):
         mixture_prediction(train(p, steps=1))
     with pytest.raises(ValueError, match=r"eps must be in \(0, 1\)|eps must be > 0"):
         svm_equivalence(local_runs, 0, eps=-1.0)
+
+
+@pytest.mark.parametrize("head", ["relu", "multiclass"])
+def test_svm_equivalence_before_attention_is_selective(head: str) -> None:
+    # after 3 steps every O_i is the whole sequence: SVM-eq has no margin row, W^eq = 0, and the
+    # decomposition is undefined (NaN), not an error
+    res = train([random_instance(6, 8, 10, head=head, seed=0)], steps=3, record_W=True)
+    rep = svm_equivalence(res)
+    assert rep.O.all() and not rep.selective
+    assert rep.W_eq is not None and not np.any(rep.W_eq)
+    assert all(np.isnan(x) for x in (rep.scale, rep.residual, rep.corr_eq, rep.corr_eq_fin))
+    assert rep.corr_eq_traj is not None and np.isnan(rep.corr_eq_traj).all()
+    assert np.isfinite(rep.corr_mm_top)  # the top tokens' SVM still compares
+    d = rep.to_dict()
+    assert np.isnan(d["corr_eq"]) and np.isnan(d["scale"])

@@ -249,3 +249,37 @@ def test_optimal_mixture_errors() -> None:
     q = random_instance(3, 4, 5, seed=0, head="multiclass")
     with pytest.raises(ValueError, match="tol must be > 0"):
         optimal_mixture(q, tol=-1.0)
+
+
+# decomposition at extreme norms agrees with the unit-scale one to this (relative)
+DECOMP_SCALE_RTOL = 1e-12
+
+
+@pytest.mark.parametrize("c", [1e-300, 1e300, 1e308])
+def test_decomposition_is_finite_at_extreme_norms(rng: np.random.Generator, c: float) -> None:
+    # GD diverges in norm: R, the residual ratio and the correlations must not overflow or underflow
+    W_eq, W_f = rng.standard_normal((2, 5, 5))
+    W = 7.5 * W_eq + W_f + 0.1 * rng.standard_normal((5, 5))
+    m = max(np.abs(W).max(), np.abs(W_f).max())
+    W, W_f = W / m, W_f / m  # entries in [-1, 1], so c·W is finite
+    W_eq = W_eq / np.abs(W_eq).max()  # and c·W_eq
+    ref = decomposition(W, W_eq, W_f)
+    big = decomposition(c * W, W_eq, c * W_f)  # R scales with W − W_fin
+    assert big.scale == pytest.approx(c * ref.scale, rel=DECOMP_SCALE_RTOL)
+    for name in ("residual", "corr_eq", "corr_eq_fin"):
+        assert getattr(big, name) == pytest.approx(getattr(ref, name), rel=DECOMP_SCALE_RTOL), name
+    small = decomposition(W, c * W_eq, W_f)  # R scales inversely with W^eq
+    assert small.scale == pytest.approx(ref.scale / c, rel=DECOMP_SCALE_RTOL)
+    assert small.residual == pytest.approx(ref.residual, rel=DECOMP_SCALE_RTOL)
+
+
+def test_decomposition_of_float64_extremes() -> None:
+    dec = decomposition(np.full((10, 10), 1e308), np.eye(10))
+    assert dec.scale == pytest.approx(1e308, rel=DECOMP_SCALE_RTOL)
+    assert dec.residual == pytest.approx(np.sqrt(90.0) / 10.0, rel=DECOMP_SCALE_RTOL)
+    assert dec.corr_eq == pytest.approx(np.sqrt(10.0) / 10.0, rel=DECOMP_SCALE_RTOL)
+    # W − W_fin = 2e308 entries overflows float64 though R = 5e307 does not
+    dec = decomposition(np.full((3, 3), 1e308), np.full((3, 3), 4.0), np.full((3, 3), -1e308))
+    assert dec.scale == pytest.approx(5e307, rel=DECOMP_SCALE_RTOL)
+    assert dec.residual == pytest.approx(0.0, abs=DECOMP_SCALE_RTOL)
+    assert dec.corr_eq_fin == pytest.approx(1.0, rel=DECOMP_SCALE_RTOL)

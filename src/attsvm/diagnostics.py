@@ -282,6 +282,9 @@ class EquivalenceReport:
     scale : the least-squares R in ``min_R ‖W − R·W^eq − W_fin‖_F``.
     residual : ``‖W − R·W^eq − W_fin‖_F / ‖W‖_F`` at the final W.
     corr_eq : corr(W, W^eq) at the final W; ``corr_eq_fin``: corr(W − W_fin, W^eq).
+        ``scale``, ``residual``, ``corr_eq`` and ``corr_eq_fin`` (and ``corr_eq_traj``) are NaN when
+        ``W_eq`` or ``W_fin`` is None, and when no token is outside any O_i (``selective`` is False):
+        attention is not selective yet, so W^eq = 0 and the decomposition is undefined.
     top_tokens : (n,) ``argmax_t s_it`` and ``W_mm_top`` (d, d) its Frobenius SVM (None if infeasible).
     corr_mm_top : corr(W, W_mm of the top tokens).
     step : (S,) recorded steps and ``corr_eq_traj``, ``corr_mm_top_traj`` (S,) when W was recorded;
@@ -320,6 +323,11 @@ class EquivalenceReport:
             "corr_mm_top": self.corr_mm_top,
         }
 
+    @property
+    def selective(self) -> bool:
+        """Whether some token is outside some O_i (otherwise W^eq = 0 and the decomposition is undefined)."""
+        return bool((~self.O).any())
+
 
 def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EPS) -> EquivalenceReport:
     """The SVM-equivalence diagnostics of docs/spec.md §5 for run ``run`` of a training result.
@@ -329,7 +337,9 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     ratios) are the minimum-Frobenius-norm solutions of :func:`attsvm.svm.equivalence.svm_eq` /
     :func:`~attsvm.svm.equivalence.w_fin` (certified like every solve); the scale R is the
     least-squares fit of ``W − W_fin`` on ``W^eq`` (:func:`~attsvm.svm.equivalence.decomposition`).
-    With ``record_W=True`` the correlations are also given along the path.
+    With ``record_W=True`` the correlations are also given along the path. Before attention is
+    selective (every O_i is the whole sequence, so ``W^eq = 0``) the decomposition numbers are NaN
+    (see :class:`EquivalenceReport`); nothing is raised.
     """
     eps = check_finite_scalar(eps, "eps", positive=True)
     if not 0 < eps < 1:
@@ -351,7 +361,8 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     est_top = svm_direction(p, top, "fro")
     W_top = est_top.W_ if _solved(est_top) else None
     scale = residual = corr_eq = corr_eq_fin = np.nan
-    if W_eq is not None and W_fin is not None:
+    selective = bool((~O).any())  # otherwise SVM-eq has no margin row and W^eq = 0
+    if W_eq is not None and W_fin is not None and selective:
         dec = decomposition(W, W_eq, W_fin)
         scale, residual, corr_eq, corr_eq_fin = dec.scale, dec.residual, dec.corr_eq, dec.corr_eq_fin
     rep = EquivalenceReport(
@@ -372,7 +383,12 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     if "W" in result.history:
         Wh = result.history["W"][run]
         rep.step = result.history["step"]
-        rep.corr_eq_traj = np.asarray(correlation(Wh, W_eq)) if W_eq is not None else None
+        if W_eq is None:
+            rep.corr_eq_traj = None
+        elif selective:
+            rep.corr_eq_traj = np.asarray(correlation(Wh, W_eq))
+        else:  # corr with W^eq = 0 is undefined, not 0
+            rep.corr_eq_traj = np.full(Wh.shape[0], np.nan)
         rep.corr_mm_top_traj = np.asarray(correlation(Wh, W_top)) if W_top is not None else None
         sh = p.softmax(Wh)  # (S, n, T)
         rep.max_masked_prob = np.where(O[None], 0.0, sh).max(axis=(1, 2))

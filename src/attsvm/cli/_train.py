@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
                 eq = svm_equivalence(res, r)
                 row.update(
                     O_sizes=eq.O.sum(axis=1).tolist(),
+                    selective=eq.selective,  # False: every O_i is the whole sequence, W^eq = 0
                     corr_eq=_f(eq.corr_eq),
                     scale=_f(eq.scale),
                     residual=_f(eq.residual),
@@ -185,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
         if "kind" in row:
             line += f"  {_s(row['corr_fro'])}  {_s(row['corr_nuc'])}  {row['kind']}"
         if "corr_eq" in row:
-            line += f"  |O_i|={row['O_sizes']} corr(W, W^eq)={_s(row['corr_eq'])}"
+            corr_eq = _s(row["corr_eq"]).strip() if row["selective"] else "n/a (not selective yet)"
+            line += f"  |O_i|={row['O_sizes']} corr(W, W^eq)={corr_eq}"
         print(line)
     if kinds:
         print(

@@ -21,6 +21,7 @@ sequence solves ``min_{s ∈ Δ_T} CE(Vᵀ X_iᵀ s, y_i)`` (:func:`optimal_mixt
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -232,23 +233,43 @@ class Decomposition:
         }
 
 
+def _times_ratio(x: float, a: float, b: float) -> float:
+    """``x·a/b`` for ``a, b > 0`` by exponent arithmetic: inf only when the true value overflows."""
+    ma, ea = math.frexp(a)
+    mb, eb = math.frexp(b)
+    try:
+        return math.ldexp(x * ma / mb, ea - eb)
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
 def decomposition(W: ArrayLike, W_eq: ArrayLike, W_fin: ArrayLike | None = None) -> Decomposition:
     """Least-squares scale R of ``W ≈ R·W^eq + W_fin`` and the correlations of docs/spec.md §5.
 
-    ``W_fin=None`` means no finite component (all sets are single tokens).
+    ``W_fin=None`` means no finite component (all sets are single tokens). The inputs must be finite
+    and ``W_eq`` non-zero (the zero ``W^eq`` of sets that leave no token outside any ``O_i`` has no
+    scale). Computed from scaled copies — ``W`` and ``W_fin`` by one common scale (so ``D = W − W_fin``
+    never overflows), ``W_eq`` by its own —, so finite inputs of any magnitude (GD diverges in norm)
+    give a finite residual and correlations; ``scale`` is inf only when the true R exceeds the float64
+    range. ``residual`` is inf for ``W = 0``.
     """
     W = as_float_array(W, "W", ndim=2)
     We = as_float_array(W_eq, "W_eq", shape=W.shape)
     Wf = np.zeros_like(W) if W_fin is None else as_float_array(W_fin, "W_fin", shape=W.shape)
-    ee = float(np.sum(We * We))
-    if ee == 0:
+    ce = float(np.abs(We).max(initial=0.0))
+    if ce == 0:
         raise ValueError("W_eq must be non-zero to fit a scale (got the zero matrix)")
-    D = W - Wf
-    R = float(np.sum(D * We)) / ee
-    nW = float(np.linalg.norm(W))
-    res = float(np.linalg.norm(D - R * We)) / nW if nW > 0 else float("inf")
+    c0 = max(float(np.abs(W).max(initial=0.0)), float(np.abs(Wf).max(initial=0.0))) or 1.0
+    w, e = W / c0, We / ce  # (d, d) each, entries in [-1, 1]
+    dd = w - Wf / c0  # D / c0, entries in [-2, 2]
+    rho = float(np.sum(dd * e)) / float(np.sum(e * e))  # R·ce/c0: the fit of D/c0 on W_eq/ce
+    nw = float(np.linalg.norm(w))
+    res = float(np.linalg.norm(dd - rho * e)) / nw if nw > 0 else float("inf")  # R is invariant to c0
     return Decomposition(
-        scale=R, residual=res, corr_eq=float(correlation(W, We)), corr_eq_fin=float(correlation(D, We))
+        scale=_times_ratio(rho, c0, ce),
+        residual=res,
+        corr_eq=float(correlation(W, We)),
+        corr_eq_fin=float(correlation(dd, e)),
     )
 
 
