@@ -94,3 +94,5 @@ def test_lr_that_overflows_is_reported_not_passed(tmp_path) -> None:
     assert hl["runs whose final iterate is non-finite (NaN/inf)"]["value"] == {"W": 0, "KQ": 2}
     report = (run.out / "report.md").read_text()
     assert "non-finite (NaN/inf) in 0 W run(s) and 2 (K,Q) run(s)" in report
+    # a NaN measurement (null in results.json) reads "n/a" in the report, never "None"
+    assert "| (K,Q): mean final corr with nuclear W*_mm | n/a |" in report and "None" not in report

@@ -494,6 +494,8 @@ def _draw_locked(
 
 
 def _fmt(v: Any) -> str:
+    if v is None:  # (a NaN measurement: results.json stores it as null)
+        return "n/a"
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, dict):

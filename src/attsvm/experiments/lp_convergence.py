@@ -176,7 +176,12 @@ class LpConvergence(Experiment):
         nonopt = int((last.status_own != "optimal").sum())
         hl = [
             headline(
-                "ℓp-MD: mean final corr with own ℓp-AttSVM", own, "C1", min(own.values()) >= thr, f">= {thr}", "→ 1"
+                "ℓp-MD: mean final corr with own ℓp-AttSVM",
+                own,
+                "C1",
+                all(c >= thr for c in own.values()),
+                f">= {thr}",
+                "→ 1",
             ),
             headline(
                 "ℓp-MD: mean final corr, run p (rows) vs SVM p (columns)",
@@ -190,7 +195,7 @@ class LpConvergence(Experiment):
                 "ℓp-MD: mean final Bregman alignment with own ℓp-AttSVM",
                 breg,
                 "C3",
-                min(breg.values()) >= thr,
+                all(c >= thr for c in breg.values()),
                 f">= {thr}",
                 "→ 1",
             ),
@@ -198,7 +203,7 @@ class LpConvergence(Experiment):
                 "joint (W, v): mean corr of v with its ℓp max-margin classifier",
                 vown,
                 "C4",
-                min(vown.values()) >= jthr and vcloser,
+                all(c >= jthr for c in vown.values()) and vcloser,
                 f">= {jthr} and above the other p's",
                 "v → ℓp SVM of the selected tokens",
             ),
