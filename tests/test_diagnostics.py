@@ -235,3 +235,19 @@ def test_svm_equivalence_before_attention_is_selective(head: str) -> None:
     assert np.isfinite(rep.corr_mm_top)  # the top tokens' SVM still compares
     d = rep.to_dict()
     assert np.isnan(d["corr_eq"]) and np.isnan(d["scale"])
+
+
+def test_runs_out_of_range_and_empty_probabilities_are_named() -> None:
+    from attsvm.diagnostics import convergence_types, correlation_trajectories
+    from attsvm.svm.equivalence import selected_sets
+
+    r = train([paper_instance(6, 8, 10, seed=0)], steps=3, record_W=True)
+    with pytest.raises(ValueError, match=r"runs must be in \[0, 1\), got \[5\]"):
+        convergence_types(r, runs=[5])
+    with pytest.raises(ValueError, match=r"runs must be in \[0, 1\), got \[7\]"):
+        correlation_trajectories(r, runs=[7])
+    with pytest.raises(TypeError, match="runs must be a sequence of run indices, got int"):
+        correlation_trajectories(r, runs=3)
+    with pytest.raises(ValueError, match=r"probs must have shape \(n, T\) or \(R, n, T\) with n, T >= 1"):
+        selected_sets(np.zeros((2, 0)))
+    assert len(convergence_types(r, runs=[0])) == 1

@@ -203,6 +203,18 @@ def _other(norm: str) -> str:
     return "nuc" if norm == "fro" else "fro"
 
 
+def _check_runs(runs: Sequence[int], n_runs: int) -> NDArray[np.int64]:
+    """``runs`` as run indices in [0, n_runs), or an error naming ``runs``."""
+    if isinstance(runs, (str, bytes)) or not hasattr(runs, "__len__"):
+        raise TypeError(f"runs must be a sequence of run indices, got {type(runs).__name__}")
+    idx = np.asarray(runs)
+    if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+        raise ValueError(f"runs must be a sequence of integer run indices, got {runs!r}")
+    if idx.size and (idx.min() < 0 or idx.max() >= n_runs):
+        raise ValueError(f"runs must be in [0, {n_runs}), got {idx.tolist()}")
+    return idx.astype(np.int64)
+
+
 def convergence_types(
     result: TrainResult, *, tau: float = TAU, norm: str | None = None, runs: Sequence[int] | None = None
 ) -> list[ConvergenceReport]:
@@ -211,7 +223,7 @@ def convergence_types(
     ``norm`` defaults to the parameterisation's limit: "fro" for W, "nuc" for (K, Q).
     """
     nm = _norm_for(result.param) if norm is None else check_choice(norm, "norm", NORMS)
-    idx = range(result.n_runs) if runs is None else [int(r) for r in runs]
+    idx = range(result.n_runs) if runs is None else list(_check_runs(runs, result.n_runs))
     return [convergence_type(result.problem(r), result.W[r], norm=nm, tau=tau) for r in idx]
 
 
@@ -233,7 +245,7 @@ def correlation_trajectories(
     """
     if "W" not in result.history:
         raise ValueError("correlation_trajectories needs the recorded iterates: train with record_W=True")
-    idx = np.arange(result.n_runs) if runs is None else np.asarray(runs, dtype=np.int64)
+    idx = np.arange(result.n_runs) if runs is None else _check_runs(runs, result.n_runs)
     Wh = result.history["W"][idx]  # (R', S, d, d)
     d, n = result.W.shape[-1], result.probs.shape[1]
     if tokens is None:

@@ -84,8 +84,8 @@ def selected_sets(probs: ArrayLike, eps: float = SELECT_EPS) -> NDArray[np.bool_
     if not eps < 1:
         raise ValueError(f"eps must be in (0, 1), got {eps}")
     s = as_float_array(probs, "probs")
-    if s.ndim not in (2, 3):
-        raise ValueError(f"probs must have shape (n, T) or (R, n, T), got {s.shape}")
+    if s.ndim not in (2, 3) or s.size == 0:
+        raise ValueError(f"probs must have shape (n, T) or (R, n, T) with n, T >= 1, got {s.shape}")
     if np.any(s < 0) or np.any(s > 1):
         raise ValueError(f"probs must be probabilities in [0, 1], got values in [{s.min():.3g}, {s.max():.3g}]")
     O = s >= eps
