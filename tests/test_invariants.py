@@ -1,0 +1,176 @@
+"""Documented invariants that no other test pinned (found by a mutation audit: each test below fails
+when the line it names is changed). Certificates (docs/spec.md §3), constraint sets, problems (§2),
+run folders and trial keys (§6), the stacked fit and the rank tolerance (§4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attsvm import AttentionProblem, AttentionSVM, Head, TieError
+from attsvm._folders import OWNER_FILE, RunFolderError, claim_folder, folder_owner, refuse_foreign
+from attsvm.datasets import paper_instance
+from attsvm.metrics import matrix_rank
+from attsvm.svm._base import ConstraintSet
+from attsvm.svm.certificate import (
+    FARKAS_BMIN,
+    ROW_FLOOR,
+    farkas_certificate,
+    find_farkas,
+    optimality_certificate,
+)
+
+E1 = np.array([1.0, 0.0])
+
+
+def _set(rows, Z, mask=None, rhs=None, equality=None) -> ConstraintSet:
+    A = np.asarray(rows, dtype=float)
+    return ConstraintSet(
+        A, np.asarray(Z, dtype=float), np.ones(A.shape[:2], bool) if mask is None else mask, rhs, equality
+    )
+
+
+# ---------------------------------------------------------------- Farkas certificates
+def test_a_contradiction_at_round_off_level_is_not_a_proof_of_infeasibility():
+    # a_ᵀWz = 1 and a_ᵀWz = 1 − 1e-12 with the same a, z: λ = (1, −1) cancels exactly, but bᵀλ is round-off
+    cs = _set([[E1, E1]], [E1], rhs=[[1.0, 1.0 - 1e-12]], equality=np.ones((1, 2), bool))
+    cert = farkas_certificate(cs, np.array([[1.0, -1.0]]))
+    assert cert.residual == 0.0 and 0 < cert.b_ratio < FARKAS_BMIN
+    assert not cert.valid
+    assert cs.violation(np.zeros((2, 2))) == 1.0  # (the equality rows' |m − b| at W = 0)
+
+
+def test_a_farkas_candidate_with_a_negative_inequality_multiplier_is_refused():
+    # aᵀWz ≥ 1 and −aᵀWz ≥ 1 are contradictory: λ = (½, ½) proves it; a third row with λ < 0 is not a proof
+    rows = [[E1, -E1, np.array([0.0, 1.0])]]
+    cs = _set(rows, [E1])
+    assert farkas_certificate(cs, np.array([[0.5, 0.5, 0.0]])).valid
+    assert not farkas_certificate(cs, np.array([[0.5, 0.5, -1e-3]])).valid
+
+
+def test_an_unattainable_zero_row_with_a_negative_right_hand_side_is_proved_by_the_zero_row():
+    # 0 = −1 (a zero feature row, equality): λ must take the sign of b to give bᵀλ > 0
+    cs = _set([[np.zeros(2), E1]], [E1], rhs=[[-1.0, 1.0]], equality=np.array([[True, False]]))
+    cert = find_farkas(cs, lp=False)
+    assert cert is not None and cert.valid and cert.source == "zero row"
+    assert cert.lam[0, 0] < 0
+
+
+# ---------------------------------------------------------------- optimality certificates
+def test_the_certificate_clips_negative_inequality_multipliers():
+    cs = _set([[E1]], [E1])
+    cert = optimality_certificate(cs, np.eye(2), np.array([[-1.0]]), "fro")
+    assert cert.lam[0, 0] == 0.0
+
+
+def test_a_row_with_zero_right_hand_side_is_scaled_by_the_row_floor():
+    # equality aᵀWz = 0 with a = z = e1 and W = −e1e1ᵀ: violation 1, scale ROW_FLOOR·‖a‖‖z‖‖W‖_F
+    cs = _set([[E1]], [E1], rhs=[[0.0]], equality=np.ones((1, 1), bool))
+    cert = optimality_certificate(cs, np.diag([-1.0, 0.0]), np.zeros((1, 1)), "fro")
+    assert cert.violation == 1.0
+    assert ROW_FLOOR == 1e-3
+    assert cert.relative_violation == pytest.approx(1e3, rel=1e-12)
+
+
+def test_the_support_includes_every_equality_row():
+    # the inequality is slack (margin 3) and the equality (margin 0, b = 0.5) not met: support = the equality
+    cs = _set([[E1, np.array([0.0, 1.0])]], [E1], rhs=[[1.0, 0.5]], equality=np.array([[False, True]]))
+    cert = optimality_certificate(cs, 3.0 * np.eye(2), np.zeros((1, 2)), "fro")
+    assert cert.support.tolist() == [[False, True]]
+
+
+# ---------------------------------------------------------------- constraint sets
+def test_masked_rows_are_zeroed_and_are_never_equalities():
+    cs = ConstraintSet(np.ones((1, 2, 2)), np.ones((1, 2)), np.array([[True, False]]), None, np.ones((1, 2), bool))
+    assert cs.A[0, 1].tolist() == [0.0, 0.0] and cs.A[0, 0].tolist() == [1.0, 1.0]
+    assert cs.apply(np.eye(2))[0, 1] == 0.0
+    assert cs.equality.tolist() == [[True, False]] and cs.rhs.tolist() == [[1.0, 0.0]]
+
+
+# ---------------------------------------------------------------- problems
+def test_multiclass_labels_must_be_class_indices():
+    rng = np.random.default_rng(0)
+    X, C = rng.standard_normal((2, 3, 4)), rng.standard_normal((4, 3))
+    Z = rng.standard_normal((2, 4))
+    for y in ([-1, 0], [0.5, 1]):
+        with pytest.raises(ValueError, match="class indices"):
+            AttentionProblem(X, np.array(y), Head.multiclass(C), Z=Z)
+    with pytest.raises(ValueError, match="at least 2 columns"):
+        Head.multiclass(np.ones((4, 1)))  # one class is no classification
+
+
+def test_query_index_bounds():
+    p = paper_instance(3, 5, 4, seed=0)
+    with pytest.raises(ValueError, match="query_index"):
+        AttentionProblem(p.X, p.y, p.head, query_index=5)
+    assert AttentionProblem(p.X, p.y, p.head, query_index=-5).query_index == 0
+    assert AttentionProblem(p.X, p.y, p.head, query_index=-1).query_index == 4
+
+
+def test_scores_within_tie_rtol_tie_and_the_data_are_read_only():
+    p = paper_instance(3, 5, 4, seed=0)
+    X = p.X.copy()
+    top = p.optimal_tokens()[1]
+    other = (top + 1) % 5
+    X[1, other] = X[1, top] * (1 - 1e-13)  # its score within 1e-13 of the top, relative (TIE_RTOL = 1e-12)
+    with pytest.raises(TieError):
+        AttentionProblem(X, p.y, p.head, Z=p.Z).optimal_tokens()
+    assert p.X.flags.writeable is False
+    with pytest.raises(ValueError, match="W must have shape"):
+        p.logits(np.zeros((1, 1, 4, 4)))
+
+
+# ---------------------------------------------------------------- run folders
+def test_a_folder_of_another_program_is_refused_unless_allowed(tmp_path: Path):
+    d = tmp_path / "theirs"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    with pytest.raises(RunFolderError, match="files of another program"):
+        claim_folder(d, "reproduce")
+    claim_folder(d, "reproduce", allow_foreign=True)
+    assert (d / "notes.txt").read_text() == "mine"
+
+
+def test_the_owner_marker_is_written_read_and_checked(tmp_path: Path):
+    d = tmp_path / "run"
+    d.mkdir()
+    claim_folder(d, "plot")
+    assert folder_owner(d) == "plot"
+    with pytest.raises(RunFolderError, match="the results of `attsvm plot`"):
+        refuse_foreign(d, "lm-train")
+    (d / OWNER_FILE).write_text(json.dumps({"command": None}))
+    with pytest.raises(RunFolderError, match="corrupt"):
+        folder_owner(d)
+
+
+def test_older_run_folders_are_recognised_by_their_files(tmp_path: Path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "trials").mkdir(parents=True)
+    b.mkdir()
+    (b / "config.json").write_text(json.dumps({"experiment": "x"}))
+    assert folder_owner(a) == "reproduce" and folder_owner(b) == "reproduce"
+
+
+# ---------------------------------------------------------------- trials, stacks, rank
+def test_settings_that_give_duplicate_trials_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from attsvm.experiments import get_experiment, reproduce
+
+    exp = get_experiment("local-convergence")
+    real = type(exp).trials
+    monkeypatch.setattr(type(exp), "trials", lambda self, s: (lambda t: t + t[:1])(real(self, s)))
+    with pytest.raises(ValueError, match="duplicate trials"):
+        reproduce("local-convergence", quick=True, out=tmp_path / "o", progress=False)
+
+
+def test_fit_stack_names_queries_of_width_zero():
+    X = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+    with pytest.raises(ValueError, match=r"Z must have shape \(2, 3, d_z\)"):
+        AttentionSVM().fit_stack(X, np.zeros((2, 3, 0)), np.zeros((2, 3), dtype=np.int64))
+
+
+def test_the_rank_tolerance_is_the_specs_1e_7():
+    assert matrix_rank(np.diag([1.0, 1e-6])) == 2
+    assert matrix_rank(np.diag([1.0, 1e-8])) == 1
