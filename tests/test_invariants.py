@@ -174,3 +174,140 @@ def test_fit_stack_names_queries_of_width_zero():
 def test_the_rank_tolerance_is_the_specs_1e_7():
     assert matrix_rank(np.diag([1.0, 1e-6])) == 2
     assert matrix_rank(np.diag([1.0, 1e-8])) == 1
+
+
+# ---------------------------------------------------------------- second audit: tokens (docs/spec.md §2–3)
+def test_a_support_token_whose_score_equals_the_selected_one_is_offending():
+    from attsvm.datasets import random_instance
+    from attsvm.tokens import local_optimality_report
+
+    p = random_instance(2, 3, 4, seed=0)
+    X = p.X.copy()
+    X[0, 1] = X[0, 0]  # γ_01 = γ_00: the test is γ_{iα_i} > γ_it, so token 1 offends
+    q = AttentionProblem(X, p.y, p.head, Z=p.Z)
+    support = np.zeros((2, 3), bool)
+    support[0, 1] = True
+    rep = local_optimality_report(q, np.array([0, 0]), support, True)
+    assert rep.passed.tolist() == [False, True] and rep.offending[0] == [1]
+    infeasible = local_optimality_report(q, np.array([0, 0]), support, False)
+    assert not infeasible.feasible and not infeasible.locally_optimal
+
+
+def test_tied_rows_are_zeroed_within_tie_ulps_only():
+    from attsvm.tokens import TIE_ULPS, differences
+
+    eps = np.finfo(np.float64).eps
+    sel = np.array([[1.0, 2.0, 3.0]])
+    X = np.stack([sel[0], sel[0] * (1 + 100 * eps), sel[0] * (1 + 4 * eps)])[None]  # (1, 3, 3)
+    A = differences(sel, X)
+    assert TIE_ULPS == 8.0
+    assert np.abs(A[0, 1]).max() > 0  # 100 ulps apart: a real difference
+    assert not A[0, 2].any()  # 4 ulps apart: tied, exactly 0
+
+
+def test_margins_one_part_in_1e5_from_1_are_not_support():
+    from attsvm.tokens import SUPPORT_TOL, support_tokens
+
+    assert SUPPORT_TOL == 1e-6
+    assert not support_tokens(np.array([[np.inf, 1 + 1e-5, 1 - 1e-5]])).any()
+    assert support_tokens(np.array([[np.inf, 1 + 1e-7, 1 - 1e-7]]))[0, 1:].all()
+
+
+# ---------------------------------------------------------------- diagnostics
+def test_negative_runs_are_named():
+    from attsvm.diagnostics import convergence_types, svm_equivalence
+    from attsvm.train import train
+
+    r = train([paper_instance(6, 8, 10, seed=0)], steps=2)
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+        svm_equivalence(r, -1)
+    with pytest.raises(ValueError, match=r"runs must be in \[0, 1\), got \[-1\]"):
+        convergence_types(r, runs=[-1])
+
+
+def test_rate_fit_interval_and_r2_are_the_textbook_ones():
+    from scipy import stats
+
+    from attsvm.diagnostics import rate_fit
+
+    rng = np.random.default_rng(3)
+    t = np.geomspace(1, 100, 12)
+    y = t**-0.3 * np.exp(0.8 * rng.standard_normal(12))
+    fit = rate_fit(t, y, model="power")
+    ref = stats.linregress(np.log(t), np.log(y))
+    half = stats.t.ppf(0.975, 10) * ref.stderr
+    np.testing.assert_allclose(fit.ci, (-ref.slope - half, -ref.slope + half), rtol=1e-10)
+    assert fit.r2 == pytest.approx(ref.rvalue**2, rel=1e-10) and fit.r2 < 0.5
+    assert fit.rate > 0 and not fit.decaying  # a positive rate whose interval holds 0 is not evidence
+
+
+# ---------------------------------------------------------------- estimator and solver routes
+def test_dual_is_the_farkas_certificate_when_infeasible():
+    p = paper_instance(6, 8, 10, seed=0)
+    X = p.X.copy()
+    a = p.optimal_tokens()
+    X[0, (a[0] + 1) % 8] = X[0, a[0]]  # a duplicate of the selected token: no margin possible
+    e = AttentionSVM().fit(AttentionProblem(X, p.y, p.head, Z=p.Z), a)
+    assert e.status_ == "infeasible" and np.array_equal(e.dual_, e.certificate_)
+
+
+def test_fit_many_with_the_cvxpy_backend_uses_cvxpy():
+    probs = [paper_instance(3, 4, 5, seed=s) for s in range(2)]
+    for e in AttentionSVM(backend="cvxpy").fit_many(probs):
+        assert e.backend_.startswith("cvxpy:") and "path" not in e.info_
+
+
+def test_a_vanished_row_that_every_w_satisfies_is_no_obstacle():
+    rng = np.random.default_rng(0)
+    A, Z = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5))
+    rhs = np.ones((3, 4))
+    A[1, 2], rhs[1, 2] = 0.0, 0.0  # 0 ≥ 0
+    e = AttentionSVM().fit_constraints(ConstraintSet(A, Z, np.ones((3, 4), bool), rhs))
+    assert e.status_ == "optimal"
+
+
+def test_the_zero_row_test_is_per_sequence():
+    p = paper_instance(4, 5, 6, seed=0)
+    X = p.X.copy()
+    X[1] *= 1e-14  # a sequence at another scale: its rows are not zero rows
+    assert AttentionSVM().fit(AttentionProblem(X, p.y, p.head, Z=p.Z)).status_ == "optimal"
+
+
+def test_the_working_set_keeps_equality_rows_from_the_start():
+    from attsvm.svm.frobenius import solve_frobenius
+
+    rng = np.random.default_rng(1)
+    A, Z = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5))
+    rhs, eq = np.ones((3, 4)), np.zeros((3, 4), bool)
+    rhs[0, 1], rhs[2, 3] = 0.5, -0.3
+    eq[0, 1] = eq[2, 3] = True
+    cs = ConstraintSet(A, Z, np.ones((3, 4), bool), rhs, eq)
+    ref = solve_frobenius(cs)
+    ws = solve_frobenius(cs, working_set=True, working_set_start=1)
+    np.testing.assert_allclose(ws.W, ref.W, atol=1e-12)
+    m = cs.apply(ws.W)
+    np.testing.assert_allclose(m[eq], rhs[eq], atol=1e-10)
+
+
+# ---------------------------------------------------------------- training
+def test_normalize_by_norm_normalises_updates_whose_squares_underflow():
+    import torch
+
+    from attsvm.training.optim import NormalizeByNorm
+
+    (u,), _ = NormalizeByNorm(0.0).update(
+        (torch.full((1, 2, 2), 1e-170, dtype=torch.float64),), None, (), loss=None, step=0
+    )
+    assert float(torch.linalg.norm(u)) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_a_zero_step_is_refused_and_the_auto_step_is_one_over_the_bound():
+    from attsvm.train import train
+    from attsvm.training.bounds import gradient_bound, smoothness_bound
+    from attsvm.training.optim import gd
+
+    p = paper_instance(6, 8, 10, seed=0)
+    with pytest.raises(ValueError, match="lr must be a positive float"):
+        train(p, steps=1, optimizer=gd(0.0))
+    res = train(p, param="KQ", normalized=False, init="gaussian", init_scale=0.05, steps=1)
+    assert float(res.lr[0]) == pytest.approx(1.0 / (smoothness_bound(p) + gradient_bound(p)), rel=1e-9)
