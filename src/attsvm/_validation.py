@@ -77,7 +77,8 @@ def check_choice(value: Any, name: str, allowed: Iterable[Any]) -> Any:
     return value
 
 
-# The largest seed: numpy's and torch's generators take seeds that fit in a signed 64-bit integer.
+# The largest seed: seeds are handled as int64 (run_seeds adds run offsets in int64; sweeps store them
+# as int64 columns), so they must fit in a signed 64-bit integer.
 SEED_MAX = 2**63 - 1
 
 

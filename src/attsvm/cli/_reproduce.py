@@ -70,10 +70,12 @@ def run(args: argparse.Namespace) -> int:
     if args.scheduler is not None:
         check_scheduler(args.scheduler)
         if args.workers is not None:
-            raise UsageError(
-                f"--workers cannot be combined with --scheduler: the Dask workers run the trials (use "
-                f"--scheduler local:{args.workers} for {args.workers} local Dask workers, or drop --scheduler)"
+            hint = (
+                f"use --scheduler local:{args.workers} for {args.workers} local Dask workers, or drop --scheduler"
+                if str(args.workers).isdigit() and int(args.workers) >= 1
+                else "drop --workers, or use --scheduler local:N for N local Dask workers"
             )
+            raise UsageError(f"--workers cannot be combined with --scheduler: the Dask workers run the trials ({hint})")
     raw = parse_overrides(args.overrides)
     common = dict(
         quick=args.quick,

@@ -284,7 +284,7 @@ class JointTraining(Experiment):
                 "ℓ = −x: corr(v, mean of y_i x_iα) and corr(v, v_mm), tight / non-tight",
                 [mean_c, mm_c],
                 "J3",
-                min(mean_c) >= th and max(mm_c) < min(mean_c),
+                all(c >= th for c in mean_c) and all(m < c for m in mm_c for c in mean_c),
                 f"mean ≥ {th:g}, above v_mm",
             )
         )

@@ -165,16 +165,26 @@ class ConstraintSet:
     equality: NDArray[np.bool_] = field(default=None)  # type: ignore[arg-type]  # filled in __post_init__
 
     def __post_init__(self) -> None:
-        A = as_float_array(self.A, "A", ndim=3, copy=False)
+        try:
+            A = np.asarray(self.A, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"A must be a real array (n, T, d), got {type(self.A).__name__}") from None
+        if A.ndim != 3:
+            raise ValueError(f"A must have 3 dimensions, got shape {A.shape}")
         n, T, _ = A.shape
         # Z may have its own width: a restricted set (see :meth:`restrict`) has W of shape (r_a, r_z)
         Z = as_float_array(self.Z, "Z", shape=(n, None))
         mask = _as_bool(self.mask, "mask", (n, T))
         object.__setattr__(self, "Z", Z)
         object.__setattr__(self, "mask", mask)
-        object.__setattr__(self, "A", np.where(mask[..., None], A, 0.0))
-        rhs = np.ones((n, T)) if self.rhs is None else as_float_array(self.rhs, "rhs", shape=(n, T), copy=False)
-        object.__setattr__(self, "rhs", np.where(mask, rhs, 0.0))
+        # (masked rows are ignored: zeroed before the finiteness check, as rhs there)
+        object.__setattr__(self, "A", as_float_array(np.where(mask[..., None], A, 0.0), "A", copy=False))
+        rhs = np.ones((n, T)) if self.rhs is None else np.asarray(self.rhs, dtype=np.float64)
+        try:
+            rhs = np.broadcast_to(rhs, (n, T))
+        except ValueError:
+            raise ValueError(f"rhs must have shape ({n}, {T}) or broadcast to it, got {rhs.shape}") from None
+        object.__setattr__(self, "rhs", as_float_array(np.where(mask, rhs, 0.0), "rhs", copy=False))
         eq = np.zeros((n, T), dtype=bool) if self.equality is None else _as_bool(self.equality, "equality", (n, T))
         object.__setattr__(self, "equality", eq & mask)
 
