@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,3 +31,17 @@ except ImportError:  # pragma: no cover
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def cli_exit() -> Callable[[list[str]], int]:
+    """``main(argv)``'s exit code, whether returned or raised by argparse as SystemExit."""
+    from attsvm.cli import main
+
+    def run(argv: list[str]) -> int:
+        try:
+            return main(argv)
+        except SystemExit as exc:
+            return int(exc.code or 0)
+
+    return run

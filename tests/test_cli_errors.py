@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -164,10 +165,15 @@ if os.geteuid() != 0:  # root writes through permission bits
 
 @pytest.mark.parametrize("argv, code, fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_gives_one_line_and_its_exit_code(
-    files: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, fragment: str
+    files: Path,
+    capsys: pytest.CaptureFixture[str],
+    cli_exit: Callable[[list[str]], int],
+    argv: list[str],
+    code: int,
+    fragment: str,
 ) -> None:
     argv = [a.replace("{tmp}", str(files)) for a in argv]
-    rc = _run(argv)
+    rc = cli_exit(argv)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == code, err
@@ -175,14 +181,6 @@ def test_bad_input_gives_one_line_and_its_exit_code(
     assert "Traceback" not in err
     assert lines[0].startswith("attsvm"), lines[0]
     assert fragment in lines[0], lines[0]
-
-
-def _run(argv: list[str]) -> int:
-    """``main(argv)``'s exit code, whether returned or raised by argparse as SystemExit."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
 
 
 def test_device_cuda_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

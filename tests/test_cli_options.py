@@ -6,6 +6,7 @@ any model is loaded or any trial is computed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,6 @@ from attsvm.cli._errors import EXIT_DATA, EXIT_USAGE
 
 LC = ["reproduce", "local-convergence", "--quick", "--no-progress"]
 TINY = ["--set", "runs=1", "--set", "steps=10", "--set", "record_every=10", "--set", "chunk=1"]
-
-
-def _run(argv: list[str]) -> int:
-    """``main(argv)``'s exit code, whether returned or raised by argparse as SystemExit."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
 
 
 def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -90,7 +83,11 @@ RUN_CASES = [
 
 @pytest.mark.parametrize("argv, fragment", [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES])
 def test_ignored_option_is_a_usage_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    cli_exit: Callable[[list[str]], int],
+    argv: list[str],
+    fragment: str,
 ) -> None:
     if argv[0] in ("reproduce", "analyze"):
         argv = [*argv, "--out", str(tmp_path / "out")]
@@ -99,7 +96,7 @@ def test_ignored_option_is_a_usage_error(
 
         paper_instance(6, 8, 10, seed=0).to_npz(tmp_path / "p.npz")
         argv = [str(tmp_path / "p.npz") if a == "{npz}" else a for a in argv]
-    assert _run(argv) == EXIT_USAGE
+    assert cli_exit(argv) == EXIT_USAGE
     line = _one_line(capsys)
     assert line.startswith(f"attsvm {argv[0]}: error: ") and fragment in line, line
     assert not (tmp_path / "out").exists()  # refused before anything was written
