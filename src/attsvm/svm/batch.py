@@ -266,9 +266,12 @@ def solve_arrays(
     K = n * (T - 1)
     size = max(1, CHUNK_FLOATS // (K * K))
     t0 = time.perf_counter()
-    parts = [
-        _solve_chunk(est, X[lo : lo + size], Zq[lo : lo + size], alpha[lo : lo + size], opt) for lo in range(0, B, size)
-    ]
+    # (an instance far from unit scale over- or underflows here: its certificate fails and fit rescales it)
+    with np.errstate(all="ignore"):
+        parts = [
+            _solve_chunk(est, X[lo : lo + size], Zq[lo : lo + size], alpha[lo : lo + size], opt)
+            for lo in range(0, B, size)
+        ]
     if len(parts) == 1:
         return parts[0]._replace(per=(time.perf_counter() - t0) / max(B, 1))
     cat = [np.concatenate(arrays) for arrays in zip(*(p[:10] for p in parts))]  # (the 10 arrays)

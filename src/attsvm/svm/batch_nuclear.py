@@ -38,7 +38,7 @@ from ._base import ConstraintSet, RawSolution
 from ._factored import _make_feasible, _nuclear, _reduce, _Reduced
 from ._sdp import _guarded, ipm_many
 from .nuclear import _lift_dual, _trivial
-from .reduction import Reduction, reduce
+from .reduction import Reduction, prescale, reduce
 from .status import OPTIMAL
 
 if TYPE_CHECKING:
@@ -195,6 +195,8 @@ def solve_many(
         prepared.append(None)
         if cs is None or cs.n_constraints > NUC_BATCH_MAX_K:
             continue  # (more rows than the batch takes even before the reduction: fit, and its threads)
+        if prescale(cs) is not None:
+            continue  # (data far from unit scale: fit rescales them exactly first)
         t0 = time.perf_counter()
         reduction = reduce(cs)
         red = _reduce(reduction)

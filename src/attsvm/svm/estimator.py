@@ -32,6 +32,7 @@ from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .certificate import FARKAS_RTOL, find_farkas, numerical_rank, optimality_certificate
 from .norms import Norm, get_norm, lp_norm
+from .reduction import prescale
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
 if TYPE_CHECKING:
@@ -532,8 +533,14 @@ class AttentionSVM:
 
     def _fit_here(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
         t0 = time.perf_counter()
-        raw, backend = self._solve(cs)
-        return self._accept(cs, alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
+        pre = prescale(cs)
+        if pre is None:
+            raw, backend = self._solve(cs)
+            return self._accept(cs, alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
+        # data far from unit scale: solve and certify the exactly rescaled set, then undo it (.reduction)
+        raw, backend = self._solve(pre[0])
+        self._accept(pre[0], alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
+        return self._unscale(cs, pre[1])
 
     def _accept(
         self,
@@ -651,6 +658,47 @@ class AttentionSVM:
                     RuntimeWarning,
                     stacklevel=5,
                 )
+
+    def _unscale(self, cs: ConstraintSet, kappa: float) -> AttentionSVM:
+        """The fitted attributes of the prescaled set (:func:`~attsvm.svm.reduction.prescale`, factor κ)
+        in the units of ``cs``: W, its norm and rank-m factors times κ; multipliers, gap and
+        complementarity times κ^degree; margins, violations, support, relative measures and a Farkas
+        certificate unchanged. A W that float64 cannot hold at these units is an "error"."""
+        self.constraints_ = cs
+        self.info_["prescale"] = kappa
+        if self.certificate_residual_ is not None:  # ‖Σ λ_k a_k z_kᵀ‖_F of the (unchanged) Farkas λ
+            with np.errstate(over="ignore"):
+                self.certificate_residual_ = float(self.certificate_residual_ / np.float64(kappa))
+        if self.W_ is None:
+            return self
+        W0, lam0 = self.W_, self.dual_coef_
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            power = np.float64(kappa) ** self._norm_object().degree
+            self.W_ = self.W_ * kappa
+            self.objective_ = float(self.objective_ * np.float64(kappa))
+            self.dual_coef_ = self.dual_coef_ * power
+            self.duality_gap_ = float(self.duality_gap_ * power)
+            self.complementary_slackness_ = float(self.complementary_slackness_ * power)
+            if self.factors_ is not None:
+                self.factors_ = (self.factors_[0] * kappa, self.factors_[1])
+
+        def held(new: NDArray[np.float64], old: NDArray[np.float64]) -> bool:  # (no entry overflows or flushes to 0)
+            return bool(np.isfinite(new).all() and ((new != 0) == (old != 0)).all())
+
+        w_held = held(self.W_, W0) and bool(np.isfinite(self.objective_))
+        if not (w_held and held(self.dual_coef_, lam0)):
+            self._clear(ERROR)
+            what = "W is κ" if not w_held else f"the multipliers λ are κ^{self._norm_object().degree}"
+            self.info_["message"] = (
+                f"the solution is not representable in float64 at these units ({what} times those of the "
+                f"rescaled data, κ = {kappa:.1e}): rescale X or Z"
+            )
+            warnings.warn(
+                f"AttentionSVM: {self.info_['message']}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return self
 
     # the fitted attributes a batch sets per instance (AttentionSVM._batched_many), in the order of its rows
     _BATCHED_FIELDS = ("constraints_", "tokens_", *_SOLUTION_FIELDS, "n_iter_", "info_")

@@ -16,6 +16,11 @@ A solver never sees the user's units. :func:`reduce` rewrites ``min ‖W‖ s.t.
    (exact in floating point), so the right-hand sides are O(1) and the solvers' absolute
    thresholds mean the same thing on every instance.
 
+Before any of this, :func:`prescale` brings data far from unit scale (``max|a|`` or ``max|z|`` beyond
+``2^±PRESCALE_EXP``) to it by powers of two, which is exact: a squared row norm, a Gram entry or
+``‖W‖²`` would otherwise overflow or underflow float64 (beyond about ``2^±511``) and the row would
+"vanish" (``AttentionSVM._fit`` solves and certifies the prescaled set, then undoes it).
+
 Lifting: ``W = g · U M Vᵀ``. For a solver of ``min φ(W)`` with φ positively homogeneous of degree
 ``p`` (``p = 1`` for a norm, ``p = 2`` for ``½‖W‖_F²``), stationarity ``𝒜*(λ) ∈ ∂φ(W)`` gives
 ``λ_k = g^{p−1} · λ̂_k / s_k``.
@@ -31,7 +36,16 @@ from numpy.typing import NDArray
 
 from ._base import ConstraintSet, Subspaces, _orth
 
-__all__ = ["Reduction", "reduce", "DenseReduction", "reduce_dense", "ZERO_ROW_RTOL", "SPREAD_MAX"]
+__all__ = [
+    "Reduction",
+    "reduce",
+    "prescale",
+    "PRESCALE_EXP",
+    "DenseReduction",
+    "reduce_dense",
+    "ZERO_ROW_RTOL",
+    "SPREAD_MAX",
+]
 
 # A feature a_k is zero when ‖a_k‖ ≤ ZERO_ROW_RTOL · max_t ‖a_it‖ of its own sequence (duplicate
 # tokens leave round-off of this order); a query is zero when it is exactly zero.
@@ -42,6 +56,9 @@ VANISHED_ROW_MESSAGE = (
     "a constraint row vanished (its norm is 0 or overflows in float64: rescale X or Z) "
     "and no infeasibility certificate verifies"
 )
+# prescale leaves data alone while max|a| and max|z| lie in [2^−PRESCALE_EXP, 2^PRESCALE_EXP]: there, no
+# square or product of the certificate or the solvers comes near float64's range (2^±1022)
+PRESCALE_EXP = 64
 # Step 2 takes its bases from the user's rows while ‖a_k‖ (and ‖z_i‖) vary by at most this factor,
 # else from the normalised rows.
 SPREAD_MAX = 1e6
@@ -104,6 +121,28 @@ def _pow2(x: float) -> float:
         return 1.0
     m, e = math.frexp(x)  # x = m·2^e exactly, m ∈ [½, 1)
     return math.ldexp(1.0, e - 1 if m == 0.5 else e)
+
+
+def prescale(cs: ConstraintSet) -> tuple[ConstraintSet, float] | None:
+    """``(cs', κ)`` with cs' the rows ``a_k·c_a`` and queries ``z_i·c_z`` of ``cs`` for the powers of two
+    ``c_a ≈ 1/max|a|`` and ``c_z ≈ 1/max|z|`` (exact scalings), where either maximum lies beyond
+    ``2^±PRESCALE_EXP``; None where both lie within (the usual case: nothing changes).
+
+    The right-hand sides stay, and ``a'ᵀW z' = c_a c_z · aᵀW z``: W' solves cs' exactly when
+    ``W = κ W'`` solves cs, with ``κ = c_a c_z`` (the factor returned). The margins, violations, support
+    and relative measures of W' on cs' are those of W on cs; the multipliers, the gap and the
+    complementarity scale by ``κ^degree`` of the solver objective (stationarity ``𝒜*(λ) ∈ ∂φ(W)``,
+    docs/spec.md §3); a Farkas certificate (normalised, ``Σ|λ| = 1``) does not change."""
+    am = float(np.abs(cs.A).max(initial=0.0))
+    zm = float(np.abs(cs.Z).max(initial=0.0))
+    lo, hi = 2.0**-PRESCALE_EXP, 2.0**PRESCALE_EXP
+    if not (am > 0 and zm > 0 and math.isfinite(am) and math.isfinite(zm)):
+        return None  # (nothing to scale, or data the checks refuse)
+    if lo <= am <= hi and lo <= zm <= hi:
+        return None
+    ca, cz = 1.0 / _pow2(am), 1.0 / _pow2(zm)
+    scaled = ConstraintSet._trusted(cs.A * ca, cs.Z * cz, cs.mask, cs.rhs, cs.equality)
+    return scaled, ca * cz
 
 
 def reduce(cs: ConstraintSet, *, subspace: bool = True, rtol: float = 1e-12) -> Reduction:
