@@ -257,7 +257,8 @@ class JointTraining(Experiment):
                 f"both ≥ {th:g}; every sequence a support vector",
             )
         )
-        svc = float(J.xs("logistic", level="loss").svc_gap.max())
+        # skipna=False: a NaN (an instance without a head SVM) passes no criterion
+        svc = float(J.xs("logistic", level="loss").svc_gap.max(skipna=False))
         hl.append(
             headline(
                 "1 − cos(v_mm, LinearSVC(fit_intercept=False, C=1e9)), worst instance",
@@ -289,12 +290,16 @@ class JointTraining(Experiment):
             )
         )
         L = last[last.part == "loss"]
-        Lfin = L.groupby("loss").corr_p_mm.min()
+
+        def lowest(c: pd.Series) -> float:  # min over C; a NaN (diverged p) makes it NaN, failing ≥ below
+            return float(c.min(skipna=False))
+
+        Lfin = L.groupby("loss").corr_p_mm.agg(lowest)
         L1000 = df[(df.part == "loss") & (df.step == min(int(s["steps"]), int(s["loss_steps"])))]
         hl.append(
             headline(
                 f"v fixed: min over C of corr(p, p_mm) at the paper's {s['steps']} steps (−x, logistic)",
-                [float(x) for x in L1000.groupby("loss").corr_p_mm.min().reindex(["correlation", "logistic"])],
+                [float(x) for x in L1000.groupby("loss").corr_p_mm.agg(lowest).reindex(["correlation", "logistic"])],
                 "L1",
                 None,
                 "reported",

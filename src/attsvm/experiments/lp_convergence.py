@@ -10,6 +10,10 @@ softmax; its correlations are with the certified ℓp SVMs (:class:`attsvm.svm.A
 ``norm="lp"``) of those tokens, for every p of the grid, and the Bregman alignment of ψ = ‖·‖_p^p/p
 (:func:`attsvm.diagnostics.bregman_alignment`) with its own. A trial trains a chunk of runs of one p as
 one batched program.
+
+A run whose iterate (or head v) becomes non-finite has NaN correlations; the means are taken over all
+runs (a NaN is not skipped), so every claim it enters FAILs rather than passing on the remaining runs,
+and the count of such runs is a headline.
 """
 
 from __future__ import annotations
@@ -128,11 +132,15 @@ class LpConvergence(Experiment):
             sel = selected[r]
             svms = {q: _lp_svm(prob, sel, q) for q in ps}
             own = svms[p]
+            finite = np.isfinite(W_hist[r]).all(axis=(-2, -1))  # (S,)
+            if v_final is not None:
+                finite = finite & bool(np.isfinite(v_final[r]).all())
             frame: dict[str, Any] = {
                 "kind": trial["kind"],
                 "p": p,
                 "run": seed,
                 "step": np.asarray(steps_rec, dtype=np.int64),
+                "finite": finite,
                 "corr_own": _corr(W_hist[r], own),
                 "bregman_own": (
                     bregman_alignment(W_hist[r], own.W_, p) if own.W_ is not None else np.full(len(steps_rec), np.nan)
@@ -157,20 +165,26 @@ class LpConvergence(Experiment):
         thr, jthr = s["threshold"], s["joint_threshold"]
         last = df[df["step"] == df["step"].max()]
         md, joint = last[last.kind == "md"], last[last.kind == "joint"]
-        own = {f"p={p:g}": float(md[md.p == p].corr_own.mean()) for p in ps}
-        table = {f"p={p:g}": {f"SVM p={q:g}": float(md[md.p == p][f"corr_p{q:g}"].mean()) for q in ps} for p in ps}
+
+        def mean(frame: pd.DataFrame, col: str) -> float:
+            # skipna=False: a diverged (NaN) run makes the mean NaN, and NaN passes no criterion below
+            return float(frame[col].mean(skipna=False))
+
+        own = {f"p={p:g}": mean(md[md.p == p], "corr_own") for p in ps}
+        table = {f"p={p:g}": {f"SVM p={q:g}": mean(md[md.p == p], f"corr_p{q:g}") for q in ps} for p in ps}
         closer = all(
             table[f"p={p:g}"][f"SVM p={p:g}"] > table[f"p={p:g}"][f"SVM p={q:g}"] for p in ps for q in ps if q != p
         )
-        breg = {f"p={p:g}": float(md[md.p == p].bregman_own.mean()) for p in ps}
-        vown = {f"p={p:g}": float(joint[joint.p == p][f"vcorr_p{p:g}"].mean()) for p in ps}
+        breg = {f"p={p:g}": mean(md[md.p == p], "bregman_own") for p in ps}
+        vown = {f"p={p:g}": mean(joint[joint.p == p], f"vcorr_p{p:g}") for p in ps}
         vcloser = all(
-            joint[joint.p == p][f"vcorr_p{p:g}"].mean() > joint[joint.p == p][f"vcorr_p{q:g}"].mean()
+            mean(joint[joint.p == p], f"vcorr_p{p:g}") > mean(joint[joint.p == p], f"vcorr_p{q:g}")
             for p in ps
             for q in ps
             if q != p
         )
-        wjoint = {f"p={p:g}": float(joint[joint.p == p].corr_own.mean()) for p in ps}
+        wjoint = {f"p={p:g}": mean(joint[joint.p == p], "corr_own") for p in ps}
+        diverged = {k: int((~g.finite.astype(bool)).sum()) for k, g in (("md", md), ("joint", joint))}
         v = last.viol_own.to_numpy()
         viol = float(v[np.isfinite(v)].max(initial=0.0))
         nonopt = int((last.status_own != "optimal").sum())
@@ -210,15 +224,25 @@ class LpConvergence(Experiment):
             headline("joint (W, v): mean final corr of W with own ℓp-AttSVM", wjoint, "C4", None, "reported"),
             headline("non-optimal SVM statuses (own p)", nonopt, "C1", nonopt == 0, "0"),
             headline("max constraint violation of the ℓp SVMs", viol, "C1", viol <= 1e-8, "<= 1e-8"),
+            headline(
+                "runs whose final iterate is non-finite (NaN/inf)",
+                diverged,
+                "C1",
+                sum(diverged.values()) == 0,
+                "= 0 (a diverged run is no evidence)",
+            ),
         ]
-        extra = {
-            "runs": int(md.run.nunique()),
-            "joint_runs": int(joint.run.nunique()),
-            "notes": [
-                "correlations are cosine similarities of W with each certified ℓp-AttSVM of the run's final "
-                "selection; the Bregman alignment is 1 − D_ψ between ℓp-normalised directions"
-            ],
-        }
+        notes = [
+            "correlations are cosine similarities of W with each certified ℓp-AttSVM of the run's final "
+            "selection; the Bregman alignment is 1 − D_ψ between ℓp-normalised directions"
+        ]
+        if sum(diverged.values()):
+            notes.append(
+                f"the iterate became non-finite (NaN/inf) in {diverged['md']} ℓp-MD run(s) and {diverged['joint']} "
+                "joint (W, v) run(s): their correlations are NaN (n/a), so the means they enter are n/a and the "
+                "claims they support FAIL"
+            )
+        extra = {"runs": int(md.run.nunique()), "joint_runs": int(joint.run.nunique()), "notes": notes}
         return hl, extra
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:

@@ -16,6 +16,10 @@ applied to the final softmax s: a seed is dropped when
 and seeds are consumed in order until 500 are accepted for each d. Selected set O_i = {t : s_it > 1e-3}.
 W^eq and W_fin are the Frobenius programs of docs/spec.md §5
 (:func:`attsvm.svm.equivalence.equivalence_constraints`); W ≈ W_fin + R·W^eq with R by least squares.
+
+A run whose iterate becomes non-finite is dropped by the rule above (its softmax is NaN: "finite"), but it
+is no evidence either way: it is counted in a checked headline, and the medians and means over accepted
+runs do not skip a NaN correlation.
 """
 
 from __future__ import annotations
@@ -85,8 +89,8 @@ def equivalence_runs(
     train_idx = np.flatnonzero(has_neg)
     rows: list[dict[str, Any]] = []
     traj: list[pd.DataFrame] = []
-    for sd in np.asarray(seeds)[~has_neg]:
-        rows.append({"seed": int(sd), "accepted": False, "reason": "no negative label"})
+    for sd in np.asarray(seeds)[~has_neg]:  # (not trained: nothing to diverge)
+        rows.append({"seed": int(sd), "accepted": False, "reason": "no negative label", "finite": True})
     if len(train_idx):
         tr = [probs[i] for i in train_idx]
         run_seeds = [seeds[i] for i in train_idx]
@@ -112,16 +116,18 @@ def equivalence_runs(
         wfins = fit_constraint_svms([c_fin for _, c_fin in programs], norm)  # type: ignore[misc]
         singles = fit_svms([probs[train_idx[r]] for r in kept], [np.argmax(S[r], axis=1) for r in kept], norm)
         svms = {r: (eqs[j], wfins[j], singles[j]) for j, r in enumerate(kept)}
+        finite = np.isfinite(W_hist).all(axis=(1, 2, 3)) & np.isfinite(S).all(axis=(1, 2))  # (R,)
         for r, i in enumerate(train_idx):
             seed = seeds[i]
             if amb[r] or fin[r]:
-                rows.append({"seed": seed, "accepted": False, "reason": "ambiguous" if amb[r] else "finite"})
+                reason = "ambiguous" if amb[r] else "finite"
+                rows.append({"seed": seed, "accepted": False, "reason": reason, "finite": bool(finite[r])})
                 continue
             sr = S[r]
             sel = sr > hi
             eq, wfin, single = svms[r]
             if eq.W_ is None or wfin.W_ is None or single.W_ is None:
-                rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible"})
+                rows.append({"seed": seed, "accepted": False, "reason": "svm infeasible", "finite": bool(finite[r])})
                 continue
             Wg = W_hist[r, -1]
             Wd = eq.W_
@@ -145,6 +151,7 @@ def equivalence_runs(
                     "seed": seed,
                     "accepted": True,
                     "reason": "",
+                    "finite": bool(finite[r]),
                     "zero_max": float(np.where(sel, 0.0, sr).max()),
                     "n_selected_mean": float(sel.sum(1).mean()),
                     "multi": bool((sel.sum(1) > 1).any()),
@@ -262,6 +269,14 @@ class SVMEq(Experiment):
         acc, consumed, tr = self._accepted(s, df)
         last = tr[tr.step == tr.step.max()]
         per_d = {}
+
+        # skipna=False: a NaN correlation makes the mean / median NaN, and NaN passes no criterion below
+        def mean(c: pd.Series) -> float:
+            return float(c.mean(skipna=False))
+
+        def median(c: pd.Series) -> float:
+            return float(c.median(skipna=False))
+
         for d, g in consumed.groupby("d"):
             a = acc[acc.d == d]
             l = last[last.d == d]
@@ -269,21 +284,24 @@ class SVMEq(Experiment):
                 "accepted": len(a),
                 "seeds_consumed": len(g),
                 **{f"dropped: {r}": int((g.reason == r).sum()) for r in DROP_REASONS},
-                "mean 1-corr(W, W^eq)": float((1 - l.corr_eq).mean()),
-                "mean 1-corr(W, W_fin+R W^eq)": float((1 - l.corr_full).mean()),
-                "mean 1-corr(W, single-token W_mm)": float((1 - l.corr_single).mean()),
-                "median 1-corr(W, W^eq)": float((1 - l.corr_eq).median()),
-                "median 1-corr(W, single-token W_mm)": float((1 - l.corr_single).median()),
+                "non-finite": int((~g.finite.astype(bool)).sum()),
+                "mean 1-corr(W, W^eq)": mean(1 - l.corr_eq),
+                "mean 1-corr(W, W_fin+R W^eq)": mean(1 - l.corr_full),
+                "mean 1-corr(W, single-token W_mm)": mean(1 - l.corr_single),
+                "median 1-corr(W, W^eq)": median(1 - l.corr_eq),
+                "median 1-corr(W, single-token W_mm)": median(1 - l.corr_single),
                 "share with a multi-token selection": float(a.multi.mean()) if len(a) else float("nan"),
             }
-        e_eq = float((1 - last.corr_eq).mean())
-        e_single = float((1 - last.corr_single).mean())
-        e_full = float((1 - last.corr_full).mean())
-        med_eq = float((1 - last.corr_eq).median())
-        med_single = float((1 - last.corr_single).median())
+        e_eq = mean(1 - last.corr_eq)
+        e_single = mean(1 - last.corr_single)
+        e_full = mean(1 - last.corr_full)
+        med_eq = median(1 - last.corr_eq)
+        med_single = median(1 - last.corr_single)
         mid = tr[tr.step == tr.step[tr.step <= tr.step.max() / 2].max()]
-        e_mid = float((1 - mid.corr_eq).mean())
-        worse = [int(d) for d, g in last.groupby("d") if not (1 - g.corr_eq).median() < (1 - g.corr_single).median()]
+        e_mid = mean(1 - mid.corr_eq)
+        # (a NaN median is "not better": `not (nan < x)` lists that d, so the claim fails)
+        worse = [int(d) for d, g in last.groupby("d") if not median(1 - g.corr_eq) < median(1 - g.corr_single)]
+        diverged = int((~consumed.finite.astype(bool)).sum())
         enough = all(v["accepted"] >= s["runs"] for v in per_d.values())
         statuses = acc.statuses.str.split(",").explode() if "statuses" in acc and len(acc) else acc.iloc[:0]
         not_optimal = int((statuses != "optimal").sum())
@@ -310,9 +328,9 @@ class SVMEq(Experiment):
             headline("mean final 1 − corr(W, W_fin + R·W^eq)", e_full, "E3", e_full <= e_eq, "<= 1−corr(W^eq)"),
             headline(
                 "max over accepted runs of the largest unselected softmax probability",
-                float(acc.zero_max.max()) if len(acc) else float("nan"),
+                float(acc.zero_max.max(skipna=False)) if len(acc) else float("nan"),
                 "E4",
-                bool(len(acc)) and float(acc.zero_max.max()) <= s["thred_low"],
+                bool(len(acc)) and float(acc.zero_max.max(skipna=False)) <= s["thred_low"],
                 f"<= {s['thred_low']}",
             ),
             headline("every d reached `runs` accepted seeds", enough, "E4", enough, "true"),
@@ -324,6 +342,13 @@ class SVMEq(Experiment):
                 "0 (every SVM the comparison uses is certified)",
             ),
             headline("per-d acceptance and drop counts", per_d, "E4", None, "reported"),
+            headline(
+                "runs whose iterate became non-finite (NaN/inf), of the seeds consumed",
+                diverged,
+                "E1",
+                diverged == 0,
+                "= 0 (a diverged run is no evidence)",
+            ),
         ]
         notes = [
             f"d={d}: {v['accepted']} accepted of {v['seeds_consumed']} seeds ("
@@ -336,6 +361,11 @@ class SVMEq(Experiment):
             "there W^eq has few constraints and W is mostly its finite component W_fin after 2001 "
             f"steps (median {med_eq:.2g} vs mean {e_eq:.2g}); W_fin + R·W^eq captures those runs"
         )
+        if diverged:
+            notes.append(
+                f"the iterate became non-finite (NaN/inf) in {diverged} of the seeds consumed (lr = {s['lr']:g} "
+                "overflows float64?): the acceptance rule drops them, but a diverged run is no evidence, so E1 FAILs"
+            )
         return hl, {"per_d": per_d, "notes": notes}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:

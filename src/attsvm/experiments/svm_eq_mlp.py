@@ -12,7 +12,9 @@ applies the published acceptance rule, and compares W(k) (``KQᵀ`` for (K, Q)) 
 (:func:`attsvm.experiments.svm_eq.equivalence_runs`). ReLU at depth 1 is the svm-eq recipe itself.
 
 Seeds 1..``seeds`` are tried for every configuration (no adaptive top-up), so the number of accepted
-runs differs between configurations and is reported.
+runs differs between configurations and is reported. A run whose iterate becomes non-finite is dropped
+by the acceptance rule but counted in a checked headline (a diverged run is no evidence), and the
+medians over accepted runs do not skip a NaN correlation.
 """
 
 from __future__ import annotations
@@ -115,6 +117,13 @@ class SVMEqMLP(Experiment):
 
     # ------------------------------------------------------------------ results
     def _table(self, df: pd.DataFrame) -> pd.DataFrame:
+        # skipna=False: a NaN correlation makes its configuration's median NaN, which passes no criterion
+        def median(c: pd.Series) -> float:
+            return float(c.median(skipna=False))
+
+        def mean(c: pd.Series) -> float:
+            return float(c.mean(skipna=False))
+
         runs = df[df.kind == "run"]
         tr = df[df.kind == "traj"]
         last = tr[tr.step == tr.step.max()]
@@ -125,11 +134,12 @@ class SVMEqMLP(Experiment):
                 "seeds": runs.groupby(keys).seed.count(),
                 "accepted": acc.groupby(keys).seed.count(),
                 "multi_share": acc.groupby(keys).multi.mean(),
-                "median_corr_eq": last.groupby(keys).corr_eq.median(),
-                "median_corr_dir": last.groupby(keys).corr_dir.median(),
-                "mean_1m_corr_eq": (1 - last.corr_eq).groupby([last[k] for k in keys]).mean(),
-                "median_1m_corr_single": (1 - last.corr_single).groupby([last[k] for k in keys]).median(),
+                "median_corr_eq": last.groupby(keys).corr_eq.agg(median),
+                "median_corr_dir": last.groupby(keys).corr_dir.agg(median),
+                "mean_1m_corr_eq": (1 - last.corr_eq).groupby([last[k] for k in keys]).agg(mean),
+                "median_1m_corr_single": (1 - last.corr_single).groupby([last[k] for k in keys]).agg(median),
                 "share_corr_eq_gt_threshold": last.assign(ok=last.corr_eq > 0.99).groupby(keys).ok.mean(),
+                "non_finite": runs.assign(bad=~runs.finite.astype(bool)).groupby(keys).bad.sum(),
             }
         )
         for r in DROP_REASONS:
@@ -212,6 +222,24 @@ class SVMEqMLP(Experiment):
                 "reported",
             )
         )
+        KQ = t[t.param == "KQ"]
+        for label, sub, claim in (
+            ("W", t[t.param == "W"], "M1"),
+            ("(K,Q) smooth", KQ[KQ.activation.isin(SMOOTH)], "M2"),
+            ("(K,Q) ReLU", KQ[KQ.activation == "relu"], "M3"),
+            ("W trained jointly with its head", Th, "M5"),
+        ):
+            if len(sub):
+                bad = int(sub.non_finite.sum())
+                hl.append(
+                    headline(
+                        f"{label}: runs whose iterate became non-finite (NaN/inf)",
+                        bad,
+                        claim,
+                        bad == 0,
+                        "= 0 (a diverged run is no evidence)",
+                    )
+                )
         hl.append(
             headline(
                 "accepted runs of the seeds tried (param activation×depth)",
