@@ -47,6 +47,13 @@ TIES: tuple[str, ...] = ("raise", "first")
 TIE_RTOL = 1e-12
 
 
+def _tied_for_max(g: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Boolean (..., T): the scores of each row within ``TIE_RTOL`` of the row's maximum, relative to the
+    row's largest |score| (docs/spec.md §2). A row with more than one True has a tie for the maximum."""
+    top = g.max(axis=-1, keepdims=True)
+    return np.abs(g - top) <= TIE_RTOL * np.abs(g).max(axis=-1, keepdims=True)
+
+
 class TieError(ValueError):
     """Raised when some sequence has several tokens sharing the maximal score (docs/spec.md §2).
 
@@ -372,8 +379,7 @@ class AttentionProblem(_TokenShape):
         g = self.scores
         opt = np.argmax(g, axis=1).astype(np.int64)
         if ties == "raise":
-            top = g.max(axis=1, keepdims=True)
-            close = np.abs(g - top) <= TIE_RTOL * np.abs(g).max(axis=1, keepdims=True)
+            close = _tied_for_max(g)  # (n, T)
             counts = close.sum(axis=1)
             if np.any(counts > 1):
                 seqs = [int(i) for i in np.flatnonzero(counts > 1)]
@@ -397,16 +403,24 @@ class AttentionProblem(_TokenShape):
 
     def softmax(self, W: ArrayLike) -> NDArray[np.float64]:
         """Attention probabilities ``s_it`` of shape (n, T) (or (R, n, T)), computed stably: when the
-        logits overflow (a W so large that ``x_itᵀ W z_i`` is not a float), from the logits of W/m,
-        m = max|W|, as ``exp(m·(g − max g))``, whose limit puts the mass on the maximisers."""
-        g = self.logits(W)
-        m: float | NDArray[np.float64] = 1.0
-        if not np.isfinite(g).all():
-            Wa = np.asarray(W, dtype=np.float64)
-            m = np.abs(Wa).max(axis=(-2, -1), keepdims=True)  # (finite: as_float_array refused inf)
-            g = self.logits(np.divide(Wa, m, out=np.zeros_like(Wa), where=m > 0))  # (m: one per W)
-        with np.errstate(over="ignore"):
-            e = np.exp(m * (g - g.max(axis=-1, keepdims=True)))
+        logits overflow (W, X or the queries so large that ``x_itᵀ W z_i`` is not a float), from the
+        logits ``ĝ`` of the parts scaled by powers of two to max |·| ≤ 1 (W/2^a, X_i/2^b_i, z_i/2^c_i,
+        exact) as ``exp(2^(a+b_i+c_i)·(ĝ − max ĝ))``, whose limit puts the mass on the maximisers."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            g = self.logits(W)
+        if np.isfinite(g).all():
+            with np.errstate(over="ignore"):
+                e = np.exp(g - g.max(axis=-1, keepdims=True))
+            return e / e.sum(axis=-1, keepdims=True)
+        Wa = np.asarray(W, dtype=np.float64)  # (finite: logits' as_float_array refused inf)
+        eW = _exponent(Wa, axis=(-2, -1))  # (..., 1, 1)
+        eX = _exponent(self.X, axis=(1, 2))[:, :, 0]  # (n, 1)
+        Q = self.queries
+        eQ = _exponent(Q, axis=1)  # (n, 1)
+        u = np.einsum("...de,ne->...nd", np.ldexp(Wa, -eW), np.ldexp(Q, -eQ))  # (..., n, d)
+        gh = np.einsum("ntd,...nd->...nt", np.ldexp(self.X, -eX[:, :, None]), u)  # |ĝ| ≤ d²
+        with np.errstate(over="ignore"):  # (ĝ − max ĝ ≤ 0: an overflow is −inf, e^−inf = 0; 0 stays 0)
+            e = np.exp(np.ldexp(gh - gh.max(axis=-1, keepdims=True), eW + eX + eQ))
         return e / e.sum(axis=-1, keepdims=True)
 
     # ------------------------------------------------------------------ persistence
@@ -481,11 +495,24 @@ class AttentionProblem(_TokenShape):
             return cls(f["X"], f["y"], head, Z=Z, query_index=qi, loss=loss)  # type: ignore[arg-type]
 
 
+def _exponent(a: NDArray[np.float64], axis: int | tuple[int, ...]) -> NDArray[np.intc]:
+    """The exponent e with ``max |a| < 2^e`` over ``axis`` (kept), 0 for zeros: ``a / 2^e`` is exact
+    (bar entries that fall below the normal range, negligible beside the largest)."""
+    return np.frexp(np.abs(a).max(axis=axis, keepdims=True))[1]
+
+
 def _npz_int(value: NDArray, path: Path, name: str) -> int:
-    """A scalar integer array of an ``.npz`` file as an int, or a ValueError naming the file and array."""
-    if value.ndim != 0 or not (np.issubdtype(value.dtype, np.integer) and not np.issubdtype(value.dtype, np.bool_)):
-        raise ValueError(f"{path}: {name} must be a scalar integer, got {value.dtype} of shape {value.shape}")
-    return int(value)
+    """A scalar integer array of an ``.npz`` file as an int, or a ValueError naming the file and array.
+
+    A 1-element array of shape (1,) counts as a scalar (``np.savez`` of ``[k]`` stores one)."""
+    if value.shape not in ((), (1,)) or not (
+        np.issubdtype(value.dtype, np.integer) and not np.issubdtype(value.dtype, np.bool_)
+    ):
+        raise ValueError(
+            f"{path}: {name} must be a scalar integer, got {value.dtype} of shape {value.shape} "
+            "(a scalar: shape () or (1,))"
+        )
+    return int(value.reshape(()))
 
 
 def check_problem(value: object, name: str = "problem") -> AttentionProblem:

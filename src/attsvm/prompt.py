@@ -31,12 +31,9 @@ from ._validation import (
     check_selection,
     check_tokens,
 )
-from .problem import _TokenShape
+from .problem import _tied_for_max, _TokenShape
 
 __all__ = ["PromptProblem", "paper_joint_problem", "paper_loss_problem", "random_prompt_problem"]
-
-# Relative tolerance under which two token scores count as a tie for the maximum (as in problem.py)
-TIE_RTOL = 1e-12
 
 
 class PromptProblem(_TokenShape):
@@ -121,14 +118,14 @@ class PromptProblem(_TokenShape):
     def optimal_tokens(
         self, v: ArrayLike | None = None, ties: Literal["raise", "first"] = "raise"
     ) -> NDArray[np.int64]:
-        """``argmax_t γ_it`` (n,); a tie raises ValueError unless ``ties="first"``."""
+        """``argmax_t γ_it`` (n,); a tie (scores within ``TIE_RTOL`` of the maximum, relative to the
+        sequence's largest |score|, docs/spec.md §2) raises ValueError unless ``ties="first"``."""
         check_choice(ties, "ties", ("raise", "first"))
         g = self.scores(v)
         if g.ndim != 2:
             raise ValueError("optimal_tokens takes one head v of shape (d,)")
         if ties == "raise":
-            top = g.max(axis=1, keepdims=True)
-            tied = (np.abs(g - top) <= TIE_RTOL * (1.0 + 2.0 * np.abs(top))).sum(axis=1) > 1
+            tied = _tied_for_max(g).sum(axis=1) > 1
             if tied.any():
                 raise ValueError(
                     f"v: the optimal token is not unique in sequences {np.flatnonzero(tied)[:10].tolist()}; "

