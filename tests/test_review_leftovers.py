@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attsvm import AttentionProblem
+from attsvm import AttentionProblem, matrix_rank
 from attsvm.datasets import paper_instance
 from attsvm.prompt import PromptProblem
+from attsvm.tokens import margins, support_tokens
 
 TINY = 1e-20  # a scale far below the old absolute tie floor TIE_RTOL·(1 + 2|top|) = 1e-12
 
@@ -63,6 +64,41 @@ def test_softmax_at_a_normal_scale_is_unchanged():
     g = p.logits(W)
     e = np.exp(g - g.max(-1, keepdims=True))
     np.testing.assert_array_equal(p.softmax(W), e / e.sum(-1, keepdims=True))
+
+
+# ---------------------------------------------------------------- matrix_rank's tol
+@pytest.mark.parametrize("tol", [np.float64(0.01), np.array(0.01), np.array(0.01, dtype=np.float32)])
+def test_matrix_rank_takes_a_numpy_scalar_tol(tol):
+    assert matrix_rank(np.diag([1.0, 1e-3]), tol=tol) == 1
+
+
+@pytest.mark.parametrize(
+    ("tol", "exc", "match"),
+    [
+        (np.array([0.01]), TypeError, r"tol must be a real number in \[0, 1\).*got ndarray of shape \(1,\)"),
+        (np.array(True), TypeError, r"tol must be a real number.*got ndarray of shape \(\)"),
+        (np.array(np.nan), ValueError, r"tol must be a finite real in \[0, 1\)"),
+        (np.array(-0.5), ValueError, r"tol must be a finite real in \[0, 1\)"),
+    ],
+)
+def test_matrix_rank_refuses_a_non_scalar_or_out_of_range_tol(tol, exc, match):
+    with pytest.raises(exc, match=match):
+        matrix_rank(np.eye(2), tol=tol)
+
+
+# ---------------------------------------------------------------- stacked support tokens
+def test_support_tokens_of_stacked_margins_are_per_solution():
+    p = paper_instance(4, 5, 6, seed=0)
+    Ws = np.random.default_rng(1).standard_normal((3, 6, 6))
+    m = margins(p, None, Ws)  # (3, n, T)
+    m[1, 2, 3] = 1.0  # one pair made tight
+    out = support_tokens(m)
+    assert out.shape == (3, 4, 5)
+    for r in range(3):
+        np.testing.assert_array_equal(out[r], support_tokens(m[r]))
+    assert out[1, 2, 3]
+    with pytest.raises(ValueError, match=r"margin must be an \(n, T\) array .* got shape \(5,\)"):
+        support_tokens(np.ones(5))
 
 
 # ---------------------------------------------------------------- .npz query_index of shape (1,)

@@ -106,10 +106,16 @@ def singular_values(W: ArrayLike) -> NDArray[np.float64]:
 def matrix_rank(W: ArrayLike, tol: float = RANK_TOL) -> NDArray[np.int64] | int:
     """Number of singular values above ``tol · σ_max`` (relative tolerance; 0 for a zero matrix).
 
-    ``tol`` is a finite real in [0, 1). Scale-free: computed from the singular values of ``W / max|W_ij|``.
+    ``tol`` is a finite real in [0, 1) (a Python or NumPy scalar, or a 0-d array). Scale-free: computed
+    from the singular values of ``W / max|W_ij|``.
     """
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
-        raise TypeError(f"tol must be a real number in [0, 1) (a relative tolerance), got {type(tol).__name__}")
+    if isinstance(tol, np.ndarray) and tol.ndim == 0 and tol.dtype.kind in "iuf":
+        tol = tol[()]  # a 0-d array (np.array(1e-9)): its NumPy scalar
+    if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, numbers.Real):
+        shape = f" of shape {tol.shape}" if isinstance(tol, np.ndarray) else ""
+        raise TypeError(
+            f"tol must be a real number in [0, 1) (a scalar relative tolerance), got {type(tol).__name__}{shape}"
+        )
     if not (np.isfinite(tol) and 0 <= tol < 1):
         raise ValueError(f"tol must be a finite real in [0, 1) (a relative tolerance), got {tol!r}")
     s, _ = _scaled_singular_values(W)

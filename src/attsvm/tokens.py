@@ -93,7 +93,8 @@ def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -
 
 
 def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDArray[np.bool_]:
-    """Support tokens ``T_i(α)``: pairs whose margin is 1 up to ``tol`` (docs/spec.md §2), shape (n, T).
+    """Support tokens ``T_i(α)``: pairs whose margin is 1 up to ``tol`` (docs/spec.md §2), shape (n, T),
+    or (..., n, T) for stacked margins (one solution per leading index, as :func:`margins` of a stack W).
 
     ``margin`` must be the margins of the (normalised) SVM solution, with ``+inf`` at α_i.
     """
@@ -101,8 +102,11 @@ def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDA
         m = np.asarray(margin, dtype=np.float64)
     except (TypeError, ValueError):
         raise TypeError(f"margin must be an array of real margins, got {type(margin).__name__}") from None
-    if m.ndim != 2 or np.isnan(m).any():
-        raise ValueError(f"margin must be an (n, T) array of margins (+inf at α_i, no NaN), got shape {m.shape}")
+    if m.ndim < 2 or np.isnan(m).any():
+        raise ValueError(
+            f"margin must be an (n, T) array of margins, or a stack (..., n, T) (+inf at α_i, no NaN), "
+            f"got shape {m.shape}"
+        )
     return np.isfinite(m) & (np.abs(m - 1.0) <= tol * np.maximum(1.0, np.abs(m)))
 
 
