@@ -5,13 +5,19 @@ Each test fails on the code before its fix."""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import sys
+
 import numpy as np
 import pytest
 
 from attsvm import AttentionProblem, matrix_rank
+from attsvm.cli._reproduce import _dask_logging
 from attsvm.datasets import paper_instance
 from attsvm.prompt import PromptProblem
 from attsvm.tokens import margins, support_tokens
+from attsvm.training import train
 
 TINY = 1e-20  # a scale far below the old absolute tie floor TIE_RTOL·(1 + 2|top|) = 1e-12
 
@@ -110,3 +116,44 @@ def test_from_npz_reads_a_query_index_of_shape_1(tmp_path):
     np.savez(f, X=p.X, y=p.y, v=p.head.weights, query_index=np.array([[2]]))
     with pytest.raises(ValueError, match=r"query_index must be a scalar integer, got int64 of shape \(1, 1\)"):
         AttentionProblem.from_npz(f)
+
+
+# ---------------------------------------------------------------- training: auto step, device
+def test_the_auto_step_message_says_which_step_kq_uses():
+    p = paper_instance(3, 4, 5, seed=0)
+    huge = AttentionProblem(p.X * 1e200, p.y, p.head, Z=p.Z)
+    with (
+        pytest.raises(ValueError, match=r"lr='auto' for plain GD is 1/\(L_W·B \+ G_W\) with B = max\(1,.*G_W"),
+        np.errstate(over="ignore", invalid="ignore"),
+    ):
+        train(huge, param="KQ", steps=1, normalized=False)
+    with (
+        pytest.raises(ValueError, match=r"lr='auto' for plain GD is 1/L_W from the smoothness bound L_W, which"),
+        np.errstate(over="ignore", invalid="ignore"),
+    ):
+        train(huge, steps=1, normalized=False)
+
+
+@pytest.mark.parametrize("device", [0, np.int64(1), True])
+def test_an_integer_device_is_refused_naming_the_forms(device):
+    p = paper_instance(3, 4, 5, seed=0)
+    with pytest.raises(TypeError, match=r"device must be a torch device or its name \(.*'cuda:N' for the CUDA"):
+        train(p, steps=1, device=device)
+
+
+# ---------------------------------------------------------------- Dask's logger level
+def test_dask_logging_restores_the_level_distributed_set_on_import(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")  # (the real one stays in sys.modules: monkeypatch puts it back)
+    # a stand-in for a first import of distributed, which sets its logger's level from the dask config
+    (tmp_path / "distributed.py").write_text("import logging\nlogging.getLogger('distributed').setLevel(15)\n")
+    monkeypatch.delitem(sys.modules, "distributed")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(logging.NOTSET)
+    try:
+        with _dask_logging(argparse.Namespace(scheduler="local:2", verbose=0)):
+            assert logger.level == logging.WARNING
+        assert logger.level == 15  # what the import set; the old code put back NOTSET, saved before it
+    finally:
+        logger.setLevel(level)

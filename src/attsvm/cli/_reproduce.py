@@ -123,14 +123,13 @@ def _dask_logging(args: argparse.Namespace) -> Iterator[None]:
     if args.scheduler is None or getattr(args, "verbose", 0) >= 1:
         yield
         return
-    key, before = "DASK_LOGGING__DISTRIBUTED", os.environ.get("DASK_LOGGING__DISTRIBUTED")
-    os.environ[key] = "warning"  # read by dask.config on import, here and in the worker processes
+    with contextlib.suppress(ImportError):
+        import distributed  # noqa: F401  (its import sets the level of its loggers: save it after)
     logger = logging.getLogger("distributed")
     level = logger.level
-    with contextlib.suppress(ImportError):
-        import distributed  # noqa: F401  (its import sets the level of its loggers)
-
-        logger.setLevel(logging.WARNING)
+    logger.setLevel(logging.WARNING)
+    key, before = "DASK_LOGGING__DISTRIBUTED", os.environ.get("DASK_LOGGING__DISTRIBUTED")
+    os.environ[key] = "warning"  # read by dask.config on import in the worker processes
     try:
         yield
     finally:

@@ -271,10 +271,11 @@ def _legacy_rule(
         check_choice(lr, "lr", ("auto", "polyak"))
         step = np.full(runs, NORMALIZED_LR) if normalized else par.auto_step(LW(), GW(), params0)
         if not (np.all(np.isfinite(step)) and np.all(step > 0)):
+            rule, uses_GW = _AUTO_STEP_RULES.get(par.name, (f"{type(par).__name__}.auto_step(L_W, G_W)", True))
+            values = f"L_W {np.asarray(LW())!r}" + (f", G_W {np.asarray(GW())!r}" if uses_GW else "")
             raise ValueError(
-                f"lr='auto' for plain GD is 1/L_W from the smoothness bound, which gives no positive finite "
-                f"step for these data (steps {np.asarray(step)!r}, bound L_W {np.asarray(LW())!r}): pass lr= "
-                "explicitly, or normalized=True"
+                f"lr='auto' for plain GD is {rule}, which gives no positive finite step for these data "
+                f"(steps {np.asarray(step)!r}; {values}): pass lr= explicitly, or normalized=True"
             )
     else:
         arr = np.asarray(lr, dtype=np.float64) if not isinstance(lr, bool) else None
@@ -292,13 +293,26 @@ def _legacy_rule(
     return chain(*parts, StepSize(step), MirrorMap(mirror_p))
 
 
+# What lr='auto' is for plain GD per parameterisation (Parameterization.auto_step) and whether it uses
+# the gradient bound G_W besides L_W, for its error message
+_AUTO_STEP_RULES = {
+    "W": ("1/L_W from the smoothness bound L_W", False),
+    "KQ": (
+        "1/(L_W·B + G_W) with B = max(1, ‖K₀‖_F² + ‖Q₀‖_F²) from the smoothness and gradient bounds L_W, G_W",
+        True,
+    ),
+}
+
+
 def check_device(device: torch.device | str | None, name: str = "device") -> torch.device:
     """``device`` (None: the CPU) as a torch device that this machine has, or a ValueError naming ``name``."""
     if device is None:
         return torch.device("cpu")
     if not isinstance(device, (str, torch.device)):
+        # (a bare index is refused: torch reads it as "the current accelerator", CUDA, MPS or none)
         raise TypeError(
-            f"{name} must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {type(device).__name__}"
+            f"{name} must be a torch device or its name ('cpu', 'cuda', 'cuda:N' for the CUDA device of "
+            f"index N, 'mps'), got {type(device).__name__} {device!r}"
         )
     try:
         dev = torch.device(device)
