@@ -72,6 +72,23 @@ def test_huge_prompt_gives_finite_attention():
     assert np.all(np.isfinite(s)) and np.allclose(s.sum(-1), 1.0)
 
 
+@pytest.mark.parametrize("scale", [1e160, 1e300])
+def test_attention_whose_logits_overflow_is_the_limit_distribution(scale):
+    # logits k_itᵀp beyond float64 (huge keys and prompt together): before, inf − inf gave NaN. The limit
+    # of softmax(c·g) as c → ∞ puts all the mass on each sequence's maximiser, for one prompt or a batch
+    q = random_prompt_problem(3, 4, 2, seed=2, fixed_head=True)
+    big = PromptProblem(q.X * scale, q.y, v=q.v)
+    p = np.array([0.3, -1.0]) * scale
+    top = np.argmax(q.logits(p / scale), axis=-1)
+    for s in (big.softmax(p), big.softmax(np.stack([p, p]))[1]):
+        assert np.all(np.isfinite(s))
+        np.testing.assert_array_equal(s, np.eye(4)[top])
+    small = p / scale / scale  # (logits that do not overflow: the plain formula, bit for bit)
+    g = big.logits(small)
+    e = np.exp(g - g.max(axis=-1, keepdims=True))
+    np.testing.assert_array_equal(big.softmax(small), e / e.sum(axis=-1, keepdims=True))
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
