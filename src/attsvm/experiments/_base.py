@@ -271,3 +271,13 @@ def chunks(n: int, size: int) -> list[tuple[int, int]]:
 def headline(name: str, value: Any, claim: str, passed: bool | None, criterion: str = "", paper: str = "") -> Headline:
     """Shorthand for a :class:`Headline` with JSON-safe value and a plain-bool verdict."""
     return Headline(name, _jsonable(value), claim, None if passed is None else bool(passed), criterion, paper)
+
+
+def diverged_headline(
+    count: int | dict[str, int], claim: str, what: str = "whose final iterate is", detail: str = ""
+) -> Headline:
+    """The checked headline of the runs whose result is non-finite (``count``: a number, or one per
+    group): a diverged run is no evidence, so any such run fails ``claim``."""
+    total = sum(count.values()) if isinstance(count, dict) else count
+    name = f"runs {what} non-finite (NaN/inf){detail}"
+    return headline(name, count, claim, total == 0, "= 0 (a diverged run is no evidence)")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._base import Experiment, Headline, Trial, chunks, headline
+from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._plotting import band, save, subplots
 
 __all__ = ["Hierarchy", "EXPERIMENT"]
@@ -164,13 +164,7 @@ class Hierarchy(Experiment):
                 bool(one and deep and all(v < 0.9 for v in one) and all(v >= 0.99 for v in deep)),
                 "< 0.9 with one layer, ≥ 0.99 with two or more",
             ),
-            headline(
-                "runs whose final weights are non-finite (NaN/inf) (param×layers)",
-                diverged,
-                "D1",
-                sum(diverged.values()) == 0,
-                "= 0 (a diverged run is no evidence)",
-            ),
+            diverged_headline(diverged, "D1", "whose final weights are", " (param×layers)"),
         ]
         med = last[last.layers > 1].groupby(["param", "layers", "layer"]).corr_final.agg(median)
         hl.append(

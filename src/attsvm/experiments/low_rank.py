@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .._linalg import correlation, matrix_rank
-from ._base import Experiment, Headline, Trial, headline
+from ._base import Experiment, Headline, Trial, diverged_headline, headline
 from ._common import fit_svms, num, paper_problems, train_batch
 from ._plotting import save, subplots
 
@@ -148,13 +148,7 @@ class LowRank(Experiment):
                 "reported",
             ),
             headline("rank-m solves that raised an error", errors, "L1", errors == 0, "= 0"),
-            headline(
-                "runs whose final iterate is non-finite (NaN/inf)",
-                diverged,
-                "L2",
-                diverged == 0,
-                "= 0 (a diverged run is no evidence)",
-            ),
+            diverged_headline(diverged, "L2"),
         ]
         per_m = {
             int(m): {

@@ -22,7 +22,7 @@ import pandas as pd
 from .._linalg import correlation
 from ..datasets import random_instance
 from ..svm.equivalence import equivalence_constraints, optimal_mixture
-from ._base import Experiment, Headline, Trial, chunks, headline
+from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import fit_svm, num, train_batch
 from ._plotting import band, save, subplots
 
@@ -138,13 +138,7 @@ class Multiclass(Experiment):
                 "reported",
             ),
             headline("runs by status (svm-eq acceptance rule)", counts, "M1", None, "reported"),
-            headline(
-                "runs whose final iterate is non-finite (NaN/inf)",
-                diverged,
-                "M1",
-                diverged == 0,
-                "= 0 (a diverged run is no evidence)",
-            ),
+            diverged_headline(diverged, "M1"),
         ]
         notes = []
         if diverged:

@@ -33,7 +33,7 @@ import pandas as pd
 from ..ntp import NextTokenProblem, random_ntp_problem
 from ..svm.graph import fin_basis, graph_svm, graph_svm_constraints, ntp_decomposition
 from ..training.ntp import ntp_w_fin, train_ntp
-from ._base import Experiment, Headline, Trial, chunks, headline
+from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import num
 from ._plotting import band, save, subplots
 
@@ -235,13 +235,7 @@ class NTPConvergence(Experiment):
                 "non-increasing over the larger half of N, ≈ 1 at the largest",
                 "SCCs merge as N grows",
             ),
-            headline(
-                "runs whose final iterate is non-finite (NaN/inf)",
-                diverged,
-                "C1",
-                diverged == 0,
-                "= 0 (a diverged run is no evidence)",
-            ),
+            diverged_headline(diverged, "C1"),
         ]
         notes = [
             "correlations use P_E W P_E, the part of W that acts on the span of the embeddings",

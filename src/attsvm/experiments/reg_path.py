@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..datasets import paper_instance
-from ._base import Experiment, Headline, Trial, headline
+from ._base import Experiment, Headline, Trial, diverged_headline, headline
 from ._plotting import band, save, subplots
 
 __all__ = ["RegPath", "EXPERIMENT"]
@@ -142,13 +142,7 @@ class RegPath(Experiment):
                 None,
                 "reported (solver accuracy)",
             ),
-            headline(
-                "runs whose path is non-finite (NaN/inf) at some radius",
-                diverged,
-                "G1",
-                sum(diverged.values()) == 0,
-                "= 0 (a diverged run is no evidence)",
-            ),
+            diverged_headline(diverged, "G1", "whose path is", " at some radius"),
         ]
         decays: dict[str, Any] = {}
         for param, col, claim in (("W", "corr_fro", "G1"), ("KQ", "corr_nuc", "G2")):

@@ -36,7 +36,7 @@ import pandas as pd
 from .._linalg import correlation
 from ..problem import AttentionProblem, Head
 from ..svm.equivalence import equivalence_constraints
-from ._base import Experiment, Headline, Trial, headline
+from ._base import Experiment, Headline, Trial, diverged_headline, headline
 from ._common import fit_constraint_svms, fit_svms, num, train_batch
 from ._plotting import band, save, subplots
 
@@ -342,13 +342,7 @@ class SVMEq(Experiment):
                 "0 (every SVM the comparison uses is certified)",
             ),
             headline("per-d acceptance and drop counts", per_d, "E4", None, "reported"),
-            headline(
-                "runs whose iterate became non-finite (NaN/inf), of the seeds consumed",
-                diverged,
-                "E1",
-                diverged == 0,
-                "= 0 (a diverged run is no evidence)",
-            ),
+            diverged_headline(diverged, "E1", "whose iterate became", ", of the seeds consumed"),
         ]
         notes = [
             f"d={d}: {v['accepted']} accepted of {v['seeds_consumed']} seeds ("
