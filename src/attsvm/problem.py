@@ -409,9 +409,7 @@ class AttentionProblem(_TokenShape):
         with np.errstate(over="ignore", invalid="ignore"):
             g = self.logits(W)
         if np.isfinite(g).all():
-            with np.errstate(over="ignore"):
-                e = np.exp(g - g.max(axis=-1, keepdims=True))
-            return e / e.sum(axis=-1, keepdims=True)
+            return _softmax_last(g)
         Wa = np.asarray(W, dtype=np.float64)  # (finite: logits' as_float_array refused inf)
         eW = _exponent(Wa, axis=(-2, -1))  # (..., 1, 1)
         eX = _exponent(self.X, axis=(1, 2))[:, :, 0]  # (n, 1)
@@ -419,9 +417,7 @@ class AttentionProblem(_TokenShape):
         eQ = _exponent(Q, axis=1)  # (n, 1)
         u = np.einsum("...de,ne->...nd", np.ldexp(Wa, -eW), np.ldexp(Q, -eQ))  # (..., n, d)
         gh = np.einsum("ntd,...nd->...nt", np.ldexp(self.X, -eX[:, :, None]), u)  # |ĝ| ≤ d²
-        with np.errstate(over="ignore"):  # (ĝ − max ĝ ≤ 0: an overflow is −inf, e^−inf = 0; 0 stays 0)
-            e = np.exp(np.ldexp(gh - gh.max(axis=-1, keepdims=True), eW + eX + eQ))
-        return e / e.sum(axis=-1, keepdims=True)
+        return _softmax_last(gh, eW + eX + eQ)
 
     # ------------------------------------------------------------------ persistence
     def to_npz(self, path: str | Path) -> None:
@@ -493,6 +489,16 @@ class AttentionProblem(_TokenShape):
             qi = _npz_int(f["query_index"], path, "query_index") if "query_index" in keys else None
             loss = str(f["loss"]) if "loss" in keys else "logistic"
             return cls(f["X"], f["y"], head, Z=Z, query_index=qi, loss=loss)  # type: ignore[arg-type]
+
+
+def _softmax_last(g: NDArray[np.float64], exps: NDArray[np.intc] | None = None) -> NDArray[np.float64]:
+    """Softmax over the last axis of the finite logits ``g``, or of ``2^exps · g`` (the logits of parts
+    scaled by powers of two): ``exp(2^exps·(g − max g))``, where ``g − max g ≤ 0`` so that an overflow is
+    −inf, e^−inf = 0, and the maximisers keep their mass (the limit distribution)."""
+    d = g - g.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):
+        e = np.exp(d if exps is None else np.ldexp(d, exps))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def _exponent(a: NDArray[np.float64], axis: int | tuple[int, ...]) -> NDArray[np.intc]:

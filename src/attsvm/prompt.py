@@ -31,7 +31,7 @@ from ._validation import (
     check_selection,
     check_tokens,
 )
-from .problem import _exponent, _tied_for_max, _TokenShape
+from .problem import _exponent, _softmax_last, _tied_for_max, _TokenShape
 
 __all__ = ["PromptProblem", "paper_joint_problem", "paper_loss_problem", "random_prompt_problem"]
 
@@ -145,16 +145,12 @@ class PromptProblem(_TokenShape):
         with np.errstate(over="ignore", invalid="ignore"):
             g = self.logits(p)
         if np.isfinite(g).all():
-            with np.errstate(over="ignore"):
-                e = np.exp(g - g.max(axis=-1, keepdims=True))
-            return e / e.sum(axis=-1, keepdims=True)
+            return _softmax_last(g)
         pp = self.check_prompt(p)
         eK = _exponent(self.keys, axis=(1, 2))[:, :, 0]  # (n, 1)
         eP = _exponent(pp, axis=-1)[..., None]  # (..., 1, 1)
         gh = np.einsum("ntm,...m->...nt", np.ldexp(self.keys, -eK[:, :, None]), np.ldexp(pp, -eP[..., 0]))
-        with np.errstate(over="ignore"):  # (ĝ − max ĝ ≤ 0: an overflow is −inf, e^−inf = 0; 0 stays 0)
-            e = np.exp(np.ldexp(gh - gh.max(axis=-1, keepdims=True), eK + eP))
-        return e / e.sum(axis=-1, keepdims=True)
+        return _softmax_last(gh, eK + eP)
 
     def output(self, p: ArrayLike, v: ArrayLike | None = None) -> NDArray[np.float64]:
         """``f(X_i) = vᵀ X_iᵀ softmax(X_i W p)`` of shape (n,) (broadcasting over leading batch axes)."""
