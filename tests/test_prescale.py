@@ -152,3 +152,22 @@ def test_no_status_changes_inside_the_range():
         warnings.simplefilter("error")
         fit = AttentionSVM().fit(p)
     assert fit.status_ == "optimal" and "prescale" not in fit.info_
+
+
+def test_entries_below_round_off_may_flush_but_no_others():
+    # mapping back by κ = 2^-1000 flushes W' entries below ~1e-8 of float64's range to 0: an entry at
+    # 1e-30 of the largest carries no information (round-off is 2e-16), so the fit stays optimal; with
+    # κ = 2^-1070 the largest entries flush too, and that is an "error", never a W of zeros
+    p = paper_instance(6, 8, 10, seed=0)
+    a = p.optimal_tokens()
+    for kappa, status in ((2.0**-1000, "optimal"), (2.0**-1070, "error")):
+        fit = AttentionSVM("nuc").fit(p, a)
+        W = fit.W_.copy()
+        W[0, 0] = 1e-30 * np.abs(W).max()
+        fit.W_ = W
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fit._unscale(fit.constraints_, kappa)
+        assert fit.status_ == status
+        if status == "optimal":
+            assert fit.W_[0, 0] == 0.0 and np.count_nonzero(fit.W_) == W.size - 1

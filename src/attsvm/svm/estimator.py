@@ -100,6 +100,7 @@ _PARAMETERS: dict[str, ParamSpec] = {
 # Names of the norms in summaries.
 _NORM_NAMES = {"fro": "Frobenius", "nuc": "nuclear", "lp": "l{p:g}", "l1": "l1", "linf": "l-inf"}
 
+_EPS = float(np.finfo(np.float64).eps)
 # the attributes of a solution and its certificate (None when there is no solution), in this order
 _SOLUTION_FIELDS = (
     "W_",
@@ -682,8 +683,11 @@ class AttentionSVM:
             if self.factors_ is not None:
                 self.factors_ = (self.factors_[0] * kappa, self.factors_[1])
 
-        def held(new: NDArray[np.float64], old: NDArray[np.float64]) -> bool:  # (no entry overflows or flushes to 0)
-            return bool(np.isfinite(new).all() and ((new != 0) == (old != 0)).all())
+        def held(new: NDArray[np.float64], old: NDArray[np.float64]) -> bool:
+            # no entry overflows, and none that matters flushes to 0 (entries below round-off of the
+            # largest, ε·max|·|, may: they carry no information)
+            big = np.abs(old) > _EPS * np.abs(old).max(initial=0.0)
+            return bool(np.isfinite(new).all() and (new[big] != 0).all())
 
         w_held = held(self.W_, W0) and bool(np.isfinite(self.objective_))
         if not (w_held and held(self.dual_coef_, lam0)):
