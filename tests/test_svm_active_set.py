@@ -133,6 +133,30 @@ def test_select_is_the_sorted_entry(K):
             assert gi._select(v.copy(), k) == np.sort(v)[k]
 
 
+UNROLL_RTOL = 1e-13  # the unrolled column products against NumPy's (reassociated sums of a few terms)
+
+
+@pytest.mark.parametrize("d", range(1, 10))
+def test_unrolled_column_product_is_the_gram_column(d):
+    # gi._column runs four rows of AT per pass with a prologue for d mod 4: every remainder against AᵀA
+    rng = np.random.default_rng(d)
+    AT = rng.standard_normal((d, 11))
+    out = np.full(11, np.nan)
+    for p in range(11):
+        gi._column(AT, p, out)
+        np.testing.assert_allclose(out, AT.T @ AT[:, p], rtol=UNROLL_RTOL, atol=UNROLL_RTOL * d)
+
+
+@pytest.mark.parametrize("na", range(0, 10))
+def test_unrolled_margin_direction_is_the_column_minus_m_transpose_rho(na):
+    # gi._minus_mt: cols[na] − M[:na]ᵀρ, four rows of M per pass with a prologue for na mod 4
+    rng = np.random.default_rng(na)
+    cols, M, rho = rng.standard_normal((na + 1, 13)), rng.standard_normal((na + 2, 13)), rng.standard_normal(na + 2)
+    out = np.full(13, np.nan)
+    gi._minus_mt(cols, M, rho, na, out)
+    want = cols[na] - M[:na].T @ rho[:na]
+    np.testing.assert_allclose(out, want, rtol=UNROLL_RTOL, atol=UNROLL_RTOL * (na + 1))
+
 @pytest.mark.parametrize("scale", [1e-8, 1e8])
 def test_scale_invariance(scale):
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(8)]

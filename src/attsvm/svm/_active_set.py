@@ -103,10 +103,13 @@ def _workspace(n, T, d, dz):
         np.empty(n),  # zn: ‖z_i‖
         np.empty(K),  # srt: scratch of the median
         np.empty((n, n)),  # Zg: the Gram matrix of the queries
+        np.empty((n, K)),  # ZS[i, k] = (z_i·z_k)/s_k: row i_p scales the entering row's column
+        np.empty((n, d)),  # V[i] = Σ_k λ_k a_k over the active rows of sequence i (W = Σ_i V_i z_iᵀ)
         np.empty((cap, K)),  # cols: Ĝ[:, j] of the active rows by slot; slot na: the entering row
         np.empty(cap, np.int64),  # act: the active rows by slot
-        np.empty(K, np.bool_),  # isact
+        np.empty(K),  # bout: b̂_k of an inactive row, −inf for an active one (the pivot search skips it)
         np.empty((cap, cap)),  # L: the lower Cholesky factor of Ĝ_AA
+        np.empty(cap),  # Ld: 1/L_aa
         np.empty((cap, K)),  # M = L⁻¹ Ĝ_A,: (its column p is ρ = L⁻¹ Ĝ_Ap, and Mᵀρ = Ĝ_:A r)
         np.empty(cap),  # lamA: the active multipliers
         np.empty(K),  # mh = Ĝλ̂: the scaled margins
@@ -118,12 +121,79 @@ def _workspace(n, T, d, dz):
 
 
 @nb.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _column(AT, p, out):
+    """out[k] = a_k·a_p over the columns of AT (d, K), four rows of AT per pass over k (a pass per row
+    loaded and stored ``out`` d times, most of the time of a column at d = 10)."""
+    d, K = AT.shape
+    j = d % 4
+    if j == 0:
+        for k in range(K):
+            out[k] = 0.0
+    elif j == 1:
+        a0 = AT[0, p]
+        for k in range(K):
+            out[k] = AT[0, k] * a0
+    elif j == 2:
+        a0 = AT[0, p]
+        a1 = AT[1, p]
+        for k in range(K):
+            out[k] = AT[0, k] * a0 + AT[1, k] * a1
+    else:
+        a0 = AT[0, p]
+        a1 = AT[1, p]
+        a2 = AT[2, p]
+        for k in range(K):
+            out[k] = AT[0, k] * a0 + AT[1, k] * a1 + AT[2, k] * a2
+    while j < d:
+        a0 = AT[j, p]
+        a1 = AT[j + 1, p]
+        a2 = AT[j + 2, p]
+        a3 = AT[j + 3, p]
+        for k in range(K):
+            out[k] += AT[j, k] * a0 + AT[j + 1, k] * a1 + AT[j + 2, k] * a2 + AT[j + 3, k] * a3
+        j += 4
+
+
+@nb.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _minus_mt(cols, M, rho, na, out):
+    """out = cols[na] − M[:na]ᵀ ρ, four rows of M per pass over k (as :func:`_column`)."""
+    K = out.shape[0]
+    a = na % 4
+    if a == 0:
+        for k in range(K):
+            out[k] = cols[na, k]
+    elif a == 1:
+        r0 = rho[0]
+        for k in range(K):
+            out[k] = cols[na, k] - M[0, k] * r0
+    elif a == 2:
+        r0 = rho[0]
+        r1 = rho[1]
+        for k in range(K):
+            out[k] = cols[na, k] - (M[0, k] * r0 + M[1, k] * r1)
+    else:
+        r0 = rho[0]
+        r1 = rho[1]
+        r2 = rho[2]
+        for k in range(K):
+            out[k] = cols[na, k] - (M[0, k] * r0 + M[1, k] * r1 + M[2, k] * r2)
+    while a < na:
+        r0 = rho[a]
+        r1 = rho[a + 1]
+        r2 = rho[a + 2]
+        r3 = rho[a + 3]
+        for k in range(K):
+            out[k] -= M[a, k] * r0 + M[a + 1, k] * r1 + M[a + 2, k] * r2 + M[a + 3, k] * r3
+        a += 4
+
+
+@nb.njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     """One instance (module doc), with the scratch arrays ``ws`` of :func:`_workspace`. Writes the rows
     A (n, T, d; 0 at α), W (d, d_z), λ (n, T), margins (n, T), support (n, T) and
     ``stats = (violation, relative violation, gap, relative gap, complementarity, g)``; returns the
     iteration count, or a negative LEAVE_* code."""
-    AT, seq, tpos, inv_s, bh, zn, srt, Zg, cols, act, isact, L, M, lamA, mh, rho, r, work, u = ws
+    AT, seq, tpos, inv_s, bh, zn, srt, Zg, ZS, V, cols, act, bout, L, Ld, M, lamA, mh, rho, r, work, u = ws
     n, T, d = X.shape
     dz = Z.shape[1]
     K = n * (T - 1)
@@ -176,9 +246,13 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
             for e in range(dz):
                 acc += Z[i, e] * Z[i2, e]
             Zg[i, i2] = acc
+    for i2 in range(n):
+        for k in range(K):
+            ZS[i2, k] = Zg[seq[k], i2] * inv_s[k]
     # 3. Goldfarb–Idnani
     cap = min(K, d * dz) + 1
-    isact[:] = False
+    for k in range(K):
+        bout[k] = bh[k]
     mh[:] = 0.0
     na = 0
     it = 0
@@ -186,22 +260,17 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
         p = -1
         best = 0.0
         for k in range(K):
-            v = bh[k] - mh[k]
-            if v > best and not isact[k]:
+            v = bout[k] - mh[k]
+            if v > best:
                 best = v
                 p = k
         if p < 0 or best <= tol * bh[p]:
             break
-        for k in range(K):
-            work[k] = 0.0
-        for j in range(d):
-            apj = AT[j, p]
-            for k in range(K):
-                work[k] += AT[j, k] * apj
+        _column(AT, p, work)  # Ĝ_:p = (a_k·a_p)(z_k·z_p)/(s_k s_p)
         ip = seq[p]
         sp = inv_s[p]
         for k in range(K):
-            cols[na, k] = work[k] * Zg[seq[k], ip] * inv_s[k] * sp
+            cols[na, k] = work[k] * ZS[ip, k] * sp
         lam_p = 0.0
         while True:
             it += 1
@@ -211,7 +280,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                 rho[a] = M[a, p]
                 r[a] = rho[a]
             for a in range(na - 1, -1, -1):  # (by rows of L: contiguous)
-                r[a] /= L[a, a]
+                r[a] *= Ld[a]
                 ra = r[a]
                 for b in range(a):
                     r[b] -= L[a, b] * ra
@@ -240,12 +309,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
             for a in range(na):
                 lamA[a] -= step * r[a]
             lam_p += step
-            for k in range(K):  # Ĝ_:p − Ĝ_:A r = Ĝ_:p − Mᵀρ
-                work[k] = cols[na, k]
-            for a in range(na):
-                ra = rho[a]
-                for k in range(K):
-                    work[k] -= M[a, k] * ra
+            _minus_mt(cols, M, rho, na, work)  # Ĝ_:p − Ĝ_:A r = Ĝ_:p − Mᵀρ
             for k in range(K):
                 mh[k] += step * work[k]
             if t2 <= t1:  # p joins the active set: one new row of the Cholesky factor and of M
@@ -255,14 +319,15 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                     L[na, b] = rho[b]
                 dd = math.sqrt(dl)
                 L[na, na] = dd
+                Ld[na] = 1.0 / dd
                 for k in range(K):
                     M[na, k] = work[k] / dd
                 act[na] = p
                 lamA[na] = lam_p
-                isact[p] = True
+                bout[p] = -np.inf
                 na += 1
                 break
-            isact[act[jdrop]] = False  # drop: shift the slots and refactorise Ĝ_AA
+            bout[act[jdrop]] = bh[act[jdrop]]  # drop: shift the slots and refactorise Ĝ_AA
             for a in range(jdrop, na - 1):
                 act[a] = act[a + 1]
                 lamA[a] = lamA[a + 1]
@@ -280,6 +345,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                         if not acc > 0.0:
                             return LEAVE_SINGULAR
                         L[a, a] = math.sqrt(acc)
+                        Ld[a] = 1.0 / L[a, a]
                     else:
                         L[a, b] = acc / L[b, b]
                 for k in range(K):  # (M's row a: L⁻¹ Ĝ_A,: by forward substitution)
@@ -291,7 +357,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                 for k in range(K):
                     M[a, k] = work[k] / L[a, a]
     # 4. lift to the user's units and certify (attsvm.svm.certificate, as attsvm.svm.batch step 4)
-    W[:, :] = 0.0
+    V[:, :] = 0.0
     lam[:, :] = 0.0
     neg = False
     for a in range(na):
@@ -301,7 +367,11 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
         lam[i, tpos[k]] = max(lk, 0.0)
         neg = neg or lk < 0.0
         for e in range(d):
-            v = lk * AT[e, k]
+            V[i, e] += lk * AT[e, k]
+    W[:, :] = 0.0  # W = Σ_i V_i z_iᵀ: n outer products where one per active row cost twice as much
+    for e in range(d):
+        for i in range(n):
+            v = V[i, e]
             for f in range(dz):
                 W[e, f] += v * Z[i, f]
     wsq = 0.0
@@ -326,6 +396,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     rel_viol = 0.0
     compl = 0.0
     lsum = 0.0
+    k = 0
     for i in range(n):
         for e in range(d):  # u = W z_i
             acc = 0.0
@@ -339,16 +410,14 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                 supp[i, t] = False
                 continue
             m = 0.0
-            an = 0.0
             for e in range(d):  # (the row a_it as step 1 wrote it)
-                v = A[i, t, e]
-                m += v * u[e]
-                an += v * v
+                m += A[i, t, e] * u[e]
             marg[i, t] = m
             res = m - 1.0
             vi = max(-res, 0.0)
             viol = max(viol, vi)
-            rel_viol = max(rel_viol, vi / max(1.0, ROW_FLOOR * wn * math.sqrt(an) * zn[i]))
+            rel_viol = max(rel_viol, vi / max(1.0, ROW_FLOOR * wn / inv_s[k]))  # (s_k = ‖a_k‖‖z_k‖)
+            k += 1
             compl = max(compl, abs(lam[i, t] * res))
             lsum += lam[i, t]
             supp[i, t] = abs(res) <= SUPPORT_TOL * max(1.0, abs(m))
