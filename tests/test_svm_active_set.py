@@ -147,7 +147,7 @@ def test_unrolled_column_product_is_the_gram_column(d):
         np.testing.assert_allclose(out, AT.T @ AT[:, p], rtol=UNROLL_RTOL, atol=UNROLL_RTOL * d)
 
 
-@pytest.mark.parametrize("na", range(0, 10))
+@pytest.mark.parametrize("na", range(10))
 def test_unrolled_margin_direction_is_the_column_minus_m_transpose_rho(na):
     # gi._minus_mt: cols[na] − M[:na]ᵀρ, four rows of M per pass with a prologue for na mod 4
     rng = np.random.default_rng(na)
@@ -156,6 +156,7 @@ def test_unrolled_margin_direction_is_the_column_minus_m_transpose_rho(na):
     gi._minus_mt(cols, M, rho, na, out)
     want = cols[na] - M[:na].T @ rho[:na]
     np.testing.assert_allclose(out, want, rtol=UNROLL_RTOL, atol=UNROLL_RTOL * (na + 1))
+
 
 @pytest.mark.parametrize("scale", [1e-8, 1e8])
 def test_scale_invariance(scale):
