@@ -151,6 +151,7 @@ def best(f: Callable[[], object], repeat: int, budget: float) -> tuple[float, ob
     """Minimum wall time over up to ``repeat`` calls (fewer once ``budget`` seconds are spent)."""
     times, out, spent = [], None, 0.0
     for _ in range(repeat):
+        out = None  # (the last call's result is freed before the clock starts: 1,000 estimators take ~0.7 ms)
         t0 = time.perf_counter()
         out = f()
         dt = time.perf_counter() - t0
