@@ -520,3 +520,46 @@ def test_joint_training_a_nan_run_fails_l1() -> None:
     steps = get_experiment("joint-training").settings(quick=True)["loss_steps"]
     hl = _headlines("joint-training", _joint_frame("loss"))
     assert hl[f"v fixed: min over C of corr(p, p_mm) at step {steps} (−x, logistic)"].passed is False
+
+
+# ---------------------------------------------------------------------------------- rates
+
+RATES_SHARE = "share of runs reaching the target (GD, NGD, Polyak)"
+RATES_STEPS = "median steps to 1 − corr < 0.01 (GD, NGD, Polyak)"
+
+
+def _rates_frame(diverged: int) -> pd.DataFrame:
+    """RUNS + 1 runs per rule recorded over steps 0 … 600: GD's 1 − corr stays at 0.5, NGD's falls below the
+    target at step 300 and Polyak's at step 100; the last ``diverged`` Polyak runs became non-finite."""
+    steps = np.arange(0, 601, 20)
+    rows = []
+    for rule, hit in (("gd", None), ("ngd", 300), ("polyak", 100)):
+        for run in range(RUNS + 1):
+            if rule == "polyak" and run >= RUNS + 1 - diverged:
+                rows.append(pd.DataFrame({"rule": rule, "run": run, "step": steps, "diverged": True}))
+                continue
+            gap = np.where(steps >= hit, 1e-3 * (steps + 1.0) ** -1.0, 0.5) if hit else np.full(len(steps), 0.5)
+            mass = 0.2 * (steps + 1.0) ** (-1.0 if hit else -0.01)
+            rows.append(
+                pd.DataFrame({"rule": rule, "run": run, "step": steps, "diverged": False, "gap": gap, "mass": mass})
+            )
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_rates_a_diverged_run_did_not_reach_the_target() -> None:
+    # the control: every run finite, Polyak reaches the target on all of them
+    hl = _headlines("rates", _rates_frame(0))
+    assert hl[RATES_SHARE].value == [0.0, 1.0, 1.0]
+    # half of Polyak's runs (RUNS + 1 = 4) diverged: they count in the share, not only the finite ones
+    hl = _headlines("rates", _rates_frame((RUNS + 1) // 2))
+    assert hl[RATES_SHARE].value == [0.0, 1.0, 0.5]
+    # three of four diverged: the median run of Polyak never reached the target, so NGD alone beats GD on
+    # steps and A1 (both adaptive rules beat GD) stays decided by the shares: Polyak 0.25 > GD 0
+    hl = _headlines("rates", _rates_frame(RUNS))
+    assert hl[RATES_SHARE].value == [0.0, 1.0, 0.25]
+    assert hl[RATES_STEPS].value[2] == np.inf
+    assert hl[RATES_STEPS].passed is True
+    # all of them diverged: Polyak reaches it on no run, no more than GD, and A1 fails
+    hl = _headlines("rates", _rates_frame(RUNS + 1))
+    assert hl[RATES_SHARE].value == [0.0, 1.0, 0.0]
+    assert hl[RATES_STEPS].passed is False

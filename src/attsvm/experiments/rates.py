@@ -60,7 +60,8 @@ class Rates(Experiment):
         return (
             "Each rule trains the same runs from the same initialisation; the SVM of a run is the Frobenius "
             "Att-SVM of the tokens its final softmax selects. Runs whose iterate becomes non-finite (an "
-            "unbounded Polyak step on a run saturated on a non-optimal token) are counted, not plotted."
+            "unbounded Polyak step on a run saturated on a non-optimal token) are counted, not plotted, and did not reach the target: they count in the share "
+            "of runs reaching it and at infinity in the median steps to it."
         )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
@@ -145,7 +146,8 @@ class Rates(Experiment):
             info: dict[str, Any] = {"runs": runs, "diverged": diverged}
             if len(d):
                 first = d[d.gap < s["target"]].groupby("run").step.min()
-                hit = first.reindex(d.run.unique())
+                # over all the rule's runs: one whose iterate became non-finite did not reach the target
+                hit = first.reindex(df[df.rule == rule].run.unique())
                 info["reached"] = float(hit.notna().mean())
                 info["median_steps_to_target"] = float(hit.fillna(np.inf).median())
                 med = d.groupby("step")[["gap", "mass"]].median()
