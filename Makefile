@@ -58,7 +58,9 @@ docs-serve: $(STAMP)
 DOCS_FIGURES := gd-paths local-convergence overparam svm-rank svm-eq reg-path multiclass nuclear-identity low-rank \
 	lp-convergence rates ntp-convergence joint-training svm-eq-mlp hierarchy
 docs-figures: $(STAMP)
-	for e in $(DOCS_FIGURES); do $(VENV)/bin/attsvm reproduce $$e --out results/docs-figures/$$e || exit 1; done
+	# exit 1 is a measured disagreement with the paper (svm-eq-mlp, hierarchy): a result the page reports
+	for e in $(DOCS_FIGURES); do $(VENV)/bin/attsvm reproduce $$e --out results/docs-figures/$$e; \
+		rc=$$?; [ $$rc -le 1 ] || exit $$rc; done
 	$(PY) docs/scripts/reproductions.py results/docs-figures
 
 test: lint docs $(KVSTAMP)

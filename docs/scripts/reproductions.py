@@ -42,7 +42,10 @@ INTRO = """# Reproductions
 ([spec §6](../spec.md#6-experiments-to-reproduce-settings-of-the-official-code)) and writes its figures,
 its data as Parquet, `results.json`, and a `report.md` that states each claim of the paper, the number
 measured, the criterion and a verdict. Runs are resumable (every finished trial is stored) and run
-serially, in a process pool (`--workers N`) or on Dask (`--scheduler ADDR`). `attsvm list` shows the
+in a process pool of one worker per usable core (`--workers auto`, the default for full runs;
+`--quick` runs in-process), on N workers (`--workers N`, `1` in-process) or on Dask
+(`--scheduler ADDR`). `reproduce all` on workers runs two experiments at once, so the next one's
+trials fill the workers while one finishes. `attsvm list` shows the
 settings and their `--quick` variants; `attsvm plot DIR` redraws the figures from saved data.
 This needs the `[experiments]` extra.
 
