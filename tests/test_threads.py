@@ -148,3 +148,24 @@ def test_a_larger_pool_replaces_the_smaller_one_and_shuts_it_down(monkeypatch):
     with pytest.raises(RuntimeError, match="shutdown"):
         small.submit(int)  # (its idle threads exit instead of lingering until the process ends)
     large.shutdown(wait=True)
+
+
+@pytest.mark.parametrize(
+    ("B", "threads", "per", "ranges"),
+    [(200, 2, 64, 2), (130, 2, 64, 2), (127, 2, 64, 1), (1000, 2, 64, 8), (300, 3, 64, 3), (5000, 4, 10, 16)],
+)
+def test_run_ranges_splits_into_a_multiple_of_the_threads(B, threads, per, ranges):
+    # 200 instances at 64 per thread on 2 threads: 2 ranges of 100, not 3 of 67 (one thread would solve two
+    # of them while the other idles); too few for two threads: one range on the calling thread
+    from attsvm._threads import run_ranges
+
+    got: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def solve(lo: int, hi: int) -> None:
+        with lock:
+            got.append((lo, hi))
+
+    run_ranges(solve, B, threads, per, 4)
+    sizes = sorted(hi - lo for lo, hi in got)
+    assert len(got) == ranges and sum(sizes) == B and sizes[-1] - sizes[0] <= 1

@@ -107,14 +107,16 @@ def run_ranges(
 
     A thread gets at least ``min_per_thread`` instances (below that, starting it costs more than it
     saves). With more than one thread the stack is cut into up to ``chunks_per_thread`` ranges per
-    thread, taken in turn by whichever thread is free: a thread that the machine slows (another
-    process, an uneven range) holds up the others by one range at most. The results do not depend on
+    thread (a multiple of the threads, all of one size to within an instance), taken in turn by whichever
+    thread is free: a thread that the machine slows (another process, an uneven range) holds up the
+    others by one range at most. The results do not depend on
     the split."""
     parts = max(1, min(int(threads), B // max(1, min_per_thread)))
     if parts == 1:
         solve(0, B)
         return
-    chunks = max(parts, min(parts * chunks_per_thread, B // max(1, min_per_thread)))
+    # a multiple of the threads: 3 equal ranges on 2 threads leave one idle for a third of the time
+    chunks = parts * max(1, min(chunks_per_thread, B // (max(1, min_per_thread) * parts)))
     ranges = list(itertools.pairwise([B * j // chunks for j in range(chunks + 1)]))
     take = itertools.count()  # (next() on a count is atomic under the GIL)
 
