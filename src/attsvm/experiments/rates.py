@@ -60,8 +60,9 @@ class Rates(Experiment):
         return (
             "Each rule trains the same runs from the same initialisation; the SVM of a run is the Frobenius "
             "Att-SVM of the tokens its final softmax selects. Runs whose iterate becomes non-finite (an "
-            "unbounded Polyak step on a run saturated on a non-optimal token) are counted, not plotted, and did not reach the target: they count in the share "
-            "of runs reaching it and at infinity in the median steps to it."
+            "unbounded Polyak step on a run saturated on a non-optimal token) are counted, not plotted, and "
+            "did not reach the target: they count in the share of runs reaching it and at infinity in the "
+            "median steps to it."
         )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
