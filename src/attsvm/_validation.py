@@ -6,6 +6,7 @@ came, so that no user ever sees a numpy traceback from deep inside a solver (STY
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ __all__ = [
     "check_choice",
     "check_positive_int",
     "check_finite_scalar",
+    "check_bool",
+    "warn_nonfinite",
     "Choice",
     "Integer",
     "Real",
@@ -91,6 +94,27 @@ def check_positive_int(value: Any, name: str, *, minimum: int = 1, maximum: int 
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return int(value)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Check a flag: a Python or numpy bool (a string such as ``"no"`` is refused, not read as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def warn_nonfinite(what: str, *arrays: Any) -> bool:
+    """Warn (RuntimeWarning) when any of ``arrays`` holds NaN or inf; return whether it did.
+
+    For trainers, whose iterates may leave the float64 range when the step size or the data are
+    extreme: the result is returned as computed, and the warning says so.
+    """
+    bad = any(not np.all(np.isfinite(np.asarray(a, dtype=np.float64))) for a in arrays)
+    if bad:
+        warnings.warn(
+            f"{what} produced non-finite values (NaN/inf); check lr and the data", RuntimeWarning, stacklevel=3
+        )
+    return bad
 
 
 def check_seed(value: Any, name: str = "seed") -> int:

@@ -102,6 +102,18 @@ class DeepResult:
         return np.argmax(self.probs, axis=-1).astype(np.int64)
 
 
+def _layer_map(value: Mapping[int, ArrayLike] | None, name: str, L: int) -> dict[int, ArrayLike]:
+    """``value`` as {layer index in [0, L): weights}, or raise naming ``name``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict {{layer index: W (d, d) or (R, d, d)}}, got {type(value).__name__}")
+    for key in value:
+        if isinstance(key, bool) or not (isinstance(key, (int, np.integer)) and 0 <= int(key) < L):
+            raise ValueError(f"{name} must map layer indices in [0, {L}) to weights, got key {key!r}")
+    return {int(k): v for k, v in value.items()}
+
+
 def train_deep(
     problems: AttentionProblem | Sequence[AttentionProblem],
     *,
@@ -142,10 +154,10 @@ def train_deep(
     batch: Batch = Batch.from_problems(plist, loss=loss)
     d = batch.d
     par = parameterization(param, d)  # type: ignore[arg-type]
-    frozen = dict(frozen or {})
-    for key in frozen:
-        if not (isinstance(key, (int, np.integer)) and 0 <= int(key) < L):
-            raise ValueError(f"frozen must map layer indices in [0, {L}) to weights, got key {key!r}")
+    frozen = _layer_map(frozen, "frozen", L)
+    init = _layer_map(init, "init", L)
+    if set(frozen) & set(init):
+        raise ValueError(f"layers {sorted(set(frozen) & set(init))} are both frozen and given an init: give one")
     groups: list[list[torch.Tensor]] = []
     fixed: dict[int, torch.Tensor] = {}
     for ell in range(L):
@@ -156,7 +168,7 @@ def train_deep(
             fixed[ell] = torch.as_tensor(np.broadcast_to(Wf, (R, d, d)).copy())
             groups.append([])
             continue
-        if init and ell in init:
+        if ell in init:
             if param != "W":
                 raise ValueError("init gives W per layer and needs param='W'")
             W0 = as_float_array(init[ell], f"init[{ell}]")

@@ -24,21 +24,26 @@ def cone_init(
     """Random W (runs, d, d) inside the cone ``{W : corr(W, W̄) ≥ 1 − μ}`` around ``center`` with ‖W‖_F = scale.
 
     The cone of a locally optimal direction (docs/spec.md §4, the paper's ``C_{μ,R}(W^α_mm)``): each draw has
-    correlation with ``center`` uniform in [1 − μ, 1] and a uniformly random orthogonal component.
+    correlation with ``center`` uniform in [1 − μ, 1] and a uniformly random orthogonal component. The
+    center's scale does not matter (it is normalised from ``center / max|center|``: any finite nonzero
+    matrix works). For d = 1 no direction is orthogonal to the center: every draw is ``scale·center/|center|``.
     """
     C = as_float_array(center, "center", ndim=2)
     if C.shape[0] != C.shape[1]:
         raise ValueError(f"center must be a square (d, d) matrix, got shape {C.shape}")
-    cn = float(np.linalg.norm(C))
-    if cn == 0:
+    cmax = float(np.abs(C).max())
+    if cmax == 0:
         raise ValueError("center must be nonzero (it is the SVM direction the cone surrounds)")
     runs = check_positive_int(runs, "runs")
     mu = check_finite_scalar(mu, "mu")
     if not 0 <= mu <= 2:
         raise ValueError(f"mu must be in [0, 2] (correlations lie in [-1, 1]), got {mu}")
     scale = check_finite_scalar(scale, "scale", positive=True)
-    rng = np.random.default_rng(seed)
-    Chat = C / cn
+    rng = np.random.default_rng(check_seed(seed))
+    Chat = C / cmax
+    Chat /= np.linalg.norm(Chat)
+    if C.size == 1:
+        return np.full((runs, 1, 1), scale * float(Chat[0, 0]))
     G = rng.standard_normal((runs, *C.shape))
     for _ in range(2):  # Gram–Schmidt twice: orthogonal to round-off even for a draw close to ±center
         G -= np.einsum("rij,ij->r", G, Chat)[:, None, None] * Chat

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from .._validation import check_finite_scalar, check_positive_int
+from .._validation import check_bool, check_finite_scalar, check_positive_int, warn_nonfinite
 from ..model import _as_problem_list
 from ..problem import AttentionProblem
 from ..svm._base import ConstraintSet
@@ -58,6 +58,8 @@ def head_svm_constraints(problem: AttentionProblem, tokens: Sequence[int] | NDAr
     Written as a (d, 1) matrix ``v`` with rows ``a_i = y_i x_{iα_i}`` and queries ``z_i = 1``, so any
     :class:`~attsvm.svm.AttentionSVM` norm solves it (``norm="lp"`` gives v's ℓp SVM, docs/spec.md §8).
     """
+    if not isinstance(problem, AttentionProblem):
+        raise TypeError(f"problem must be an AttentionProblem, got {type(problem).__name__}")
     alpha = problem.check_tokens(tokens)
     n = problem.n
     A = (problem.y[:, None] * problem.X[np.arange(n), alpha])[:, None, :]  # (n, 1, d)
@@ -103,8 +105,15 @@ def train_joint(
     lr = check_finite_scalar(lr, "lr", positive=True)
     record_every = check_positive_int(record_every, "record_every")
     init_scale = check_finite_scalar(init_scale, "init_scale", positive=True)
+    normalized = check_bool(normalized, "normalized")
     R = len(plist)
     d = plist[0].d
+    for i, q in enumerate(plist[1:], start=1):
+        if (q.n, q.T, q.d) != (plist[0].n, plist[0].T, d):
+            raise ValueError(
+                f"problems must share (n, T, d): problems[0] has {(plist[0].n, plist[0].T, d)}, "
+                f"problems[{i}] has {(q.n, q.T, q.d)}"
+            )
     seeds = run_seeds(seed, R)
     dt = torch.float64
     X = torch.as_tensor(np.stack([q.X for q in plist]), dtype=dt)
@@ -140,6 +149,8 @@ def train_joint(
             upd, state = rule.update((gW, gv), state, params, loss=loss.detach(), step=k)
             params = tuple(t + u for t, u in zip(params, upd))
     Wf, vf = (t.detach() for t in params)
+    # (p close to 1: the mirror map's exponent 1/(p − 1) sends the iterate past the float64 range)
+    warn_nonfinite(f"train_joint(p={p})", Wf.numpy(), vf.numpy(), hist_loss)
     logits = torch.einsum("rntd,rde,rne->rnt", X, Wf, Z)
     return JointResult(
         W=Wf.numpy(),

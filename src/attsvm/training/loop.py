@@ -148,7 +148,11 @@ class TrainResult:
 
     @property
     def final_loss(self) -> NDArray[np.float64]:
-        """``L(W)`` at the last record, shape (R,)."""
+        """``L(W)`` at the last record, shape (R,) (needs ``"loss"`` among the recorded quantities)."""
+        if "loss" not in self.history:
+            raise AttributeError(
+                "final_loss needs the recorded loss: train with Recording(quantities=...) including 'loss'"
+            )
         return self.history["loss"][:, -1]
 
     def problem(self, run: int) -> AttentionProblem:

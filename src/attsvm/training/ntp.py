@@ -31,7 +31,14 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
+from .._validation import (
+    as_float_array,
+    check_bool,
+    check_choice,
+    check_finite_scalar,
+    check_positive_int,
+    warn_nonfinite,
+)
 from ..ntp import NextTokenProblem
 from .init import run_seeds
 from .optim import NORMALIZE_EPS
@@ -72,7 +79,12 @@ class NTPBatch:
 
 
 def _as_ntp_list(problems: NextTokenProblem | Sequence[NextTokenProblem]) -> list[NextTokenProblem]:
-    plist = [problems] if isinstance(problems, NextTokenProblem) else list(problems)
+    if isinstance(problems, NextTokenProblem):
+        plist = [problems]
+    elif isinstance(problems, (Sequence, np.ndarray)) and not isinstance(problems, (str, bytes)):
+        plist = list(problems)
+    else:
+        raise TypeError(f"problems must be a NextTokenProblem or a list of them, got {type(problems).__name__}")
     if not plist:
         raise ValueError("problems must hold at least one NextTokenProblem, got none")
     for i, p in enumerate(plist):
@@ -94,6 +106,19 @@ def ntp_batch(
     n = max(p.n for p in plist)
     T = max(p.T for p in plist)
     V = max(p.V for p in plist)
+    if valid is not None:
+        want = f"a list of {R} boolean arrays (one (n, T) mask per problem)"
+        if isinstance(valid, (str, bytes, np.ndarray)) or not isinstance(valid, Sequence):
+            raise TypeError(f"valid must be {want}, got {type(valid).__name__}")
+        if len(valid) != R:
+            raise ValueError(f"valid must be {want}, got {len(valid)} masks")
+        masks = []
+        for r, (p, m) in enumerate(zip(plist, valid)):
+            arr = np.asarray(m) if m is not None else None
+            if arr is None or arr.dtype != np.bool_ or arr.shape != (p.n, p.T):
+                got = "None" if arr is None else f"dtype {arr.dtype}, shape {arr.shape}"
+                raise ValueError(f"valid[{r}] must be a boolean array of shape (n, T) = ({p.n}, {p.T}), got {got}")
+            masks.append(arr)
     X = np.zeros((R, n, T, d))
     Z = np.zeros((R, n, d))
     val = np.zeros((R, n, T), dtype=bool)
@@ -103,7 +128,7 @@ def ntp_batch(
     E = np.zeros((R, V, d))
     vocab = np.zeros((R, V), dtype=bool)
     for r, p in enumerate(plist):
-        v = p.valid if valid is None else np.asarray(valid[r], dtype=bool) & p.valid
+        v = p.valid if valid is None else masks[r] & p.valid
         X[r, : p.n, : p.T] = np.where(v[..., None], p.X, 0.0)
         Z[r, : p.n] = p.queries
         val[r, : p.n, : p.T] = v
@@ -135,7 +160,12 @@ def ntp_loss_and_grad(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Per-run risk ``L_r(W_r) = Σ_i w_ri ℓ_ri`` (R,) and its gradient (R, d, d) (module doc)."""
     check_choice(loss, "loss", NTP_LOSSES)
-    Wm = np.asarray(W, dtype=np.float64)
+    if not isinstance(batch, NTPBatch):
+        raise TypeError(f"batch must be an NTPBatch (from ntp_batch), got {type(batch).__name__}")
+    R, d = batch.Z.shape[0], batch.Z.shape[-1]
+    Wm = as_float_array(W, "W", copy=False)
+    if Wm.shape != (R, d, d):
+        raise ValueError(f"W must have shape (R, d, d) = ({R}, {d}, {d}) (one matrix per run), got {Wm.shape}")
     g = np.einsum("rntd,rde,rne->rnt", batch.X, Wm, batch.Z)  # (R, n, T) logits γ
     lse_all, s = _lse(g, batch.valid)
     if loss == "log":
@@ -204,6 +234,10 @@ def train_ntp(
     record_every = check_positive_int(record_every, "record_every")
     init_scale = check_finite_scalar(init_scale, "init_scale", positive=True)
     check_choice(loss, "loss", NTP_LOSSES)
+    normalized = check_bool(normalized, "normalized")
+    eps = check_finite_scalar(eps, "eps")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0 (normalised GD divides by ‖∇L‖_F + eps), got {eps}")
     R, d = len(plist), plist[0].d
     seeds = run_seeds(seed, R)
     if W0 is None:
@@ -228,9 +262,12 @@ def train_ntp(
             j += 1
         if k == steps:
             break
-        if normalized:
-            grad = grad / (np.linalg.norm(grad, axis=(1, 2), keepdims=True) + eps)
+        if normalized:  # ∇/(‖∇‖ + ε) = v/(‖v‖ + ε/a), v = ∇/a, a = max|∇|: no overflow of ‖∇‖²
+            a = np.maximum(np.abs(grad).max(axis=(1, 2), keepdims=True), np.finfo(np.float64).tiny)
+            v = grad / a
+            grad = v / (np.linalg.norm(v, axis=(1, 2), keepdims=True) + eps / a)
         W = W - lr * grad
+    warn_nonfinite("train_ntp", W, hist_loss)
     return NTPTrainResult(
         W=W,
         history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W},

@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_finite_scalar
+from .._validation import check_bool, check_finite_scalar
 
 __all__ = [
     "normalize_per_run",
+    "fro_norm",
     "Transform",
     "Chain",
     "chain",
@@ -64,9 +65,37 @@ NORMALIZED_LR = 0.1
 NORMALIZE_EPS = float(torch.finfo(torch.float64).eps)
 
 
+# A plain ‖A‖_F (the root of the sum of squares) is exact to round-off while it lies in this range: no
+# square overflows, and every square that underflows is below 1e-16 of the largest one.
+_PLAIN_NORM_RANGE = (1e-140, 1e140)
+
+
 def _fro(A: Tensor) -> Tensor:
-    """‖A‖_F over the last two axes, shape A.shape[:-2]."""
+    """‖A‖_F over the last two axes, shape A.shape[:-2] (the plain sum of squares: may overflow)."""
     return torch.linalg.vector_norm(A, dim=(-2, -1))
+
+
+def _scaled_fro(A: Tensor) -> Tensor:
+    """‖A‖_F over the last two axes from ``A / max|A|``: neither overflows nor underflows (inf for an inf entry)."""
+    a = A.abs().amax(dim=(-2, -1), keepdim=True)
+    s = torch.where(torch.isfinite(a) & (a > 0), a, torch.ones_like(a))
+    return torch.linalg.vector_norm(A / s, dim=(-2, -1)) * s[..., 0, 0]
+
+
+def fro_norm(A: Tensor) -> Tensor:
+    """‖A‖_F over the last two axes (shape A.shape[:-2]), representable whenever the true norm is.
+
+    The plain norm is kept when it lies in :data:`_PLAIN_NORM_RANGE` (checked on CPU, where the check costs
+    a microsecond); otherwise, and always on other devices (where a check would synchronise), the norm is
+    taken from ``A / max|A|``. GD diverges in norm by design (docs/spec.md §4): ‖W‖_F is reported up to
+    1.8e308, not inf from entries of 1e155.
+    """
+    if A.device.type == "cpu" and A.numel():
+        n = _fro(A)
+        lo, hi = torch.aminmax(n)
+        if _PLAIN_NORM_RANGE[0] <= float(lo) and float(hi) <= _PLAIN_NORM_RANGE[1]:
+            return n
+    return _scaled_fro(A)
 
 
 def _col(x: Tensor) -> Tensor:
@@ -183,9 +212,18 @@ class NormalizeByNorm(Transform):
         return 0.0 if self.eps == 0.0 else None
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
-        if self.eps > 0:
-            return tuple([u / (_col(_fro(u)) + self.eps) for u in updates]), state
         out = []
+        if self.eps > 0:
+            for u in updates:
+                n = _fro(u)
+                if u.device.type == "cpu" and float(n.amax()) <= _PLAIN_NORM_RANGE[1]:
+                    out.append(u / (_col(n) + self.eps))  # (a tiny norm is exact enough next to ε)
+                    continue
+                # ‖u‖² overflows (a huge penalty gradient): u/(‖u‖ + ε) = v/(‖v‖ + ε/a) with v = u/a, a = max|u|
+                a = u.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(u.dtype).tiny)
+                v = u / a
+                out.append(v / (torch.linalg.vector_norm(v, dim=(-2, -1), keepdim=True) + self.eps / a))
+            return tuple(out), state
         for u in updates:
             tiny = torch.finfo(u.dtype).tiny
             u = u / u.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(tiny)
@@ -292,8 +330,12 @@ class PolyakStep(Transform):
         ml = np.asarray(self.min_loss, dtype=np.float64) if not isinstance(self.min_loss, (bool, str)) else None
         if ml is None or ml.ndim > 1 or not np.all(np.isfinite(ml)):
             raise ValueError(f"min_loss must be a finite float or one finite float per run, got {self.min_loss!r}")
+        if isinstance(self.max_lr, bool) or not isinstance(self.max_lr, (int, float, np.integer, np.floating)):
+            raise TypeError(f"max_lr must be a number > 0 (inf: no cap), got {type(self.max_lr).__name__}")
         if not (self.max_lr > 0):
-            raise ValueError(f"max_lr must be > 0, got {self.max_lr}")
+            raise ValueError(f"max_lr must be > 0 (inf: no cap), got {self.max_lr}")
+        object.__setattr__(self, "max_lr", float(self.max_lr))
+        object.__setattr__(self, "excess", check_bool(self.excess, "excess"))
 
     @property
     def degree(self) -> float:  # type: ignore[override]
@@ -386,7 +428,7 @@ def mirror_descent(
 ) -> Chain:
     """ℓp mirror descent (docs/spec.md §8): ``∇ψ(θ⁺) = ∇ψ(θ) − η∇L``, ``ψ = ‖θ‖_p^p/p``; with
     ``normalized=True`` the gradient is first divided by its dual norm ``‖∇L‖_q + ε``."""
-    parts: list[Transform] = [NormalizeByDualNorm(p, eps)] if normalized else []
+    parts: list[Transform] = [NormalizeByDualNorm(p, eps)] if check_bool(normalized, "normalized") else []
     return chain(*parts, StepSize(lr), MirrorMap(p))
 
 

@@ -91,6 +91,14 @@ def _svm_reference(
     return np.asarray(est.W_, dtype=np.float64)
 
 
+def _reference(W: ArrayLike, name: str, d: int) -> NDArray[np.float64]:
+    """A given SVM direction: a finite nonzero (d, d) matrix (a zero one has no direction to correlate with)."""
+    A = as_float_array(W, name, shape=(d, d))
+    if not np.any(A):
+        raise ValueError(f"{name} must be nonzero (the SVM direction the path's correlation is taken with)")
+    return A
+
+
 def regularization_path(
     problem: AttentionProblem,
     radii: ArrayLike,
@@ -133,7 +141,9 @@ def regularization_path(
     dev = check_device(device)
     batch = Batch.from_problems(problem, loss=loss, device=dev)
     d = problem.d
-    m_ = d if (m is None or param == "W") else check_positive_int(m, "m")
+    if m is not None and param == "W":
+        raise ValueError("m is the rank of the (K, Q) factors: it needs param='KQ' (param='W' has no factors)")
+    m_ = d if m is None else check_positive_int(m, "m")
     LW = smoothness_bound(problem, batch.loss)
     GW = gradient_bound(problem, batch.loss)
 
@@ -248,8 +258,8 @@ def regularization_path(
         if tokens is not None
         else np.argmax(problem.logits(Ws[-1]), axis=-1).astype(np.int64)
     )
-    Wf = as_float_array(W_mm, "W_mm", shape=(d, d)) if W_mm is not None else _svm_reference(problem, alpha, "fro")
-    Wn = as_float_array(W_star, "W_star", shape=(d, d)) if W_star is not None else _svm_reference(problem, alpha, "nuc")
+    Wf = _reference(W_mm, "W_mm", d) if W_mm is not None else _svm_reference(problem, alpha, "fro")
+    Wn = _reference(W_star, "W_star", d) if W_star is not None else _svm_reference(problem, alpha, "nuc")
     return RegularizationPath(
         radii=r_arr,
         W=Ws,

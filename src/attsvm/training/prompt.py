@@ -25,7 +25,14 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
+from .._validation import (
+    as_float_array,
+    check_bool,
+    check_choice,
+    check_finite_scalar,
+    check_positive_int,
+    warn_nonfinite,
+)
 from ..problem import LOSSES
 from ..prompt import PromptProblem
 from .init import run_seeds
@@ -201,6 +208,8 @@ def train_prompt(
     loss = check_choice(loss, "loss", LOSSES)
     record_every = check_positive_int(record_every, "record_every")
     init_scale = check_finite_scalar(init_scale, "init_scale", positive=True)
+    train_v = check_bool(train_v, "train_v")
+    normalized = check_bool(normalized, "normalized")
     R = len(plist)
     q0 = plist[0]
     seeds = run_seeds(seed, R)
@@ -247,6 +256,7 @@ def train_prompt(
             (uv,), st_v = rule_v.update((gv[..., None],), st_v, (v[..., None],), loss=risk, step=k)
             v = v + uv[..., 0]
     logits = torch.einsum("rntm,rm->rnt", K, p)
+    warn_nonfinite("train_prompt", p.numpy(), v.numpy(), hist_loss)
     return PromptResult(
         p=p.numpy().copy(),
         v=v.numpy().copy(),

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .._validation import check_positive_int
 from ..model import Parameterization
+from .optim import fro_norm as _fro
 
 __all__ = ["Recording", "QUANTITIES", "record_steps"]
 
@@ -48,7 +49,7 @@ class Recording:
     def __post_init__(self) -> None:
         object.__setattr__(self, "every", check_positive_int(self.every, "record.every"))
         q = self.quantities
-        if isinstance(q, str) or not all(isinstance(x, str) for x in q):
+        if isinstance(q, str) or not isinstance(q, (tuple, list)) or not all(isinstance(x, str) for x in q):
             raise TypeError(f"record.quantities must be a tuple of names from {QUANTITIES}, got {q!r}")
         bad = [x for x in q if x not in QUANTITIES]
         if bad:
@@ -65,10 +66,6 @@ def record_steps(steps: int, every: int) -> NDArray[np.int64]:
     if ks[-1] != steps:
         ks = np.append(ks, steps)
     return ks
-
-
-def _fro(A: Tensor) -> Tensor:
-    return torch.linalg.vector_norm(A, dim=(-2, -1))
 
 
 def _group_norm(grads: tuple[Tensor, ...]) -> Tensor:
