@@ -215,3 +215,8 @@ def test_recording_quantities_must_be_a_tuple():
 def test_head_svm_constraints_names_a_non_problem():
     with pytest.raises(TypeError, match="problem must be an AttentionProblem"):
         head_svm_constraints(None, [0, 1, 2])
+
+
+def test_train_deep_warns_when_its_iterates_overflow(problem):
+    with pytest.warns(RuntimeWarning, match="train_deep produced non-finite"):
+        train_deep(problem, layers=1, steps=2, lr=1e308, init={0: np.full((5, 5), 1.7e308)})

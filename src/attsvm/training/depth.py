@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
+from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int, warn_nonfinite
 from ..model import Batch, _as_problem_list, head_outputs, parameterization, sequence_losses
 from ..problem import AttentionProblem
 from .init import run_seeds
@@ -209,8 +209,10 @@ def train_deep(
             continue
         it = iter(normalize_per_run(*grads))
         groups = [[t - lr * next(it) for t in grp] for grp in groups]
+    W_final = np.stack([W.detach().numpy() for W in Ws], axis=1)
+    warn_nonfinite("train_deep", W_final, hist_loss)
     return DeepResult(
-        W=np.stack([W.detach().numpy() for W in Ws], axis=1),
+        W=W_final,
         probs=np.stack([p.detach().numpy() for p in probs], axis=1),
         queries=np.stack([q.detach().numpy() for q in queries], axis=1),
         history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W, "selected": hist_sel},

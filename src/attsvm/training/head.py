@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from .._validation import check_finite_scalar, check_positive_int
+from .._validation import check_finite_scalar, check_positive_int, warn_nonfinite
 from ..model import (
     Batch,
     _as_problem_list,
@@ -167,8 +167,10 @@ def train_with_head(
         _rebuild(plist[min(r, len(plist) - 1)].head, Vf[r], [h[r] for h in hid], None if outf is None else outf[r])
         for r in range(R)
     ]
+    Wf = par.weights(att).numpy()
+    warn_nonfinite("train_with_head", Wf, Vf, hist_loss)
     return HeadTrainResult(
-        W=par.weights(att).numpy(),
+        W=Wf,
         heads=heads,
         probs=s.numpy(),
         history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W},
