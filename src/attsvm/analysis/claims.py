@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .._validation import check_positive_int
+from .._validation import as_float_array, check_bool, check_positive_int, check_seed
 
 __all__ = [
     "SequenceMetrics",
@@ -94,10 +94,14 @@ class SequenceMetrics:
 def sequence_metrics(attn: NDArray[np.float64], special: NDArray[np.bool_], causal: bool) -> SequenceMetrics:
     """The measurements of one sequence from its attention maps ``attn`` (L, H, N, N) (rows: queries,
     columns: keys) and the mask ``special`` (N,) of special / punctuation keys (module doc)."""
-    A = np.asarray(attn, dtype=np.float64)
+    causal = check_bool(causal, "causal")
+    A = as_float_array(attn, "attn", copy=False)  # (finite: a NaN map would read as a valid measurement)
     if A.ndim != 4 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f"attn must have shape (L, H, N, N), got {A.shape}")
     L, H, N, _ = A.shape
+    if min(L, H) < 1 or N < (MIN_KEYS if causal else 1):
+        need = f"N >= {MIN_KEYS} (causal: queries seeing fewer keys are not counted)" if causal else "N >= 1"
+        raise ValueError(f"attn must have L, H >= 1 and {need}, got shape {A.shape}")
     special = np.asarray(special, dtype=bool)
     if special.shape != (N,):
         raise ValueError(f"special must have shape ({N},), got {special.shape}")
@@ -147,14 +151,31 @@ def sequence_metrics(attn: NDArray[np.float64], special: NDArray[np.bool_], caus
 def bootstrap_ci(
     values: Sequence[float] | NDArray[np.float64], *, seed: int = 0, n: int = BOOTSTRAP
 ) -> tuple[float, float, float]:
-    """``(mean, lo, hi)``: the mean over sequences and its 95 % percentile-bootstrap interval."""
-    v = np.asarray(values, dtype=np.float64)
+    """``(mean, lo, hi)``: the mean over sequences and its 95 % percentile-bootstrap interval.
+
+    Non-finite values are dropped (all NaN when none is left); ``n`` resamples (≥ 1) drawn with ``seed``.
+    """
+    seed = check_seed(seed)
+    n = check_positive_int(n, "n")
+    try:
+        v = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"values must be a sequence of real numbers, got {type(values).__name__}") from exc
     v = v[np.isfinite(v)]
     if v.size == 0:
         return float("nan"), float("nan"), float("nan")
+    # the means are taken of v / 2^e with 2^e ≤ max|v| < 2^(e+1) (a power of two: the scaling is exact, so the
+    # result is bit for bit that of the plain mean wherever that does not overflow), then scaled back
+    scale = float(np.ldexp(1.0, np.frexp(np.max(np.abs(v)))[1] - 1))
+    u = v / scale
     rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, v.size, size=(n, v.size))].mean(1)
-    return float(v.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+    means = u[rng.integers(0, u.size, size=(n, u.size))].mean(1)
+    with np.errstate(over="ignore"):  # (a mean beyond the float range is inf, as it should be)
+        return (
+            float(u.mean() * scale),
+            float(np.quantile(means, 0.025) * scale),
+            float(np.quantile(means, 0.975) * scale),
+        )
 
 
 # ------------------------------------------------------------------------------------------ low rank
@@ -369,6 +390,16 @@ def keep_sets(
     pages of ``page`` consecutive keys ranked by their best key, ``budget // page`` of them (a paged
     engine evicts pages); ``shared`` ranks keys by their best score over the heads of a layer and keeps one
     set for all of them (an engine with one block table per layer). Returns (L, H, S) bool."""
+    shared = check_bool(shared, "shared")
+    budget = check_positive_int(budget, "budget")
+    try:
+        score = np.asarray(score, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"score must be an array of real numbers (L, H, S), got {type(score).__name__}") from exc
+    if score.ndim != 3:
+        raise ValueError(f"score must have shape (L, H, S), got {score.shape}")
+    if np.isnan(score).any():  # (+inf is a valid score: a key no query put mass on)
+        raise ValueError(f"score must not hold NaN, got {int(np.isnan(score).sum())} NaN entries")
     L, H, S = score.shape
     if budget >= S:  # nothing to evict
         return np.ones((L, H, S), dtype=bool)

@@ -68,6 +68,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 
 from .._extras import require
@@ -116,10 +117,11 @@ class EvictionPolicy:
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
         self.sinks = check_positive_int(sinks, "sinks", minimum=0)
-        if isinstance(recent, bool) or not isinstance(recent, (int, float)):
+        if isinstance(recent, (bool, np.bool_)) or not isinstance(recent, (int, float, np.integer, np.floating)):
             raise TypeError(
                 f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), got {recent!r}"
             )
+        recent = int(recent) if isinstance(recent, (int, np.integer)) else float(recent)  # (numpy scalars too)
         if isinstance(recent, float) and not 0.0 <= recent <= 1.0:
             raise ValueError(f"recent as a share of the budget must be in [0, 1], got {recent}")
         if isinstance(recent, int) and recent < 0:
@@ -311,10 +313,29 @@ def eviction_scores(
 def select_keep(
     policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, budget: int, n_seen: int
 ) -> torch.Tensor:
-    """Indices (B, H, budget), ascending, of the stored keys to keep (protected ones first, then priority)."""
+    """Indices (B, H, budget), ascending, of the stored keys to keep (protected ones first, then priority).
+
+    ``stats`` (B, H, S) are the policy's statistics of the stored keys (``None`` for a policy without
+    statistics), ``positions`` (B, H, S) their absolute positions, ``n_seen`` (≥ S) the tokens seen so far.
+    """
+    if not isinstance(policy, EvictionPolicy):
+        raise TypeError(f"policy must be an EvictionPolicy, got {type(policy).__name__}")
+    if not isinstance(positions, torch.Tensor) or positions.dim() < 1:
+        raise TypeError(f"positions must be a torch.Tensor (B, H, S), got {type(positions).__name__}")
     stored = int(positions.shape[-1])
     if not 1 <= check_positive_int(budget, "budget") <= stored:
         raise ValueError(f"budget must be in [1, {stored}] (the keys stored), got {budget}")
+    n_seen = check_positive_int(n_seen, "n_seen", minimum=stored)  # (every stored key is a token seen)
+    if stats is None:
+        if policy.needs_scores:
+            raise ValueError(
+                f"stats must be a tensor of shape {tuple(positions.shape)} for the {policy.name!r} "
+                "policy (it scores keys by their statistics), got None"
+            )
+    elif not isinstance(stats, torch.Tensor):
+        raise TypeError(f"stats must be a torch.Tensor or None, got {type(stats).__name__}")
+    elif stats.shape != positions.shape:
+        raise ValueError(f"stats must have the shape of positions {tuple(positions.shape)}, got {tuple(stats.shape)}")
     score = eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
     return torch.topk(score, budget, dim=-1, largest=False, sorted=False).indices.sort(dim=-1).values
 

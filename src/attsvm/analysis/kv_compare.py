@@ -52,7 +52,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from .._extras import require
-from .._validation import check_choice, check_finite_scalar, check_positive_int
+from .._validation import check_choice, check_finite_scalar, check_positive_int, check_seed
 from .lm import (
     QUICK_RETRIEVAL_LM,
     RETRIEVAL_LM,
@@ -159,19 +159,29 @@ class CompareConfig:
             "n_boot",
         ):
             check_positive_int(getattr(self, f), f)
-        if not self.ratios:
-            raise ValueError("ratios must be non-empty")
+        for f in ("ratios", "tasks", "seeds", "query_modes", "methods"):
+            value = getattr(self, f)
+            if f == "methods" and value is None:
+                continue
+            # (a string would be iterated character by character, a scalar not at all)
+            if not isinstance(value, (tuple, list)):
+                raise TypeError(f"{f} must be a tuple, got {type(value).__name__} {value!r}")
+            if not value:
+                raise ValueError(f"{f} must be non-empty, got {value!r}")
+            object.__setattr__(self, f, tuple(value))
         for r in self.ratios:
             compute_n_kept(8, r)  # validates the range
         for t in self.tasks:
             check_choice(t, "tasks", TASKS)
         for m in self.query_modes:
             check_choice(m, "query_modes", ("agnostic", "aware"))
-        if not self.seeds or any(int(s) < 0 for s in self.seeds):
-            raise ValueError(f"seeds must be a non-empty tuple of ints >= 0, got {self.seeds}")
+        object.__setattr__(self, "seeds", tuple(check_seed(s, "seeds") for s in self.seeds))  # (as plain ints)
         if self.methods is not None:
             for m in self.methods:
                 check_choice(m, "methods", METHODS)
+        acc = check_finite_scalar(self.min_accuracy, "min_accuracy")
+        if not 0.0 <= acc <= 1.0:
+            raise ValueError(f"min_accuracy must be in [0, 1] (a share of rows answered), got {self.min_accuracy}")
         if not isinstance(self.lm, LlamaLMConfig):
             raise TypeError(f"lm must be a LlamaLMConfig, got {type(self.lm).__name__}")
 

@@ -265,7 +265,9 @@ def score_row(prediction: str, answers: Sequence[str], *, rule: Literal["all", "
     QA); ``rule="part"``: 1 if any reference is found (QA tasks).
     """
     check_choice(rule, "rule", ("all", "part"))
-    if isinstance(answers, str) or not len(answers):
+    if not isinstance(answers, (str, bytes)) and not (hasattr(answers, "__len__") and hasattr(answers, "__iter__")):
+        raise TypeError(f"answers must be a non-empty list of strings, got {type(answers).__name__} {answers!r}")
+    if isinstance(answers, (str, bytes)) or not len(answers):
         raise ValueError(f"answers must be a non-empty list of strings, got {answers!r}")
     pred = _clean(str(prediction)).lower()
     hits = [str(a).lower() in pred for a in answers]
@@ -295,6 +297,10 @@ def _aggregate(predictions: Sequence[str], references: Sequence[Sequence[str]], 
 def ruler_scores(df: Any) -> dict[str, float]:
     """``{task: string match in percent}`` for a DataFrame with ``task, answer, predicted_answer`` columns;
     tasks whose name starts with ``qa`` use :func:`string_match_part`, the others :func:`string_match_all`."""
+    if not hasattr(df, "columns") or not hasattr(df, "groupby"):
+        raise TypeError(
+            f"df must be a pandas DataFrame with task, answer, predicted_answer columns, got {type(df).__name__}"
+        )
     for col in ("task", "answer", "predicted_answer"):
         if col not in df.columns:
             raise ValueError(f"df must have a {col!r} column, got columns {list(df.columns)}")
