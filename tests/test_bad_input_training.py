@@ -220,3 +220,9 @@ def test_head_svm_constraints_names_a_non_problem():
 def test_train_deep_warns_when_its_iterates_overflow(problem):
     with pytest.warns(RuntimeWarning, match="train_deep produced non-finite"):
         train_deep(problem, layers=1, steps=2, lr=1e308, init={0: np.full((5, 5), 1.7e308)})
+
+
+def test_a_history_that_cannot_fit_in_memory_is_a_named_error(problem):
+    # 1e13 records: numpy's MemoryError (72 TiB of step indices) used to surface as an internal error
+    with pytest.raises(ValueError, match="raise record_every"):
+        attsvm.train(problem, steps=10**13)

@@ -91,6 +91,30 @@ class Recorder:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
+        S = steps // options.every + 2  # (at most: 0, e, 2e, … and the final step)
+        try:
+            self._allocate(options, param, steps=steps, runs=runs, n=n, T=T, dtype=dtype, device=device)
+        except (MemoryError, RuntimeError) as exc:  # (numpy's MemoryError, torch's allocator RuntimeError)
+            if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
+                raise
+            raise ValueError(
+                f"recording {runs} run(s) at up to {S} steps (steps={steps}, record.every={options.every}) "
+                f"does not fit in memory on {device}: raise record_every / Recording(every=...) or record fewer "
+                "quantities"
+            ) from None
+
+    def _allocate(
+        self,
+        options: Recording,
+        param: Parameterization,
+        *,
+        steps: int,
+        runs: int,
+        n: int,
+        T: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.steps = record_steps(steps, options.every)
         S = len(self.steps)
         R, d = runs, param.d
