@@ -226,3 +226,9 @@ def test_a_history_that_cannot_fit_in_memory_is_a_named_error(problem):
     # 1e13 records: numpy's MemoryError (72 TiB of step indices) used to surface as an internal error
     with pytest.raises(ValueError, match="raise record_every"):
         attsvm.train(problem, steps=10**13)
+
+
+def test_history_buffers_too_large_for_memory_are_a_named_error(problem):
+    # 1e12 floats per quantity: numpy holds the 1e7 step indices, torch's allocator refuses the buffers
+    with pytest.raises(ValueError, match="does not fit in memory"):
+        attsvm.train(problem, steps=10**7, n_init=10**5)

@@ -91,37 +91,28 @@ class Recorder:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        S = steps // options.every + 2  # (at most: 0, e, 2e, … and the final step)
-        try:
-            self._allocate(options, param, steps=steps, runs=runs, n=n, T=T, dtype=dtype, device=device)
-        except (MemoryError, RuntimeError) as exc:  # (numpy's MemoryError, torch's allocator RuntimeError)
-            if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
-                raise
-            raise ValueError(
-                f"recording {runs} run(s) at up to {S} steps (steps={steps}, record.every={options.every}) "
-                f"does not fit in memory on {device}: raise record_every / Recording(every=...) or record fewer "
-                "quantities"
-            ) from None
+        def too_big() -> ValueError:
+            return ValueError(
+                f"recording {runs} run(s) at up to {steps // options.every + 2} steps (steps={steps}, "
+                f"record.every={options.every}) does not fit in memory on {device}: raise record_every / "
+                "Recording(every=...) or record fewer quantities"
+            )
 
-    def _allocate(
-        self,
-        options: Recording,
-        param: Parameterization,
-        *,
-        steps: int,
-        runs: int,
-        n: int,
-        T: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        self.steps = record_steps(steps, options.every)
+        try:
+            self.steps = record_steps(steps, options.every)
+        except MemoryError:
+            raise too_big() from None
         S = len(self.steps)
         R, d = runs, param.d
         q = set(options.quantities)
 
         def buf(*shape: int, dt: torch.dtype = dtype) -> Tensor:
-            return torch.empty((R, S, *shape), dtype=dt, device=device)
+            try:
+                return torch.empty((R, S, *shape), dtype=dt, device=device)
+            except RuntimeError as exc:  # (torch's allocator; other RuntimeErrors are not ours to rename)
+                if "alloc" not in str(exc).lower() and "out of memory" not in str(exc).lower():
+                    raise
+                raise too_big() from None
 
         H: dict[str, Tensor] = {}
         for key in ("loss", "W_norm", "grad_norm"):
