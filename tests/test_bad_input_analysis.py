@@ -174,3 +174,13 @@ def test_ruler_scores_refuses_none():
         tasks.ruler_scores(None)
     df = pd.DataFrame({"task": ["vt"], "answer": [["a"]], "predicted_answer": ["a b"]})
     assert tasks.ruler_scores(df) == {"vt": 100.0}
+
+
+def test_serving_metrics_refuses_nan_and_malformed_attention():
+    N = 2 * claims.PAGE + claims.SERVING_EVAL
+    A = np.full((1, 1, N, N), 1.0 / N)
+    A[0, 0, 3, 2] = np.nan
+    with pytest.raises(ValueError, match="attn must be finite"):
+        claims.serving_metrics(A)
+    with pytest.raises(ValueError, match=r"attn must have shape \(L, H, N, N\)"):
+        claims.serving_metrics(np.ones((2, N, N)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -136,6 +137,8 @@ def test_bad_arguments_are_named(tiny_lm):
         EvictionCache(model, "h2o", budget=0)
     with pytest.raises(TypeError, match="fuse_layers must be a bool"):
         EvictionCache(model, "h2o", budget=8, fuse_layers="yes")
+    with EvictionCache(model, "h2o", budget=8, fuse_layers=np.False_) as cache:  # (numpy bools are bools)
+        assert cache._can_fuse is False
     with pytest.raises(TypeError, match="recent must be an int"):
         EvictionPolicy(recent="half")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="recent as a share of the budget must be in"):

@@ -432,7 +432,9 @@ def serving_metrics(
     "per_head" unconstrained, "page" in pages of PAGE, "layer_shared" one set per layer, "all" the three
     together), and the loss is the attention mass the next SERVING_EVAL queries would have put on evicted
     keys (mean over queries, heads and layers). Returns ``{mode: (len(ratios),)}``."""
-    A = np.asarray(attn, dtype=np.float64)
+    A = as_float_array(attn, "attn", copy=False)  # (finite: a NaN map would read as a valid measurement)
+    if A.ndim != 4 or A.shape[-1] != A.shape[-2] or min(A.shape[:2]) < 1:
+        raise ValueError(f"attn must have shape (L, H, N, N) with L, H >= 1, got {A.shape}")
     L, H, N, _ = A.shape
     S = N - SERVING_EVAL
     if S < 2 * PAGE:
@@ -476,7 +478,9 @@ def serving_perplexity(net: Any, ids: list[int], attn: NDArray[np.float64], rati
     on those tokens to the uncompressed one, per mode."""
     import torch
 
-    A = np.asarray(attn, dtype=np.float64)
+    A = as_float_array(attn, "attn", copy=False)  # (finite: a NaN map would read as a valid measurement)
+    if A.ndim != 4 or A.shape[-1] != A.shape[-2] or min(A.shape[:2]) < 1:
+        raise ValueError(f"attn must have shape (L, H, N, N) with L, H >= 1, got {A.shape}")
     L, H, N, _ = A.shape
     S = N - SERVING_EVAL
     with np.errstate(divide="ignore"):

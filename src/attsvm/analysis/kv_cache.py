@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from .._extras import require
-from .._validation import check_choice, check_positive_int, check_seed
+from .._validation import check_bool, check_choice, check_positive_int, check_seed
 
 _cache_utils = require("transformers.cache_utils", feature="attsvm.analysis.kv_cache")
 Cache, CacheLayerMixin = _cache_utils.Cache, _cache_utils.CacheLayerMixin
@@ -861,8 +861,7 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
         elif policy_kwargs:
             raise TypeError("policy keyword arguments are only accepted with a policy name")
         budget = check_positive_int(budget, "budget")
-        if not isinstance(fuse_layers, bool):
-            raise TypeError(f"fuse_layers must be a bool, got {fuse_layers!r}")
+        fuse_layers = check_bool(fuse_layers, "fuse_layers")
         self.layout = attention_layout(model)
         if self.layout.sliding_window is not None and budget > self.layout.sliding_window:
             raise ValueError(
