@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 
 from ._extras import require
 from ._linalg import correlation
+from ._validation import check_finite_scalar
 from .problem import AttentionProblem
 from .svm import AttentionSVM
 from .training.depth import DeepResult, deep_forward
@@ -110,10 +111,16 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
     finals = layer_svms(result, norm)
     hist_sel = result.history["selected"]  # (R, S, L, n)
     rows = []
-    if isinstance(rolling, bool):
+    if isinstance(rolling, (bool, np.bool_)):
         roll = {int(k) for k in steps} if rolling else set()
-    else:
+    elif (
+        isinstance(rolling, (Sequence, np.ndarray))
+        and not isinstance(rolling, (str, bytes))
+        and all(isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)) for k in rolling)
+    ):
         roll = {int(k) for k in rolling}
+    else:
+        raise TypeError(f"rolling must be True, False or a list of recorded steps (integers), got {rolling!r}")
     for si, k in enumerate(steps):
         Q = _queries_at(result, si) if int(k) in roll else None
         for r in range(R):
@@ -141,6 +148,14 @@ def settle_steps(traj: pd.DataFrame, tau: float = 0.99) -> pd.DataFrame:
     """Per run and layer: ``selection_settled`` (first recorded step from which the selection equals the
     final one) and ``direction_settled`` (first step from which corr_final ≥ τ stays; NaN if never)."""
     pd = require("pandas", feature="attsvm.hierarchy.settle_steps")
+    need = ("run", "layer", "step", "changed", "corr_final")
+    if not isinstance(traj, pd.DataFrame) or any(c not in traj.columns for c in need):
+        raise TypeError(
+            f"traj must be the DataFrame of layer_trajectories (columns {', '.join(need)}), got {traj!r:.80}"
+        )
+    tau = check_finite_scalar(tau, "tau")
+    if not -1.0 <= tau <= 1.0:
+        raise ValueError(f"tau must be in [-1, 1] (a correlation threshold), got {tau}")
     out = []
     for (r, ell), g in traj.sort_values("step").groupby(["run", "layer"]):
         steps = g.step.to_numpy()

@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._linalg import correlation
-from .._validation import as_float_array, check_choice
+from .._validation import as_float_array, check_choice, check_finite_scalar
 from ..ntp import NextTokenProblem, TokenPriorityGraph
 from ._base import ConstraintSet, _orth
 
@@ -139,6 +139,9 @@ def graph_svm(
 
 def fin_basis(problem: NextTokenProblem | GraphSVMConstraints, rtol: float = 1e-10) -> NDArray[np.float64]:
     """An orthonormal basis (m, d, d) of ``S_fin`` (module doc), m = 0 when no SCC has two tokens."""
+    rtol = check_finite_scalar(rtol, "rtol")
+    if not 0.0 <= rtol < 1.0:
+        raise ValueError(f"rtol must be in [0, 1) (relative to the largest singular value), got {rtol}")
     gc = problem if isinstance(problem, GraphSVMConstraints) else graph_svm_constraints(problem)
     cs = gc.constraints
     d = cs.d
