@@ -7,8 +7,8 @@ traceback before it), and one of these exit codes, the same with or without ``-v
 0     success
 1     the result does not hold up: a reproduced claim disagrees with the paper, or ``solve``
       found no certified solution
-2     usage error: a bad argument, option value or setting, an input path that does not exist, or a
-      missing optional extra
+2     usage error: a bad argument, option value or setting, an input path that does not exist, a
+      missing optional extra, or sizes too large for this machine's memory
 3     data error: an input file or folder that cannot be read or used (missing, truncated,
       not an instance, a run folder of other settings, a folder that holds another
       command's results, an output path that is a file or not writable)
@@ -58,7 +58,7 @@ EPILOG = """exit codes:
   0    success
   1    a reproduced claim disagrees with the paper, or `solve` found no certified solution
   2    usage error: a bad argument, option value or setting, an input path that does not
-       exist, or a missing optional extra
+       exist, a missing optional extra, or sizes too large for this machine's memory
   3    data error: an input file or folder that cannot be read or used (truncated, not an
        instance, a run of other settings, a folder holding another command's results,
        an output path that is a file or read-only)
@@ -110,7 +110,7 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_USAGE
     if isinstance(exc, (OSError, EOFError, zipfile.BadZipFile)):
         return EXIT_DATA
-    if isinstance(exc, (ValueError, TypeError)):
+    if isinstance(exc, (ValueError, TypeError, MemoryError)):
         return EXIT_USAGE
     return EXIT_INTERNAL
 
@@ -126,7 +126,9 @@ def message_for(exc: BaseException) -> str:
         text = f"{exc.strerror}{where}"
     else:
         text = str(exc) or type(exc).__name__
-        if exit_code_for(exc) == EXIT_INTERNAL:
+        if isinstance(exc, MemoryError):
+            text = f"out of memory ({text}): the sizes asked for do not fit this machine; choose smaller ones"
+        elif exit_code_for(exc) == EXIT_INTERNAL:
             text = f"internal error ({type(exc).__name__}: {text}); rerun with -vv for the traceback and report it"
         elif isinstance(exc, (EOFError, zipfile.BadZipFile)):
             text = f"cannot read the input ({type(exc).__name__}: {text})"

@@ -29,7 +29,17 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Experiment", "Headline", "Trial", "headline", "parse_overrides", "apply_overrides", "chunks"]
+__all__ = [
+    "MIN_FIT_POINTS",
+    "Experiment",
+    "Headline",
+    "Trial",
+    "apply_overrides",
+    "check_names",
+    "chunks",
+    "headline",
+    "parse_overrides",
+]
 
 Trial = dict[str, Any]
 
@@ -106,7 +116,7 @@ class Experiment:
                 )
             for key, val in overrides.items():
                 _check_type(key, val, s[key])
-            s.update(overrides)
+            s.update({key: _plain(val) for key, val in overrides.items()})
         self.validate(s)
         return s
 
@@ -214,12 +224,38 @@ def _check_type(key: str, val: Any, default: Any) -> None:
         ok = isinstance(val, (int, float, np.integer, np.floating)) and not isinstance(val, bool)
     elif isinstance(default, list):
         ok = isinstance(val, (list, tuple))
+    elif isinstance(default, str):
+        ok = isinstance(val, str)
     else:
         ok = True
     if not ok:
         raise ValueError(
             f"setting {key!r} must be of type {type(default).__name__} (like the default {default!r}), got {val!r}"
         )
+    if isinstance(default, list) and default:
+        proto = default[0]
+        for v in val:  # each element typed like the default's first (position by position for rows)
+            if isinstance(proto, list):
+                if not isinstance(v, (list, tuple)):
+                    raise ValueError(f"setting {key!r} holds lists (like the default's {proto!r}), got {v!r}")
+                for w, p in zip(v, proto):
+                    _check_type(key, w, p)
+            else:
+                _check_type(key, v, proto)
+
+
+def _plain(x: Any) -> Any:
+    """A typed override as plain JSON types (numpy scalars → Python, tuples → lists); NaN stays NaN
+    (and is refused by the checks), unlike :func:`_jsonable`."""
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x
 
 
 # settings that are correlations or probabilities to reach: each in (0, 1]
@@ -258,6 +294,16 @@ def _check_value(key: str, val: Any) -> None:
                     _check_value(key, w)
             else:
                 _check_value(key, v)
+
+
+MIN_FIT_POINTS = 3  # a rate or decay fit with an interval needs three points (diagnostics.rate_fit)
+
+
+def check_names(key: str, values: list[Any], allowed: tuple[str, ...]) -> None:
+    """Raise ValueError naming setting ``key`` when one of ``values`` is not in ``allowed``."""
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(f"setting {key!r} holds values among {', '.join(allowed)}; got {bad[0]!r}")
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:

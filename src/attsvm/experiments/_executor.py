@@ -184,6 +184,11 @@ class DaskExecutor(Executor):
                 self._client = Client(scheduler, timeout="20s")
             except OSError as exc:
                 raise ValueError(f"--scheduler {scheduler!r}: cannot reach a Dask scheduler there ({exc})") from None
+            except (ValueError, TypeError) as exc:  # (distributed's address parser: "missing port number", ...)
+                raise ValueError(
+                    f"--scheduler {scheduler!r} is not a Dask scheduler address: expected tcp://HOST:PORT or "
+                    f"local:N ({exc})"
+                ) from None
             self.description = f"Dask scheduler at {scheduler}"
 
     def map_unordered(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, tuple]]) -> Iterator[tuple[Any, Any]]:

@@ -15,23 +15,29 @@ Layout of a run folder::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 import logging
+import os
 import platform
 import sys
 import threading
 import time
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .._extras import require
 from .._folders import FolderLock, RunFolderError, atomic_write, check_output_folder, claim_folder, folder_owner
+from .._validation import check_bool
 from ._base import Experiment, _jsonable
 from ._executor import Executor, SerialExecutor, make_executor
 from ._registry import experiment_names, get_experiment
@@ -96,6 +102,15 @@ def execute_trial(name: str, settings: dict[str, Any], trial: dict[str, Any]) ->
     """
     import torch
 
+    exp = get_experiment(name)
+    missing = sorted(set(exp.defaults) - set(settings)) if isinstance(settings, Mapping) else None
+    if missing is None or missing:
+        raise ValueError(
+            f"execute_trial: settings must be the resolved settings of {exp.name!r} "
+            f"(Experiment.settings()); missing {missing if missing else type(settings).__name__}"
+        )
+    if not isinstance(trial, Mapping) or "key" not in trial:
+        raise ValueError(f"execute_trial: trial must be one of Experiment.trials(settings), got {trial!r}")
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     # Solver notices (iteration limits, fallbacks) are per-solve: their outcomes are recorded in the
@@ -106,7 +121,7 @@ def execute_trial(name: str, settings: dict[str, Any], trial: dict[str, Any]) ->
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            frame = get_experiment(name).run_trial(settings, trial)
+            frame = exp.run_trial(settings, trial)
         for w in caught:
             log.debug("%s %s: %s", name, trial.get("key"), w.message)
         return frame
@@ -218,6 +233,35 @@ def _check_config(out: Path, config: dict[str, Any]) -> None:
         )
 
 
+def _check_layout(out: Path) -> None:
+    """Refuse a run folder whose entries have the wrong kind (a file where ``trials/`` or ``figures/``
+    belongs, a folder where ``config.json``, ``results.json`` or ``report.md`` belongs), naming it."""
+    for entry, folder in (("trials", True), ("figures", True), (CONFIG, False), (RESULTS, False), (REPORT, False)):
+        path = out / entry
+        if path.exists() and path.is_dir() != folder:
+            raise RunFolderError(
+                f"{str(path)!r} is a {'file' if folder else 'folder'}, where a run keeps its {entry} "
+                f"{'folder' if folder else 'file'}; the run folder is damaged (move {entry!r} away)"
+            )
+
+
+def _as_path(value: Any, name: str) -> Path:
+    """A folder argument: a str or os.PathLike (TypeError naming ``name`` otherwise)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a folder path (str or Path), got {type(value).__name__} {value!r}")
+    return Path(value)
+
+
+def _check_trial_keys(exp: Experiment, trials: list[dict[str, Any]]) -> None:
+    """Every trial key names a file, and no two trials share one."""
+    keys = [check_key(t["key"]) for t in trials]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(
+            f"{exp.name}: the settings give duplicate trials {dup[:5]} (a repeated value in a list setting?)"
+        )
+
+
 def _run_pending(
     exp: Experiment,
     settings: dict[str, Any],
@@ -227,12 +271,7 @@ def _run_pending(
     progress: bool,
 ) -> int:
     done = store.done()
-    keys = [check_key(t["key"]) for t in trials]
-    if len(set(keys)) != len(keys):
-        dup = sorted({k for k in keys if keys.count(k) > 1})
-        raise ValueError(
-            f"{exp.name}: the settings give duplicate trials {dup[:5]} (a repeated value in a list setting?)"
-        )
+    _check_trial_keys(exp, trials)
     pending = [t for t in trials if t["key"] not in done]
     if not pending:
         return 0
@@ -281,18 +320,27 @@ def reproduce(
     other settings, another experiment or another command's results is refused (:class:`RunFolderError`).
     """
     exp = get_experiment(name)
+    quick = check_bool(quick, "quick")
+    progress = check_bool(progress, "progress")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise TypeError(f"overrides must be a dict of typed settings, got {type(overrides).__name__} {overrides!r}")
     ov = dict(overrides or {})
     if runs is not None:
         if exp.runs_key is None:
             raise ValueError(f"--runs: experiment {exp.name!r} has no run count (use --set)")
-        if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        if isinstance(runs, (bool, np.bool_)) or not isinstance(runs, (int, np.integer)) or runs < 1:
             raise ValueError(f"--runs must be a positive integer, got {runs!r}")
-        ov[exp.runs_key] = runs
+        ov[exp.runs_key] = int(runs)
     settings = exp.settings(quick=quick, overrides=ov)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise ValueError(f"--workers must be a positive integer, got {workers!r}")
-    out = check_output_folder(Path(out) if out is not None else Path("results") / exp.name)
-    command = command if command is not None else list(sys.argv)
+    workers = int(workers)
+    if scheduler is not None and not isinstance(scheduler, str):
+        raise TypeError(f"--scheduler must be an address string (tcp://HOST:PORT or local:N), got {scheduler!r}")
+    if command is not None and (isinstance(command, str) or not all(isinstance(c, str) for c in command)):
+        raise TypeError(f"command must be a list of strings (the command line), got {command!r}")
+    out = check_output_folder(_as_path(out, "--out") if out is not None else Path("results") / exp.name)
+    command = list(command) if command is not None else list(sys.argv)
     fp = fingerprint(exp, settings)
     config = {
         "experiment": exp.name,
@@ -306,14 +354,26 @@ def reproduce(
         "command": command,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    first = exp.trials(settings)  # before anything is written: settings that trials() refuses leave no folder
+    _check_trial_keys(exp, first)
     with FolderLock(out, " ".join(command)[:300]):
         claim_folder(out, "reproduce")
+        _check_layout(out)
         _check_config(out, config)
+        new_run = not (out / CONFIG).exists()
         atomic_write(out / CONFIG, json.dumps(_jsonable(config), indent=2))  # before any trial
         store = TrialStore(out / "trials", fp)
         store.remove_stale_temp_files()  # we hold the lock: a temp file here is a killed writer's
         _drop_stale_results(out, fp)
-        foreign = store.foreign()
+        damaged = store.unreadable()
+        if damaged:
+            log.warning(
+                "%s: %d trial file(s) in %s are damaged (they cannot be read): they are recomputed",
+                exp.name,
+                len(damaged),
+                store.root,
+            )
+        foreign = store.foreign() - damaged
         if foreign:
             log.warning(
                 "%s: %d trial file(s) in %s were computed with other settings or code (fingerprint "
@@ -324,12 +384,17 @@ def reproduce(
             )
         t0 = time.perf_counter()
         own = executor is None
-        ex = executor or make_executor(workers, scheduler, temp_dir=out / ".dask-tmp")
+        try:
+            ex = executor or make_executor(workers, scheduler, temp_dir=out / ".dask-tmp")
+        except BaseException:
+            if new_run:
+                _undo_new_run(out, store)
+            raise
         log.info("%s: running on %s", exp.name, ex.description)
         computed = 0
         aborted = True
         try:
-            trials = exp.trials(settings)
+            trials = first
             computed += _run_pending(exp, settings, trials, store, ex, progress)
             rounds = 0
             while True:  # follow-up trials decided from finished data (e.g. svm-eq's acceptance rule)
@@ -342,6 +407,10 @@ def reproduce(
                 if rounds > 10_000:  # pragma: no cover - a bug in more_trials
                     raise RuntimeError(f"{exp.name}: more_trials never finished")
             aborted = False
+        except BaseException:
+            if new_run:
+                _undo_new_run(out, store)
+            raise
         finally:
             closing = None
             if own and aborted:
@@ -374,6 +443,18 @@ def reproduce(
         if closing is not None:
             closing.join()  # (and re-raises an error of the close)
     return RunOutput(exp.name, out, results, figures, report, len(trials), computed, seconds)
+
+
+def _undo_new_run(out: Path, store: TrialStore) -> None:
+    """A new run that failed before persisting any trial (e.g. a setting refused inside its first trial)
+    leaves no ``config.json``: otherwise the folder would hold a run of the refused settings, and the
+    corrected command would be refused as "different settings". A run with finished trials is kept."""
+    with contextlib.suppress(OSError, ValueError):
+        if store.done():
+            return
+        (out / CONFIG).unlink(missing_ok=True)
+        if store.root.is_dir() and not any(store.root.iterdir()):
+            store.root.rmdir()
 
 
 class _Closing(threading.Thread):
@@ -589,7 +670,8 @@ def plot_run(directory: str | Path) -> RunOutput:
     report says "k of N trials" and every claim is "not evaluated". Plotting takes the folder's lock
     (a folder that a sweep is writing raises :class:`FolderBusyError`) and never deletes anything.
     """
-    out = Path(directory)
+    out = _as_path(directory, "directory")
+    _check_layout(out)
     config = read_config(out)
     try:
         exp = get_experiment(config["experiment"])
@@ -601,7 +683,10 @@ def plot_run(directory: str | Path) -> RunOutput:
         if owner not in ("reproduce", None):
             raise RunFolderError(f"{str(out)!r} holds the results of `attsvm {owner}`, not a reproduce run")
         try:
-            exp.validate(settings)
+            missing = sorted(set(exp.defaults) - set(settings))
+            if missing:
+                raise ValueError(f"missing setting(s) {missing}")
+            exp.settings(overrides=settings)  # (known keys, typed like the defaults, valid)
             trials = exp.trials(settings)
         except (ValueError, TypeError, KeyError) as exc:
             raise RunFolderError(f"{str(out / CONFIG)!r} holds settings this version cannot run ({exc})") from None

@@ -40,6 +40,12 @@ class GDPaths(Experiment):
     def describe(self) -> str:
         return "W(k)z_i and K(k)Q(k)ᵀz_i in the plane, with the rays W_mm z_i and W*_mm z_i."
 
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        for T in s["Ts"]:
+            if T not in (3, 5):
+                raise ValueError(f"setting 'Ts' holds 3 and/or 5 (the two GD-path figures), got {T!r}")
+
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"T{T}-{p}", "T": T, "param": p} for T in s["Ts"] for p in ("W", "KQ")]
 

@@ -71,6 +71,24 @@ class Hierarchy(Experiment):
             "only, at the `rolling` steps)."
         )
 
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        for cfg in s["configs"]:
+            ok = isinstance(cfg, list) and len(cfg) == 2 and cfg[0] in NORMS
+            ok = ok and isinstance(cfg[1], int) and not isinstance(cfg[1], bool) and cfg[1] >= 1
+            if not ok:
+                raise ValueError(
+                    f"setting 'configs' holds [param, layers] pairs with param in {sorted(NORMS)} and layers an "
+                    f"integer >= 1, got {cfg!r}"
+                )
+        for k in s["rolling"]:
+            if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= s["steps"]):
+                raise ValueError(f"setting 'rolling' holds steps in [1, steps={s['steps']}], got {k!r}")
+            if k % s["record_every"]:
+                raise ValueError(
+                    f"setting 'rolling' holds recorded steps (multiples of record_every={s['record_every']}), got {k}"
+                )
+
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [
             {"key": f"{param}-L{int(L)}-s{a:04d}-{b:04d}", "param": param, "layers": int(L), "start": a, "stop": b}

@@ -54,6 +54,13 @@ class Multiclass(Experiment):
     }
     quick = {"runs": 12, "chunk": 12, "steps": 2000}
 
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        if s["C"] < 2:
+            raise ValueError(f"setting 'C' is the number of classes: it must be >= 2, got {s['C']}")
+        if s["T"] < 2:
+            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
+
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"s{a:05d}-{b:05d}", "start": a, "stop": b} for a, b in chunks(s["runs"], s["chunk"])]
 

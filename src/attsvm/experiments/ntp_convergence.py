@@ -105,6 +105,14 @@ class NTPConvergence(Experiment):
             "W_fin on the SCCs, the softmax mass on the label's SCC, and the SCC count against N."
         )
 
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        if not 0 < s["fin_threshold"] < 1:
+            raise ValueError(
+                "setting 'fin_threshold' bounds ‖Π_fin W − W_fin‖ / ‖W_fin‖: it must be in (0, 1), "
+                f"got {s['fin_threshold']}"
+            )
+
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         out: list[Trial] = [
             {"key": f"gd-s{a:05d}-{b:05d}", "kind": "gd", "start": a, "stop": b}

@@ -70,6 +70,12 @@ class NuclearIdentity(Experiment):
     }
     quick = {"ds": [3, 8], "runs": 10, "random_factorisations": 5, "minimise_runs": 5}
 
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        for f in s["rank_fracs"]:
+            if not 0 < f <= 1:
+                raise ValueError(f"setting 'rank_fracs' holds fractions of d in (0, 1], got {f!r}")
+
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         out = []
         for d in s["ds"]:

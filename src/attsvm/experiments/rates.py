@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._base import Experiment, Headline, Trial, chunks, headline
+from ._base import MIN_FIT_POINTS, Experiment, Headline, Trial, chunks, headline
 from ._common import fit_svms, paper_problems
 from ._plotting import band, save, subplots
 
@@ -64,6 +64,21 @@ class Rates(Experiment):
             "did not reach the target: they count in the share of runs reaching it and at infinity in the "
             "median steps to it."
         )
+
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        if s["T"] < 2:
+            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
+        if not 0 < s["target"] < 1:
+            raise ValueError(
+                f"setting 'target' is a level of 1 − corr to reach: it must be in (0, 1), got {s['target']}"
+            )
+        recorded = s["steps"] // s["record_every"] - -(-s["fit_from"] // s["record_every"]) + 1
+        if recorded < MIN_FIT_POINTS:
+            raise ValueError(
+                f"settings leave {max(recorded, 0)} recorded steps >= fit_from={s['fit_from']} (steps={s['steps']}, "
+                f"record_every={s['record_every']}); the rate fit needs {MIN_FIT_POINTS}"
+            )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..datasets import paper_instance
-from ._base import Experiment, Headline, Trial, diverged_headline, headline
+from ._base import MIN_FIT_POINTS, Experiment, Headline, Trial, diverged_headline, headline
 from ._plotting import band, save, subplots
 
 __all__ = ["RegPath", "EXPERIMENT"]
@@ -48,6 +48,19 @@ class RegPath(Experiment):
         "fit_from": 10.0,
     }
     quick = {"runs": 1, "r_max": 1e3, "n_radii": 8, "threshold": 0.95}
+
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        if s["T"] < 2:
+            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
+        if not s["r_min"] < s["r_max"]:
+            raise ValueError(f"settings need r_min < r_max, got r_min={s['r_min']:g}, r_max={s['r_max']:g}")
+        radii = np.geomspace(s["r_min"], s["r_max"], s["n_radii"])
+        if (radii >= s["fit_from"]).sum() < MIN_FIT_POINTS:
+            raise ValueError(
+                f"settings leave {(radii >= s['fit_from']).sum()} radii >= fit_from={s['fit_from']:g}; the decay fit "
+                f"needs {MIN_FIT_POINTS}: lower fit_from or raise r_max or n_radii"
+            )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"{p}-s{r:04d}", "param": p, "seed": r} for p in ("W", "KQ") for r in range(s["runs"])]

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..problem import AttentionProblem, Head
-from ._base import Experiment, Headline, Trial, headline
+from ..problem import ACTIVATIONS, AttentionProblem, Head
+from ._base import Experiment, Headline, Trial, check_names, headline
 from ._plotting import band, save, subplots
 from .svm_eq import DROP_REASONS, equivalence_runs, svm_eq_draw
 
@@ -93,6 +93,14 @@ class SVMEqMLP(Experiment):
             "heads; W^eq, W_fin and the single-token SVM in the Frobenius norm for W and the nuclear norm "
             "for (K, Q). 'Directional component' is W − W_fin."
         )
+
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        check_names("params", s["params"], tuple(NORMS))
+        check_names("activations", s["activations"], ACTIVATIONS)
+        check_names("trained_heads", s["trained_heads"], ACTIVATIONS)
+        if s["T"] < 2:
+            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         fixed = [

@@ -52,6 +52,19 @@ class SVMRank(Experiment):
             "tokens) are solved with both norms; ranks at a relative tolerance."
         )
 
+    def validate(self, s: dict[str, Any]) -> None:
+        super().validate(s)
+        for pair in s["nT"]:
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError(f"setting 'nT' holds [n, T] pairs, got {pair!r}")
+            if pair[1] < 2:
+                raise ValueError(f"setting 'nT': T must be >= 2 in {pair!r}")
+        if s["max_seeds"] < s["runs"]:
+            raise ValueError(
+                f"setting 'max_seeds' ({s['max_seeds']}) must be >= runs ({s['runs']}): a cell needs `runs` "
+                "feasible instances among its first max_seeds seeds"
+            )
+
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         # the costliest cells first, so that two workers finish together: below the feasibility threshold
         # d < max(T − 1, n) a cell draws up to max_seeds instances; above it, 100 with the larger SVMs last
