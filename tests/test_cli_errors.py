@@ -137,7 +137,21 @@ CASES = [
     ("plot-list-config", ["plot", "{tmp}/run_list"], EXIT_DATA, "is not an attsvm run config"),
     ("plot-unknown-experiment", ["plot", "{tmp}/run_unknown"], EXIT_DATA, "unknown experiment 'nope'"),
     ("plot-no-config", ["plot", "{tmp}/somedir"], EXIT_DATA, "config.json is missing"),
-    ("plot-missing-folder", ["plot", "{tmp}/nope"], EXIT_DATA, "no such folder"),
+    ("plot-missing-folder", ["plot", "{tmp}/nope"], EXIT_USAGE, "DIRECTORY '{tmp}/nope' does not exist"),
+    ("set-refused-by-its-trial", [*LC, "--set", "T=1", "--out", "{tmp}/o"], EXIT_USAGE, "setting 'T' must be >= 2"),
+    ("claims-negative-seed", ["claims", "--seed", "-1", "--out", "{tmp}/c"], EXIT_USAGE, "--seed must be >= 0"),
+    (
+        "analyze-delta-nan",
+        ["analyze", "minilm", "--delta", "nan", "--out", "{tmp}/a"],
+        EXIT_USAGE,
+        "--delta must be a finite margin > 0",
+    ),
+    (
+        "kv-compare-lm-not-a-checkpoint",
+        ["kv-compare", "--lm", "{tmp}/somedir", "--out", "{tmp}/kvc"],
+        EXIT_DATA,
+        "somedir' is not an attsvm Llama LM checkpoint",
+    ),
     (
         "kv-bench-quick-and-n-seq",
         ["kv-bench", "--quick", "--n-seq", "5", "--out", "{tmp}/kv"],
@@ -173,6 +187,7 @@ def test_bad_input_gives_one_line_and_its_exit_code(
     fragment: str,
 ) -> None:
     argv = [a.replace("{tmp}", str(files)) for a in argv]
+    fragment = fragment.replace("{tmp}", str(files))
     rc = cli_exit(argv)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]

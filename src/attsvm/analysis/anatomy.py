@@ -376,12 +376,13 @@ def analyze(
     import torch
 
     t0 = time.perf_counter()
-    net, tok = load_model(model)
+    check_finite_scalar(delta, "delta", positive=True)  # (the arguments before the model is loaded)
     if quick:
         max_windows, max_length, compression_windows = 4, 128, 2
     if max_windows is not None:
         check_positive_int(max_windows, "max_windows")
     check_positive_int(compression_windows, "compression_windows")
+    net, tok = load_model(model)
     w = qk_weights(net)
     spec = spectrum_stats(w)
     windows = [ids for _, ids in corpus_windows(tok, max_length=max_length, max_windows=max_windows)]

@@ -830,12 +830,13 @@ def run_claims(
     """Measure the claims on every model and write ``results.json``, ``report.md`` and figures to ``out``."""
     from ._models import corpus_windows
 
-    outp = Path(out)
-    outp.mkdir(parents=True, exist_ok=True)
     n_win = check_positive_int(max_windows if max_windows is not None else (4 if quick else 48), "max_windows")
     length = check_positive_int(
         max_length if max_length is not None else (64 if quick else 256), "max_length", minimum=8
     )
+    seed = check_seed(seed)  # (the arguments before any folder is made or model loaded)
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
     cache_p = Path(cache) if cache is not None else None
     records: list[ClaimRecord] = []
     labels: dict[str, str] = {}

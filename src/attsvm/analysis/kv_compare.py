@@ -486,8 +486,8 @@ def kv_compare(
         raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
     t0 = time.perf_counter()
     folder = train_llama_lm(None, config.lm, progress=progress) if lm_dir is None else Path(lm_dir)
+    model, tok = load_llama_lm(folder)  # (names a folder that is not an LM checkpoint)
     lm_meta = json.loads((Path(folder) / "attsvm_lm.json").read_text())
-    model, tok = load_llama_lm(folder)
     t_model = time.perf_counter() - t0
     names, skipped = available_methods(config.methods)
     if "full" not in names:

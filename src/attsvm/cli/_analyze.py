@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
 
 from ._args import int_at_least
@@ -74,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--quick fixes 4 windows of 128 tokens (2 for compression); drop --quick or {' and '.join(given)}"
             )
+    if not (math.isfinite(args.delta) and args.delta > 0):
+        raise UsageError(f"--delta must be a finite margin > 0, got {args.delta}")
     if args.model != "minilm" and not Path(args.model).is_dir():
         raise UsageError(
             f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} (no such folder)"

@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     models = [m.strip() for m in str(args.models).split(",") if m.strip()]
     if not models:
         raise UsageError("--models must name at least one model")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
     with owned_folders((args.out, "claims", "--out")) as (out,):
         import torch
 

@@ -19,9 +19,11 @@ def run(args: argparse.Namespace) -> int:
 
     from attsvm.experiments import plot_run
 
-    from ._errors import EXIT_INCOMPLETE, EXIT_OK, InputError
+    from ._errors import EXIT_INCOMPLETE, EXIT_OK, InputError, UsageError
 
     for d in args.directory:  # every path checked before any figure is redrawn
+        if not Path(d).exists():
+            raise UsageError(f"DIRECTORY {d!r} does not exist; expected a run folder written by `attsvm reproduce`")
         if Path(d).is_file():
             raise InputError(f"DIRECTORY {d!r} is a file; expected a run folder written by `attsvm reproduce`")
     code = EXIT_OK
