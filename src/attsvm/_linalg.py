@@ -26,12 +26,15 @@ RANK_TOL = 1e-7
 def _as_matrices(W: ArrayLike, name: str, *, finite: bool = True) -> NDArray[np.float64]:
     """``W`` as float64 of shape (..., m, k) with m, k ≥ 1 (and finite entries when ``finite``)."""
     try:
-        a = np.asarray(W, dtype=np.float64)
+        raw = np.asarray(W)
+        a = None if np.iscomplexobj(raw) else np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"{name} must be a real matrix (m, k) or a stack of matrices (..., m, k), "
             f"got {type(W).__name__} that is not convertible to float64 ({exc})"
         ) from None
+    if a is None:  # (a cast to float64 would drop the imaginary parts with only a ComplexWarning)
+        raise TypeError(f"{name} must be a real matrix, got complex dtype {raw.dtype}")
     if a.ndim < 2 or 0 in a.shape[-2:]:
         raise ValueError(
             f"{name} must be a matrix (m, k) or a stack of matrices (..., m, k) with m, k >= 1, got shape {a.shape}"

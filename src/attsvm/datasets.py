@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._validation import check_choice, check_finite_scalar, check_positive_int, check_seed
+from ._validation import check_bool, check_choice, check_finite_scalar, check_positive_int, check_seed
 from .problem import AttentionProblem, Head
 
 __all__ = ["paper_instance", "gd_paths_instance", "random_instance", "mlp_head", "hop_instance", "HopInstance"]
@@ -26,6 +26,17 @@ def _check_seed(seed: int) -> int:
     return check_seed(seed)
 
 
+def _check_query(self_attention: bool, query_index: int) -> bool:
+    """``self_attention`` as a bool; ``query_index`` must be an integer, and left at 0 without self-attention
+    (cross-attention has no query token, so another index would be silently ignored)."""
+    self_attention = check_bool(self_attention, "self_attention")
+    if isinstance(query_index, bool) or not isinstance(query_index, (int, np.integer)):
+        raise TypeError(f"query_index must be an integer token index, got {type(query_index).__name__} {query_index!r}")
+    if not self_attention and query_index != 0:
+        raise ValueError(f"query_index={query_index} needs self_attention=True (cross-attention has no query token)")
+    return self_attention
+
+
 def paper_instance(
     n: int, T: int, d: int, *, seed: int, self_attention: bool = False, query_index: int = 0
 ) -> AttentionProblem:
@@ -34,11 +45,12 @@ def paper_instance(
     ``v ~ N(0, I_d)`` normalised; ``Y = 2·1[N(0,1) > 0] − 1``; ``X ~ N(0, I)`` of shape (n, T, d) with
     each token normalised; ``Z ~ N(0, I)`` of shape (n, d) with each row normalised. With
     ``self_attention=True`` the same draws are made (``Z`` is drawn and discarded, as in the published
-    code) and ``z_i = x_{i, query_index}``.
+    code) and ``z_i = x_{i, query_index}``; a non-zero ``query_index`` without self-attention is refused.
     """
     import torch  # (here, not at import: a process that only plots or aggregates never loads torch)
 
     n, T, d = _check_nTd(n, T, d)
+    self_attention = _check_query(self_attention, query_index)
     seed = _check_seed(seed)
     g = torch.Generator()
     g.manual_seed(seed)
@@ -98,9 +110,20 @@ def random_instance(
     Tokens, queries and head are standard Gaussian; ``token_norm`` / ``query_norm`` rescale each
     token / query to that norm (None keeps the raw draw). ``head="relu"`` draws V (d, head_width)
     with ‖V‖_F = 1; ``head="multiclass"`` draws V (d, n_classes) and uniform class labels.
+
+    An option that has no effect is refused, naming it: ``head_width`` other than None unless
+    ``head="relu"``, ``n_classes`` other than its default 3 unless ``head="multiclass"``, and a non-zero
+    ``query_index`` without ``self_attention``.
     """
     n, T, d = _check_nTd(n, T, d)
     check_choice(head, "head", ("linear", "relu", "multiclass"))
+    self_attention = _check_query(self_attention, query_index)
+    if head_width is not None and head != "relu":
+        raise ValueError(f"head_width={head_width!r} applies to head='relu' only, got head={head!r}")
+    if head != "multiclass" and not (
+        isinstance(n_classes, (int, np.integer)) and not isinstance(n_classes, bool) and n_classes == 3
+    ):
+        raise ValueError(f"n_classes={n_classes!r} applies to head='multiclass' only, got head={head!r}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(_check_seed(seed))
     X = rng.standard_normal((n, T, d))
     if token_norm is not None:
@@ -191,10 +214,11 @@ def hop_instance(
     The query is q for every sequence and the head is v, so one layer cannot know which last-level
     candidate is right: it is found by following the pointers, layer ℓ selecting the right level-ℓ
     token (its query z^{ℓ−1} then holds that token's pointer). Token order is shuffled per sequence.
-    Needs ``d ≥ hops + 2 + (hops − 1)·codes``. ``hops = 1`` has the bridge only, carrying the label.
+    Needs ``hops ≥ 2`` (with one hop a sequence would hold the bridge alone, one token, and attention
+    would have no choice) and ``d ≥ hops + 2 + (hops − 1)·codes``.
     """
     n = check_positive_int(n, "n")
-    H = check_positive_int(hops, "hops")
+    H = check_positive_int(hops, "hops", minimum=2)
     d = check_positive_int(d, "d")
     C = check_positive_int(candidates, "candidates")
     K = check_positive_int(codes, "codes", minimum=max(2, C))
@@ -215,7 +239,7 @@ def hop_instance(
         rows: list[np.ndarray] = []
         right: list[int] = []
         chain = [int(rng.integers(K)) for _ in range(H - 1)]  # address of the right token at levels 2..H
-        bridge = flags[0] + (books[0][:, chain[0]] if H > 1 else margin * y[i] * v)
+        bridge = flags[0] + books[0][:, chain[0]]
         right.append(0)
         rows.append(bridge)
         for lev in range(1, H):

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._linalg import correlation
-from ._validation import as_float_array, check_choice, check_finite_scalar
+from ._validation import as_float_array, check_bool, check_choice, check_finite_scalar
 from .problem import AttentionProblem, TieError
 from .svm import AttentionSVM
 from .svm.equivalence import SELECT_EPS, decomposition, optimal_mixture, selected_sets, svm_eq, w_fin
@@ -76,6 +76,13 @@ def svm_direction(problem: AttentionProblem, tokens: ArrayLike, norm: str = "fro
     """
     check_choice(norm, "norm", NORMS)
     return AttentionSVM(norm).fit(problem, problem.check_tokens(tokens))  # type: ignore[arg-type]
+
+
+def _check_result(result: Any, name: str = "result") -> TrainResult:
+    """``result`` if it is a :class:`~attsvm.training.TrainResult`, else a TypeError naming ``name``."""
+    if not isinstance(result, TrainResult):
+        raise TypeError(f"{name} must be a TrainResult from attsvm.training.train, got {type(result).__name__}")
+    return result
 
 
 def _solved(est: AttentionSVM) -> bool:
@@ -160,6 +167,7 @@ def convergence_type(
     if not -1.0 <= tau <= 1.0:
         raise ValueError(f"tau must be a correlation threshold in [-1, 1], got {tau}")
     W = as_float_array(W, "W", shape=(problem.d, problem.d))
+    both_norms = check_bool(both_norms, "both_norms")
     alpha = np.argmax(problem.logits(W), axis=-1).astype(np.int64)
     try:
         opt, tie = problem.optimal_tokens(), False
@@ -222,6 +230,7 @@ def convergence_types(
 
     ``norm`` defaults to the parameterisation's limit: "fro" for W, "nuc" for (K, Q).
     """
+    _check_result(result)
     nm = _norm_for(result.param) if norm is None else check_choice(norm, "norm", NORMS)
     idx = range(result.n_runs) if runs is None else list(_check_runs(runs, result.n_runs))
     return [convergence_type(result.problem(r), result.W[r], norm=nm, tau=tau) for r in idx]
@@ -243,6 +252,7 @@ def correlation_trajectories(
     infeasible or unsolved), ``W_mm``, ``W_star`` (R', d, d), ``tokens`` (R', n), ``runs`` (R',),
     ``status_fro``, ``status_nuc`` (R',) strings.
     """
+    _check_result(result)
     if "W" not in result.history:
         raise ValueError("correlation_trajectories needs the recorded iterates: train with record_W=True")
     idx = np.arange(result.n_runs) if runs is None else _check_runs(runs, result.n_runs)
@@ -353,9 +363,12 @@ def svm_equivalence(result: TrainResult, run: int = 0, *, eps: float = SELECT_EP
     selective (every O_i is the whole sequence, so ``W^eq = 0``) the decomposition numbers are NaN
     (see :class:`EquivalenceReport`); nothing is raised.
     """
+    _check_result(result)
     eps = check_finite_scalar(eps, "eps", positive=True)
     if not 0 < eps < 1:
         raise ValueError(f"eps must be in (0, 1), got {eps}")
+    if isinstance(run, (bool, np.bool_)) or not isinstance(run, (int, np.integer)):
+        raise TypeError(f"run must be an integer run index, got {type(run).__name__} {run!r}")
     if not 0 <= run < result.n_runs:
         raise ValueError(f"run must be in [0, {result.n_runs}), got {run}")
     p = result.problem(run)
@@ -441,6 +454,7 @@ def mixture_prediction(result: TrainResult, *, eps: float = SELECT_EPS, support_
     (weights ≥ ``support_tol``) predicts ``O_i`` (docs/spec.md §5). Every run of ``result`` must share one
     instance (train several initialisations of it).
     """
+    _check_result(result)
     if len(result.problems) != 1:
         raise ValueError(f"mixture_prediction compares runs of one instance; result has {len(result.problems)}")
     p = result.problems[0]
@@ -526,7 +540,13 @@ class RateFit:
         return bool(self.ci[0] > 0)
 
     def predict(self, t: ArrayLike) -> NDArray[np.float64]:
-        tt = np.asarray(t, dtype=np.float64)
+        """``C·t^{−rate}`` or ``C·e^{−rate·t}`` at ``t``. The power law is defined for ``t > 0`` only (as
+        its fit is: ``t^{−rate}`` is inf or NaN at ``t ≤ 0``), so other ``t`` are refused."""
+        tt = as_float_array(t, "t")
+        if self.model == "power" and np.any(tt <= 0):
+            raise ValueError(
+                f"t must be > 0 for the power law C·t^(-rate) (it is fitted on log t), got min {tt.min():g}"
+            )
         return self.coef * (tt ** (-self.rate) if self.model == "power" else np.exp(-self.rate * tt))
 
 
@@ -553,6 +573,8 @@ def rate_fit(t: ArrayLike, y: ArrayLike, *, model: str = "auto", level: float = 
         raise ValueError(f"t and y need at least 3 points to fit a rate with an interval, got {tt.size}")
     if np.any(tt <= 0):
         raise ValueError(f"t must be positive (a power law needs log t), got min {tt.min():g}")
+    if np.ptp(tt) == 0:
+        raise ValueError(f"t must take at least 2 distinct values to fit a slope, got every t = {tt[0]:g}")
     if np.any(yy <= 0):
         raise ValueError(f"y must be positive (the fit is in log y), got min {yy.min():g}")
     lvl = check_finite_scalar(level, "level")

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from ._extras import require
 from ._linalg import correlation
-from ._validation import check_finite_scalar
+from ._validation import check_choice, check_finite_scalar
 from .problem import AttentionProblem
 from .svm import AttentionSVM
 from .training.depth import DeepResult, deep_forward
@@ -41,9 +41,20 @@ if TYPE_CHECKING:
 __all__ = ["layer_problem", "layer_svms", "layer_equivalence", "layer_trajectories", "settle_steps"]
 
 
-def _check(result: Any, run: int, layer: int) -> DeepResult:
+NORMS = ("fro", "nuc")
+
+
+def _check_result(result: Any) -> DeepResult:
     if not isinstance(result, DeepResult):
         raise TypeError(f"result must be a DeepResult from train_deep, got {type(result).__name__}")
+    return result
+
+
+def _check(result: Any, run: int, layer: int) -> DeepResult:
+    _check_result(result)
+    for name, value in (("run", run), ("layer", layer)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer index, got {type(value).__name__} {value!r}")
     R = result.W.shape[0]
     if not 0 <= run < R:
         raise ValueError(f"run must be in [0, {R}), got {run}")
@@ -67,6 +78,8 @@ def layer_svms(result: DeepResult, norm: str = "fro") -> list[list[AttentionSVM]
     """The final-view SVM of every run and layer (``[run][layer]``): ``norm`` ("fro" for W layers, "nuc"
     for (K, Q)) at the layer's final selection on its final inputs. An infeasible one has status
     "infeasible" and its Farkas certificate."""
+    _check_result(result)
+    check_choice(norm, "norm", NORMS)
     sel = result.selected
     return [
         [AttentionSVM(norm).fit(layer_problem(result, r, ell), sel[r, ell]) for ell in range(result.layers)]  # type: ignore[arg-type]
@@ -82,6 +95,10 @@ def layer_equivalence(
     (a layer that attends to several tokens is judged against W^eq rather than the single-token SVM)."""
     from .svm.equivalence import equivalence_constraints
 
+    eps = check_finite_scalar(eps, "eps", positive=True)
+    if not eps < 1:
+        raise ValueError(f"eps must be in (0, 1) (a probability threshold), got {eps}")
+    check_choice(norm, "norm", NORMS)
     p = layer_problem(result, run, layer)
     s = result.probs[run, layer]
     cs_eq, cs_fin = equivalence_constraints(p, s > eps, s)
@@ -104,13 +121,13 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
     """Per run, layer and recorded step: ``corr_final`` (W_ℓ(k) against the final-view SVM),
     ``corr_rolling`` (against the SVM of step k's inputs and selection; NaN where that SVM has no
     solution, or at steps not in ``rolling``: True for every recorded step, False for none, or a list of
-    steps), ``changed`` (the selection differs from the final one), and the final SVM's status."""
+    recorded steps; a step that was not recorded is refused), ``changed`` (the selection differs from the
+    final one), and the final SVM's status."""
     pd = require("pandas", feature="attsvm.hierarchy.layer_trajectories")
+    _check_result(result)
+    check_choice(norm, "norm", NORMS)
     R, L = result.W.shape[0], result.layers
     steps = result.history["step"]
-    finals = layer_svms(result, norm)
-    hist_sel = result.history["selected"]  # (R, S, L, n)
-    rows = []
     if isinstance(rolling, (bool, np.bool_)):
         roll = {int(k) for k in steps} if rolling else set()
     elif (
@@ -119,8 +136,17 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
         and all(isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)) for k in rolling)
     ):
         roll = {int(k) for k in rolling}
+        missing = sorted(roll - {int(k) for k in steps})
+        if missing:
+            raise ValueError(
+                f"rolling must list recorded steps; {missing[:10]} were not recorded ({len(steps)} recorded steps: "
+                + (f"{[int(k) for k in steps]})" if len(steps) <= 10 else f"{int(steps[0])} to {int(steps[-1])})")
+            )
     else:
         raise TypeError(f"rolling must be True, False or a list of recorded steps (integers), got {rolling!r}")
+    finals = layer_svms(result, norm)
+    hist_sel = result.history["selected"]  # (R, S, L, n)
+    rows = []
     for si, k in enumerate(steps):
         Q = _queries_at(result, si) if int(k) in roll else None
         for r in range(R):

@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from numpy.typing import ArrayLike, NDArray
 from scipy.sparse.csgraph import connected_components
 
-from ._validation import as_float_array
+from ._validation import as_float_array, check_bool, check_positive_int, check_seed
 
 __all__ = ["NextTokenProblem", "TokenPriorityGraph", "random_ntp_problem"]
 
@@ -280,10 +280,19 @@ def random_ntp_problem(
     labels). ``cyclic=True`` redraws until some graph has an SCC of two or more tokens (and the
     graph-SVM keeps an inequality row), ``False`` until every graph is acyclic — the published
     rejection loop; ``None`` accepts the first draw. Raises ValueError after ``max_tries`` draws.
+    ``n``, ``V``, ``d`` and ``max_tries`` are integers >= 1, ``seed`` an integer in [0, 2**63) or a Generator.
     """
-    if not (isinstance(T, (int, np.integer)) and isinstance(V, (int, np.integer)) and 1 <= T <= V):
+    n = check_positive_int(n, "n")
+    V = check_positive_int(V, "V")
+    d = check_positive_int(d, "d")
+    if not (isinstance(T, (int, np.integer)) and not isinstance(T, bool) and 1 <= T <= V):
         raise ValueError(f"T must be an integer in [1, V] (sequences of distinct tokens), got T={T}, V={V}")
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    if cyclic is not None:
+        if not isinstance(cyclic, (bool, np.bool_)):
+            raise TypeError(f"cyclic must be True, False or None, got {type(cyclic).__name__} {cyclic!r}")
+        cyclic = check_bool(cyclic, "cyclic")
+    max_tries = check_positive_int(max_tries, "max_tries")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(check_seed(seed))
     for _ in range(max_tries):
         E = rng.standard_normal((V, d))
         E /= np.linalg.norm(E, axis=1, keepdims=True)

@@ -449,46 +449,60 @@ class AttentionProblem(_TokenShape):
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"input file {str(path)!r} does not exist")
-        with np.load(path, allow_pickle=False) as f:
-            keys = set(f.files)
-            missing = {"X", "y"} - keys
-            if missing:
-                raise ValueError(f"{path} must contain arrays X and y; missing {sorted(missing)} (has {sorted(keys)})")
-
-            def need(*names: str) -> None:
-                absent = [x for x in names if x not in keys]
-                if absent:
-                    raise ValueError(f"{path} must contain arrays {list(names)}; missing {absent} (has {sorted(keys)})")
-
-            if "head_kind" in keys:
-                kind = str(f["head_kind"])
-                kinds = ("linear", "relu", "multiclass", "mlp")
-                if kind not in kinds:
-                    raise ValueError(f"{path}: head_kind must be one of {kinds}, got {kind!r}")
-                need("head_weights")
-                w = f["head_weights"]
-                if kind == "mlp":
-                    need("mlp_activation", "mlp_width", "mlp_out")
-                    act, k = str(f["mlp_activation"]), _npz_int(f["mlp_width"], path, "mlp_width")
-                    n_hidden = len([x for x in keys if x.startswith("mlp_hidden_")])
-                    hidden = [f[f"mlp_hidden_{j}"] for j in range(n_hidden)]
-                    head: Head = Head.mlp(
-                        w[:, :k],
-                        activation=act,
-                        hidden=hidden,
-                        out=f["mlp_out"],
-                        gate=w[:, k:] if act == "swiglu" else None,
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                keys = set(f.files)
+                missing = {"X", "y"} - keys
+                if missing:
+                    raise ValueError(
+                        f"{path} must contain arrays X and y; missing {sorted(missing)} (has {sorted(keys)})"
                     )
+
+                def need(*names: str) -> None:
+                    absent = [x for x in names if x not in keys]
+                    if absent:
+                        raise ValueError(
+                            f"{path} must contain arrays {list(names)}; missing {absent} (has {sorted(keys)})"
+                        )
+
+                if "head_kind" in keys:
+                    kind = str(f["head_kind"])
+                    kinds = ("linear", "relu", "multiclass", "mlp")
+                    if kind not in kinds:
+                        raise ValueError(f"{path}: head_kind must be one of {kinds}, got {kind!r}")
+                    need("head_weights")
+                    w = f["head_weights"]
+                    if kind == "mlp":
+                        need("mlp_activation", "mlp_width", "mlp_out")
+                        act, k = str(f["mlp_activation"]), _npz_int(f["mlp_width"], path, "mlp_width")
+                        n_hidden = len([x for x in keys if x.startswith("mlp_hidden_")])
+                        hidden = [f[f"mlp_hidden_{j}"] for j in range(n_hidden)]
+                        head: Head = Head.mlp(
+                            w[:, :k],
+                            activation=act,
+                            hidden=hidden,
+                            out=f["mlp_out"],
+                            gate=w[:, k:] if act == "swiglu" else None,
+                        )
+                    else:
+                        head = {"linear": Head.linear, "relu": Head.relu, "multiclass": Head.multiclass}[kind](w)
+                elif "v" in keys:
+                    head = Head.linear(f["v"])
                 else:
-                    head = {"linear": Head.linear, "relu": Head.relu, "multiclass": Head.multiclass}[kind](w)
-            elif "v" in keys:
-                head = Head.linear(f["v"])
-            else:
-                raise ValueError(f"{path} must contain the head: array v (linear) or head_kind + head_weights")
-            Z = f["Z"] if "Z" in keys else None
-            qi = _npz_int(f["query_index"], path, "query_index") if "query_index" in keys else None
-            loss = str(f["loss"]) if "loss" in keys else "logistic"
-            return cls(f["X"], f["y"], head, Z=Z, query_index=qi, loss=loss)  # type: ignore[arg-type]
+                    raise ValueError(f"{path} must contain the head: array v (linear) or head_kind + head_weights")
+                Z = f["Z"] if "Z" in keys else None
+                qi = _npz_int(f["query_index"], path, "query_index") if "query_index" in keys else None
+                loss = str(f["loss"]) if "loss" in keys else "logistic"
+                return cls(f["X"], f["y"], head, Z=Z, query_index=qi, loss=loss)  # type: ignore[arg-type]
+        except ValueError as exc:  # (numpy's refusal of an object array: "... when allow_pickle=False")
+            if "allow_pickle" not in str(exc):
+                raise
+            with np.load(path, allow_pickle=False) as f:
+                pickled = [k for k in f.files if _npz_is_pickled(f, k)]
+            raise ValueError(
+                f"{path} holds pickled Python objects (arrays {pickled}), which attsvm never loads "
+                "(unpickling can run arbitrary code); save plain numeric arrays, as AttentionProblem.to_npz does"
+            ) from None
 
 
 def _softmax_last(g: NDArray[np.float64], exps: NDArray[np.intc] | None = None) -> NDArray[np.float64]:
@@ -505,6 +519,15 @@ def _exponent(a: NDArray[np.float64], axis: int | tuple[int, ...]) -> NDArray[np
     """The exponent e with ``max |a| < 2^e`` over ``axis`` (kept), 0 for zeros: ``a / 2^e`` is exact
     (bar entries that fall below the normal range, negligible beside the largest)."""
     return np.frexp(np.abs(a).max(axis=axis, keepdims=True))[1]
+
+
+def _npz_is_pickled(f: np.lib.npyio.NpzFile, key: str) -> bool:
+    """Whether array ``key`` of the opened ``.npz`` archive ``f`` is an object (pickled) array."""
+    try:
+        f[key]
+    except ValueError as exc:
+        return "allow_pickle" in str(exc)
+    return False
 
 
 def _npz_int(value: NDArray, path: Path, name: str) -> int:

@@ -25,9 +25,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._validation import (
     as_float_array,
+    check_bool,
     check_choice,
+    check_finite_scalar,
     check_labels,
     check_positive_int,
+    check_seed,
     check_selection,
     check_tokens,
 )
@@ -167,6 +170,7 @@ def paper_joint_problem(tight: bool = True) -> PromptProblem:
     selected token is a support vector of v's max-margin classifier) or (0.5, 1.5) (``tight=False``:
     the third is not), labels (+1, −1, +1).
     """
+    tight = check_bool(tight, "tight")
     third = [0.5, 1.0] if tight else [0.5, 1.5]
     X = np.array([[[0.0, 0.0], [1.0, 1.0]], [[0.0, 0.0], [1.0, -1.0]], [[0.0, 0.0], third]])
     return PromptProblem(X, [1.0, -1.0, 1.0])
@@ -177,7 +181,9 @@ def paper_loss_problem(C: float) -> PromptProblem:
     W = diag(1, 1, 0), sequences ``[0, (1, 1, C)]`` and ``[0, (1, −1, 1)]``, both labelled +1.
 
     The second tokens are optimal with scores C and 1; the p-SVM direction is (1, 0, 0) whatever C.
+    ``C`` must be a finite real number.
     """
+    C = check_finite_scalar(C, "C")
     X = np.array([[[0.0, 0.0, 0.0], [1.0, 1.0, float(C)]], [[0.0, 0.0, 0.0], [1.0, -1.0, 1.0]]])
     return PromptProblem(X, [1.0, 1.0], W=np.diag([1.0, 1.0, 0.0]), v=[0.0, 0.0, 1.0])
 
@@ -189,11 +195,18 @@ def random_prompt_problem(
 
     ``fixed_head=True`` draws a head v on the unit sphere too (for training p alone). ``margin > 0``
     plants one relevant token per sequence, ``x_{i0} = y_i·margin·u + noise`` for a random unit u, the
-    data model of the joint-training theorem (the head can separate the relevant tokens).
+    data model of the joint-training theorem (the head can separate the relevant tokens); ``margin = 0``
+    (the default) plants none, and a negative or non-finite margin is refused. ``seed`` is an integer in
+    [0, 2**63).
     """
     n = check_positive_int(n, "n")
     T = check_positive_int(T, "T", minimum=2)
     d = check_positive_int(d, "d")
+    seed = check_seed(seed)
+    fixed_head = check_bool(fixed_head, "fixed_head")
+    margin = check_finite_scalar(margin, "margin")
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0 (0 plants no relevant token), got {margin}")
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, T, d)) / np.sqrt(d)
     y = rng.choice([-1.0, 1.0], size=n)

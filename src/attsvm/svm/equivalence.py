@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 # Default probability threshold defining the selected sets O_i (docs/spec.md §5).
 SELECT_EPS = 1e-3
+# Attention probability rows must sum to 1 within this (float64 softmax rows are off by ~1e-16·T).
+PROBS_SUM_TOL = 1e-6
 # Mixture weights at or above this count as the support of the optimal mixture.
 MIXTURE_SUPPORT_TOL = 1e-6
 NORMS: tuple[str, ...] = ("fro", "nuc")
@@ -67,18 +69,29 @@ def _check_probs(probs: ArrayLike, problem: AttentionProblem | None = None) -> N
         raise ValueError(f"probs must have shape (n, T) = ({problem.n}, {problem.T}), got {s.shape}")
     if np.any(s < 0) or np.any(s > 1):
         raise ValueError(f"probs must be probabilities in [0, 1], got values in [{s.min():.3g}, {s.max():.3g}]")
-    sums = s.sum(axis=1)
-    if np.any(np.abs(sums - 1.0) > 1e-6):
-        bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-6)[:5].tolist()
-        raise ValueError(f"probs rows must sum to 1 (attention probabilities); rows {bad} sum to {sums[bad]}")
+    _check_row_sums(s)
     return s
+
+
+def _check_row_sums(s: NDArray[np.float64]) -> None:
+    """Every row of ``s`` (over the last axis) sums to 1 within ``PROBS_SUM_TOL``, or a ValueError naming probs."""
+    sums = s.sum(axis=-1)
+    off = np.abs(sums - 1.0) > PROBS_SUM_TOL
+    if np.any(off):
+        bad = np.argwhere(off)[:5]
+        rows = [tuple(int(i) for i in r) if len(r) > 1 else int(r[0]) for r in bad]
+        raise ValueError(
+            f"probs rows must sum to 1 within {PROBS_SUM_TOL:g} (attention probabilities); "
+            f"rows {rows} sum to {[float(sums[tuple(r)]) for r in bad]}"
+        )
 
 
 def selected_sets(probs: ArrayLike, eps: float = SELECT_EPS) -> NDArray[np.bool_]:
     """``O_i = {t : s_it ≥ ε}`` (docs/spec.md §5), a boolean array of shape (n, T) (or (R, n, T)).
 
-    ``probs`` are attention probabilities. The most probable token of each sequence is always
-    included, so every ``O_i`` is non-empty whatever ``ε``.
+    ``probs`` are attention probabilities: entries in [0, 1], each row (over T) summing to 1 within
+    ``PROBS_SUM_TOL`` (unnormalised scores are refused). The most probable token of each sequence is
+    always included, so every ``O_i`` is non-empty whatever ``ε``.
     """
     eps = check_finite_scalar(eps, "eps", positive=True)
     if not eps < 1:
@@ -88,6 +101,7 @@ def selected_sets(probs: ArrayLike, eps: float = SELECT_EPS) -> NDArray[np.bool_
         raise ValueError(f"probs must have shape (n, T) or (R, n, T) with n, T >= 1, got {s.shape}")
     if np.any(s < 0) or np.any(s > 1):
         raise ValueError(f"probs must be probabilities in [0, 1], got values in [{s.min():.3g}, {s.max():.3g}]")
+    _check_row_sums(s)
     O = s >= eps
     top = np.argmax(s, axis=-1)
     np.put_along_axis(O, top[..., None], True, axis=-1)
@@ -251,7 +265,7 @@ def decomposition(W: ArrayLike, W_eq: ArrayLike, W_fin: ArrayLike | None = None)
     scale). Computed from scaled copies — ``W`` and ``W_fin`` by one common scale (so ``D = W − W_fin``
     never overflows), ``W_eq`` by its own —, so finite inputs of any magnitude (GD diverges in norm)
     give a finite residual and correlations; ``scale`` is inf only when the true R exceeds the float64
-    range. ``residual`` is inf for ``W = 0``.
+    range. ``W`` must be non-zero too (the residual is relative to ``‖W‖_F``).
     """
     W = as_float_array(W, "W", ndim=2)
     We = as_float_array(W_eq, "W_eq", shape=W.shape)
@@ -259,12 +273,16 @@ def decomposition(W: ArrayLike, W_eq: ArrayLike, W_fin: ArrayLike | None = None)
     ce = float(np.abs(We).max(initial=0.0))
     if ce == 0:
         raise ValueError("W_eq must be non-zero to fit a scale (got the zero matrix)")
-    c0 = max(float(np.abs(W).max(initial=0.0)), float(np.abs(Wf).max(initial=0.0))) or 1.0
+    cw = float(np.abs(W).max(initial=0.0))
+    if cw == 0:
+        raise ValueError("W must be non-zero: the residual ‖W − R·W^eq − W_fin‖_F / ‖W‖_F is undefined for W = 0")
+    c0 = max(cw, float(np.abs(Wf).max(initial=0.0)))
     w, e = W / c0, We / ce  # (d, d) each, entries in [-1, 1]
     dd = w - Wf / c0  # D / c0, entries in [-2, 2]
     rho = float(np.sum(dd * e)) / float(np.sum(e * e))  # R·ce/c0: the fit of D/c0 on W_eq/ce
     nw = float(np.linalg.norm(w))
-    res = float(np.linalg.norm(dd - rho * e)) / nw if nw > 0 else float("inf")  # R is invariant to c0
+    # (R is invariant to c0; nw is 0 only when W underflows next to W_fin, a residual of +inf)
+    res = float(np.linalg.norm(dd - rho * e)) / nw if nw > 0 else float("inf")
     return Decomposition(
         scale=_times_ratio(rho, c0, ce),
         residual=res,
