@@ -33,7 +33,7 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor, nn
 
-from ._validation import as_float_array, check_choice, check_positive_int
+from ._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
 from .problem import AttentionProblem
 
 __all__ = [
@@ -66,6 +66,27 @@ TrainLoss = Literal["logistic", "exponential", "correlation", "cross_entropy"]
 PARAMS: tuple[str, ...] = ("W", "KQ")
 TRAIN_LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation", "cross_entropy")
 SCALAR_LOSSES: tuple[str, ...] = ("logistic", "exponential", "correlation")
+HEADS: tuple[str, ...] = ("linear", "relu", "multiclass", "mlp")
+
+
+def check_float_dtype(dtype: Any, name: str = "dtype") -> torch.dtype:
+    """A floating torch dtype (torch.float64, torch.float32, ...): TypeError naming ``name`` otherwise."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating torch dtype such as torch.float64, got {dtype!r}")
+    return dtype
+
+
+def check_device(device: Any, name: str = "device") -> torch.device | None:
+    """None, a torch.device or a device string torch understands: ValueError naming ``name`` otherwise."""
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be None, a torch.device or a string like 'cpu' or 'cuda:0', got {device!r}"
+        ) from None
+
 
 # The exponential loss e^{−u} is evaluated as e^{min(−u, EXP_CLIP)}: a huge finite number rather than
 # inf when the margin is hopelessly negative (the same clip as problem.loss_fn).
@@ -78,6 +99,7 @@ def resolve_loss(loss: str | None, head_kind: str) -> str:
     Scalar heads (linear, ReLU) take logistic / exponential / correlation; the multiclass head
     takes cross-entropy only (docs/spec.md §1).
     """
+    check_choice(head_kind, "head_kind", HEADS)
     if loss is None:
         return "cross_entropy" if head_kind == "multiclass" else "logistic"
     check_choice(loss, "loss", TRAIN_LOSSES)
@@ -125,6 +147,18 @@ class Batch:
     mlp_width: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("X", "Z", "y", "V"):
+            value = getattr(self, name)
+            if not isinstance(value, Tensor):
+                raise TypeError(
+                    f"Batch.{name} must be a torch tensor (Batch.from_problems), got {type(value).__name__}"
+                )
+        if self.X.ndim != 4 or not self.X.dtype.is_floating_point:
+            raise ValueError(
+                f"Batch.X must be a floating tensor (B, n, T, d), got {self.X.dtype} of shape {tuple(self.X.shape)}"
+            )
+        check_choice(self.head, "head", HEADS)
+        check_choice(self.loss, "loss", TRAIN_LOSSES)
         # (B, n, T, k) head pre-activations of single tokens, x_itᵀ V: the whole head computation of
         # the trainer runs on this table, never on the (R, n, d) attention outputs
         object.__setattr__(self, "XV", self.X @ self.V.unsqueeze(1))
@@ -165,6 +199,8 @@ class Batch:
         """
         probs = _as_problem_list(problems)
         repeat = check_positive_int(repeat, "repeat")
+        dtype = check_float_dtype(dtype)
+        device = check_device(device)
         p0 = probs[0]
         for j, p in enumerate(probs[1:], start=1):
             if (p.n, p.T, p.d) != (p0.n, p0.T, p0.d):
@@ -218,6 +254,33 @@ class Batch:
         )
 
 
+def check_gradient_scale(problems: Sequence[AttentionProblem]) -> None:
+    """Refuse data so large that the trainer's (scaled) gradient ``Σ_it δ'_it x_it z_iᵀ`` overflows float64
+    (:func:`risk_and_scaled_grad`): its terms are up to ``2·max|x_itᵀV|·max|x|·max|z|`` (times ``nT``),
+    which past ~1e307 would give inf − inf = NaN steps. The data must be rescaled (the SVM solvers
+    rescale internally; GD is not scale-invariant, so the trainer cannot)."""
+    for j, p in enumerate(problems):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            head = np.abs(p.head.weights).max() * p.d * np.abs(p.X).max()  # ≥ max |x_itᵀ V| (per column)
+            log10 = (
+                np.log10(2.0 * p.n * p.T)
+                + np.log10(head)
+                + np.log10(np.abs(p.X).max())
+                + np.log10(np.abs(p.queries).max())
+            )
+        if log10 > GRADIENT_LOG10_MAX:
+            where = "" if len(problems) == 1 else f"problems[{j}]: "
+            raise ValueError(
+                f"{where}the data are too large to train on in float64: the gradient's terms reach ~1e{log10:.0f} "
+                f"(max|x| = {np.abs(p.X).max():.1e}, max|z| = {np.abs(p.queries).max():.1e}, max|head weight| = "
+                f"{np.abs(p.head.weights).max():.1e}); rescale X, Z or the head"
+            )
+
+
+# the largest log10 of a gradient term check_gradient_scale accepts (float64 overflows at 10^308.25)
+GRADIENT_LOG10_MAX = 307.0
+
+
 def _mlp_signature(p: AttentionProblem) -> tuple[Any, ...] | None:
     spec = p.head.mlp_spec
     if spec is None:
@@ -265,15 +328,52 @@ def _as_problem_list(problems: AttentionProblem | Sequence[AttentionProblem]) ->
 # pure forward functions (autograd-friendly, stable forms)
 
 
+def _check_W(batch: Any, W: Any, name: str = "W") -> None:
+    """The public forward functions' arguments: a :class:`Batch` and W (R, d, d) of its dtype and device."""
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be a Batch (see Batch.from_problems), got {type(batch).__name__}")
+    d = batch.d
+    if not isinstance(W, Tensor):
+        raise TypeError(f"{name} must be a torch tensor of shape (R, {d}, {d}), got {type(W).__name__}")
+    if W.ndim != 3 or tuple(W.shape[1:]) != (d, d):
+        raise ValueError(f"{name} must have shape (R, {d}, {d}), got {tuple(W.shape)}")
+    if W.dtype != batch.X.dtype or W.device != batch.X.device:
+        raise ValueError(
+            f"{name} must have the batch's dtype and device ({batch.X.dtype}, {batch.X.device}), "
+            f"got {W.dtype}, {W.device}"
+        )
+    if batch.size not in (1, W.shape[0]):
+        raise ValueError(f"{name} holds {W.shape[0]} runs but the batch holds {batch.size} (it must hold 1 or R)")
+
+
 def attention_logits(batch: Batch, W: Tensor) -> Tensor:
     """Logits ``g_it = x_itᵀ W z_i`` of shape (R, n, T) for W of shape (R, d, d)."""
+    _check_W(batch, W)
     u = batch.Z @ W.transpose(-1, -2)  # (R, n, d): (W z_i)ᵀ
     return (batch.X @ u.unsqueeze(-1)).squeeze(-1)  # (R, n, T)
 
 
 def attention_probs(batch: Batch, W: Tensor) -> Tensor:
-    """Attention probabilities ``s_i = softmax(X_i W z_i)`` of shape (R, n, T)."""
-    return torch.softmax(attention_logits(batch, W), dim=-1)
+    """Attention probabilities ``s_i = softmax(X_i W z_i)`` of shape (R, n, T).
+
+    Logits that overflow (W or the data so large that ``x_itᵀ W z_i`` is not a float) give the limit of
+    the softmax, the mass shared by the maximisers, from the logits of W/‖W‖_max (never NaN)."""
+    g = attention_logits(batch, W)
+    if not bool(torch.isfinite(g).all()):
+        return _limit_probs(batch, W)
+    return torch.softmax(g, dim=-1)
+
+
+def _limit_probs(batch: Batch, W: Tensor) -> Tensor:
+    """The softmax of logits that overflow, at the limit of W's scale: uniform over each sequence's
+    maximisers of the logits of W/max|W| (which are W's, the scaling being positive)."""
+    scale = W.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
+    Xs = batch.X / batch.X.abs().amax(dim=(-3, -2, -1), keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
+    Zs = batch.Z / batch.Z.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
+    u = Zs @ (W / scale).transpose(-1, -2)
+    g = (Xs @ u.unsqueeze(-1)).squeeze(-1)
+    top = g == g.amax(-1, keepdim=True)
+    return top.to(g.dtype) / top.sum(-1, keepdim=True)
 
 
 def _mixture(batch: Batch, s: Tensor) -> Tensor:
@@ -309,7 +409,7 @@ def sequence_losses(batch: Batch, out: Tensor) -> Tensor:
 
 def risk(batch: Batch, W: Tensor) -> Tensor:
     """Empirical risk ``L(W) = (1/n) Σ_i ℓ_i`` of shape (R,) (docs/spec.md §1), differentiable by autograd."""
-    s = attention_probs(batch, W)
+    s = attention_probs(batch, W)  # (checks batch and W)
     return sequence_losses(batch, head_outputs(batch, _mixture(batch, s))).mean(-1)
 
 
@@ -323,6 +423,7 @@ def risk_and_grad(batch: Batch, W: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     See :func:`risk_and_scaled_grad` for the computation; this returns ``∇_W L`` itself (which
     underflows to 0 once every non-selected logit trails by more than ~745).
     """
+    _check_W(batch, W)
     L, G, s, logscale = risk_and_scaled_grad(batch, W)
     return L, G * torch.exp(-logscale)[:, None, None], s
 
@@ -471,6 +572,7 @@ def factor_grads(grad_W: Tensor, K: Tensor, Q: Tensor) -> tuple[Tensor, Tensor]:
 # parameterisations (docs/spec.md §1, §4)
 
 InitDraw = Literal["pytorch", "gaussian"]
+INIT_DRAWS: tuple[str, ...] = ("pytorch", "gaussian")
 
 
 def _linear_weight(rows: int, d: int, generator: torch.Generator) -> Tensor:
@@ -525,8 +627,26 @@ class Parameterization(ABC):
         """Plain-GD step per run (R,) from the smoothness and gradient bounds ``L_W``, ``G_W`` (R,) of
         ``L(W)`` and the initial groups."""
 
+    def __post_init__(self) -> None:
+        for name in ("d", "m"):
+            if hasattr(self, name):
+                object.__setattr__(self, name, check_positive_int(getattr(self, name), name))
+
+    def _check_W(self, W: Any) -> NDArray[np.float64]:
+        """:meth:`from_W`'s argument: a finite W (d, d) or (R, d, d)."""
+        W = as_float_array(W, "W")
+        if W.ndim not in (2, 3) or W.shape[-2:] != (self.d, self.d):
+            raise ValueError(f"W must have shape ({self.d}, {self.d}) or (R, {self.d}, {self.d}), got {W.shape}")
+        return W
+
+    @staticmethod
+    def _check_draw(kind: Any, scale: Any) -> float:
+        check_choice(kind, "kind", INIT_DRAWS)
+        return check_finite_scalar(scale, "scale")
+
     def zeros(self, runs: int) -> tuple[NDArray[np.float64], ...]:
         """All-zero groups for ``runs`` runs."""
+        runs = check_positive_int(runs, "runs")
         return tuple(np.zeros((runs, *s)) for s in self.shapes)
 
     def from_given(self, init: Any, runs: int) -> tuple[NDArray[np.float64], ...]:
@@ -572,9 +692,10 @@ class FullW(Parameterization):
         return (grad_W,)
 
     def from_W(self, W: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
-        return (np.array(W, dtype=np.float64),)
+        return (self._check_W(W),)
 
     def draw(self, kind: InitDraw, generator: torch.Generator, scale: float) -> tuple[NDArray[np.float64], ...]:
+        scale = self._check_draw(kind, scale)
         if kind == "pytorch":  # logits zᵀ W_lin x with W = W_linᵀ
             return (scale * _linear_weight(self.d, self.d, generator).T.numpy(),)
         return (scale * torch.randn(self.d, self.d, generator=generator, dtype=torch.float64).numpy(),)
@@ -609,6 +730,7 @@ class FactoredKQ(Parameterization):
     def from_W(self, W: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
         """K, Q with K Qᵀ the best rank-m approximation of W and ‖K‖_F = ‖Q‖_F (balanced)."""
         m = self.m
+        W = self._check_W(W)
         U, S, Vt = np.linalg.svd(W)
         r = min(m, S.shape[-1])
         lost = (S[..., r:] ** 2).sum(-1)
@@ -622,6 +744,7 @@ class FactoredKQ(Parameterization):
         return K, Q
 
     def draw(self, kind: InitDraw, generator: torch.Generator, scale: float) -> tuple[NDArray[np.float64], ...]:
+        scale = self._check_draw(kind, scale)
         if kind == "pytorch":  # the published module builds `query` before `key`
             Wq = _linear_weight(self.m, self.d, generator)
             Wk = _linear_weight(self.m, self.d, generator)
@@ -700,6 +823,8 @@ class AttentionModel(nn.Module):
         super().__init__()
         d = check_positive_int(d, "d")
         runs = check_positive_int(runs, "runs")
+        dtype = check_float_dtype(dtype)
+        device = check_device(device)
         if isinstance(param, str):
             param = check_choice(param, "param", PARAMS)
             m = None if param == "W" else m
@@ -724,20 +849,31 @@ class AttentionModel(nn.Module):
         return self.parameterization.weights(self.group_tensors)
 
     def load(self, params: Sequence[Tensor | NDArray[np.float64]]) -> AttentionModel:
-        """Set the groups (each (R, d, ·)) from tensors or arrays; returns self."""
+        """Set the groups (each (R, d, ·), real and finite) from tensors or arrays; returns self."""
+        if isinstance(params, (str, bytes, Tensor, np.ndarray)) or not isinstance(params, Sequence):
+            raise TypeError(
+                f"params must be a list of the {len(self._attrs)} groups {self.parameterization.groups}, "
+                f"got {type(params).__name__}"
+            )
         if len(params) != len(self._attrs):
             raise ValueError(
                 f"params must hold {len(self._attrs)} groups {self.parameterization.groups}, got {len(params)}"
             )
         for attr, A in zip(self._attrs, params):
             p = getattr(self, attr)
-            t = torch.as_tensor(A, dtype=p.dtype, device=p.device)
+            if isinstance(A, Tensor):  # (bfloat16 has no numpy type: through float64)
+                A = A.detach().to("cpu", torch.float64 if A.dtype.is_floating_point else A.dtype).numpy()
+            if np.asarray(A).dtype == bool:
+                raise TypeError(f"params[{attr!r}] must hold real numbers, got booleans")
+            t = torch.as_tensor(as_float_array(A, f"params[{attr!r}]"), dtype=p.dtype, device=p.device)
             if t.shape != p.shape:
                 raise ValueError(f"params[{attr!r}] must have shape {tuple(p.shape)}, got {tuple(t.shape)}")
             p.data = t.clone()
         return self
 
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        if not isinstance(batch, Batch):
+            raise TypeError(f"batch must be a Batch (see Batch.from_problems), got {type(batch).__name__}")
         if batch.d != self.d:
             raise ValueError(f"batch has d={batch.d} features but the model was built with d={self.d}")
         if batch.size not in (1, self.runs):

@@ -406,10 +406,19 @@ class AttentionProblem(_TokenShape):
         logits overflow (W, X or the queries so large that ``x_itᵀ W z_i`` is not a float), from the
         logits ``ĝ`` of the parts scaled by powers of two to max |·| ≤ 1 (W/2^a, X_i/2^b_i, z_i/2^c_i,
         exact) as ``exp(2^(a+b_i+c_i)·(ĝ − max ĝ))``, whose limit puts the mass on the maximisers."""
+        g, e = self.scaled_logits(W)
+        return _softmax_last(g, e)
+
+    def scaled_logits(self, W: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.intc] | None]:
+        """The logits as ``(g, e)`` with ``logits = 2^e · g``: ``(logits, None)`` when they are finite; else,
+        when they overflow (W, X or the queries so large that ``x_itᵀ W z_i`` is not a float), the logits
+        ``ĝ`` of the parts scaled by powers of two to max |·| ≤ 1 (W/2^a, X_i/2^b_i, z_i/2^c_i, exact) and
+        ``e = a + b_i + c_i`` (..., n, 1), one exponent per sequence, so that comparisons within a
+        sequence (argmax, margins) are those of the true logits."""
         with np.errstate(over="ignore", invalid="ignore"):
             g = self.logits(W)
         if np.isfinite(g).all():
-            return _softmax_last(g)
+            return g, None
         Wa = np.asarray(W, dtype=np.float64)  # (finite: logits' as_float_array refused inf)
         eW = _exponent(Wa, axis=(-2, -1))  # (..., 1, 1)
         eX = _exponent(self.X, axis=(1, 2))[:, :, 0]  # (n, 1)
@@ -417,7 +426,7 @@ class AttentionProblem(_TokenShape):
         eQ = _exponent(Q, axis=1)  # (n, 1)
         u = np.einsum("...de,ne->...nd", np.ldexp(Wa, -eW), np.ldexp(Q, -eQ))  # (..., n, d)
         gh = np.einsum("ntd,...nd->...nt", np.ldexp(self.X, -eX[:, :, None]), u)  # |ĝ| ≤ d²
-        return _softmax_last(gh, eW + eX + eQ)
+        return gh, eW + eX + eQ
 
     # ------------------------------------------------------------------ persistence
     def to_npz(self, path: str | Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._validation import as_float_array
+from ._validation import as_float_array, check_bool, check_finite_scalar, check_positive_int, check_selection
 from .problem import AttentionProblem, check_problem
 
 __all__ = [
@@ -34,8 +34,15 @@ __all__ = [
 SUPPORT_TOL = 1e-6
 
 
-def constraint_mask(n: int, T: int, tokens: NDArray[np.int64]) -> NDArray[np.bool_]:
+def constraint_mask(n: int, T: int, tokens: ArrayLike) -> NDArray[np.bool_]:
     """Boolean (n, T): True for the constraint pairs (i, t ≠ α_i)."""
+    n = check_positive_int(n, "n")
+    T = check_positive_int(T, "T")
+    return _constraint_mask(n, T, check_selection(tokens, n, T))
+
+
+def _constraint_mask(n: int, T: int, tokens: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """:func:`constraint_mask` of a validated selection."""
     mask = np.ones((n, T), dtype=bool)
     mask[np.arange(n), tokens] = False
     return mask
@@ -59,10 +66,22 @@ def pair_differences(
 TIE_ULPS = 8.0
 
 
-def differences(sel: NDArray[np.float64], X: NDArray[np.float64]) -> NDArray[np.float64]:
+def differences(sel: ArrayLike, X: ArrayLike) -> NDArray[np.float64]:
     """``a_it = sel_i − x_it`` over (..., n, T, d) for the selected tokens ``sel`` (..., n, d), with every
     row whose coordinates all satisfy ``|a_j| ≤ TIE_ULPS·ε·max(|sel_j|, |x_j|)`` set to exactly 0 (tied
     tokens, docs/spec.md §3). Every constraint builder goes through it, so that all solve the same rows."""
+    Xa = as_float_array(X, "X")
+    sa = as_float_array(sel, "sel")
+    if Xa.ndim < 3 or sa.ndim < 2 or sa.shape[-2:] != (Xa.shape[-3], Xa.shape[-1]):
+        raise ValueError(
+            f"X must be (..., n, T, d) and sel (..., n, d) with the same n and d, got {Xa.shape} and {sa.shape}"
+        )
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _differences(sa, Xa)
+
+
+def _differences(sel: NDArray[np.float64], X: NDArray[np.float64]) -> NDArray[np.float64]:
+    """:func:`differences` of validated arrays (the constraint builders' hot path)."""
     A = sel[..., None, :] - X
     scale = TIE_ULPS * np.finfo(np.float64).eps * np.maximum(np.abs(sel)[..., None, :], np.abs(X))
     tied: NDArray[np.bool_] = np.all(np.abs(A) <= scale, axis=-1)
@@ -74,8 +93,8 @@ def _pair_differences(
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """:func:`pair_differences` at an already validated selection ``alpha``."""
     X = problem.X
-    A = differences(X[np.arange(problem.n), alpha], X)  # (n, T, d); 0 at t = α_i and on tied tokens
-    return A, constraint_mask(problem.n, problem.T, alpha)
+    A = _differences(X[np.arange(problem.n), alpha], X)  # (n, T, d); 0 at t = α_i and on tied tokens
+    return A, _constraint_mask(problem.n, problem.T, alpha)
 
 
 def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -> NDArray[np.float64]:
@@ -85,10 +104,13 @@ def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -
     """
     alpha = check_problem(problem).check_tokens(tokens)
     W = as_float_array(W, "W")
-    logits = problem.logits(W)  # (..., n, T)
+    logits, e = problem.scaled_logits(W)  # (..., n, T), logits·2^e (e per sequence: where they overflow)
     top = np.take_along_axis(logits, np.broadcast_to(alpha[:, None], (*logits.shape[:-1], 1)), axis=-1)
     m = top - logits
-    mask = constraint_mask(problem.n, problem.T, alpha)
+    if e is not None:  # (a margin beyond the float range is ±inf, never inf − inf)
+        with np.errstate(over="ignore"):
+            m = np.ldexp(m, e)
+    mask = _constraint_mask(problem.n, problem.T, alpha)
     return np.where(mask, m, np.inf)
 
 
@@ -98,10 +120,15 @@ def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDA
 
     ``margin`` must be the margins of the (normalised) SVM solution, with ``+inf`` at α_i.
     """
+    if margin is None or np.iscomplexobj(margin):
+        raise TypeError(f"margin must be an array of real margins, got {type(margin).__name__}")
     try:
         m = np.asarray(margin, dtype=np.float64)
     except (TypeError, ValueError):
         raise TypeError(f"margin must be an array of real margins, got {type(margin).__name__}") from None
+    tol = check_finite_scalar(tol, "tol")
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
     if m.ndim < 2 or np.isnan(m).any():
         raise ValueError(
             f"margin must be an (n, T) array of margins, or a stack (..., n, T) (+inf at α_i, no NaN), "
@@ -111,8 +138,10 @@ def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDA
 
 
 def selected_tokens(problem: AttentionProblem, W: ArrayLike) -> NDArray[np.int64]:
-    """Tokens selected by attention ``α̂_i = argmax_t s_it`` (docs/spec.md §4), shape (n,) or (R, n)."""
-    return np.argmax(check_problem(problem).logits(W), axis=-1).astype(np.int64)
+    """Tokens selected by attention ``α̂_i = argmax_t s_it`` (docs/spec.md §4), shape (n,) or (R, n);
+    logits that overflow are compared through :meth:`AttentionProblem.scaled_logits` (exact scaling)."""
+    g, _ = check_problem(problem).scaled_logits(as_float_array(W, "W"))
+    return np.argmax(g, axis=-1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -161,13 +190,19 @@ def local_optimality_report(
 
     α is locally optimal iff Att-SVM(α) is feasible and ``γ_{iα_i} > γ_it`` for every support token.
     """
-    alpha = problem.check_tokens(tokens)
+    alpha = check_problem(problem).check_tokens(tokens)
+    feasible = check_bool(feasible, "feasible")
     n, T = problem.n, problem.T
-    if not feasible or support is None:
+    if not feasible:
         sup = np.zeros((n, T), dtype=bool)
         return LocalOptimalityReport(alpha, False, sup, np.zeros(n, dtype=bool), [[] for _ in range(n)])
+    if support is None:
+        raise ValueError("support is required when feasible is True (the support tokens of Att-SVM(α))")
+    sup_arr = np.array(support)  # (a copy: the report owns it)
+    if sup_arr.dtype != bool or sup_arr.shape != (n, T):
+        raise ValueError(f"support must be a boolean array of shape ({n}, {T}), got {sup_arr.dtype} {sup_arr.shape}")
     g = problem.scores
-    bad = support & (g >= g[np.arange(n), alpha][:, None])  # (n, T)
+    bad = sup_arr & (g >= g[np.arange(n), alpha][:, None])  # (n, T)
     offending = [np.flatnonzero(bad[i]).tolist() for i in range(n)]
     passed = np.asarray(~bad.any(axis=1), dtype=bool)
-    return LocalOptimalityReport(alpha, True, support.copy(), passed, offending)
+    return LocalOptimalityReport(alpha, True, sup_arr, passed, offending)

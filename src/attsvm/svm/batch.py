@@ -43,7 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._threads import batch_threads
-from ..tokens import SUPPORT_TOL, differences
+from ..tokens import SUPPORT_TOL, _differences
 from ._base import ConstraintSet, RawSolution
 from .certificate import ROW_FLOOR, farkas_certificate
 from .frobenius import FrobeniusOptions
@@ -336,7 +336,7 @@ def _solve_chunk(
     """:func:`solve_arrays` on one chunk by NumPy (steps 1–4 of the module doc)."""
     B, n, T, d = X.shape
     # 1. constraints (A is exactly 0 at t = α_i) and their flat rows, K = n(T − 1) per instance
-    A = differences(np.take_along_axis(X, alpha[:, :, None, None], axis=2)[:, :, 0], X)  # (ties: 0 rows)
+    A = _differences(np.take_along_axis(X, alpha[:, :, None, None], axis=2)[:, :, 0], X)  # (ties: 0 rows)
     mask = np.ones((B, n, T), dtype=bool)
     np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
     K = n * (T - 1)

@@ -36,7 +36,7 @@ from .._validation import (
     check_positive_int,
 )
 from ..problem import AttentionProblem
-from ..tokens import differences
+from ..tokens import _differences
 from ._base import ConstraintSet
 
 __all__ = [
@@ -159,7 +159,7 @@ def equivalence_constraints(
     ref = _reference(O, s, reference)
     n, T = O.shape
     X = problem.X
-    A = differences(X[np.arange(n), ref], X)  # (n, T, d): x_ir − x_it (0 on tokens tied with x_ir)
+    A = _differences(X[np.arange(n), ref], X)  # (n, T, d): x_ir − x_it (0 on tokens tied with x_ir)
     mask = np.ones((n, T), dtype=bool)
     mask[np.arange(n), ref] = False
     eq = O & mask

@@ -32,7 +32,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .._threads import blas_threads
 from .._validation import as_float_array
-from ..tokens import constraint_mask, differences
+from ..tokens import _constraint_mask, _differences
 from ._base import ConstraintSet
 from .status import INFEASIBLE, OPTIMAL
 
@@ -215,8 +215,8 @@ def _check_stack(
 def _constraints(X: NDArray[np.float64], Z: NDArray[np.float64], alpha: NDArray[np.int64]) -> ConstraintSet:
     """The constraint set ``fit`` builds for one instance (attsvm.svm._base.att_svm_constraints)."""
     n, T, _ = X.shape
-    A = differences(X[np.arange(n), alpha], X)
-    mask = constraint_mask(n, T, alpha)
+    A = _differences(X[np.arange(n), alpha], X)
+    mask = _constraint_mask(n, T, alpha)
     return ConstraintSet._trusted(A, Z.copy(), mask, mask.astype(np.float64), np.zeros_like(mask))
 
 

@@ -70,15 +70,86 @@ def smoothness_bound(problem: AttentionProblem, loss: str | None = None) -> floa
     """
     check_problem(problem)
     loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss, problem.head.kind)
-    G, B = _head_constants(problem, loss)
-    rho, zn = _radii(problem)
-    return float(np.mean(rho**2 * zn**2 * (B * rho**2 + 2.0 * G * rho)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        G, B = _head_constants(problem, loss)
+        rho, zn = _radii(problem)
+        value = float(np.mean(rho**2 * zn**2 * (B * rho**2 + 2.0 * G * rho)))
+    if math.isfinite(value):
+        return value
+    lG, lB = _log_head_constants(problem, loss)
+    lr, lz = _log_radii(problem)
+    terms = 2 * lr + 2 * lz + np.logaddexp(lB + 2 * lr, math.log(2.0) + lG + lr)
+    return _exp_mean(terms)
 
 
 def gradient_bound(problem: AttentionProblem, loss: str | None = None) -> float:
     """An upper bound on ``‖∇_W L(W)‖_F`` over all W: ``(1/n) Σ_i G_i ρ_i² ‖z_i‖`` (see :func:`smoothness_bound`)."""
     check_problem(problem)
     loss = resolve_loss(problem.loss if loss is None and problem.head.kind != "multiclass" else loss, problem.head.kind)
-    G, _ = _head_constants(problem, loss)
-    rho, zn = _radii(problem)
-    return float(np.mean(G * rho**2 * zn))
+    with np.errstate(over="ignore", invalid="ignore"):
+        G, _ = _head_constants(problem, loss)
+        rho, zn = _radii(problem)
+        value = float(np.mean(G * rho**2 * zn))
+    if math.isfinite(value):
+        return value
+    lG, _ = _log_head_constants(problem, loss)
+    lr, lz = _log_radii(problem)
+    return _exp_mean(lG + 2 * lr + lz)
+
+
+# ---------------------------------------------------------------- the same bounds in logarithms
+# (for data so large that a product overflows: the bound is then inf, never NaN — inf·0, inf − inf)
+
+
+def _log_norm(a: NDArray[np.float64], axis: int | None = None, ord: int | None = None) -> NDArray[np.float64]:
+    """log ‖a‖ along ``axis`` (or the matrix ``ord`` norm), from ``a`` scaled by its largest entry: no
+    overflow, and −inf for a zero vector."""
+    m = np.abs(a).max(axis=axis, keepdims=axis is not None) if a.size else np.zeros(())
+    safe = np.where(m > 0, m, 1.0)
+    scaled = np.linalg.norm(a / safe, ord=ord, axis=axis)
+    with np.errstate(divide="ignore"):
+        return np.log(scaled) + np.log(np.squeeze(safe, axis=axis) if axis is not None else safe)
+
+
+def _log_head_constants(problem: AttentionProblem, loss: str) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """log of :func:`_head_constants` (n,), computed without overflow."""
+    n = problem.n
+    Wh = problem.head.weights.reshape(problem.d, -1)
+    kind = problem.head.kind
+    if kind == "multiclass":
+        ls2 = float(_log_norm(Wh, ord=2))
+        return np.full(n, 0.5 * math.log(2.0) + ls2), np.full(n, math.log(0.5) + 2 * ls2)
+    if kind == "linear":
+        la = float(_log_norm(Wh.ravel()))
+    else:  # relu
+        la = float(_log_norm(Wh, ord=2)) + 0.5 * math.log(Wh.shape[1])
+    if loss == "logistic":
+        return np.full(n, la), np.full(n, math.log(0.25) + 2 * la)
+    if loss == "correlation":
+        return np.full(n, la), np.full(n, -np.inf)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = problem.head(problem.X)  # (n, T)
+        u = problem.y[:, None] * f if kind == "linear" else np.where(problem.y[:, None] > 0, 0.0, -f)
+    u = np.where(np.isnan(u), -np.inf, u)  # (an overflowed head value: no lower bound but the clip)
+    lM = np.minimum(-u.min(axis=1), 700.0)  # log e^{−u_min}, clipped as _head_constants
+    return la + lM, 2 * la + lM
+
+
+def _log_radii(problem: AttentionProblem) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """log of :func:`_radii` (n,), computed without overflow."""
+    X = problem.X
+    with np.errstate(over="ignore", invalid="ignore"):
+        centred = X - X.mean(axis=1, keepdims=True)
+    if not np.isfinite(centred).all():  # (the mean of tokens near the float limit: from halves)
+        centred = 2.0 * (X / 2 - (X / 2).mean(axis=1, keepdims=True))
+        centred = np.where(np.isfinite(centred), centred, np.sign(centred) * np.finfo(np.float64).max)
+    return _log_norm(centred, axis=-1).max(axis=1), _log_norm(problem.queries, axis=-1)
+
+
+def _exp_mean(log_terms: NDArray[np.float64]) -> float:
+    """mean_i e^{log_terms_i}: inf when it exceeds the float range."""
+    top = float(np.max(log_terms))
+    if top == -np.inf:
+        return 0.0
+    with np.errstate(over="ignore"):
+        return float(np.exp(top + math.log(np.mean(np.exp(log_terms - top)))))

@@ -34,6 +34,7 @@ from ..model import (
     Param,
     Parameterization,
     _as_problem_list,
+    check_gradient_scale,
     excess_risk_scaled,
     parameterization,
     risk_and_scaled_grad,
@@ -484,6 +485,7 @@ def train(
     dev = check_device(device)
     P = len(plist)
     R = P * n_init
+    check_gradient_scale(plist)
     batch = Batch.from_problems(plist, loss=loss, repeat=n_init, device=dev, dtype=dtype)
     n, T, d = plist[0].n, plist[0].T, plist[0].d
     par = parameterization(param, d, m)

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._linalg import correlation
 from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int
-from ..model import PARAMS, Batch, Param, factor_grads, risk_and_scaled_grad
+from ..model import PARAMS, Batch, Param, check_gradient_scale, factor_grads, risk_and_scaled_grad
 from ..problem import AttentionProblem
 from .bounds import gradient_bound, smoothness_bound
 from .loop import check_device, threads_context
@@ -139,6 +139,7 @@ def regularization_path(
     tol = check_finite_scalar(tol, "tol", positive=True)
     max_iter = check_positive_int(max_iter, "max_iter")
     dev = check_device(device)
+    check_gradient_scale([problem])
     batch = Batch.from_problems(problem, loss=loss, device=dev)
     d = problem.d
     if m is not None and param == "W":

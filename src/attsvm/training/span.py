@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._validation import check_positive_int
 from ..model import EXP_CLIP, Batch, FullW, Parameterization, risk_and_scaled_logit_grad
 from .optim import Chain, NormalizeByNorm, StepSize, Transform
 from .recording import Recorder
@@ -78,6 +79,10 @@ def _parts(rule: Transform) -> list[Transform]:
 def span_plan(par: Parameterization, rule: Transform) -> SpanPlan | None:
     """The span form of ``rule`` for ``par``, or None when it has none: only W, trained by
     ``chain(NormalizeByNorm(ε), StepSize(η))`` or ``chain(StepSize(η))``."""
+    if not isinstance(par, Parameterization):
+        raise TypeError(f"par must be a Parameterization (FullW, FactoredKQ), got {type(par).__name__}")
+    if not isinstance(rule, Transform):
+        raise TypeError(f"rule must be a Transform (attsvm.training.optim), got {type(rule).__name__}")
     if not isinstance(par, FullW):
         return None
     parts = _parts(rule)
@@ -90,6 +95,8 @@ def span_plan(par: Parameterization, rule: Transform) -> SpanPlan | None:
 
 def span_kernel(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     """The flattened tokens (B, N, d), their queries (B, N, d) and the kernel K (B, N, N), N = nT."""
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be a Batch (attsvm.model.Batch.from_problems), got {type(batch).__name__}")
     B, n, T, d = batch.X.shape
     Xf = batch.X.reshape(B, n * T, d)
     Zf = batch.Z.repeat_interleave(T, dim=1)
@@ -99,6 +106,8 @@ def span_kernel(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
 def span_is_cheaper(n: int, T: int, d: int, record_every: int) -> bool:
     """Whether the span form is expected to be faster (:data:`SPAN_SMALL_N`, :data:`SPAN_MAX_N`,
     :data:`SPAN_COST_RATIO`, :data:`SPAN_MIN_RECORD_EVERY`)."""
+    n, T, d = check_positive_int(n, "n"), check_positive_int(T, "T"), check_positive_int(d, "d")
+    record_every = check_positive_int(record_every, "record_every")
     N = n * T
     cheaper = N <= SPAN_SMALL_N or (N <= SPAN_MAX_N and N * N <= SPAN_COST_RATIO * n * d * d)
     return record_every >= SPAN_MIN_RECORD_EVERY and cheaper
@@ -109,6 +118,10 @@ def span_well_conditioned(K: Tensor) -> bool:
     :data:`SPAN_MAX_COND` (the logit gradients sum to zero within each sequence, so the steps live in a
     subspace; K is checked whole, which is stricter). The eigenvalues are taken in float64 whatever
     the batch's dtype (float32 cannot resolve the small ones)."""
+    if not isinstance(K, Tensor):
+        raise TypeError(f"K must be a torch tensor (B, N, N), got {type(K).__name__}")
+    if K.ndim != 3 or K.shape[1] != K.shape[2] or K.shape[0] == 0 or K.shape[1] == 0:
+        raise ValueError(f"K must be a stack of square kernels (B, N, N) with B, N >= 1, got {tuple(K.shape)}")
     K64 = K.detach().to(device="cpu", dtype=torch.float64)
     if not bool(torch.isfinite(K64).all()):
         return False
