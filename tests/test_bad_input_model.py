@@ -96,6 +96,10 @@ def test_forward_functions_check_W(P):
         M.attention_logits(b, np.zeros((1, 2, 2)))
     with pytest.raises(ValueError, match="dtype and device"):
         M.attention_probs(b, torch.zeros(1, 2, 2, dtype=torch.float32))
+    with pytest.raises(ValueError, match="W must be finite"):
+        M.risk_and_grad(b, torch.full((1, 2, 2), float("inf"), dtype=torch.float64))
+    with pytest.raises(TypeError, match="m must be an integer"):
+        M.AttentionModel(2, param="W", m="abc")
     model32 = M.AttentionModel(2, dtype=torch.float32)  # (a float64 batch: a raw "expected scalar type")
     with pytest.raises(ValueError, match="dtype and device"):
         model32(b)

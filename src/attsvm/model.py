@@ -344,6 +344,8 @@ def _check_W(batch: Any, W: Any, name: str = "W") -> None:
         )
     if batch.size not in (1, W.shape[0]):
         raise ValueError(f"{name} holds {W.shape[0]} runs but the batch holds {batch.size} (it must hold 1 or R)")
+    if not bool(torch.isfinite(W).all()):
+        raise ValueError(f"{name} must be finite (no NaN or inf entries)")
 
 
 def attention_logits(batch: Batch, W: Tensor) -> Tensor:
@@ -825,9 +827,11 @@ class AttentionModel(nn.Module):
         runs = check_positive_int(runs, "runs")
         dtype = check_float_dtype(dtype)
         device = check_device(device)
+        if m is not None:
+            m = check_positive_int(m, "m")
         if isinstance(param, str):
             param = check_choice(param, "param", PARAMS)
-            m = None if param == "W" else m
+            m = None if param == "W" else m  # (documented: ignored for W)
         self.parameterization = parameterization(param, d, m)
         self.param: str = self.parameterization.name
         self.d = d
