@@ -121,7 +121,7 @@ def test_from_npz_reads_a_query_index_of_shape_1(tmp_path):
 # ---------------------------------------------------------------- training: auto step, device
 def test_the_auto_step_message_says_which_step_kq_uses():
     p = paper_instance(3, 4, 5, seed=0)
-    huge = AttentionProblem(p.X * 1e200, p.y, p.head, Z=p.Z)
+    huge = AttentionProblem(p.X * 1e100, p.y, p.head, Z=p.Z)
     with (
         pytest.raises(ValueError, match=r"lr='auto' for plain GD is 1/\(L_W·B \+ G_W\) with B = max\(1,.*G_W"),
         np.errstate(over="ignore", invalid="ignore"),
