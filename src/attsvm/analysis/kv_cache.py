@@ -130,6 +130,7 @@ class EvictionPolicy:
 
     def protected(self, budget: int) -> tuple[int, int]:
         """``(n_sinks, n_recent)`` protected at this budget; together at most ``budget``."""
+        budget = check_positive_int(budget, "budget")
         n_sinks = min(self.sinks, budget)
         n_recent = math.floor(self.recent * budget) if isinstance(self.recent, float) else self.recent
         return n_sinks, max(0, min(n_recent, budget - n_sinks))
@@ -157,6 +158,13 @@ class EvictionPolicy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sinks={self.sinks}, recent={self.recent})"
+
+
+def _needs(stats: torch.Tensor | None, policy: EvictionPolicy) -> torch.Tensor:
+    """``stats`` of a policy that scores keys by them: a ValueError naming it when there are none."""
+    if stats is None:
+        raise ValueError(f"stats must be a tensor of the keys' statistics for the {policy.name!r} policy, got None")
+    return stats
 
 
 def _pad(stats: torch.Tensor | None, like: torch.Tensor, fill: float) -> torch.Tensor:
@@ -198,12 +206,10 @@ class SVMarginPolicy(EvictionPolicy):
         torch.minimum(stats, logp.select(-2, 0) if logp.shape[-2] == 1 else logp.amin(-2), out=stats)
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        assert stats is not None
-        return -stats
+        return -_needs(stats, self)
 
     def eviction_score(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        assert stats is not None
-        return stats  # the largest margin goes first (no negation on the fast path)
+        return _needs(stats, self)  # the largest margin goes first (no negation on the fast path)
 
 
 class H2OPolicy(EvictionPolicy):
@@ -224,8 +230,7 @@ class H2OPolicy(EvictionPolicy):
         stats.add_(p.select(-2, 0) if p.shape[-2] == 1 else p.sum(-2))  # the new key: 0 + p
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        assert stats is not None
-        return stats
+        return _needs(stats, self)
 
 
 class TOVAPolicy(EvictionPolicy):
@@ -235,6 +240,11 @@ class TOVAPolicy(EvictionPolicy):
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
         n_new = probs.shape[-1] - (0 if stats is None else stats.shape[-1])  # q: this step's queries
+        if n_new < 1:
+            raise ValueError(
+                f"probs (..., S+q) must cover the {0 if stats is None else stats.shape[-1]} stored keys and at least "
+                f"one new one, got {probs.shape[-1]} keys"
+            )
         rows = probs.unflatten(-2, (probs.shape[-2] // n_new, n_new))  # (B, H, G, q, S+q)
         last = rows[..., -1, :]
         return last[..., 0, :] if last.shape[-2] == 1 else last.mean(-2)
@@ -243,8 +253,7 @@ class TOVAPolicy(EvictionPolicy):
         stats.copy_(p.select(-2, 0) if p.shape[-2] == 1 else p.mean(-2))
 
     def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        assert stats is not None
-        return stats
+        return _needs(stats, self)
 
 
 class RecentPolicy(EvictionPolicy):
@@ -301,6 +310,39 @@ def eviction_scores(
     ``protected = (n_sinks, n_recent)``: positions below ``n_sinks`` and the last ``n_recent`` of the ``n_seen``
     tokens are never evicted. Every eviction (one victim per step, or many at once) goes through here.
     """
+    _check_scoring(policy, stats, positions)
+    n_seen = check_positive_int(n_seen, "n_seen", minimum=int(positions.shape[-1]))
+    if not (isinstance(protected, (tuple, list)) and len(protected) == 2):
+        raise TypeError(f"protected must be a pair (n_sinks, n_recent), got {protected!r}")
+    protected = (
+        check_positive_int(protected[0], "protected[0] (n_sinks)", minimum=0),
+        check_positive_int(protected[1], "protected[1] (n_recent)", minimum=0),
+    )
+    return _eviction_scores(policy, stats, positions, n_seen, protected)
+
+
+def _check_scoring(policy: Any, stats: Any, positions: Any) -> None:
+    """The policy, statistics and positions of :func:`eviction_scores` and :func:`select_keep`."""
+    if not isinstance(policy, EvictionPolicy):
+        raise TypeError(f"policy must be an EvictionPolicy, got {type(policy).__name__}")
+    if not isinstance(positions, torch.Tensor) or positions.dim() < 1:
+        raise TypeError(f"positions must be a torch.Tensor (B, H, S), got {type(positions).__name__}")
+    if stats is None:
+        if policy.needs_scores:
+            raise ValueError(
+                f"stats must be a tensor of shape {tuple(positions.shape)} for the {policy.name!r} "
+                "policy (it scores keys by their statistics), got None"
+            )
+    elif not isinstance(stats, torch.Tensor):
+        raise TypeError(f"stats must be a torch.Tensor or None, got {type(stats).__name__}")
+    elif stats.shape != positions.shape:
+        raise ValueError(f"stats must have the shape of positions {tuple(positions.shape)}, got {tuple(stats.shape)}")
+
+
+def _eviction_scores(
+    policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, n_seen: int, protected: tuple[int, int]
+) -> torch.Tensor:
+    """:func:`eviction_scores` of checked arguments (the decoding loop's path)."""
     score = policy.eviction_score(stats, positions)
     n_sinks, n_recent = protected
     if n_sinks:
@@ -318,25 +360,12 @@ def select_keep(
     ``stats`` (B, H, S) are the policy's statistics of the stored keys (``None`` for a policy without
     statistics), ``positions`` (B, H, S) their absolute positions, ``n_seen`` (≥ S) the tokens seen so far.
     """
-    if not isinstance(policy, EvictionPolicy):
-        raise TypeError(f"policy must be an EvictionPolicy, got {type(policy).__name__}")
-    if not isinstance(positions, torch.Tensor) or positions.dim() < 1:
-        raise TypeError(f"positions must be a torch.Tensor (B, H, S), got {type(positions).__name__}")
+    _check_scoring(policy, stats, positions)
     stored = int(positions.shape[-1])
     if not 1 <= check_positive_int(budget, "budget") <= stored:
         raise ValueError(f"budget must be in [1, {stored}] (the keys stored), got {budget}")
     n_seen = check_positive_int(n_seen, "n_seen", minimum=stored)  # (every stored key is a token seen)
-    if stats is None:
-        if policy.needs_scores:
-            raise ValueError(
-                f"stats must be a tensor of shape {tuple(positions.shape)} for the {policy.name!r} "
-                "policy (it scores keys by their statistics), got None"
-            )
-    elif not isinstance(stats, torch.Tensor):
-        raise TypeError(f"stats must be a torch.Tensor or None, got {type(stats).__name__}")
-    elif stats.shape != positions.shape:
-        raise ValueError(f"stats must have the shape of positions {tuple(positions.shape)}, got {tuple(stats.shape)}")
-    score = eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
+    score = _eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
     return torch.topk(score, budget, dim=-1, largest=False, sorted=False).indices.sort(dim=-1).values
 
 
@@ -403,7 +432,7 @@ class EvictionStep:
                 new = policy.accumulate(flat[..., :-1], probs.reshape(-1, *probs.shape[-3:]))
                 assert new is not None, "a policy that keeps statistics returns them from accumulate"
                 flat.copy_(new)
-        self.evict(eviction_scores(policy, self.flat_stats, self.flat_positions, n_seen, protected))
+        self.evict(_eviction_scores(policy, self.flat_stats, self.flat_positions, n_seen, protected))
         if stats is not None:
             assert self.new_stat is not None  # a view of stats
             stats.scatter_(-1, self.victim, self.new_stat.clone() if self.copy_source else self.new_stat)
@@ -450,6 +479,8 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
 
     def __init__(self, policy: EvictionPolicy, budget: int, group_size: int = 1) -> None:
         super().__init__()
+        if not isinstance(policy, EvictionPolicy):
+            raise TypeError(f"policy must be an EvictionPolicy (make_policy(name)), got {type(policy).__name__}")
         self.policy = policy
         self.budget = check_positive_int(budget, "budget")
         self.group_size = check_positive_int(group_size, "group_size")  # query heads per KV head
@@ -575,7 +606,7 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
         step = self.step
         assert step is not None
         s = step.slots
-        step.evict(eviction_scores(self.policy, self.stats, s.positions, self.cumulative_length, self.protected))
+        step.evict(_eviction_scores(self.policy, self.stats, s.positions, self.cumulative_length, self.protected))
         if self.stats is not None:
             self.stats = self.stats.scatter(2, step.victim, self.stats[..., -1:])[..., :-1]
         self.keys, self.values, self.positions = s.kept_keys, s.kept_values, s.kept_positions
@@ -794,6 +825,8 @@ def attention_layout(model: Any) -> AttentionLayout:
 
 def attention_modules(model: Any) -> dict[int, Any]:
     """The self-attention modules of a model by ``layer_idx`` (those that call ``Cache.update``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
     found: dict[int, Any] = {}
     for mod in model.modules():
         idx = getattr(mod, "layer_idx", None)
@@ -815,6 +848,8 @@ def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     5.3 on, ``past_key_values`` before (5.2.x, the kvpress range), where an unknown ``cache=`` is silently ignored."""
     import inspect
 
+    if not callable(getattr(model, "forward", None)):
+        raise TypeError(f"model must be a transformers model (with a forward method), got {type(model).__name__}")
     params = inspect.signature(model.forward).parameters
     return {"cache" if "cache" in params else "past_key_values": cache}
 

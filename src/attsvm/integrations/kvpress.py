@@ -28,9 +28,11 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._extras import require
+from .._validation import check_bool
 
 # the presses are built on first access by __getattr__ (kvpress is an optional dependency)
 PRESSES: tuple[str, ...] = ("SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress")
@@ -41,8 +43,10 @@ _POSITIONS = "attsvm_buffered_position_ids"  # kwargs key: positions of the buff
 
 
 def check_compression_ratio(compression_ratio: Any) -> float:
-    """``compression_ratio`` as a float in [0, 1), or a ValueError/TypeError naming it."""
-    if isinstance(compression_ratio, bool) or not isinstance(compression_ratio, (int, float)):
+    """``compression_ratio`` as a float in [0, 1) (numpy numbers too), or a ValueError/TypeError naming it."""
+    if isinstance(compression_ratio, (bool, np.bool_)) or not isinstance(
+        compression_ratio, (int, float, np.integer, np.floating)
+    ):
         raise TypeError(f"compression_ratio must be a float in [0, 1), got {compression_ratio!r}")
     if not 0.0 <= float(compression_ratio) < 1.0 or math.isnan(compression_ratio):
         raise ValueError(f"compression_ratio must be in [0, 1), got {compression_ratio}")
@@ -52,15 +56,16 @@ def check_compression_ratio(compression_ratio: Any) -> float:
 def compute_n_kept(k_len: int, compression_ratio: float) -> int:
     """Keys kept per layer and KV head out of ``k_len`` at ``compression_ratio``: kvpress's rule
     ``max(1, int(k_len · (1 − compression_ratio)))`` (no kvpress import needed)."""
+    k_len = _check_int(k_len, "k_len", 1)
     return max(1, int(k_len * (1 - check_compression_ratio(compression_ratio))))
 
 
 def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 # ---------------------------------------------------------------------------------------- the window scores
@@ -114,8 +119,9 @@ def window_logits(
 
 def margin_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     """Minus the smallest SV margin ``logit_top − logit_t`` of every key over the queries (B, H_q, w, K) that see
-    it, then the minimum margin over each KV head's group: (B, H_kv, K)."""
-    masked = logits.masked_fill(~visible, -math.inf)
+    it, then the minimum margin over each KV head's group: (B, H_kv, K). Infinite logits are taken at the dtype's
+    largest finite value (so a margin is never inf − inf)."""
+    masked = _finite(logits).masked_fill(~visible, -math.inf)
     margin = masked.amax(-1, keepdim=True) - masked  # +inf where a query does not see the key
     B, Hq, _, K = logits.shape
     m = margin.amin(dim=-2).view(B, n_kv_heads, Hq // n_kv_heads, K).amin(dim=2)
@@ -123,16 +129,31 @@ def margin_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) 
 
 
 def attention_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """Attention accumulated over the queries (B, H_q, w, K), summed over each KV head's group: (B, H_kv, K)."""
-    probs = torch.softmax(logits.masked_fill(~visible, -math.inf).float(), dim=-1).to(logits.dtype)
+    """Attention accumulated over the queries (B, H_q, w, K), summed over each KV head's group: (B, H_kv, K).
+    The softmax is taken in float32 after the row maximum is subtracted in the logits' own dtype, so float64
+    logits beyond float32's range give the limit distribution, never NaN."""
+    masked = _finite(logits).masked_fill(~visible, -math.inf)
+    shifted = masked - masked.amax(-1, keepdim=True)  # ≤ 0; −inf where not visible
+    probs = torch.softmax(shifted.float(), dim=-1).to(logits.dtype)
     B, Hq, _, K = logits.shape
     return probs.sum(dim=-2).view(B, n_kv_heads, Hq // n_kv_heads, K).sum(dim=2)
 
 
+def _finite(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` with ±inf replaced by ± the dtype's largest finite value / 4 (differences stay finite)."""
+    big = torch.finfo(logits.dtype).max / 4
+    return logits.clamp(-big, big)
+
+
 def protect(scores: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
-    """Scores with the first ``n_sink`` and the last ``window`` keys raised above every other (finite, as kvpress's
-    AdaKV and rerotation wrappers expect)."""
-    top = scores.amax() + 1
+    """Scores with the first ``n_sink`` and the last ``window`` keys raised strictly above every other (finite, as
+    kvpress's AdaKV and rerotation wrappers expect). The raise is ``max(1, |top|/64)``, which exceeds one unit in
+    the last place of the top score in every float dtype (bfloat16 included: 256 + 1 rounds back to 256)."""
+    window = _check_int(window, "window", 0)
+    n_sink = _check_int(n_sink, "n_sink", 0)
+    finfo = torch.finfo(scores.dtype)
+    amax = float(scores.amax()) if scores.numel() else 0.0
+    top = min(amax + max(1.0, abs(amax) / 64), finfo.max) if math.isfinite(amax) else (finfo.max if amax > 0 else 0.0)
     out = scores.clone()
     if n_sink:
         out[..., :n_sink] = top
@@ -147,7 +168,7 @@ def _classes() -> dict[str, type]:
     """Build the press classes on kvpress's bases (imports kvpress: this patches transformers' attention)."""
     require("kvpress", feature="attsvm.integrations.kvpress")
     from collections import defaultdict
-    from dataclasses import dataclass
+    from dataclasses import dataclass, fields
 
     from kvpress import DecodingPress, ScorerPress
     from kvpress.presses.base_press import is_prefilling
@@ -161,10 +182,14 @@ def _classes() -> dict[str, type]:
         combine = "max"  # how the decoding presses carry the raw score across compressions ("max" or "sum")
 
         def __post_init__(self) -> None:
-            check_compression_ratio(self.compression_ratio)
-            _check_int(self.window_size, "window_size", 1)
-            _check_int(self.n_sink, "n_sink", 0)
+            self._check()
             super().__post_init__()
+
+        def _check(self) -> None:
+            """The fields (at construction, and again at every score: a dataclass field can be reassigned)."""
+            self.compression_ratio = check_compression_ratio(self.compression_ratio)
+            self.window_size = _check_int(self.window_size, "window_size", 1)
+            self.n_sink = _check_int(self.n_sink, "n_sink", 0)
 
         def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
             raise NotImplementedError
@@ -178,6 +203,7 @@ def _classes() -> dict[str, type]:
             attentions: Any,
             kwargs: dict,
         ) -> torch.Tensor:
+            self._check()
             raw = self.raw_score(module, hidden_states, keys, kwargs)
             return protect(raw, min(self.window_size, hidden_states.shape[1], keys.shape[2]), self.n_sink)
 
@@ -215,11 +241,23 @@ def _classes() -> dict[str, type]:
         _base_class = _WindowPress
 
         def __post_init__(self) -> None:
-            _check_int(self.compression_interval, "compression_interval", 1)
-            _check_int(self.target_size, "target_size", 1)
-            _check_int(self.hidden_states_buffer_size, "hidden_states_buffer_size", 0)
+            self.compression_interval = _check_int(self.compression_interval, "compression_interval", 1)
+            self.target_size = _check_int(self.target_size, "target_size", 1)
+            self.hidden_states_buffer_size = _check_int(self.hidden_states_buffer_size, "hidden_states_buffer_size", 0)
+            self.window_size = _check_int(self.window_size, "window_size", 1)
+            self.n_sink = _check_int(self.n_sink, "n_sink", 0)
+            self.carry = check_bool(self.carry, "carry")
             if self.base_press is None:
                 self.base_press = self._base_class(window_size=self.window_size, n_sink=self.n_sink)
+            elif not isinstance(self.base_press, ScorerPress):
+                raise TypeError(f"base_press must be a kvpress ScorerPress, got {type(self.base_press).__name__}")
+            elif isinstance(self.base_press, _WindowPress) and any(
+                getattr(self, f.name) != f.default for f in fields(self) if f.name in ("window_size", "n_sink")
+            ):
+                raise ValueError(
+                    "window_size and n_sink configure the default base press; with base_press given, set them on "
+                    f"it (base_press has window_size={self.base_press.window_size}, n_sink={self.base_press.n_sink})"
+                )
             super().__post_init__()
             self._positions: dict[int, list[torch.Tensor]] = defaultdict(list)
             self._carried: dict[int, torch.Tensor] = {}
