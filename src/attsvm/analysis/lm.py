@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._validation import check_finite_scalar, check_positive_int, check_seed
+from .._validation import check_bool, check_finite_scalar, check_positive_int, check_seed
 from ._models import corpus_topics, set_offline
 
 __all__ = [
@@ -52,6 +52,29 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def _check_weight_decay(value: Any) -> float:
+    wd = check_finite_scalar(value, "weight_decay")
+    if wd < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {wd}")
+    return wd
+
+
+def _folder(folder: Any) -> Path:
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path (str or Path) to an LM checkpoint, got {type(folder).__name__}")
+    return Path(folder)
+
+
+def _check_texts(texts: Any) -> list[str]:
+    """A list of texts (a bare string would be iterated character by character)."""
+    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
+        raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
+    out = list(texts)
+    if not all(isinstance(t, str) for t in out):
+        raise TypeError("texts must be a list of strings")
+    return out
+
+
 @dataclass(frozen=True)
 class LMConfig:
     """Model, tokenizer and training settings (all seeded by ``seed``)."""
@@ -79,11 +102,12 @@ class LMConfig:
             "seq_len",
             "batch_size",
             "steps",
-            "heldout_every",
         ):
             check_positive_int(getattr(self, f), f)
+        check_positive_int(self.heldout_every, "heldout_every", minimum=2)
         check_seed(self.seed)
         check_finite_scalar(self.lr, "lr", positive=True)
+        _check_weight_decay(self.weight_decay)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd}, n_head={self.n_head}")
         if self.seq_len > self.n_positions:
@@ -102,6 +126,8 @@ def default_lm_dir(config: LMConfig | LlamaLMConfig) -> Path:
     :class:`LlamaLMConfig`)."""
     import hashlib
 
+    if not isinstance(config, (LMConfig, LlamaLMConfig)):
+        raise TypeError(f"config must be an LMConfig or a LlamaLMConfig, got {type(config).__name__}")
     root = Path(os.environ.get("ATTSVM_CACHE", Path.home() / ".cache" / "attsvm"))
     key = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True).encode()).hexdigest()[:10]
     prefix = "llama-lm" if isinstance(config, LlamaLMConfig) else "lm"
@@ -118,7 +144,10 @@ def split_corpus(heldout_every: int = 10) -> tuple[dict[str, str], dict[str, str
 
 
 def build_tokenizer(texts: list[str], vocab_size: int) -> Any:
-    """A byte-level BPE tokenizer trained on ``texts``, wrapped as a ``PreTrainedTokenizerFast``."""
+    """A byte-level BPE tokenizer trained on ``texts``, wrapped as a ``PreTrainedTokenizerFast``
+    (``vocab_size`` >= 257: the 256 bytes and the end-of-text token)."""
+    texts = _check_texts(texts)
+    vocab_size = check_positive_int(vocab_size, "vocab_size", minimum=257)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -242,7 +271,7 @@ def load_lm(folder: str | Path) -> tuple[Any, Any]:
     """Load a folder written by :func:`train_lm`: ``(GPT2LMHeadModel in eval mode with eager attention, tokenizer)``."""
     from ._models import load_model
 
-    folder = Path(folder)
+    folder = _folder(folder)
     if not (folder / "attsvm_lm.json").is_file():
         raise FileNotFoundError(
             f"{str(folder)!r} is not an attsvm LM checkpoint (no attsvm_lm.json); train one with `attsvm lm-train`"
@@ -252,6 +281,10 @@ def load_lm(folder: str | Path) -> tuple[Any, Any]:
 
 def encode_heldout(tok: Any, config: LMConfig, *, n_seq: int, seq_len: int) -> Any:
     """``n_seq`` held-out token sequences (n_seq, seq_len) cut consecutively from the held-out topics."""
+    n_seq = check_positive_int(n_seq, "n_seq")
+    seq_len = check_positive_int(seq_len, "seq_len")
+    if not isinstance(config, LMConfig):
+        raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
     _, held = split_corpus(config.heldout_every)
     ids = _stream(tok, list(held.values()))
     n = min(n_seq, len(ids) // seq_len)
@@ -343,16 +376,23 @@ class LlamaLMConfig:
             "steps",
             "eval_tokens",
             "eval_samples",
-            "heldout_every",
         ):
             check_positive_int(getattr(self, f), f)
+        check_positive_int(self.heldout_every, "heldout_every", minimum=2)
         check_seed(self.seed)
         check_finite_scalar(self.lr, "lr", positive=True)
-        check_finite_scalar(self.answer_weight, "answer_weight")
+        _check_weight_decay(self.weight_decay)
+        if check_finite_scalar(self.answer_weight, "answer_weight") < 0:
+            raise ValueError(
+                f"answer_weight must be >= 0 (a weight on the answer tokens' loss), got {self.answer_weight}"
+            )
         check_finite_scalar(self.init_std, "init_std", positive=True)
         check_finite_scalar(self.rope_theta, "rope_theta", positive=True)
-        if not isinstance(self.attention_bias, bool):
-            raise TypeError(f"attention_bias must be a bool, got {type(self.attention_bias).__name__}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (RoPE rotates pairs of coordinates), got {self.head_dim}")
+        object.__setattr__(self, "attention_bias", check_bool(self.attention_bias, "attention_bias"))
+        for name in ("warm", "warm_repeat_share", "repeat_share", "drill_share", "hold", "ramp"):
+            check_finite_scalar(getattr(self, name), name)
         if not (0.0 <= self.warm < 1.0 and 0.0 <= self.warm_repeat_share <= 1.0):
             raise ValueError(
                 f"warm must be in [0, 1) and warm_repeat_share in [0, 1], got {self.warm}, {self.warm_repeat_share}"
@@ -407,6 +447,8 @@ def build_word_tokenizer(texts: list[str], vocab_size: int) -> Any:
     tokens with spaces."""
     from collections import Counter
 
+    texts = _check_texts(texts)
+    vocab_size = check_positive_int(vocab_size, "vocab_size")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -634,7 +676,7 @@ def load_llama_lm(folder: str | Path) -> tuple[Any, Any]:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
     set_offline()
-    folder = Path(folder)
+    folder = _folder(folder)
     meta = folder / "attsvm_lm.json"
     if not meta.is_file() or json.loads(meta.read_text()).get("arch") != "llama":
         raise FileNotFoundError(
@@ -722,6 +764,10 @@ def heldout_perplexity(model: Any, tok: Any, config: LlamaLMConfig, *, seq_len: 
     """Perplexity on consecutive windows of the held-out topics (pure pydoc text, no tasks)."""
     import torch
 
+    n_seq = check_positive_int(n_seq, "n_seq")
+    seq_len = check_positive_int(seq_len, "seq_len", minimum=2)
+    if not isinstance(config, LlamaLMConfig):
+        raise TypeError(f"config must be a LlamaLMConfig, got {type(config).__name__}")
     _, held = split_corpus(config.heldout_every)
     ids = _stream(tok, list(held.values()))
     n = min(n_seq, (len(ids) - 1) // seq_len)

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._linalg import correlation
-from .._validation import check_positive_int
+from .._validation import check_bool, check_positive_int, check_seed
 from ..tokens import differences
 from ._models import attention_inputs, corpus_windows, family_of, head_matrices, load_model, qk_weights
 
@@ -50,6 +50,20 @@ def parse_head(text: str) -> tuple[int, int]:
         layer, head = (int(p) for p in str(text).split(":"))
     except ValueError as exc:
         raise ValueError(f"head must be given as LAYER:HEAD (e.g. 2:5), got {text!r}") from exc
+    if layer < 0 or head < 0:
+        raise ValueError(f"head must be given as LAYER:HEAD with non-negative indices, got {text!r}")
+    return layer, head
+
+
+def _layer_head(model: Any, layer: Any, head: Any) -> tuple[int, int]:
+    """``layer`` and ``head`` as ints within the model's layers and heads (a ValueError/TypeError naming them)."""
+    if model is None or not hasattr(model, "config"):
+        raise TypeError(f"model must be a transformers model (or a name), got {type(model).__name__}")
+    w = qk_weights(model)
+    layer = check_positive_int(layer, "layer", minimum=0)
+    head = check_positive_int(head, "head", minimum=0)
+    if not (layer < w.n_layers and head < w.n_heads):
+        raise ValueError(f"layer:head must be within 0..{w.n_layers - 1}:0..{w.n_heads - 1}, got {layer}:{head}")
     return layer, head
 
 
@@ -68,6 +82,14 @@ def collect_pairs(
     """Sample ``n_pairs`` (window, query) pairs: ``X`` (n, T, d+1), ``Z`` (n, d+1), ``alpha`` (n,), logits (n, T)."""
     import torch
 
+    layer, head = _layer_head(model, layer, head)
+    n_pairs = check_positive_int(n_pairs, "n_pairs", minimum=2)
+    T = check_positive_int(T, "T", minimum=2)
+    seed = check_seed(seed)
+    max_length = check_positive_int(max_length, "max_length", minimum=T + 1)
+    max_windows = check_positive_int(max_windows, "max_windows")
+    if not callable(tok):
+        raise TypeError(f"tok must be the model's tokenizer, got {type(tok).__name__}")
     w = qk_weights(model)
     Wt = head_matrices(w, bias=True)[layer, head]
     rng = np.random.default_rng(seed)
@@ -105,6 +127,7 @@ def collect_pairs(
 
 def ov_direction(model: Any, layer: int, head: int) -> NDArray[np.float64]:
     """Top right singular vector (d,) of the head's value–output map ``W_O,h W_V,h``."""
+    layer, head = _layer_head(model, layer, head)
     fam = family_of(model)
     d = int(model.config.hidden_size)
     H = int(model.config.num_attention_heads)
@@ -228,13 +251,16 @@ def svm_view(
     from ..svm._base import ConstraintSet
     from ..tokens import local_optimality_report
 
-    if isinstance(model, str):
-        model, tok = load_model(model)
-    w = qk_weights(model)
-    if not (0 <= int(layer) < w.n_layers and 0 <= int(head) < w.n_heads):
-        raise ValueError(f"layer:head must be within 0..{w.n_layers - 1}:0..{w.n_heads - 1}, got {layer}:{head}")
+    quick = check_bool(quick, "quick")
+    seed = check_seed(seed)
     n_pairs = check_positive_int(n_pairs, "n_pairs", minimum=2)
     T = check_positive_int(T, "T", minimum=2)
+    if isinstance(model, str):
+        model, tok = load_model(model)
+    elif tok is None:
+        raise TypeError("tok (the model's tokenizer) is required when model is a model object, not a name")
+    layer, head = _layer_head(model, layer, head)
+    w = qk_weights(model)
     if quick:
         n_pairs, T = min(n_pairs, 12), min(T, 6)
     X, Z, alpha, _ = collect_pairs(
