@@ -28,6 +28,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+from _options import positive_int
 
 from attsvm.datasets import paper_instance
 from attsvm.svm import AttentionSVM
@@ -36,7 +37,7 @@ from attsvm.svm import AttentionSVM
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer instances")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (minimum reported)")
+    ap.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds (minimum reported)")
     ap.add_argument("--norm", choices=("fro", "nuc", "both"), default="both")
     args = ap.parse_args()
     sizes = []

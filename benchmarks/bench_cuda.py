@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
 import torch
+from _options import int_list, positive_int
 
 from attsvm.datasets import paper_instance
 from attsvm.train import train
@@ -71,10 +73,12 @@ def throughput(runs: list[int], steps: int) -> list[dict[str, float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=500)
-    ap.add_argument("--runs", default="100,1000,10000")
+    ap.add_argument("--steps", type=positive_int, default=500)
+    ap.add_argument("--runs", type=int_list, default=[100, 1000, 10000])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        ap.error(f"--out: no folder {os.path.dirname(os.path.abspath(args.out))!r} to write {args.out!r} in")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to compare")
         return 0
@@ -82,7 +86,7 @@ def main() -> int:
     agree = agreement(args.steps)
     for name, d in agree.items():
         print(f"agreement {name:24s} max |ΔW| / max |W| = {d:.1e}", flush=True)
-    rows = throughput([int(r) for r in args.runs.split(",")], args.steps)
+    rows = throughput(args.runs, args.steps)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"agreement": agree, "throughput": rows, "device": torch.cuda.get_device_name(0)}, f, indent=1)

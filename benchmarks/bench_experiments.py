@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _options import positive_int
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # seconds, measured with the published notebooks (see the module doc)
@@ -38,12 +40,24 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=None, help="experiments to time (default: all)")
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=positive_int, default=1)
     ap.add_argument("--scheduler", default=None)
     ap.add_argument("--out", default=None, help="keep the outputs here (default: a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="time the --quick sizes instead")
-    ap.add_argument("--loop-sample", type=int, default=4, help="runs of each kind timed in the per-run loops")
+    ap.add_argument("--loop-sample", type=positive_int, default=4, help="runs of each kind timed in the per-run loops")
     args = ap.parse_args(argv)
+    if args.only:  # (underscores accepted for dashes, as attsvm's get_experiment does)
+        args.only = [name.replace("_", "-") for name in args.only]
+        unknown = [name for name in args.only if name not in experiment_names()]
+        if unknown:
+            ap.error(f"--only: unknown experiment(s) {', '.join(unknown)}; choose from {', '.join(experiment_names())}")
+    if args.scheduler:
+        kind, _, count = args.scheduler.partition(":")
+        if kind == "local":
+            if not (count.isdigit() and int(count) >= 1):
+                ap.error(f"--scheduler local:N needs a positive worker count N, got {args.scheduler!r}")
+        elif not args.scheduler.rpartition(":")[2].isdigit():
+            ap.error(f"--scheduler must be local:N or a Dask scheduler address tcp://HOST:PORT, got {args.scheduler!r}")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
     from published_loops import LOOPS

@@ -23,6 +23,7 @@ import argparse
 import time
 
 import torch
+from _options import fraction, positive_int
 
 from attsvm.analysis.kv_cache import cache_kwargs, returned_cache
 
@@ -155,12 +156,24 @@ def bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", nargs="+", choices=sorted(LIMITS), default=["gpt2", "llama"])
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--budget", type=float, default=0.25)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tokens", type=positive_int, default=256)
+    ap.add_argument("--batch", type=positive_int, default=1)
+    ap.add_argument("--budget", type=fraction, default=0.25)
+    ap.add_argument("--repeats", type=positive_int, default=5)
+    ap.add_argument("--threads", type=positive_int, default=1)
     args = ap.parse_args()
+    budget = max(1, round(args.budget * args.tokens))  # (as bench() computes it)
+    if budget >= args.tokens:
+        ap.error(
+            f"--budget {args.budget:g} of --tokens {args.tokens} keeps {budget} tokens: nothing left to time "
+            "(the decode is timed after the first budget tokens)"
+        )
+    if "gpt2" in args.model:
+        from attsvm.analysis.lm import LMConfig
+
+        positions = LMConfig().n_positions  # (build's GPT-2 has a learned position table this long)
+        if args.tokens > positions:
+            ap.error(f"--tokens must be <= {positions} with --model gpt2 (its position table), got {args.tokens}")
     torch.set_num_threads(args.threads)
     for kind in args.model:
         bench(kind, args)

@@ -28,6 +28,7 @@ import warnings
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+from _options import positive_float
 
 SIZES = [(15, 15, 20), (50, 20, 50), (100, 20, 100)]
 QUICK_SIZES = SIZES[:2]
@@ -81,7 +82,7 @@ def _ours(size, p, repeat=3):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the two smaller sizes only")
-    ap.add_argument("--cap", type=float, default=120.0, help="seconds per cvxpy solve (default 120)")
+    ap.add_argument("--cap", type=positive_float, default=120.0, help="seconds per cvxpy solve (default 120)")
     args = ap.parse_args()
     sizes = QUICK_SIZES if args.quick else SIZES
     cols = f"{'size':>14} {'p':>5} {'ours':>9} {'loop':>9} {'aux':>9}"

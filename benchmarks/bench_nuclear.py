@@ -27,9 +27,11 @@ import warnings
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+from _options import positive_float, positive_int, seed, size_triple
 
 from attsvm.datasets import paper_instance
 from attsvm.svm import att_svm_constraints, solve_cvxpy
+from attsvm.svm.cvxpy_backend import SOLVERS
 from attsvm.svm.nuclear import solve_nuclear
 
 DEFAULT_SIZES = ["6,8,10", "15,15,20", "50,20,50", "100,20,100", "200,32,128"]
@@ -70,29 +72,33 @@ def main() -> None:
         nargs="*",
         action="extend",
         default=None,
+        type=size_triple,
         help="n,T,d triples (the flag may be repeated; default: the five sizes of the README table)",
     )
-    ap.add_argument("--cap", type=float, default=300.0, help="time cap per cvxpy solve, seconds")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cap", type=positive_float, default=300.0, help="time cap per cvxpy solve, seconds")
+    ap.add_argument("--seed", type=seed, default=0)
     ap.add_argument("--solvers", default="SCS,CLARABEL", help='cvxpy solvers to time ("": ours only)')
     ap.add_argument(
         "--clarabel-max-nd",
-        type=int,
+        type=positive_int,
         default=CLARABEL_MAX_ND,
         help="skip Clarabel when n*d exceeds this (its SDP needs tens of GB beyond)",
     )
     ap.add_argument(
         "--repeat",
-        type=int,
+        type=positive_int,
         default=3,
         help=f"best of at least this many runs for solves under {REPEAT_BELOW_S:g} s, and of as many as "
         f"fit in {MIN_TOTAL_S:g} s (both sides)",
     )
     args = ap.parse_args()
+    solvers = [v.upper() for v in args.solvers.split(",") if v]  # (--solvers "": ours only)
+    unknown = [v for v in solvers if v not in SOLVERS]
+    if unknown:
+        ap.error(f'--solvers: unknown solver(s) {", ".join(unknown)}; choose from {", ".join(SOLVERS)} (or "")')
     args.sizes = args.sizes or DEFAULT_SIZES
     # warm-up outside the timings: first-call costs (imports, cvxpy's canonicalisation caches, BLAS
     # start-up) would otherwise be charged to whichever solver runs first
-    solvers = [v for v in args.solvers.split(",") if v]  # (--solvers "": ours only)
     p0 = paper_instance(4, 4, 5, seed=args.seed)
     cs0 = att_svm_constraints(p0, p0.optimal_tokens(ties="first"))
     solve_nuclear(cs0)

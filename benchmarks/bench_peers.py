@@ -37,6 +37,7 @@ from collections.abc import Callable
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+from _options import positive_int
 
 SIZES = [(6, 8, 10), (15, 15, 20), (50, 20, 50), (100, 20, 100)]
 LARGE = (200, 32, 128)
@@ -166,7 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="K = 42 and 210 only")
     ap.add_argument("--large", action="store_true", help="also (200, 32, 128), K = 6,200")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=positive_int, default=5)
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     from attsvm._threads import batch_threads

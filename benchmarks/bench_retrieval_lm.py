@@ -24,6 +24,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from _options import positive_int, seed
+
 ABLATIONS = {
     "default": {},
     "no-bias": {"attention_bias": False},
@@ -35,10 +37,18 @@ ABLATIONS = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=list(ABLATIONS), default=list(ABLATIONS))
-    ap.add_argument("--samples", type=int, default=25, help="contexts per task for the accuracy")
-    ap.add_argument("--seed", type=int, default=0, help="training seed")
-    ap.add_argument("--tokens", type=int, default=1024, help="context length of the accuracy tasks")
+    ap.add_argument("--samples", type=positive_int, default=25, help="contexts per task for the accuracy")
+    ap.add_argument("--seed", type=seed, default=0, help="training seed")
+    ap.add_argument("--tokens", type=positive_int, default=1024, help="context length of the accuracy tasks")
     args = ap.parse_args()
+    # the accuracy tasks need room for their needles: check --tokens now, not after 15-20 min of training
+    from attsvm.analysis.tasks import TASKS, make_rows
+
+    for task in TASKS:
+        try:
+            make_rows(task, 1, n_tokens=args.tokens, seed=123)
+        except ValueError as exc:
+            ap.error(f"--tokens {args.tokens} is too short for task {task}: {exc}")
 
     from attsvm.analysis.lm import RETRIEVAL_LM, full_cache_accuracy, load_llama_lm, train_llama_lm
 

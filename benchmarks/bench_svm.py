@@ -39,6 +39,7 @@ if "--threads-child" not in sys.argv:  # (the --threads table measures the libra
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+from _options import positive_float, size_triple
 
 SIZES = [(6, 8, 10), (15, 15, 20), (50, 20, 50), (100, 20, 100), (200, 32, 128)]
 QUICK_SIZES = SIZES[:3]
@@ -253,13 +254,16 @@ def threads_table() -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="sizes up to (50, 20, 50), 20 s cap, no large case")
-    ap.add_argument("--cap", type=float, default=300.0, help="wall-clock cap per cvxpy solve in seconds (default 300)")
+    ap.add_argument(
+        "--cap", type=positive_float, default=300.0, help="wall-clock cap per cvxpy solve in seconds (default 300)"
+    )
     ap.add_argument("--skip-large", action="store_true", help="skip the n·T = 100,000 case")
     ap.add_argument(
         "--sizes",
         nargs="*",
         action="extend",
         default=None,
+        type=size_triple,
         metavar="n,T,d",
         help="only these sizes (n,T,d triples) instead of the default list (or --quick's)",
     )
@@ -274,6 +278,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", action="store_true", help="only: one BLAS thread vs the default pool, our solvers")
     ap.add_argument("--threads-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.write is not None and not args.write.resolve().parent.is_dir():
+        ap.error(f"--write: no folder {str(args.write.resolve().parent)!r} to write {str(args.write)!r} in")
     if args.threads:
         return threads_table()
     if args.threads_child:

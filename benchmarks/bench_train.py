@@ -26,11 +26,13 @@ import time
 
 import numpy as np
 import torch
+from _options import positive_int
 
 from attsvm.datasets import paper_instance
 from attsvm.experiments.svm_eq import relu_instance
 from attsvm.metrics import correlation
 from attsvm.train import NORMALIZE_EPS, train
+from attsvm.training.loop import check_device
 
 
 class PublishedAttention(torch.nn.Module):
@@ -82,20 +84,26 @@ def reference_run(seed: int, univariate: bool, steps: int, n: int, T: int, d: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=100)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--ref-runs", type=int, default=None, help="reference runs timed (default: all)")
+    ap.add_argument("--runs", type=positive_int, default=100)
+    ap.add_argument("--steps", type=positive_int, default=2000)
+    ap.add_argument("--ref-runs", type=positive_int, default=None, help="reference runs timed (default: all)")
     ap.add_argument("--quick", action="store_true", help="10 reference runs, smaller scaling sweep")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--span", action="store_true", help="only the span-form against dense-W comparison")
     args = ap.parse_args()
+    try:
+        check_device(args.device, "--device")
+    except (TypeError, ValueError) as exc:
+        ap.error(str(exc))
+    if args.ref_runs is not None and args.ref_runs > args.runs:
+        ap.error(f"--ref-runs must be <= --runs ({args.runs}), got {args.ref_runs}")
     torch.set_num_threads(1)
     if args.span:
         span_table(args.device)
         return
     n, T, d = 6, 8, 10
     R, steps = args.runs, args.steps
-    ref_runs = args.ref_runs or (10 if args.quick else R)
+    ref_runs = args.ref_runs or (min(10, R) if args.quick else R)
     probs = [paper_instance(n, T, d, seed=s) for s in range(R)]
     print(
         f"workload: n={n} T={T} d={d}, {R} runs x {steps} normalized steps, recorded every step "
@@ -113,11 +121,12 @@ def main() -> None:
             ref_W.append(Ws[-1])
         t_ref = (time.perf_counter() - t0) * R / ref_runs
         agree = correlation(res.W[:ref_runs], np.array(ref_W))
-        early = np.abs(res.history["W"][0, 1:51] - reference_run(0, param == "W", 50, n, T, d)[0]).max()
+        k = min(steps, 50)
+        early = np.abs(res.history["W"][0, 1 : k + 1] - reference_run(0, param == "W", k, n, T, d)[0]).max()
         print(
             f"[{param:2s}] batched {t_ours:7.2f} s | published loop {t_ref:7.2f} s"
             f"{'' if ref_runs == R else f' (extrapolated from {ref_runs} runs)'} | speed-up "
-            f"{t_ref / t_ours:6.1f}x | first 50 steps max|ΔW| {early:.1e} | corr(final W, reference) "
+            f"{t_ref / t_ours:6.1f}x | first {k} steps max|ΔW| {early:.1e} | corr(final W, reference) "
             f"min {agree.min():.4f}"
         )
     print("\nscaling of the batched trainer (normalized GD on W, 200 steps, record every step):")
