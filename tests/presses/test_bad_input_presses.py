@@ -54,16 +54,36 @@ def test_compute_n_kept_checks_k_len(k_len, exc):
         compute_n_kept(k_len, 0.5)
 
 
-def test_a_field_reassigned_after_construction_is_checked_at_score_time():
+@pytest.mark.parametrize(
+    "make, field, value, exc",
+    [
+        (lambda: SVMarginPress(compression_ratio=0.5), "compression_ratio", 1.5, ValueError),  # (kept 0 keys)
+        (lambda: H2OPress(compression_ratio=0.5), "compression_ratio", "0.5", TypeError),
+        (lambda: SVMarginPress(compression_ratio=0.5), "window_size", 0, ValueError),  # (a raw size mismatch)
+        (lambda: H2OPress(), "n_sink", -1, ValueError),
+        (lambda: SVMarginDecodingPress(), "target_size", 0, ValueError),
+        (lambda: H2ODecodingPress(), "compression_interval", 2.5, TypeError),
+        (lambda: SVMarginDecodingPress(), "carry", "no", TypeError),  # ("no" kept carrying on)
+        (lambda: H2ODecodingPress(), "window_size", 0, ValueError),
+    ],
+)
+def test_a_field_reassigned_after_construction_is_checked_at_once(make, field, value, exc):
+    press = make()
+    with pytest.raises(exc, match=field):
+        setattr(press, field, value)
+
+
+def test_a_reassigned_field_takes_effect_checked():
     model = llama()
     p = SVMarginPress(compression_ratio=0.5, window_size=8)
-    p.compression_ratio = 1.5  # (kept 0 keys silently)
-    with pytest.raises(ValueError, match="compression_ratio"):
-        prefill(model, p, ids())
-    p = SVMarginPress(compression_ratio=0.5, window_size=8)
-    p.window_size = 0  # (a raw size-mismatch error)
-    with pytest.raises(ValueError, match="window_size"):
-        prefill(model, p, ids())
+    p.compression_ratio = np.float32(0.25)  # (numpy numbers accepted, stored as Python numbers)
+    assert type(p.compression_ratio) is float
+    p.window_size = np.int64(4)
+    assert type(p.window_size) is int
+    prefill(model, p, ids())
+    d = SVMarginDecodingPress(target_size=8)
+    d.window_size, d.n_sink = 16, 2  # (the base press kept its own window: the change was silently lost)
+    assert (d.base_press.window_size, d.base_press.n_sink) == (16, 2)
 
 
 def test_base_press_is_checked_and_not_silently_overridden():
@@ -72,6 +92,16 @@ def test_base_press_is_checked_and_not_silently_overridden():
     with pytest.raises(ValueError, match="window_size and n_sink configure the default base press"):
         SVMarginDecodingPress(base_press=H2OPress(window_size=4), window_size=16)  # (16 was ignored)
     assert SVMarginDecodingPress(base_press=H2OPress(window_size=4)).base_press.window_size == 4
+
+
+def test_window_settings_with_a_windowless_base_press_are_refused():
+    with pytest.raises(ValueError, match="window_size and n_sink configure the default base press"):
+        SVMarginDecodingPress(base_press=kvpress.KnormPress(), window_size=16)  # (16 was silently ignored)
+    with pytest.raises(ValueError, match="n_sink"):
+        SVMarginDecodingPress(base_press=kvpress.KnormPress()).n_sink = 2
+    d = H2ODecodingPress(base_press=H2OPress(window_size=16), window_size=16)  # (agreeing values are fine)
+    assert (d.window_size, d.n_sink) == (16, 4)
+    assert H2ODecodingPress(base_press=H2OPress(window_size=8, n_sink=1)).window_size == 8  # (repr shows the base's)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
@@ -109,3 +139,43 @@ def test_h2o_on_a_model_with_huge_query_key_weights_scores_no_nan():
     press.score = spy
     prefill(model, press, ids())
     assert seen and not any(seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["max", "inf", "nan"])
+def test_protected_keys_strictly_beat_scores_at_the_dtype_limit(dtype, case):
+    top = {"max": torch.finfo(dtype).max, "inf": math.inf, "nan": math.nan}[case]
+    scores = torch.tensor([[[0.0, top, 2.0, 1.0, 0.5]]], dtype=dtype)
+    out = kvp.protect(scores, 1, 1)  # (the dtype's max only tied; NaN and inf were ranked above the protected)
+    assert bool(torch.isfinite(out).all())
+    assert bool((out[..., [0, -1]].amin() > out[..., 1:-1].amax()).all())
+    assert sorted(out.topk(2, dim=-1).indices.flatten().tolist()) == [0, 4]
+
+
+@pytest.mark.parametrize("n_kv_heads, exc", [(3, ValueError), (0, ValueError), (2.0, TypeError)])
+def test_score_helpers_check_n_kv_heads(n_kv_heads, exc):
+    logits = torch.randn(1, 4, 3, 6)
+    visible = torch.ones(3, 6, dtype=torch.bool).tril(3)
+    for fn in (kvp.margin_scores, kvp.attention_scores):
+        with pytest.raises(exc, match="n_kv_heads"):  # (a raw reshape RuntimeError / ZeroDivisionError)
+            fn(logits, visible, n_kv_heads)
+
+
+def test_float64_attention_scores_are_a_float64_softmax():
+    logits = torch.randn(1, 4, 3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 30
+    visible = torch.ones(3, 6, dtype=torch.bool).tril(3)
+    ref = torch.softmax(logits.masked_fill(~visible, -math.inf), -1).sum(-2).view(1, 2, 2, 6).sum(2)
+    torch.testing.assert_close(kvp.attention_scores(logits, visible, 2), ref, rtol=1e-12, atol=1e-14)
+    low = logits.to(torch.bfloat16)  # (below float64: the float32 softmax, unchanged)
+    ref = torch.softmax(low.masked_fill(~visible, -math.inf).float(), -1).to(low.dtype)
+    assert torch.equal(kvp.attention_scores(low, visible, 2), ref.sum(-2).view(1, 2, 2, 6).sum(2))
+
+
+@pytest.mark.parametrize("cls", [SVMarginPress, H2OPress, SVMarginDecodingPress], ids=lambda c: c.__name__)
+def test_a_model_without_rope_is_named_up_front(cls):
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32)
+    )
+    press = cls() if cls is SVMarginDecodingPress else cls(compression_ratio=0.5)
+    with pytest.raises(ValueError, match="model must be a RoPE decoder"), press(gpt2):  # (AttributeError: 'model')
+        pass

@@ -137,7 +137,8 @@ class EvictionPolicy:
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor | None:
         """New statistics (B, H, S+q) from the old ones (B, H, S) and this step's probabilities (B, H, G·q, S+q)
-        (H: KV heads; the rows are the queries of the KV head's group, group-major)."""
+        (H: KV heads; the rows are the queries of the KV head's group, group-major). The shapes are checked, not the
+        values (probabilities in [0, 1]: checking them would cost a device sync on every decoding step)."""
         return None
 
     def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
@@ -167,6 +168,25 @@ def _needs(stats: torch.Tensor | None, policy: EvictionPolicy) -> torch.Tensor:
     return stats
 
 
+def _check_accumulate(stats: Any, probs: Any) -> None:
+    """The arguments of ``accumulate``: shapes and types only (a check of the values would cost a device sync on
+    every decoding step; the probabilities are the model's own)."""
+    if not isinstance(probs, torch.Tensor) or probs.dim() < 3:
+        raise TypeError(
+            f"probs must be a torch.Tensor (B, H, G·q, S+q) of attention probabilities, got {type(probs).__name__}"
+            + (f" of shape {tuple(probs.shape)}" if isinstance(probs, torch.Tensor) else "")
+        )
+    if stats is None:
+        return
+    if not isinstance(stats, torch.Tensor):
+        raise TypeError(f"stats must be a torch.Tensor (B, H, S) or None, got {type(stats).__name__}")
+    if stats.shape[:-1] != probs.shape[:-2] or stats.shape[-1] >= probs.shape[-1]:
+        raise ValueError(
+            "stats (B, H, S) must match probs (B, H, G·q, S+q) with at least one new key: got stats of shape "
+            f"{tuple(stats.shape)} and probs of shape {tuple(probs.shape)}"
+        )
+
+
 def _pad(stats: torch.Tensor | None, like: torch.Tensor, fill: float) -> torch.Tensor:
     """Old statistics (B, H, S) extended with ``fill`` for the q new keys to shape (B, H, S+q)."""
     n = like.shape[-1]
@@ -188,6 +208,7 @@ class SVMarginPolicy(EvictionPolicy):
         super().__init__(sinks=sinks, recent=recent)
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
+        _check_accumulate(stats, probs)
         if probs.shape[-2] == 1:  # one query sees every key
             logp = probs[..., 0, :].log()  # (B, H, S+1); p = 0 → −inf
             margin = logp.amax(-1, keepdim=True) - logp  # an underflowed key: margin +inf
@@ -221,6 +242,7 @@ class H2OPolicy(EvictionPolicy):
         super().__init__(sinks=sinks, recent=recent)
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
+        _check_accumulate(stats, probs)
         total = probs.sum(dim=-2)  # (B, H, S+q), a new tensor
         if stats is not None:
             total[..., : stats.shape[-1]].add_(stats)
@@ -239,12 +261,8 @@ class TOVAPolicy(EvictionPolicy):
     name = "tova"
 
     def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
+        _check_accumulate(stats, probs)
         n_new = probs.shape[-1] - (0 if stats is None else stats.shape[-1])  # q: this step's queries
-        if n_new < 1:
-            raise ValueError(
-                f"probs (..., S+q) must cover the {0 if stats is None else stats.shape[-1]} stored keys and at least "
-                f"one new one, got {probs.shape[-1]} keys"
-            )
         rows = probs.unflatten(-2, (probs.shape[-2] // n_new, n_new))  # (B, H, G, q, S+q)
         last = rows[..., -1, :]
         return last[..., 0, :] if last.shape[-2] == 1 else last.mean(-2)
@@ -327,6 +345,8 @@ def _check_scoring(policy: Any, stats: Any, positions: Any) -> None:
         raise TypeError(f"policy must be an EvictionPolicy, got {type(policy).__name__}")
     if not isinstance(positions, torch.Tensor) or positions.dim() < 1:
         raise TypeError(f"positions must be a torch.Tensor (B, H, S), got {type(positions).__name__}")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor (token positions), got dtype {positions.dtype}")
     if stats is None:
         if policy.needs_scores:
             raise ValueError(
@@ -365,6 +385,8 @@ def select_keep(
     if not 1 <= check_positive_int(budget, "budget") <= stored:
         raise ValueError(f"budget must be in [1, {stored}] (the keys stored), got {budget}")
     n_seen = check_positive_int(n_seen, "n_seen", minimum=stored)  # (every stored key is a token seen)
+    if stats is not None and bool(torch.isnan(stats).any()):  # (topk would pick among NaNs arbitrarily)
+        raise ValueError("stats must not hold NaN (NaN attention probabilities from the model?)")
     score = _eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
     return torch.topk(score, budget, dim=-1, largest=False, sorted=False).indices.sort(dim=-1).values
 
@@ -856,6 +878,8 @@ def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
 
 def returned_cache(output: Any) -> Any:
     """The cache a forward pass returned: ``output.cache`` (transformers >= 5.3) or ``output.past_key_values``."""
+    if not hasattr(output, "get"):
+        raise TypeError(f"output must be a model's forward output (a ModelOutput), got {type(output).__name__}")
     found = output.get("cache") if hasattr(output, "get") else None
     return output.get("past_key_values") if found is None and hasattr(output, "get") else found
 

@@ -59,6 +59,14 @@ def _check_weight_decay(value: Any) -> float:
     return wd
 
 
+def _check_at_most(value: Any, name: str, limit: float, why: str) -> float:
+    """A positive finite ``value`` no larger than ``limit`` (beyond it training overflows: ``why``)."""
+    out = check_finite_scalar(value, name, positive=True)
+    if out > limit:
+        raise ValueError(f"{name} must be <= {limit:g} ({why}), got {out:g}")
+    return out
+
+
 def _folder(folder: Any) -> Path:
     if not isinstance(folder, (str, os.PathLike)):
         raise TypeError(f"folder must be a path (str or Path) to an LM checkpoint, got {type(folder).__name__}")
@@ -106,7 +114,7 @@ class LMConfig:
             check_positive_int(getattr(self, f), f)
         check_positive_int(self.heldout_every, "heldout_every", minimum=2)
         check_seed(self.seed)
-        check_finite_scalar(self.lr, "lr", positive=True)
+        _check_at_most(self.lr, "lr", 1.0, "an AdamW step moves each weight by about lr")
         _check_weight_decay(self.weight_decay)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd}, n_head={self.n_head}")
@@ -140,6 +148,11 @@ def split_corpus(heldout_every: int = 10) -> tuple[dict[str, str], dict[str, str
     topics = corpus_topics()
     names = list(topics)
     held = {n for i, n in enumerate(names) if i % heldout_every == heldout_every // 2}
+    if not held:
+        raise ValueError(
+            f"heldout_every={heldout_every} holds out no topic: the corpus has {len(names)} topics (the first "
+            f"held out is number heldout_every // 2 + 1)"
+        )
     return ({n: t for n, t in topics.items() if n not in held}, {n: t for n, t in topics.items() if n in held})
 
 
@@ -380,14 +393,23 @@ class LlamaLMConfig:
             check_positive_int(getattr(self, f), f)
         check_positive_int(self.heldout_every, "heldout_every", minimum=2)
         check_seed(self.seed)
-        check_finite_scalar(self.lr, "lr", positive=True)
+        _check_at_most(self.lr, "lr", 1.0, "an AdamW step moves each weight by about lr")
         _check_weight_decay(self.weight_decay)
         if check_finite_scalar(self.answer_weight, "answer_weight") < 0:
             raise ValueError(
                 f"answer_weight must be >= 0 (a weight on the answer tokens' loss), got {self.answer_weight}"
             )
-        check_finite_scalar(self.init_std, "init_std", positive=True)
-        check_finite_scalar(self.rope_theta, "rope_theta", positive=True)
+        if self.answer_weight > 1e6:
+            raise ValueError(
+                f"answer_weight must be <= 1e6 (it multiplies the answer loss; beyond, the loss overflows), got "
+                f"{self.answer_weight:g}"
+            )
+        _check_at_most(self.init_std, "init_std", 1.0, "the standard deviation of the initial weights")
+        if check_finite_scalar(self.rope_theta, "rope_theta", positive=True) <= 1.0:
+            raise ValueError(
+                f"rope_theta must be > 1 (the RoPE base: frequencies rope_theta^(-2i/d) must fall), got "
+                f"{self.rope_theta:g}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates pairs of coordinates), got {self.head_dim}")
         object.__setattr__(self, "attention_bias", check_bool(self.attention_bias, "attention_bias"))
@@ -699,6 +721,9 @@ def cache_kw(model: Any, cache: Any) -> dict[str, Any]:
 def encode_query(tok: Any, context: str, question: str, answer_prefix: str) -> tuple[Any, Any]:
     """``(context_ids (1, n), question_ids (1, m))`` as kvpress's pipeline makes them without a chat template:
     ``bos + context`` and ``question + "\n" + answer_prefix``, no other special tokens."""
+    for name, text in (("context", context), ("question", question), ("answer_prefix", answer_prefix)):
+        if not isinstance(text, str):
+            raise TypeError(f"{name} must be a str, got {type(text).__name__}")
     ctx = tok.encode(tok.bos_token + context, add_special_tokens=False, return_tensors="pt")
     q = tok.encode(question + "\n" + answer_prefix, add_special_tokens=False, return_tensors="pt")
     return ctx, q
@@ -711,6 +736,22 @@ def decode_answer(model: Any, tok: Any, cache: Any, question_ids: Any, n_seen: i
     import torch
 
     max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+    n_seen = check_positive_int(n_seen, "n_seen", minimum=0)
+    if not (
+        isinstance(question_ids, torch.Tensor)
+        and question_ids.dim() == 2
+        and question_ids.shape[0] == 1
+        and question_ids.shape[1] >= 1
+        and not question_ids.dtype.is_floating_point
+    ):
+        raise TypeError(
+            "question_ids must be a torch.Tensor of token ids of shape (1, m), m >= 1 (encode_query's), got "
+            + (
+                f"shape {tuple(question_ids.shape)} dtype {question_ids.dtype}"
+                if isinstance(question_ids, torch.Tensor)
+                else type(question_ids).__name__
+            )
+        )
     kw = cache_kw(model, cache)
     m = question_ids.shape[1]
     with torch.no_grad():

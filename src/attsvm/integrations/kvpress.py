@@ -117,26 +117,39 @@ def window_logits(
     return logits, visible
 
 
+def _group(logits: torch.Tensor, n_kv_heads: Any) -> int:
+    """Query heads per KV head: ``n_kv_heads`` must be a positive int dividing the logits' query heads."""
+    n_kv_heads = _check_int(n_kv_heads, "n_kv_heads", 1)
+    if logits.dim() != 4 or logits.shape[1] % n_kv_heads:
+        raise ValueError(
+            f"n_kv_heads must divide the query heads of logits (B, H_q, w, K), got {n_kv_heads} for logits of shape "
+            f"{tuple(logits.shape)}"
+        )
+    return int(logits.shape[1]) // n_kv_heads
+
+
 def margin_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     """Minus the smallest SV margin ``logit_top − logit_t`` of every key over the queries (B, H_q, w, K) that see
     it, then the minimum margin over each KV head's group: (B, H_kv, K). Infinite logits are taken at the dtype's
     largest finite value (so a margin is never inf − inf)."""
+    G = _group(logits, n_kv_heads)
     masked = _finite(logits).masked_fill(~visible, -math.inf)
     margin = masked.amax(-1, keepdim=True) - masked  # +inf where a query does not see the key
-    B, Hq, _, K = logits.shape
-    m = margin.amin(dim=-2).view(B, n_kv_heads, Hq // n_kv_heads, K).amin(dim=2)
+    B, _, _, K = logits.shape
+    m = margin.amin(dim=-2).view(B, -1, G, K).amin(dim=2)
     return -m
 
 
 def attention_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     """Attention accumulated over the queries (B, H_q, w, K), summed over each KV head's group: (B, H_kv, K).
-    The softmax is taken in float32 after the row maximum is subtracted in the logits' own dtype, so float64
-    logits beyond float32's range give the limit distribution, never NaN."""
-    masked = _finite(logits).masked_fill(~visible, -math.inf)
-    shifted = masked - masked.amax(-1, keepdim=True)  # ≤ 0; −inf where not visible
-    probs = torch.softmax(shifted.float(), dim=-1).to(logits.dtype)
-    B, Hq, _, K = logits.shape
-    return probs.sum(dim=-2).view(B, n_kv_heads, Hq // n_kv_heads, K).sum(dim=2)
+    The softmax is taken in float32, or in float64 for float64 logits (which may lie beyond float32's range:
+    cast down they gave inf − inf = NaN); infinite logits are taken at the largest finite value, so the scores
+    are never NaN."""
+    G = _group(logits, n_kv_heads)
+    work = logits if logits.dtype == torch.float64 else logits.float()
+    probs = torch.softmax(_finite(work).masked_fill(~visible, -math.inf), dim=-1).to(logits.dtype)
+    B, _, _, K = logits.shape
+    return probs.sum(dim=-2).view(B, -1, G, K).sum(dim=2)
 
 
 def _finite(logits: torch.Tensor) -> torch.Tensor:
@@ -147,19 +160,54 @@ def _finite(logits: torch.Tensor) -> torch.Tensor:
 
 def protect(scores: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
     """Scores with the first ``n_sink`` and the last ``window`` keys raised strictly above every other (finite, as
-    kvpress's AdaKV and rerotation wrappers expect). The raise is ``max(1, |top|/64)``, which exceeds one unit in
-    the last place of the top score in every float dtype (bfloat16 included: 256 + 1 rounds back to 256)."""
+    kvpress's AdaKV and rerotation wrappers expect), so ``topk`` keeps them in every float dtype. The raise is
+    ``max(1, |top|/64)``, which exceeds one unit in the last place of the top score (bfloat16 included: 256 + 1
+    rounds back to 256); where that would pass the dtype's largest value, the protected keys take that value and
+    the others are capped just below it. A NaN score (a model's NaN) is evicted first, not kept above all."""
     window = _check_int(window, "window", 0)
     n_sink = _check_int(n_sink, "n_sink", 0)
     finfo = torch.finfo(scores.dtype)
-    amax = float(scores.amax()) if scores.numel() else 0.0
-    top = min(amax + max(1.0, abs(amax) / 64), finfo.max) if math.isfinite(amax) else (finfo.max if amax > 0 else 0.0)
-    out = scores.clone()
+    out = torch.where(torch.isnan(scores), finfo.min, scores)  # (topk ranks NaN above everything)
+    amax = float(out.amax()) if out.numel() else 0.0
+    if amax == -math.inf:
+        top = 0.0
+    else:
+        top = amax + max(1.0, abs(amax) / 64) if math.isfinite(amax) else math.inf
+        if not top <= finfo.max or not float(torch.tensor(top, dtype=scores.dtype)) > amax:
+            top = finfo.max  # (no finite value above the top score: lower the others instead)
+            below = torch.tensor(finfo.max * (1 - finfo.eps), dtype=scores.dtype)  # the dtype's grid, below max
+            out = out.clamp(max=float(below))
     if n_sink:
         out[..., :n_sink] = top
     if window:
         out[..., -window:] = top
     return out
+
+
+def _check_rope_model(model: Any, press: str) -> None:
+    """A model the window presses can hook: kvpress's ``model.model`` (or ``.language_model``) with RoPE."""
+    inner = getattr(model, "model", None)
+    lm = getattr(inner, "language_model", inner)
+    if getattr(lm, "rotary_emb", None) is None or not hasattr(lm, "layers"):
+        raise ValueError(
+            f"model must be a RoPE decoder model (Llama, Qwen2/3, Mistral, ...: model.model.rotary_emb and "
+            f".layers) for {press}, got {type(model).__name__}"
+        )
+
+
+_WINDOW_FIELDS = {
+    "compression_ratio": check_compression_ratio,
+    "window_size": lambda v: _check_int(v, "window_size", 1),
+    "n_sink": lambda v: _check_int(v, "n_sink", 0),
+}
+_DECODING_FIELDS = {
+    "compression_interval": lambda v: _check_int(v, "compression_interval", 1),
+    "target_size": lambda v: _check_int(v, "target_size", 1),
+    "hidden_states_buffer_size": lambda v: _check_int(v, "hidden_states_buffer_size", 0),
+    "window_size": lambda v: _check_int(v, "window_size", 1),
+    "n_sink": lambda v: _check_int(v, "n_sink", 0),
+    "carry": lambda v: check_bool(v, "carry"),
+}
 
 
 # ---------------------------------------------------------------------------------------- the press classes
@@ -181,15 +229,15 @@ def _classes() -> dict[str, type]:
 
         combine = "max"  # how the decoding presses carry the raw score across compressions ("max" or "sum")
 
-        def __post_init__(self) -> None:
-            self._check()
-            super().__post_init__()
+        def __setattr__(self, name: str, value: Any) -> None:
+            # every assignment of a field is checked, at construction and after it (p.window_size = 0 used to
+            # reach the scores unchecked)
+            check = _WINDOW_FIELDS.get(name)
+            super().__setattr__(name, value if check is None else check(value))
 
-        def _check(self) -> None:
-            """The fields (at construction, and again at every score: a dataclass field can be reassigned)."""
-            self.compression_ratio = check_compression_ratio(self.compression_ratio)
-            self.window_size = _check_int(self.window_size, "window_size", 1)
-            self.n_sink = _check_int(self.n_sink, "n_sink", 0)
+        def post_init_from_model(self, model: Any) -> None:
+            _check_rope_model(model, type(self).__name__)
+            super().post_init_from_model(model)
 
         def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
             raise NotImplementedError
@@ -203,7 +251,6 @@ def _classes() -> dict[str, type]:
             attentions: Any,
             kwargs: dict,
         ) -> torch.Tensor:
-            self._check()
             raw = self.raw_score(module, hidden_states, keys, kwargs)
             return protect(raw, min(self.window_size, hidden_states.shape[1], keys.shape[2]), self.n_sink)
 
@@ -241,27 +288,46 @@ def _classes() -> dict[str, type]:
         _base_class = _WindowPress
 
         def __post_init__(self) -> None:
-            self.compression_interval = _check_int(self.compression_interval, "compression_interval", 1)
-            self.target_size = _check_int(self.target_size, "target_size", 1)
-            self.hidden_states_buffer_size = _check_int(self.hidden_states_buffer_size, "hidden_states_buffer_size", 0)
-            self.window_size = _check_int(self.window_size, "window_size", 1)
-            self.n_sink = _check_int(self.n_sink, "n_sink", 0)
-            self.carry = check_bool(self.carry, "carry")
             if self.base_press is None:
                 self.base_press = self._base_class(window_size=self.window_size, n_sink=self.n_sink)
             elif not isinstance(self.base_press, ScorerPress):
                 raise TypeError(f"base_press must be a kvpress ScorerPress, got {type(self.base_press).__name__}")
-            elif isinstance(self.base_press, _WindowPress) and any(
-                getattr(self, f.name) != f.default for f in fields(self) if f.name in ("window_size", "n_sink")
-            ):
-                raise ValueError(
-                    "window_size and n_sink configure the default base press; with base_press given, set them on "
-                    f"it (base_press has window_size={self.base_press.window_size}, n_sink={self.base_press.n_sink})"
-                )
+            else:
+                # window_size/n_sink given with a base press: the base press's own must agree (they were silently
+                # ignored); afterwards the fields show the base press's values
+                defaults = {f.name: f.default for f in fields(self) if f.name in ("window_size", "n_sink")}
+                base = self.base_press
+                own = {n: getattr(base, n) for n in defaults} if isinstance(base, _WindowPress) else None
+                if any(
+                    getattr(self, n) != d and (own is None or getattr(self, n) != own[n]) for n, d in defaults.items()
+                ):
+                    has = (
+                        f"base_press has window_size={own['window_size']}, n_sink={own['n_sink']}"
+                        if own is not None
+                        else f"{type(base).__name__} has no window"
+                    )
+                    raise ValueError(
+                        f"window_size and n_sink configure the default base press; with base_press given, set them "
+                        f"on it ({has})"
+                    )
+                for n, v in (own or {}).items():
+                    setattr(self, n, v)
             super().__post_init__()
             self._positions: dict[int, list[torch.Tensor]] = defaultdict(list)
             self._carried: dict[int, torch.Tensor] = {}
             self._since: dict[int, int] = defaultdict(int)  # tokens appended since the last compression
+            object.__setattr__(self, "_ready", True)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            # every assignment of a field is checked, at construction and after it
+            check = _DECODING_FIELDS.get(name)
+            value = value if check is None else check(value)
+            if name in ("window_size", "n_sink") and self.__dict__.get("_ready"):
+                # after construction the base press holds them: set them there (or refuse: it has no window)
+                if not isinstance(self.base_press, _WindowPress):
+                    raise ValueError(f"{name} configures a window press; {type(self.base_press).__name__} has none")
+                setattr(self.base_press, name, value)
+            super().__setattr__(name, value)
 
         def carried_scores(self, layer_idx: int) -> torch.Tensor | None:
             """The statistic carried for the keys a layer kept at its last compression (B, H_kv, n_kept), if any."""
