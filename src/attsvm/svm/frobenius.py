@@ -622,12 +622,12 @@ def _newton_loop(
         for _ in range(opt.max_halvings):
             cand = project(lam + alpha * dvec)
             Mc, mc, gc, qc, wsqc = evaluate(cand)
-            step = cand - lam
-            gd = float(g @ step)
+            dlam = cand - lam
+            gd = float(g @ dlam)
             # q(cand) − q(λ) = gᵀΔ + ½ΔᵀGΔ with GΔ = m(cand) − m(λ): the change itself, not a difference of
             # two values of q, so that the test still decides once the decrease is below q's round-off
             # (near the optimum of a large instance, qc − q is noise and no step would be accepted)
-            if gd + 0.5 * float(step @ (mc - m)) <= opt.armijo * gd:
+            if gd + 0.5 * float(dlam @ (mc - m)) <= opt.armijo * gd:
                 accepted = True
                 break
             alpha *= 0.5
