@@ -53,6 +53,13 @@ def test_settings_that_cannot_run_or_be_evaluated_are_refused(name, overrides, n
         get_experiment(name).settings(quick=True, overrides=overrides)
 
 
+@pytest.mark.parametrize("name", ["svm-eq", "ntp-convergence", "overparam", "joint-training", "low-rank", "rates"])
+def test_one_token_per_sequence_is_refused_as_a_setting(name):
+    # (a generic rule: these failed inside their first trial, with messages that did not name the setting)
+    with pytest.raises(ValueError, match="setting 'T' must be >= 2"):
+        get_experiment(name).settings(quick=True, overrides={"T": 1})
+
+
 @pytest.mark.parametrize(
     "name, overrides, named",
     [

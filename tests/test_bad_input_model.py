@@ -115,6 +115,19 @@ def test_attention_probs_at_overflowing_logits_is_the_limit_not_nan(P_huge):
     assert s[0].argmax(-1).tolist() == want.tolist() and bool(torch.isfinite(M.risk(b, W)).all())
 
 
+def test_only_the_sequences_whose_logits_overflow_take_the_limit(parts):
+    X, y, v, Z = parts
+    X2 = X.copy()
+    X2[0] *= HUGE  # at ‖W‖ ≈ 1e120 sequence 0 overflows; sequences 1 and 2, scaled by 1e-120, have O(1) logits
+    X2[1:] *= 1e-120
+    b = M.Batch.from_problems(AttentionProblem(X2, y, v, Z=Z))
+    W = torch.tensor(W0 * 1e120)[None]
+    s = M.attention_probs(b, W)
+    assert torch.isfinite(s).all() and s[0, 0].max().item() == 1.0
+    ref = torch.softmax(M.attention_logits(b, W)[:, 1:], dim=-1)  # (the limit for all was wrong for these)
+    assert torch.equal(s[:, 1:], ref) and bool((ref < 0.99).all())  # (not saturated: a limit would differ)
+
+
 def test_training_on_data_too_large_for_the_gradient_is_refused(parts):
     X, y, v, Z = parts
     with pytest.raises(ValueError, match=r"too large to train on in float64.*rescale X"):

@@ -33,15 +33,13 @@ from ._linalg import correlation
 from ._validation import check_choice, check_finite_scalar
 from .problem import AttentionProblem
 from .svm import AttentionSVM
+from .svm.equivalence import NORMS
 from .training.depth import DeepResult, deep_forward
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["layer_problem", "layer_svms", "layer_equivalence", "layer_trajectories", "settle_steps"]
-
-
-NORMS = ("fro", "nuc")
 
 
 def _check_result(result: Any) -> DeepResult:

@@ -76,16 +76,32 @@ def check_float_dtype(dtype: Any, name: str = "dtype") -> torch.dtype:
     return dtype
 
 
-def check_device(device: Any, name: str = "device") -> torch.device | None:
-    """None, a torch.device or a device string torch understands: ValueError naming ``name`` otherwise."""
+def check_device(device: torch.device | str | None, name: str = "device") -> torch.device:
+    """``device`` (None: the CPU) as a torch device that this machine has, or a ValueError naming ``name``."""
     if device is None:
-        return None
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device)):
+        # (a bare index is refused: torch reads it as "the current accelerator", CUDA, MPS or none)
+        raise TypeError(
+            f"{name} must be a torch device or its name ('cpu', 'cuda', 'cuda:N' for the CUDA device of "
+            f"index N, 'mps'), got {type(device).__name__} {device!r}"
+        )
     try:
-        return torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(
-            f"{name} must be None, a torch.device or a string like 'cpu' or 'cuda:0', got {device!r}"
-        ) from None
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{name}={device!r} is not a torch device (e.g. cpu, cuda, cuda:0, mps)") from None
+    mps = getattr(torch.backends, "mps", None)
+    available = {
+        "cpu": True,
+        "cuda": torch.cuda.is_available(),
+        "mps": bool(mps is not None and mps.is_available()),
+    }
+    if not available.get(dev.type, False):
+        why = " (torch.cuda.is_available() is False)" if dev.type == "cuda" else ""
+        raise ValueError(f"{name}={device!r} is not available on this machine{why}")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
 # The exponential loss e^{−u} is evaluated as e^{min(−u, EXP_CLIP)}: a huge finite number rather than
@@ -260,20 +276,15 @@ def check_gradient_scale(problems: Sequence[AttentionProblem]) -> None:
     which past ~1e307 would give inf − inf = NaN steps. The data must be rescaled (the SVM solvers
     rescale internally; GD is not scale-invariant, so the trainer cannot)."""
     for j, p in enumerate(problems):
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            head = np.abs(p.head.weights).max() * p.d * np.abs(p.X).max()  # ≥ max |x_itᵀ V| (per column)
-            log10 = (
-                np.log10(2.0 * p.n * p.T)
-                + np.log10(head)
-                + np.log10(np.abs(p.X).max())
-                + np.log10(np.abs(p.queries).max())
-            )
+        x, z, v = (float(np.abs(a).max()) for a in (p.X, p.queries, p.head.weights))
+        with np.errstate(divide="ignore"):  # (log10 of a zero: −inf, accepted)
+            # terms up to 2nT · max|x_itᵀV| · max|x| · max|z|, with max|x_itᵀV| ≤ d · max|v| · max|x|
+            log10 = float(np.log10(2.0 * p.n * p.T * p.d) + np.log10(v) + 2 * np.log10(x) + np.log10(z))
         if log10 > GRADIENT_LOG10_MAX:
             where = "" if len(problems) == 1 else f"problems[{j}]: "
             raise ValueError(
                 f"{where}the data are too large to train on in float64: the gradient's terms reach ~1e{log10:.0f} "
-                f"(max|x| = {np.abs(p.X).max():.1e}, max|z| = {np.abs(p.queries).max():.1e}, max|head weight| = "
-                f"{np.abs(p.head.weights).max():.1e}); rescale X, Z or the head"
+                f"(max|x| = {x:.1e}, max|z| = {z:.1e}, max|head weight| = {v:.1e}); rescale X, Z or the head"
             )
 
 
@@ -358,22 +369,24 @@ def attention_logits(batch: Batch, W: Tensor) -> Tensor:
 def attention_probs(batch: Batch, W: Tensor) -> Tensor:
     """Attention probabilities ``s_i = softmax(X_i W z_i)`` of shape (R, n, T).
 
-    Logits that overflow (W or the data so large that ``x_itᵀ W z_i`` is not a float) give the limit of
-    the softmax, the mass shared by the maximisers, from the logits of W/‖W‖_max (never NaN)."""
+    A sequence whose logits overflow (W or its tokens so large that ``x_itᵀ W z_i`` is not a float) gets
+    the limit of the softmax, the mass shared by the maximisers (never NaN); the others their softmax."""
     g = attention_logits(batch, W)
-    if not bool(torch.isfinite(g).all()):
-        return _limit_probs(batch, W)
-    return torch.softmax(g, dim=-1)
+    finite = torch.isfinite(g).all(-1, keepdim=True)  # (R, n, 1)
+    if bool(finite.all()):
+        return torch.softmax(g, dim=-1)
+    return torch.where(finite, torch.softmax(torch.where(finite, g, 0.0), dim=-1), _limit_probs(batch, W))
 
 
 def _limit_probs(batch: Batch, W: Tensor) -> Tensor:
-    """The softmax of logits that overflow, at the limit of W's scale: uniform over each sequence's
-    maximisers of the logits of W/max|W| (which are W's, the scaling being positive)."""
-    scale = W.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
-    Xs = batch.X / batch.X.abs().amax(dim=(-3, -2, -1), keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
-    Zs = batch.Z / batch.Z.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
-    u = Zs @ (W / scale).transpose(-1, -2)
-    g = (Xs @ u.unsqueeze(-1)).squeeze(-1)
+    """The limit of the softmax as the logits' scale grows: uniform over each sequence's maximisers of the
+    logits of W, x_it and z_i each divided by its own largest entry (per run, per sequence), which are the
+    true logits times a positive factor per (run, sequence), so the maximisers are the same."""
+    tiny = torch.finfo(W.dtype).tiny
+    Ws = W / W.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(tiny)
+    Xs = batch.X / batch.X.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(tiny)  # (B, n, 1, 1) per sequence
+    Zs = batch.Z / batch.Z.abs().amax(dim=-1, keepdim=True).clamp_min(tiny)  # (B, n, 1) per sequence
+    g = (Xs @ (Zs @ Ws.transpose(-1, -2)).unsqueeze(-1)).squeeze(-1)
     top = g == g.amax(-1, keepdim=True)
     return top.to(g.dtype) / top.sum(-1, keepdim=True)
 

@@ -140,7 +140,7 @@ def support_tokens(margin: NDArray[np.float64], tol: float = SUPPORT_TOL) -> NDA
 def selected_tokens(problem: AttentionProblem, W: ArrayLike) -> NDArray[np.int64]:
     """Tokens selected by attention ``α̂_i = argmax_t s_it`` (docs/spec.md §4), shape (n,) or (R, n);
     logits that overflow are compared through :meth:`AttentionProblem.scaled_logits` (exact scaling)."""
-    g, _ = check_problem(problem).scaled_logits(as_float_array(W, "W"))
+    g, _ = check_problem(problem).scaled_logits(W)  # (logits() checks W)
     return np.argmax(g, axis=-1).astype(np.int64)
 
 

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a setting, typed like its default (an int setting refuses 1.7); counts "
-        "are >= 1 (seeds >= 0), lr and thresholds > 0, lists non-empty without repeats, and each "
+        "are >= 1 (seeds >= 0, T >= 2), lr and thresholds > 0, lists non-empty without repeats, and each "
         "experiment's own rules (the error names the setting); all are checked before anything is written; "
         "repeatable",
     )

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .._validation import check_choice
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -124,7 +126,7 @@ class Experiment:
         """Check settings; raise ValueError naming the setting. Subclasses extend.
 
         The generic rules (each documented in ``attsvm reproduce --help``): counts (int settings) are
-        >= 1, except seeds (names ending in ``seed``), which are >= 0, and at most :data:`MAX_COUNT`;
+        >= 1, except seeds (names ending in ``seed``), which are >= 0, and T, which is >= 2; at most :data:`MAX_COUNT`;
         numbers are finite; ``lr`` and thresholds are > 0; list settings are non-empty, without
         repeated values, and hold positive counts.
         """
@@ -271,7 +273,7 @@ def _check_value(key: str, val: Any) -> None:
     if key in UNIT_SETTINGS and isinstance(val, (int, float, np.integer, np.floating)) and not 0 < val <= 1:
         raise ValueError(f"setting {key!r} is a correlation or probability threshold: it must be in (0, 1], got {val}")
     if isinstance(val, (int, np.integer)):
-        low = 0 if key.endswith("seed") else 1
+        low = 0 if key.endswith("seed") else 2 if key == "T" else 1  # (T: attention needs two tokens to choose)
         if val < low:
             raise ValueError(f"setting {key!r} must be >= {low}, got {val}")
         if val > MAX_COUNT:
@@ -301,9 +303,8 @@ MIN_FIT_POINTS = 3  # a rate or decay fit with an interval needs three points (d
 
 def check_names(key: str, values: list[Any], allowed: tuple[str, ...]) -> None:
     """Raise ValueError naming setting ``key`` when one of ``values`` is not in ``allowed``."""
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise ValueError(f"setting {key!r} holds values among {', '.join(allowed)}; got {bad[0]!r}")
+    for v in values:
+        check_choice(v, f"each value of setting {key!r}", allowed)
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:

@@ -58,11 +58,6 @@ class LocalConvergence(Experiment):
             "final softmax; correlations use the SVMs of those tokens (docs/spec.md §3–4)."
         )
 
-    def validate(self, s: dict[str, Any]) -> None:
-        super().validate(s)
-        if s["T"] < 2:
-            raise ValueError(f"setting 'T' must be >= 2 (a sequence needs two tokens to select among), got {s['T']}")
-
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [
             {"key": f"{p}-s{a:05d}-{b:05d}", "param": p, "start": a, "stop": b}

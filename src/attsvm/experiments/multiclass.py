@@ -58,8 +58,6 @@ class Multiclass(Experiment):
         super().validate(s)
         if s["C"] < 2:
             raise ValueError(f"setting 'C' is the number of classes: it must be >= 2, got {s['C']}")
-        if s["T"] < 2:
-            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         return [{"key": f"s{a:05d}-{b:05d}", "start": a, "stop": b} for a, b in chunks(s["runs"], s["chunk"])]

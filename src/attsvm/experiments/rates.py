@@ -67,8 +67,6 @@ class Rates(Experiment):
 
     def validate(self, s: dict[str, Any]) -> None:
         super().validate(s)
-        if s["T"] < 2:
-            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
         if not 0 < s["target"] < 1:
             raise ValueError(
                 f"setting 'target' is a level of 1 − corr to reach: it must be in (0, 1), got {s['target']}"

@@ -51,8 +51,6 @@ class RegPath(Experiment):
 
     def validate(self, s: dict[str, Any]) -> None:
         super().validate(s)
-        if s["T"] < 2:
-            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
         if not s["r_min"] < s["r_max"]:
             raise ValueError(f"settings need r_min < r_max, got r_min={s['r_min']:g}, r_max={s['r_max']:g}")
         radii = np.geomspace(s["r_min"], s["r_max"], s["n_radii"])

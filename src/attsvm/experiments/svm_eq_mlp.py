@@ -99,8 +99,6 @@ class SVMEqMLP(Experiment):
         check_names("params", s["params"], tuple(NORMS))
         check_names("activations", s["activations"], ACTIVATIONS)
         check_names("trained_heads", s["trained_heads"], ACTIVATIONS)
-        if s["T"] < 2:
-            raise ValueError(f"setting 'T' must be >= 2, got {s['T']}")
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
         fixed = [

@@ -138,12 +138,11 @@ def _log_head_constants(problem: AttentionProblem, loss: str) -> tuple[NDArray[n
 def _log_radii(problem: AttentionProblem) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """log of :func:`_radii` (n,), computed without overflow."""
     X = problem.X
-    with np.errstate(over="ignore", invalid="ignore"):
-        centred = X - X.mean(axis=1, keepdims=True)
-    if not np.isfinite(centred).all():  # (the mean of tokens near the float limit: from halves)
-        centred = 2.0 * (X / 2 - (X / 2).mean(axis=1, keepdims=True))
-        centred = np.where(np.isfinite(centred), centred, np.sign(centred) * np.finfo(np.float64).max)
-    return _log_norm(centred, axis=-1).max(axis=1), _log_norm(problem.queries, axis=-1)
+    s = np.abs(X).max(axis=(1, 2), keepdims=True)  # (n, 1, 1): each sequence centred in units of its largest entry
+    s = np.where(s > 0, s, 1.0)
+    Xs = X / s
+    log_rho = _log_norm(Xs - Xs.mean(axis=1, keepdims=True), axis=-1).max(axis=1) + np.log(s[:, 0, 0])
+    return log_rho, _log_norm(problem.queries, axis=-1)
 
 
 def _exp_mean(log_terms: NDArray[np.float64]) -> float:

@@ -34,6 +34,7 @@ from ..model import (
     Param,
     Parameterization,
     _as_problem_list,
+    check_device,
     check_gradient_scale,
     excess_risk_scaled,
     parameterization,
@@ -307,34 +308,6 @@ _AUTO_STEP_RULES = {
         True,
     ),
 }
-
-
-def check_device(device: torch.device | str | None, name: str = "device") -> torch.device:
-    """``device`` (None: the CPU) as a torch device that this machine has, or a ValueError naming ``name``."""
-    if device is None:
-        return torch.device("cpu")
-    if not isinstance(device, (str, torch.device)):
-        # (a bare index is refused: torch reads it as "the current accelerator", CUDA, MPS or none)
-        raise TypeError(
-            f"{name} must be a torch device or its name ('cpu', 'cuda', 'cuda:N' for the CUDA device of "
-            f"index N, 'mps'), got {type(device).__name__} {device!r}"
-        )
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError, TypeError):
-        raise ValueError(f"{name}={device!r} is not a torch device (e.g. cpu, cuda, cuda:0, mps)") from None
-    mps = getattr(torch.backends, "mps", None)
-    available = {
-        "cpu": True,
-        "cuda": torch.cuda.is_available(),
-        "mps": bool(mps is not None and mps.is_available()),
-    }
-    if not available.get(dev.type, False):
-        why = " (torch.cuda.is_available() is False)" if dev.type == "cuda" else ""
-        raise ValueError(f"{name}={device!r} is not available on this machine{why}")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return dev
 
 
 def _recording(record: Recording | None, record_every: int | None, record_W: bool | None) -> Recording:
