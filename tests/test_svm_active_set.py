@@ -287,3 +287,23 @@ def test_on_infeasible_raise_still_raises_the_named_error(monkeypatch):
     assert status[0].status_ == "infeasible" and status[0].info_["path"] == "batched-active-set"
     with pytest.raises(InfeasibleSVMError, match=r"infeasible for tokens \[4, 3, 2"):
         AttentionSVM(on_infeasible="raise").fit_many(probs, toks)
+
+
+def test_rows_written_over_the_callers_stack_are_the_rows_of_a_separate_output():
+    # overwrite_x (fit_many's own stack): the rows replace X in place, so each row must be read before its
+    # sequence's selected token is zeroed; tied rows (the tie rule reads x_iα after writes) included
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(40)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    X, Z, a = _stack(probs, toks)
+    X[7, 1, (a[7, 1] + 2) % 8] = X[7, 1, a[7, 1]]  # a tied token: LEAVE_TIED either way
+    given = X.copy()
+    ref = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(42), threads=2)
+    np.testing.assert_array_equal(X, given)  # (without overwrite_x the caller's X is left alone)
+    own = X.copy()
+    out = gi.solve_stack(own, Z, a, gi.GI_TOL, gi.max_iterations(42), threads=2, overwrite_x=True)
+    assert out["A"] is own
+    ok = ref["code"] >= 0
+    assert ok.sum() == 39 and not ok[7] and out["code"][7] == batch.LEAVE_TIED
+    for key in ("A", "W", "lam", "margins", "support", "stats", "code"):
+        np.testing.assert_array_equal(out[key][ok], ref[key][ok], err_msg=key)  # bit for bit
+    assert not np.shares_memory(ref["A"], X)

@@ -202,3 +202,61 @@ def test_fit_many_is_invariant_to_scale(route, cx, cz):
         assert a.status_ == b.status_ == "optimal" and a.info_["path"] == b.info_["path"] == ROUTES[route]
         np.testing.assert_allclose(a.W_ * (cx * cz), b.W_, rtol=0, atol=W_RTOL * np.abs(b.W_).max())
         np.testing.assert_array_equal(a.support_, b.support_)
+
+
+def test_self_attention_queries_are_read_at_each_instances_position(route):
+    # one group (one shape) of self-attention instances with different query positions, then the same
+    # group with a cross-attention instance among them: each instance's queries are its own z_i
+    base = [paper_instance(5, 6, 7, seed=s, self_attention=True) for s in range(12)]
+    probs = [AttentionProblem(p.X, p.y, p.v, query_index=s % p.T) for s, p in enumerate(base)]
+    cross = paper_instance(5, 6, 7, seed=99)
+    for group in (probs, [*probs[:6], cross, *probs[6:]]):
+        toks = [p.optimal_tokens(ties="first") for p in group]
+        many = AttentionSVM().fit_many(group, toks)
+        assert len({p.query_index for p in group} - {None}) == 6
+        for p, t, a in zip(group, toks, many):
+            _assert_same(a, AttentionSVM().fit(p, t))
+        if route == "compiled":
+            assert all(m.info_["path"] == ROUTES[route] for m in many if m.status_ == "optimal")
+
+
+def test_the_estimators_of_a_batch_are_built_without_cyclic_collections(monkeypatch):
+    # thousands of estimators, none in a cycle: the collector is paused while they are built (a run of it
+    # walks every object of the process) and left as it was
+    import contextlib
+    import gc
+
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(300)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    runs: list[int] = []
+
+    def count(phase, info):
+        if phase == "start":
+            runs.append(info["generation"])
+
+    def collections() -> int:
+        del runs[:]
+        gc.callbacks.append(count)
+        try:
+            AttentionSVM().fit_many(probs, toks)
+        finally:
+            gc.callbacks.remove(count)
+        return len(runs)
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(50, 10, 10)
+    pause = batch.gc_paused
+    try:
+        paused = collections()
+        assert gc.isenabled()
+        gc.disable()
+        with pause():
+            pass
+        assert not gc.isenabled()  # (left as it was)
+        gc.enable()
+        monkeypatch.setattr(batch, "gc_paused", contextlib.nullcontext)
+        unpaused = collections()
+    finally:
+        gc.enable()
+        gc.set_threshold(*threshold)
+    assert unpaused >= 20 and paused <= unpaused // 4, (paused, unpaused)

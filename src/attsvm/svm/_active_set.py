@@ -117,6 +117,7 @@ def _workspace(n, T, d, dz):
         np.empty(cap),  # r
         np.empty(K),  # work
         np.empty(d),  # u = W z_i
+        np.empty(d),  # xa: x_iα (A may be X itself: its row α is zeroed before the others are read)
     )
 
 
@@ -192,8 +193,9 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     """One instance (module doc), with the scratch arrays ``ws`` of :func:`_workspace`. Writes the rows
     A (n, T, d; 0 at α), W (d, d_z), λ (n, T), margins (n, T), support (n, T) and
     ``stats = (violation, relative violation, gap, relative gap, complementarity, g)``; returns the
-    iteration count, or a negative LEAVE_* code."""
-    AT, seq, tpos, inv_s, bh, zn, srt, Zg, ZS, V, cols, act, bout, L, Ld, M, lamA, mh, rho, r, work, u = ws
+    iteration count, or a negative LEAVE_* code. A may be X itself (each row is read before it is
+    overwritten; X is not read after step 1)."""
+    AT, seq, tpos, inv_s, bh, zn, srt, Zg, ZS, V, cols, act, bout, L, Ld, M, lamA, mh, rho, r, work, u, xa = ws
     n, T, d = X.shape
     dz = Z.shape[1]
     K = n * (T - 1)
@@ -208,6 +210,8 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     smax = 0.0
     for i in range(n):
         ai = alpha[i]
+        for j in range(d):
+            xa[j] = X[i, ai, j]
         for t in range(T):
             if t == ai:
                 A[i, t, :] = 0.0
@@ -215,10 +219,11 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
             tied = True
             acc = 0.0
             for j in range(d):
-                v = X[i, ai, j] - X[i, t, j]
+                xt = X[i, t, j]
+                v = xa[j] - xt
                 AT[j, k] = v
                 A[i, t, j] = v
-                if abs(v) > TIE_ULPS * _EPS * max(abs(X[i, ai, j]), abs(X[i, t, j])):
+                if abs(v) > TIE_ULPS * _EPS * max(abs(xa[j]), abs(xt)):
                     tied = False
                 acc += v * v
             if tied:
@@ -454,6 +459,7 @@ def solve_stack(
     tol: float,
     max_iter: int,
     threads: int = 1,
+    overwrite_x: bool = False,
 ) -> dict[str, NDArray]:
     """Solve and certify the stack X (B, n, T, d), Z (B, n, d_z) at the selections ``alpha`` (B, n).
 
@@ -462,7 +468,10 @@ def solve_stack(
     (B, n, T; inf at α), ``support`` (B, n, T), ``stats`` (B, 6: violation, relative violation, gap,
     relative gap, complementarity, g) and ``code`` (B: iteration count, or a negative LEAVE_* code).
     The instances are independent: with ``threads`` > 1 the stack is split into contiguous ranges
-    solved concurrently (the kernel releases the GIL), with bit-identical results."""
+    solved concurrently (the kernel releases the GIL), with bit-identical results.
+
+    With ``overwrite_x`` (for a caller that owns X: a stack it assembled) the rows are written over X,
+    which then is the ``A`` returned: one array of the stack's size fewer to allocate and fault in."""
     B, n, T, d = X.shape
     dz = Z.shape[2]
     # (C-contiguous and writeable: a read-only array is another numba type, compiled again at first use)
@@ -470,7 +479,7 @@ def solve_stack(
     Z = np.require(Z, np.float64, ["C", "W"])
     alpha = np.require(alpha, np.int64, ["C", "W"])
     out = {
-        "A": np.empty((B, n, T, d)),
+        "A": X if overwrite_x else np.empty((B, n, T, d)),
         "W": np.empty((B, d, dz)),
         "lam": np.empty((B, n, T)),
         "margins": np.empty((B, n, T)),

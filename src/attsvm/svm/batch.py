@@ -33,9 +33,12 @@ certificate; a failing instance never changes the others.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import threading
 import time
+from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -232,16 +235,37 @@ def solve_group(
     B = len(problems)
     n, T, d, dz = group_key(problems[0])
     # (one shape: concatenating and reshaping costs half of np.stack, which reshapes every array first)
-    X = np.concatenate([p.X for p in problems]).reshape(B, n, T, d)
-    Zq = np.concatenate([p.queries for p in problems]).reshape(B, n, dz)
-    st = solve_arrays(est, X, Zq, alpha, opt)
+    X = np.concatenate([p.X for p in problems]).reshape(B, n, T, d)  # (ours: the compiled route writes A over it)
+    q = [p.query_index for p in problems]
+    if None in q:  # (cross-attention somewhere: its queries as given)
+        Zq = np.concatenate([p.queries for p in problems]).reshape(B, n, dz)
+    else:  # self-attention: z_i = x_{i,q} of each instance's query position, read off the stack at once
+        Zq = X[np.arange(B), :, np.asarray(q, dtype=np.int64)]
+    st = solve_arrays(est, X, Zq, alpha, opt, overwrite_x=True)
     out: list[AttentionSVM | None] = [None] * len(problems)
     for i, e in proved_infeasible(est, st).items():
         out[i] = e
     keep = np.flatnonzero(st.certified(est.tol))
-    for i, e in zip(keep.tolist(), estimators(type(est), est.get_params(), st, keep)):
-        out[i] = e
+    with gc_paused():
+        for i, e in zip(keep.tolist(), estimators(type(est), est.get_params(), st, keep)):
+            out[i] = e
     return out
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (as it was after it). A batch makes thousands of
+    estimators, each a few containers, and none of them in a cycle: without the pause the collector
+    runs every few hundred of them and, every few runs, walks every object of the process (a process
+    that imported torch holds hundreds of thousands). On 2 cores, 1,000 instances at (6, 8, 10) took
+    19.7 µs each on average with the collector and 12.6 µs without it (benchmarks/bench_peers.py)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def solve_arrays(
@@ -250,16 +274,18 @@ def solve_arrays(
     Zq: NDArray[np.float64],
     alpha: NDArray[np.int64],
     opt: FrobeniusOptions,
+    overwrite_x: bool = False,
 ) -> Stacked:
     """Solve the Frobenius SVMs of the stack X (B, n, T, d), Zq (B, n, d_z) at the selections ``alpha``
     (B, n) as one program (module doc), without building estimators. With numba installed (and
     ``est.max_iter`` None) the stack goes to the compiled dual active set of :mod:`._active_set`, spread
     over :func:`attsvm._threads.batch_threads` threads; otherwise it is processed in chunks of about
     ``CHUNK_FLOATS`` Gram entries, which bounds the memory of a step while keeping the NumPy calls per
-    instance few."""
+    instance few. ``overwrite_x``: X is the caller's own stack, which the compiled route may overwrite
+    with the rows A (the returned ``A`` is then X)."""
     kernel = compiled()
     if kernel is not None and uses_compiled(est):
-        return _solve_compiled(X, Zq, alpha, kernel)
+        return _solve_compiled(X, Zq, alpha, kernel, overwrite_x)
     B, n, T, _ = X.shape
     if B == 0:
         return _empty(X, Zq, alpha)
@@ -299,13 +325,19 @@ def _empty(X: NDArray[np.float64], Zq: NDArray[np.float64], alpha: NDArray[np.in
 
 
 def _solve_compiled(
-    X: NDArray[np.float64], Zq: NDArray[np.float64], alpha: NDArray[np.int64], kernel: ModuleType
+    X: NDArray[np.float64],
+    Zq: NDArray[np.float64],
+    alpha: NDArray[np.int64],
+    kernel: ModuleType,
+    overwrite_x: bool = False,
 ) -> Stacked:
     """:func:`solve_arrays` by the compiled dual active set (:mod:`._active_set`), which solves and
     certifies each instance in one pass."""
     t0 = time.perf_counter()
     B, n, T, _ = X.shape
-    res = kernel.solve_stack(X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads())
+    res = kernel.solve_stack(
+        X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads(), overwrite_x=overwrite_x
+    )
     # res["A"]: the constraint rows a_it = x_iα − x_it (exactly 0 at t = α_i). An instance kept by the kernel
     # has no tied row, so these are the rows attsvm.tokens.differences builds.
     mask = np.ones((B, n, T), dtype=bool)
@@ -474,7 +506,7 @@ def infeasible(est: AttentionSVM, st: Stacked, i: int) -> AttentionSVM | None:
 def group_key(problem: AttentionProblem) -> tuple[int, ...]:
     """Instances with equal keys are stacked together."""
     n, T, d = problem.X.shape
-    return (n, T, d, problem.queries.shape[1])
+    return (n, T, d, d if problem.Z is None else problem.Z.shape[1])  # (queries: a view per call)
 
 
 def rank_deficient(problem: AttentionProblem) -> bool:

@@ -135,7 +135,7 @@ _FITTED = (
 
 def _check_selections(
     probs: list[AttentionProblem], toks: list[ArrayLike | None]
-) -> tuple[list[NDArray[np.int64]], NDArray[np.int64] | None]:
+) -> tuple[Sequence[NDArray[np.int64]] | NDArray[np.int64], NDArray[np.int64] | None]:
     """:meth:`AttentionProblem.check_tokens` for each (problem, selection) pair of
     :meth:`AttentionSVM.fit_many`, its error naming the pair's position. Selections that are already
     int64 vectors of the right length are range-checked together (a sweep passes thousands of them);
@@ -143,7 +143,7 @@ def _check_selections(
     the named error.
 
     Returns the checked selections and, when all of them were checked together and have one length,
-    the matrix whose rows they are (None otherwise)."""
+    the matrix whose rows they are (None otherwise; when given, it is also the first value)."""
     alphas: list[NDArray[np.int64] | None] = [None] * len(probs)
     fast: list[int] = []
     for i, (p, t) in enumerate(zip(probs, toks)):
@@ -163,7 +163,7 @@ def _check_selections(
             if same:
                 if len(fast) == len(probs):  # (every pair passed the loop above: all are problems)
                     stacked = flat.reshape(-1, n0)
-                    return list(stacked), stacked
+                    return stacked, stacked  # (its rows are the selections: no list of views)
                 parts = list(flat.reshape(-1, n0))
             else:
                 parts = np.split(flat, np.cumsum(lengths)[:-1])
