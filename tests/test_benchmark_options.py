@@ -31,6 +31,8 @@ CASES = [
     ("bench_kv.py", ["--repeats", "0", "--tokens", "16"], "--repeats"),  # BM3
     ("bench_batch.py", ["--rounds", "0", "--quick"], "--rounds"),  # BM4
     ("bench_peers.py", ["--repeat", "0", "--quick"], "--repeat"),  # BM4
+    ("bench_gc.py", ["--calls", "0"], "--calls"),
+    ("bench_gc.py", ["--size", "6,1,10"], "--size"),
     ("bench_nuclear.py", ["--repeat", "0", "--sizes", "2,3,2", "--solvers", ""], "--repeat"),  # BM5
     ("bench_nuclear.py", ["--sizes", "1,2", "--solvers", ""], "--sizes"),  # BM5
     ("bench_nuclear.py", ["--sizes", "2,3,2", "--solvers", "BOGUS"], "--solvers"),
