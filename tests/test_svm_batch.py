@@ -243,6 +243,7 @@ def test_the_estimators_of_a_batch_are_built_without_cyclic_collections(monkeypa
             gc.callbacks.remove(count)
         return len(runs)
 
+    AttentionSVM().fit_many(probs[:2], toks[:2])  # (the first batch of a process loads the compiled kernel)
     threshold = gc.get_threshold()
     gc.set_threshold(50, 10, 10)
     pause = batch.gc_paused
@@ -260,3 +261,55 @@ def test_the_estimators_of_a_batch_are_built_without_cyclic_collections(monkeypa
         gc.enable()
         gc.set_threshold(*threshold)
     assert unpaused >= 20 and paused <= unpaused // 4, (paused, unpaused)
+
+
+def test_overlapping_collector_pauses_restore_the_state_once_the_last_one_closes():
+    import gc
+    import threading
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def other() -> None:
+        first_in.wait()
+        with batch.gc_paused():
+            second_in.set()
+            first_out.wait()
+            seen.append(gc.isenabled())  # (the first block has closed: still paused for this one)
+
+    assert gc.isenabled()
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        with batch.gc_paused():
+            first_in.set()
+            second_in.wait()
+        first_out.set()
+    finally:
+        t.join()
+    assert seen == [False] and gc.isenabled()
+
+
+def test_the_compiled_batch_writes_its_rows_over_its_own_stack(monkeypatch):
+    # fit_many assembles the stack itself, so the compiled kernel writes the rows A over it (one array of
+    # the stack's size fewer); the problems' own X are left alone
+    pytest.importorskip("numba")
+    kernel = batch.compiled()
+    assert kernel is not None
+    calls: list[bool] = []
+    solve_stack = kernel.solve_stack
+
+    def spy(*args, **kw):
+        calls.append(kw.get("overwrite_x", False))
+        out = solve_stack(*args, **kw)
+        assert (out["A"] is args[0]) == calls[-1]
+        return out
+
+    monkeypatch.setattr(kernel, "solve_stack", spy)
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(8)]
+    before = [p.X.copy() for p in probs]
+    many = AttentionSVM().fit_many(probs, [p.optimal_tokens(ties="first") for p in probs])
+    assert calls == [True]
+    for p, x, m in zip(probs, before, many):
+        np.testing.assert_array_equal(p.X, x)
+        assert m.status_ == "optimal" and not np.shares_memory(m.constraints_.A, p.X)

@@ -470,8 +470,9 @@ def solve_stack(
     The instances are independent: with ``threads`` > 1 the stack is split into contiguous ranges
     solved concurrently (the kernel releases the GIL), with bit-identical results.
 
-    With ``overwrite_x`` (for a caller that owns X: a stack it assembled) the rows are written over X,
-    which then is the ``A`` returned: one array of the stack's size fewer to allocate and fault in."""
+    With ``overwrite_x`` (for a caller that owns X: a stack it assembled) the rows are written over X (over
+    its float64 C-contiguous copy where X is not one already), which then is the ``A`` returned: one array of
+    the stack's size fewer to allocate and fault in."""
     B, n, T, d = X.shape
     dz = Z.shape[2]
     # (C-contiguous and writeable: a read-only array is another numba type, compiled again at first use)

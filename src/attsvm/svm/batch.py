@@ -68,6 +68,7 @@ __all__ = [
     "ready",
     "Stacked",
     "estimators",
+    "gc_paused",
     "infeasible",
     "proved_infeasible",
     "solve_arrays",
@@ -252,21 +253,35 @@ def solve_group(
     return out
 
 
+_gc_lock = threading.Lock()
+_gc_depth = 0  # gc_paused blocks open now, in any thread
+_gc_was_enabled = False  # the collector's state when the outermost of them opened
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside the block (as it was after it). A batch makes thousands of
-    estimators, each a few containers, and none of them in a cycle: without the pause the collector
-    runs every few hundred of them and, every few runs, walks every object of the process (a process
-    that imported torch holds hundreds of thousands). On 2 cores, 20 back-to-back calls on 1,000 instances
-    at (6, 8, 10) took 19.9 µs per instance on average without the pause and 13.2 µs with it
-    (benchmarks/bench_gc.py)."""
-    was = gc.isenabled()
-    gc.disable()
+    """No cyclic garbage collection inside the block. A batch makes thousands of estimators, each a few
+    containers, and none of them in a cycle: without the pause the collector runs every few hundred of
+    them, and now and then (about once in 20 calls of 1,000 instances at (6, 8, 10)) a full collection
+    walks every object of the process (a process that imported torch holds hundreds of thousands). On 2
+    cores, 20 back-to-back calls on 1,000 instances at (6, 8, 10) took 19.9 µs per instance on average
+    without the pause and 13.2 µs with it (benchmarks/bench_gc.py).
+
+    The collector's state is process-wide: overlapping blocks (in any thread) pause it once, and the last
+    one to close restores the state the first one found."""
+    global _gc_depth, _gc_was_enabled
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_depth += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def solve_arrays(
