@@ -313,3 +313,23 @@ def test_the_compiled_batch_writes_its_rows_over_its_own_stack(monkeypatch):
     for p, x, m in zip(probs, before, many):
         np.testing.assert_array_equal(p.X, x)
         assert m.status_ == "optimal" and not np.shares_memory(m.constraints_.A, p.X)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_child_forked_inside_a_pause_collects_again():
+    # a fork while another thread is inside gc_paused: that block never closes in the child, whose
+    # collector must not stay off for good
+    import gc
+    import os
+
+    with batch.gc_paused():
+        pid = os.fork()
+        if pid == 0:  # (the child: report through the exit code only)
+            ok = gc.isenabled() and batch._gc_depth == 0
+            with batch.gc_paused():  # (and its own pauses work as before)
+                ok = ok and not gc.isenabled()
+            os._exit(0 if ok and gc.isenabled() else 1)
+        assert not gc.isenabled()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert gc.isenabled()

@@ -279,9 +279,23 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         with _gc_lock:
-            _gc_depth -= 1
+            _gc_depth = max(0, _gc_depth - 1)  # (0 already in a child forked inside this block)
             if _gc_depth == 0 and _gc_was_enabled:
                 gc.enable()
+
+
+def _gc_pause_after_fork() -> None:
+    """In a child made by fork: the blocks open in the parent's other threads never close here, so the
+    child starts with none open and the collector as the outermost of them found it."""
+    global _gc_lock, _gc_depth
+    _gc_lock = threading.Lock()
+    if _gc_depth:
+        _gc_depth = 0
+        if _gc_was_enabled:
+            gc.enable()
+
+
+os.register_at_fork(after_in_child=_gc_pause_after_fork)
 
 
 def solve_arrays(
