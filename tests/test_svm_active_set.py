@@ -81,7 +81,7 @@ def test_the_iteration_budget_is_honoured():
 
 
 def test_threads_give_bit_identical_results():
-    # 3 threads: one range each; 2 threads: 8 ranges (CHUNKS_PER_THREAD each), taken by whichever thread is free
+    # 3 and 2 threads, each taking chunks of CHUNK instances from a shared counter as it becomes free
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(10 * gi.MIN_PER_THREAD)]
     toks = [p.optimal_tokens(ties="first") for p in probs]
     one = _solve(probs, toks, threads=1)
@@ -307,3 +307,65 @@ def test_rows_written_over_the_callers_stack_are_the_rows_of_a_separate_output()
     for key in ("A", "W", "lam", "margins", "support", "stats", "code"):
         np.testing.assert_array_equal(out[key][ok], ref[key][ok], err_msg=key)  # bit for bit
     assert not np.shares_memory(ref["A"], X)
+
+
+def _exponent_by_selection(v):
+    mant, ex = np.frexp(np.sort(v)[len(v) // 2])
+    return int(ex - 1 if mant == 0.5 else ex)
+
+
+def test_the_scale_exponent_is_that_of_the_upper_median():
+    # g = 2^e with e = ⌈log₂⌉ of the upper median of 1/s, counted off the exponent bits; checked against the
+    # sort on exact powers of two (where ⌈log₂⌉ is not the frexp exponent), ties, odd and even K, and the
+    # cases that fall back to selection (exponents spanning more than the counts, subnormals)
+    rng = np.random.default_rng(0)
+    cnt = np.empty(gi._EXPONENT_SPAN, dtype=np.int64)
+    cases = []
+    for K in (1, 2, 3, 7, 42, 43, 210):
+        cases.append(np.exp(rng.normal(0.0, 2.0, K)))
+        cases.append(2.0 ** rng.integers(-5, 5, K).astype(float))  # exact powers of two, many tied
+        cases.append(np.where(rng.random(K) < 0.5, 1.0, 2.0 ** rng.integers(-3, 3, K)))
+        cases.append(np.exp(rng.normal(0.0, 200.0, K)).clip(1e-300, 1e300))  # a span beyond the counts
+    cases.append(np.array([5e-324, 1.0, 3.0]))  # a subnormal
+    cases.append(np.array([0.75, 1.0, 1.5, 2.0, 2.0000000000000004]))
+    for v in cases:
+        v = np.ascontiguousarray(v)
+        scratch = np.empty(len(v))
+        assert gi._scale_exponent(v, scratch, cnt) == _exponent_by_selection(v), v
+
+
+def test_a_stack_job_solves_each_chunk_once_and_reports_them_in_order():
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(5 * gi.MIN_PER_THREAD + 3)]
+    toks = [p.optimal_tokens(ties="first") for p in probs]
+    X, Z, a = _stack(probs, toks)
+    ref = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(42), threads=1)
+    B = len(probs)
+    for threads in (1, 2, 3):
+        job = gi.StackJob(X, Z, a, gi.GI_TOL, gi.max_iterations(42), threads)
+        seen = []
+        while True:
+            upto = job.finished()
+            assert 0 <= upto <= B and (not seen or upto >= seen[-1]) and (upto == B or upto % gi.CHUNK == 0)
+            seen.append(upto)
+            # every instance reported finished is solved: its code is what the single-threaded solve gave
+            np.testing.assert_array_equal(job.out["code"][:upto], ref["code"][:upto])
+            if upto == B or not job.step():
+                break
+        out = job.finish()
+        assert job.finished() == B
+        for key in ref:
+            np.testing.assert_array_equal(out[key], ref[key], err_msg=key)  # bit for bit
+        assert (job._sched[1:] == 1).all() and job._sched[0] >= B  # (each chunk solved exactly once)
+
+
+def test_a_stack_job_left_by_an_error_stops_its_threads_before_the_error_returns():
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(8 * gi.MIN_PER_THREAD)]
+    X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    with pytest.raises(RuntimeError, match="boom"), gi.StackJob(X, Z, a, gi.GI_TOL, gi.max_iterations(42), 2) as job:
+        raise RuntimeError("boom")
+    assert not job._futures  # (waited for)
+    snapshot = job.out["code"].copy()
+    import time
+
+    time.sleep(0.05)
+    np.testing.assert_array_equal(job.out["code"], snapshot)  # nothing writes into the arrays any more

@@ -297,15 +297,15 @@ def test_the_compiled_batch_writes_its_rows_over_its_own_stack(monkeypatch):
     kernel = batch.compiled()
     assert kernel is not None
     calls: list[bool] = []
-    solve_stack = kernel.solve_stack
+    job = kernel.StackJob
 
-    def spy(*args, **kw):
-        calls.append(kw.get("overwrite_x", False))
-        out = solve_stack(*args, **kw)
-        assert (out["A"] is args[0]) == calls[-1]
-        return out
+    class Spy(job):
+        def __init__(self, X, *args, **kw):
+            calls.append(kw.get("overwrite_x", False))
+            super().__init__(X, *args, **kw)
+            assert (self.out["A"] is X) == calls[-1]
 
-    monkeypatch.setattr(kernel, "solve_stack", spy)
+    monkeypatch.setattr(kernel, "StackJob", Spy)
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(8)]
     before = [p.X.copy() for p in probs]
     many = AttentionSVM().fit_many(probs, [p.optimal_tokens(ties="first") for p in probs])
@@ -333,3 +333,50 @@ def test_a_child_forked_inside_a_pause_collects_again():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert gc.isenabled()
+
+
+def test_the_overlapped_compiled_group_returns_what_its_stack_and_estimators_give(monkeypatch):
+    # the compiled group builds each estimator while the pool's thread solves, and gives it its numbers
+    # chunk by chunk: every instance must come back as the stack (solve_arrays) and estimators() make
+    # it, bit for bit, on one thread and on two; the tied ones None, the proved infeasible ones fitted
+    pytest.importorskip("numba")
+    from attsvm.svm import _active_set as gi
+    from attsvm.svm.frobenius import FrobeniusOptions
+
+    rng = np.random.default_rng(3)
+    probs = [paper_instance(10, 5, 4, seed=s) for s in range(3 * gi.MIN_PER_THREAD + 5)]  # K = 40 on 4 × 4
+    alpha = np.stack([rng.integers(0, 5, size=10) if s % 3 == 0 else p.optimal_tokens() for s, p in enumerate(probs)])
+    for s in (7, 100, 150):
+        probs[s] = _duplicate_selected(probs[s], alpha[s])
+    est = AttentionSVM()
+    opt = FrobeniusOptions(tol=1e-10)
+    X = np.stack([p.X for p in probs])
+    Zq = np.stack([p.queries for p in probs])
+    st = batch.solve_arrays(est, X, Zq, alpha, opt)
+    ref: list[AttentionSVM | None] = [None] * len(probs)
+    keep = np.flatnonzero(st.certified(est.tol))
+    for i, e in zip(keep.tolist(), batch.estimators(AttentionSVM, est.get_params(), st, keep)):
+        ref[i] = e
+    for i, e in batch.proved_infeasible(est, st).items():
+        ref[i] = e
+    kinds = {e.status_ if e is not None else None for e in ref}
+    assert kinds == {"optimal", "infeasible", None}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("ATTSVM_NUM_THREADS", threads)
+        got = batch.solve_group(est, probs, alpha, opt)
+        assert [e is None for e in got] == [e is None for e in ref]
+        for a, b in zip(got, ref):
+            if a is None:
+                continue
+            assert set(a.__dict__) == set(b.__dict__)
+            for key, va in a.__dict__.items():
+                vb = b.__dict__[key]
+                if key == "solve_time_":
+                    assert va > 0
+                elif key == "constraints_":
+                    for f in ("A", "Z", "mask", "rhs", "equality"):
+                        np.testing.assert_array_equal(getattr(va, f), getattr(vb, f))
+                elif isinstance(va, np.ndarray) or va is None:
+                    np.testing.assert_array_equal(va, vb, err_msg=key)
+                else:
+                    assert va == vb, key

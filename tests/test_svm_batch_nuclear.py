@@ -278,9 +278,16 @@ def test_compile_kernels_runs_both_compiled_kernels(monkeypatch):
     from attsvm.svm._warm import compile_kernels
 
     calls = []
-    for mod in (sdpc, _active_set):
-        kernel = mod.solve_stack
-        monkeypatch.setattr(mod, "solve_stack", lambda *a, _k=kernel, _m=mod, **kw: calls.append(_m) or _k(*a, **kw))
+    kernel = sdpc.solve_stack
+    monkeypatch.setattr(sdpc, "solve_stack", lambda *a, **kw: calls.append(sdpc) or kernel(*a, **kw))
+    job = _active_set.StackJob
+
+    class Spy(job):
+        def __init__(self, *a, **kw):
+            calls.append(_active_set)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(_active_set, "StackJob", Spy)
     assert compile_kernels() is True
     assert set(calls) == {sdpc, _active_set}
 

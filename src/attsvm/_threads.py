@@ -17,10 +17,18 @@ import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["batch_threads", "blas_threads", "run_ranges", "SMALL_SOLVE_ELEMENTS", "SMALL_NUCLEAR_ELEMENTS"]
+__all__ = [
+    "batch_threads",
+    "blas_threads",
+    "run_ranges",
+    "start_helpers",
+    "wait_started",
+    "SMALL_SOLVE_ELEMENTS",
+    "SMALL_NUCLEAR_ELEMENTS",
+]
 
 # Problems with at most this many token features (n·T·d) are solved with one BLAS thread; larger ones
 # keep the library's pool. Measured on 2 cores: one thread is faster per iteration at every size tried up
@@ -135,6 +143,32 @@ def run_ranges(
             f.exception()
     for f in futures:
         f.result()
+
+
+def start_helpers(work: Callable[[], object], helpers: int) -> tuple[list[Future[object]], list[threading.Event]]:
+    """Run ``work()`` on ``helpers`` threads of the process's pool: a compiled kernel that releases the GIL
+    and solves the chunks of a stack that no thread has claimed (:class:`attsvm.svm._active_set.StackJob`),
+    while the calling thread does other work. Returns the futures and, per helper, an event set just
+    before it calls ``work``.
+
+    A pool thread needs the GIL to start, and a caller that keeps it (building Python objects) lets it have
+    it only after the interpreter's switch interval (5 ms, longer than a small stack's solve). So the
+    caller should release the GIL until the events are set: in a kernel of its own, or waiting for them
+    (:func:`wait_started`)."""
+    started = [threading.Event() for _ in range(helpers)]
+
+    def run(ev: threading.Event) -> object:
+        ev.set()
+        return work()
+
+    pool = _pool(helpers + 1)
+    return [pool.submit(run, ev) for ev in started], started
+
+
+def wait_started(started: list[threading.Event]) -> None:
+    """Wait (without the GIL) until each helper of :func:`start_helpers` has started its work."""
+    for ev in started:
+        ev.wait()
 
 
 _executor: ThreadPoolExecutor | None = None

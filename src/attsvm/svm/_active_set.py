@@ -22,6 +22,10 @@ multiplier to release is infeasible: it returns LEAVE_INFEASIBLE with the candid
 in ``lam``. One whose rows include a tied token (a zero row), or that exceeds its iteration budget,
 returns another negative code and goes to ``AttentionSVM.fit``.
 
+A stack is solved by :class:`StackJob`: chunks of ``CHUNK`` instances, each claimed by one thread from an
+atomic counter, so the calling thread can build Python objects while the pool's threads solve, and join
+in when it is free.
+
 numba is imported only when this module is, and this module only when a stack is solved; the kernels
 are compiled once and cached next to this file (``cache=True``).
 """
@@ -29,18 +33,21 @@ are compiled once and cached next to this file (``cache=True``).
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 
 import numba as nb
 import numpy as np
+from numba.core import types
+from numba.core.extending import intrinsic
 from numpy.typing import NDArray
 
-from .._threads import run_ranges
+from .._threads import start_helpers, wait_started
 from ..tokens import SUPPORT_TOL, TIE_ULPS
 from .batch import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
 from .certificate import ROW_FLOOR
 from .reduction import ZERO_ROW_RTOL
 
-__all__ = ["GI_TOL", "max_iterations", "solve_stack"]
+__all__ = ["CHUNK", "GI_TOL", "StackJob", "max_iterations", "solve_stack"]
 
 # A new row whose component orthogonal to the active rows has squared norm at most this (its own is 1)
 # is dependent on them: the step cannot satisfy it, only release an active row.
@@ -48,11 +55,14 @@ DEPENDENT_TOL = 1e-10
 # Stop when no row is violated by more than this, relative to its b̂ (normalised units of .reduction):
 # each addition makes its row active to round-off, so this only absorbs the round-off of the margins
 GI_TOL = 1e-13
-# instances per task when the stack is split over threads, and tasks per thread (at most)
+# instances per thread at least (below that, a thread costs more than it saves), and per chunk: the unit
+# a thread claims (about 0.2 ms at (n, T, d) = (6, 8, 10); a thread ends at most one chunk after another)
 MIN_PER_THREAD = 64
-CHUNKS_PER_THREAD = 4
+CHUNK = 16
 
 _EPS = float(np.finfo(np.float64).eps)
+_MANTISSA = (1 << 52) - 1  # the fraction bits of a float64
+_EXPONENT_SPAN = 64  # exponents of 1/s counted (:func:`_scale_exponent`)
 # reassociation and contraction (FMA) let the compiler vectorise the inner products; no "nnan"/"ninf":
 # the kernels compare against inf
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -89,6 +99,42 @@ def _select(v, k):
 
 
 @nb.njit(cache=True, nogil=True)
+def _scale_exponent(v, srt, cnt):
+    """e = ⌈log₂ m⌉ for the upper median m of the positive entries of v (``np.sort(v)[K // 2]``): g = 2^e is
+    the power of two with m/g ∈ (½, 1]. As ⌈log₂⌉ is monotone, e is the upper median of the ⌈log₂ v_k⌉,
+    read off the float64 bits and counted (the exponents of an instance span a few units), where a
+    selection of K = 42 values cost about 6% of a solve; by selection where v holds subnormals or the
+    exponents span ``_EXPONENT_SPAN`` or more."""
+    K = v.shape[0]
+    bits = v.view(np.int64)
+    lo = 1 << 20
+    hi = -(1 << 20)
+    for k in range(K):
+        b = bits[k]
+        ef = (b >> 52) & 0x7FF
+        if ef == 0 or ef == 0x7FF:
+            lo = 1 << 20
+            break
+        c = ef - 1023 + (1 if b & _MANTISSA else 0)
+        lo = min(lo, c)
+        hi = max(hi, c)
+    if hi < lo or hi - lo >= cnt.shape[0]:
+        srt[:] = v
+        mant, ex = math.frexp(_select(srt, K // 2))
+        return ex - 1 if mant == 0.5 else ex
+    cnt[: hi - lo + 1] = 0
+    for k in range(K):
+        b = bits[k]
+        cnt[((b >> 52) & 0x7FF) - 1023 + (1 if b & _MANTISSA else 0) - lo] += 1
+    seen = 0
+    for j in range(hi - lo + 1):
+        seen += cnt[j]
+        if seen > K // 2:
+            return lo + j
+    return hi
+
+
+@nb.njit(cache=True, nogil=True)
 def _workspace(n, T, d, dz):
     """The scratch arrays of :func:`_solve_one` for instances of shape (n, T, d, d_z), allocated once per
     range of instances (an allocation per array and instance cost about 5% of a solve at K = 42)."""
@@ -102,6 +148,7 @@ def _workspace(n, T, d, dz):
         np.empty(K),  # bh: b̂ = 1/(s_k g)
         np.empty(n),  # zn: ‖z_i‖
         np.empty(K),  # srt: scratch of the median
+        np.empty(_EXPONENT_SPAN, np.int64),  # cnt: counts of the exponents of 1/s
         np.empty((n, n)),  # Zg: the Gram matrix of the queries
         np.empty((n, K)),  # ZS[i, k] = (z_i·z_k)/s_k: row i_p scales the entering row's column
         np.empty((n, d)),  # V[i] = Σ_k λ_k a_k over the active rows of sequence i (W = Σ_i V_i z_iᵀ)
@@ -195,7 +242,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     ``stats = (violation, relative violation, gap, relative gap, complementarity, g)``; returns the
     iteration count, or a negative LEAVE_* code. A may be X itself (each row is read before it is
     overwritten; X is not read after step 1)."""
-    AT, seq, tpos, inv_s, bh, zn, srt, Zg, ZS, V, cols, act, bout, L, Ld, M, lamA, mh, rho, r, work, u, xa = ws
+    AT, seq, tpos, inv_s, bh, zn, srt, cnt, Zg, ZS, V, cols, act, bout, L, Ld, M, lamA, mh, rho, r, work, u, xa = ws
     n, T, d = X.shape
     dz = Z.shape[1]
     K = n * (T - 1)
@@ -240,9 +287,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
         if not inv_s[k] * smax < 1.0 / ZERO_ROW_RTOL:
             return LEAVE_TIED
     # 2. global scale g: the power of two with (upper median of 1/s)/g ∈ (½, 1]
-    srt[:] = inv_s
-    mant, ex = math.frexp(_select(srt, K // 2))
-    g = math.ldexp(1.0, ex - 1 if mant == 0.5 else ex)
+    g = math.ldexp(1.0, _scale_exponent(inv_s, srt, cnt))
     for k in range(K):
         bh[k] = inv_s[k] / g
     for i in range(n):
@@ -251,9 +296,11 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
             for e in range(dz):
                 acc += Z[i, e] * Z[i2, e]
             Zg[i, i2] = acc
-    for i2 in range(n):
-        for k in range(K):
-            ZS[i2, k] = Zg[seq[k], i2] * inv_s[k]
+    for i2 in range(n):  # (rows k of sequence i: i(T − 1) ≤ k < (i + 1)(T − 1))
+        for i in range(n):
+            z = Zg[i, i2]
+            for k in range(i * (T - 1), (i + 1) * (T - 1)):
+                ZS[i2, k] = z * inv_s[k]
     # 3. Goldfarb–Idnani
     cap = min(K, d * dz) + 1
     for k in range(K):
@@ -314,9 +361,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
             for a in range(na):
                 lamA[a] -= step * r[a]
             lam_p += step
-            _minus_mt(cols, M, rho, na, work)  # Ĝ_:p − Ĝ_:A r = Ĝ_:p − Mᵀρ
-            for k in range(K):
-                mh[k] += step * work[k]
+            _minus_mt(cols, M, rho, na, work)  # Ĝ_:p − Ĝ_:A r = Ĝ_:p − Mᵀρ: the margins move by step times it
             if t2 <= t1:  # p joins the active set: one new row of the Cholesky factor and of M
                 if na + 1 >= cap:  # more independent rows than W has entries: round-off, not a face
                     return LEAVE_SINGULAR
@@ -324,14 +369,19 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                     L[na, b] = rho[b]
                 dd = math.sqrt(dl)
                 L[na, na] = dd
-                Ld[na] = 1.0 / dd
-                for k in range(K):
-                    M[na, k] = work[k] / dd
+                ild = 1.0 / dd
+                Ld[na] = ild
+                for k in range(K):  # (one pass for both)
+                    w = work[k]
+                    mh[k] += step * w
+                    M[na, k] = w * ild
                 act[na] = p
                 lamA[na] = lam_p
                 bout[p] = -np.inf
                 na += 1
                 break
+            for k in range(K):
+                mh[k] += step * work[k]
             bout[act[jdrop]] = bh[act[jdrop]]  # drop: shift the slots and refactorise Ĝ_AA
             for a in range(jdrop, na - 1):
                 act[a] = act[a + 1]
@@ -439,17 +489,141 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     return it
 
 
+@intrinsic
+def _fetch_add(typingctx, arr, i, val):
+    """Atomically add ``val`` to ``arr[i]`` (an int64 array) and return its old value: a sequentially
+    consistent read-modify-write, so that the stores before it are seen by any thread that sees it."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and arr.layout == "C"):
+        return None
+    sig = types.int64(arr, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.atomic_rmw("add", ptr, args[2], "seq_cst")
+
+    return sig, codegen
+
+
 @nb.njit(cache=True, nogil=True)
-def _solve_range(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, code, lo, hi):
+def _solve_claimed(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, code, sched, chunk, max_chunks):
+    """Solve chunks of ``chunk`` instances claimed from ``sched`` until none is left or ``max_chunks`` are
+    done: ``sched[0]`` is the first instance no thread has claimed (claimed atomically, so threads running
+    this at once never take the same chunk), and ``sched[1 + c]`` becomes 1 once chunk c is solved.
+    Returns the chunks solved here."""
     ws = _workspace(X.shape[1], X.shape[2], X.shape[3], Z.shape[2])
-    for b in range(lo, hi):
-        code[b] = _solve_one(X[b], Z[b], alpha[b], tol, max_iter, A[b], W[b], lam[b], marg[b], supp[b], stats[b], ws)
+    B = X.shape[0]
+    taken = 0
+    while taken < max_chunks:
+        lo = _fetch_add(sched, 0, chunk)
+        if lo >= B:
+            break
+        for b in range(lo, min(lo + chunk, B)):
+            code[b] = _solve_one(
+                X[b], Z[b], alpha[b], tol, max_iter, A[b], W[b], lam[b], marg[b], supp[b], stats[b], ws
+            )
+        _fetch_add(sched, 1 + lo // chunk, 1)
+        taken += 1
+    return taken
 
 
 def max_iterations(K: int) -> int:
     """The iteration budget of an instance with K rows: each iteration adds or drops one row, a row is
     added at most once per drop, and drops are rare (0.3 per instance at K = 42, 1.5 at K = 210)."""
     return 10 * K + 100
+
+
+class StackJob:
+    """A stack X (B, n, T, d), Z (B, n, d_z) at the selections ``alpha`` (B, n) being solved and certified
+    (module doc). The arrays of the answer are allocated at once (:attr:`out`, as :func:`solve_stack`
+    returns them) and filled chunk by chunk (``CHUNK`` instances) by up to ``threads`` threads: the
+    caller's and ``threads − 1`` of the process's pool (:func:`attsvm._threads.start_helpers`), which
+    start solving at once and take chunks in order, each from a shared counter, until none is left.
+
+    So the caller may do other work while the pool solves (:mod:`attsvm.svm.batch` builds the estimators
+    whose arrays are views of :attr:`out`), solve chunks itself with :meth:`step`, read which instances
+    are finished with :meth:`finished`, and :meth:`finish` the stack. Used as a context manager, the job
+    is finished on leaving the block, an error included, so no thread still writes into :attr:`out`
+    afterwards. The instances are independent: the results do not depend on which thread solved which
+    chunk, bit for bit.
+
+    With ``overwrite_x`` (for a caller that owns X: a stack it assembled) the rows are written over X (over
+    its float64 C-contiguous copy where X is not one already), which then is the ``A`` of :attr:`out`: one
+    array of the stack's size fewer to allocate and fault in."""
+
+    def __init__(
+        self,
+        X: NDArray[np.float64],
+        Z: NDArray[np.float64],
+        alpha: NDArray[np.int64],
+        tol: float,
+        max_iter: int,
+        threads: int = 1,
+        overwrite_x: bool = False,
+    ) -> None:
+        B, n, T, d = X.shape
+        dz = Z.shape[2]
+        # (C-contiguous and writeable: a read-only array is another numba type, compiled again at first use)
+        X = np.require(X, np.float64, ["C", "W"])
+        Z = np.require(Z, np.float64, ["C", "W"])
+        alpha = np.require(alpha, np.int64, ["C", "W"])
+        self.B = B
+        self.out: dict[str, NDArray] = {
+            "A": X if overwrite_x else np.empty((B, n, T, d)),
+            "W": np.empty((B, d, dz)),
+            "lam": np.empty((B, n, T)),
+            "margins": np.empty((B, n, T)),
+            "support": np.empty((B, n, T), dtype=np.bool_),
+            "stats": np.empty((B, 6)),
+            "code": np.empty(B, dtype=np.int64),
+        }
+        o = self.out
+        chunks = -(-B // CHUNK)
+        self._sched = np.zeros(1 + chunks, dtype=np.int64)  # (next instance to claim, then chunk c done)
+        self._done = 0  # the chunks known to be finished, in order
+        self._args = (
+            X, Z, alpha, float(tol), int(max_iter), o["A"], o["W"], o["lam"], o["margins"], o["support"],
+            o["stats"], o["code"], self._sched, CHUNK,
+        )  # fmt: skip
+        helpers = max(1, min(int(threads), B // MIN_PER_THREAD)) - 1
+        self._futures: list[Future[object]] = []
+        if helpers:
+            self._futures, started = start_helpers(lambda: _solve_claimed(*self._args, chunks), helpers)
+            self.step(1)  # (without the GIL while the helpers start: see start_helpers)
+            wait_started(started)
+
+    def step(self, chunks: int = 1) -> int:
+        """Solve up to ``chunks`` chunks of the stack on this thread; the number solved (0: none was left)."""
+        return int(_solve_claimed(*self._args, int(chunks)))
+
+    def finished(self) -> int:
+        """How many of the first instances are solved: every instance before the value returned is."""
+        sched = self._sched
+        while self._done + 1 < sched.shape[0] and sched[1 + self._done]:
+            self._done += 1
+        return min(self._done * CHUNK, self.B)
+
+    def finish(self) -> dict[str, NDArray]:
+        """Solve what is left (on this thread too), wait for the pool's threads, and return :attr:`out`."""
+        try:
+            while self.step(1 << 30):
+                pass
+        finally:  # (an error here returns only once the pool's threads have stopped writing)
+            for f in self._futures:
+                f.exception()
+        for f in self._futures:
+            f.result()
+        self._futures = []
+        return self.out
+
+    def __enter__(self) -> StackJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._futures:
+            if exc[0] is not None:  # (leave nothing to claim: the pool's threads stop after their chunk)
+                self._sched[0] = self.B
+            self.finish()
 
 
 def solve_stack(
@@ -467,28 +641,6 @@ def solve_stack(
     row where it left), ``W`` (B, d, d_z), ``lam`` (B, n, T; the multipliers λ⁺, 0 at α), ``margins``
     (B, n, T; inf at α), ``support`` (B, n, T), ``stats`` (B, 6: violation, relative violation, gap,
     relative gap, complementarity, g) and ``code`` (B: iteration count, or a negative LEAVE_* code).
-    The instances are independent: with ``threads`` > 1 the stack is split into contiguous ranges
-    solved concurrently (the kernel releases the GIL), with bit-identical results.
-
-    With ``overwrite_x`` (for a caller that owns X: a stack it assembled) the rows are written over X (over
-    its float64 C-contiguous copy where X is not one already), which then is the ``A`` returned: one array of
-    the stack's size fewer to allocate and fault in."""
-    B, n, T, d = X.shape
-    dz = Z.shape[2]
-    # (C-contiguous and writeable: a read-only array is another numba type, compiled again at first use)
-    X = np.require(X, np.float64, ["C", "W"])
-    Z = np.require(Z, np.float64, ["C", "W"])
-    alpha = np.require(alpha, np.int64, ["C", "W"])
-    out = {
-        "A": X if overwrite_x else np.empty((B, n, T, d)),
-        "W": np.empty((B, d, dz)),
-        "lam": np.empty((B, n, T)),
-        "margins": np.empty((B, n, T)),
-        "support": np.empty((B, n, T), dtype=np.bool_),
-        "stats": np.empty((B, 6)),
-        "code": np.empty(B, dtype=np.int64),
-    }
-    args = (X, Z, alpha, float(tol), int(max_iter), out["A"], out["W"], out["lam"], out["margins"], out["support"])
-    tail = (out["stats"], out["code"])
-    run_ranges(lambda lo, hi: _solve_range(*args, *tail, lo, hi), B, threads, MIN_PER_THREAD, CHUNKS_PER_THREAD)
-    return out
+    The instances are independent: with ``threads`` > 1 they are solved concurrently (the kernel releases
+    the GIL; :class:`StackJob`), with bit-identical results. ``overwrite_x``: as :class:`StackJob`."""
+    return StackJob(X, Z, alpha, tol, max_iter, threads, overwrite_x).finish()

@@ -8,7 +8,9 @@ Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of
   included): the Goldfarb–Idnani dual active set of :mod:`._active_set` solves and certifies each instance
   in one compiled pass, with the same reduction and certificate as below; an instance it proves
   infeasible comes back with its Farkas certificate once :func:`~attsvm.svm.certificate.farkas_certificate`
-  verifies it.
+  verifies it. :meth:`AttentionSVM.fit_many` overlaps its Python with the kernel
+  (:func:`_solve_group_compiled`): the pool's threads start solving while this one builds the estimators
+  around views of the answer's arrays, then gives them their numbers chunk by chunk as they are solved.
 - **NumPy** (up to ``BATCH_MAX_K`` rows of full rank), each step a batched NumPy/LAPACK call over the stack:
 
 1. **Constraints** ``a_it = x_{iα_i} − x_it`` and their K = n(T − 1) flat rows, for the whole stack.
@@ -217,8 +219,14 @@ class Stacked(NamedTuple):
     def certified(self, tol: float) -> NDArray[np.bool_]:
         """The instances the batch solved whose certificate passes ``tol`` (the others go to ``fit``,
         except the infeasible ones whose candidate verifies, :func:`infeasible`)."""
-        s = self.stats
-        return (self.code >= 0) & (s[:, 1] <= tol) & (s[:, 3] <= tol) & np.isfinite(self.W).all(axis=(1, 2))
+        return _certified(self.code, self.stats, self.W, tol)
+
+
+def _certified(
+    code: NDArray[np.int64], stats: NDArray[np.float64], W: NDArray[np.float64], tol: float
+) -> NDArray[np.bool_]:
+    """:meth:`Stacked.certified` of these instances' arrays."""
+    return (code >= 0) & (stats[:, 1] <= tol) & (stats[:, 3] <= tol) & np.isfinite(W).all(axis=(1, 2))
 
 
 def solve_group(
@@ -242,6 +250,9 @@ def solve_group(
         Zq = np.concatenate([p.queries for p in problems]).reshape(B, n, dz)
     else:  # self-attention: z_i = x_{i,q} of each instance's query position, read off the stack at once
         Zq = X[np.arange(B), :, np.asarray(q, dtype=np.int64)]
+    kernel = compiled()
+    if kernel is not None and uses_compiled(est):
+        return _solve_group_compiled(est, X, Zq, alpha, kernel)
     st = solve_arrays(est, X, Zq, alpha, opt, overwrite_x=True)
     out: list[AttentionSVM | None] = [None] * len(problems)
     for i, e in proved_infeasible(est, st).items():
@@ -250,6 +261,55 @@ def solve_group(
     with gc_paused():
         for i, e in zip(keep.tolist(), estimators(type(est), est.get_params(), st, keep)):
             out[i] = e
+    return out
+
+
+def _solve_group_compiled(
+    est: AttentionSVM, X: NDArray[np.float64], Zq: NDArray[np.float64], alpha: NDArray[np.int64], kernel: ModuleType
+) -> list[AttentionSVM | None]:
+    """:func:`solve_group` by the compiled dual active set, on this thread and the pool's at once
+    (:class:`~attsvm.svm._active_set.StackJob`): while the pool's threads solve, this one builds every
+    instance's estimator around the views of the stack's arrays (:meth:`AttentionSVM._batched_shells`),
+    then gives the estimators of the solved chunks their numbers, in order, solving a chunk itself
+    whenever none is waiting. Each instance comes back as :func:`solve_group` would return it by
+    :func:`solve_arrays` and :func:`estimators`, bit for bit."""
+    t0 = time.perf_counter()
+    B, n, T, _ = X.shape
+    mask = np.ones((B, n, T), dtype=bool)
+    np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
+    out: list[AttentionSVM | None] = [None] * B
+    tol = est.tol
+    with (
+        gc_paused(),
+        kernel.StackJob(
+            X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads(), overwrite_x=True
+        ) as job,
+    ):
+        o = job.out
+        st = Stacked(
+            o["A"], Zq, mask, alpha, o["W"], o["lam"], o["margins"], o["support"], o["stats"], o["code"],
+            path="batched-active-set", per=0.0,
+        )  # fmt: skip
+        shells = type(est)._batched_shells(est.get_params(), _shell_rows(st))
+        done = 0
+        while done < B:
+            upto = job.finished()
+            if upto == done:
+                if not job.step():
+                    job.finish()
+                continue
+            ok = _certified(st.code[done:upto], st.stats[done:upto], st.W[done:upto], tol)
+            idx = (np.flatnonzero(ok) + done).tolist()
+            _fill([shells[i] for i in idx], idx, st, None)
+            for i in idx:
+                out[i] = shells[i]
+            done = upto
+    per = (time.perf_counter() - t0) / B
+    for e in out:
+        if e is not None:
+            e.__dict__["solve_time_"] = per
+    for i, e in proved_infeasible(est, st._replace(per=per)).items():
+        out[i] = e
     return out
 
 
@@ -471,37 +531,44 @@ def estimators(
     with) for the instances ``keep`` of ``st`` that the batch certified (:meth:`Stacked.certified`), in
     that order. Their arrays are per-instance views of the stack, so an estimator costs a few attribute
     writes."""
-    B, n, T, _ = st.A.shape
-    K = n * (T - 1)
     idx = keep.tolist()
-    W = st.W if len(idx) == B else st.W[keep]
-    objective = np.sqrt(np.einsum("bde,bde->b", W, W)).tolist()
+    out = cls._batched_shells(params, _shell_rows(st, idx))
+    _fill(out, idx, st, st.per)
+    return out
+
+
+def _shell_rows(st: Stacked, idx: list[int] | None = None) -> Iterator[tuple[Any, ...]]:
+    """The rows of :meth:`AttentionSVM._batched_shells` for the instances ``idx`` of ``st`` (all: None):
+    the constraint set and the views of the stack's arrays, which need not be solved yet."""
+    _, n, T, _ = st.A.shape
     eq = np.zeros((n, T), dtype=bool)
     eq.flags.writeable = False  # (shared by every instance's constraint set)
     rhs = st.mask.astype(np.float64)
 
-    def each(arr: NDArray) -> list:  # the kept instances' views of a stacked array
-        return list(arr) if len(idx) == B else [arr[i] for i in idx]
+    def each(arr: NDArray) -> list:  # the instances' views of a stacked array
+        return list(arr) if idx is None else [arr[i] for i in idx]
 
-    css = [ConstraintSet._trusted(*arrays, eq) for arrays in zip(each(st.A), each(st.Zq), each(st.mask), each(rhs))]
-    stats = st.stats[keep]
-    info = [
-        {"backend": "frobenius", "path": st.path, "K": K, "batch_size": B, "global_scale": g}
-        for g in stats[:, 5].tolist()
-    ]
-    rows = zip(  # (in the order of AttentionSVM._BATCHED_FIELDS)
-        css,
-        each(st.alpha),
-        each(st.W),
-        objective,
-        each(st.lam),
-        each(st.margins),
-        each(st.support),
-        *stats[:, :5].T.tolist(),
-        st.code[keep].tolist(),
-        info,
-    )
-    return cls._batched_many(params, rows, st.per)
+    trusted = ConstraintSet._trusted
+    for A, Zq, mask, r, alpha, W, lam, margins, support in zip(
+        each(st.A), each(st.Zq), each(st.mask), each(rhs), each(st.alpha), each(st.W), each(st.lam),
+        each(st.margins), each(st.support),
+    ):  # fmt: skip
+        yield trusted(A, Zq, mask, r, eq), alpha, W, lam, margins, support
+
+
+def _fill(shells: list[AttentionSVM], idx: list[int], st: Stacked, per: float | None) -> None:
+    """:meth:`AttentionSVM._batched_fill` of the shells of the instances ``idx`` of ``st`` (solved and
+    certified: the others' arrays may not be)."""
+    B, n, T, _ = st.A.shape
+    W = st.W[idx]
+    objective = np.sqrt(np.einsum("bde,bde->b", W, W)).tolist()
+    stats = st.stats[idx].tolist()
+    code = st.code[idx].tolist()
+    path = st.path
+    K = n * (T - 1)
+    for e, obj, s, c in zip(shells, objective, stats, code):
+        info = {"backend": "frobenius", "path": path, "K": K, "batch_size": B, "global_scale": s[5]}
+        e._batched_fill((obj, s[0], s[1], s[2], s[3], s[4], c, info), per)
 
 
 def proved_infeasible(est: AttentionSVM, st: Stacked) -> dict[int, AttentionSVM]:

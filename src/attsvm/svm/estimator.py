@@ -704,20 +704,30 @@ class AttentionSVM:
             )
         return self
 
-    # the fitted attributes a batch sets per instance (AttentionSVM._batched_many), in the order of its rows
-    _BATCHED_FIELDS = ("constraints_", "tokens_", *_SOLUTION_FIELDS, "n_iter_", "info_")
+    # the fitted attributes a batch sets per instance: the arrays (views of its stack, AttentionSVM._batched_shells)
+    # and, once the instance is solved, the numbers (AttentionSVM._batched_fill)
+    _SHELL_FIELDS = ("constraints_", "tokens_", "W_", "dual_coef_", "margins_", "support_")
+    _FILL_FIELDS = (
+        "objective_",
+        "max_violation_",
+        "relative_violation_",
+        "duality_gap_",
+        "relative_gap_",
+        "complementary_slackness_",
+        "n_iter_",
+        "info_",
+    )
 
     @classmethod
-    def _batched_many(
-        cls, params: dict[str, Any], rows: Iterable[tuple[Any, ...]], solve_time: float
-    ) -> list[AttentionSVM]:
-        """New estimators with ``params`` and the fitted attributes of instances certified by
-        :mod:`attsvm.svm.batch` (as :meth:`_fit` sets them): one per row of values in the order of
-        ``_BATCHED_FIELDS`` (``margins_`` already inf off the mask). Built without ``__init__``: a batch
-        makes thousands of them, so each costs three dictionary updates."""
+    def _batched_shells(cls, params: dict[str, Any], rows: Iterable[tuple[Any, ...]]) -> list[AttentionSVM]:
+        """New estimators with ``params`` and the fitted arrays of instances of a :mod:`attsvm.svm.batch`
+        stack: one per row of values in the order of ``_SHELL_FIELDS`` (``margins_`` already inf off the
+        mask), each a view of the stack's arrays, which may still be being solved. Built without
+        ``__init__``: a batch makes thousands of them, so each costs two dictionary updates. Each is
+        fitted (as :meth:`_fit` sets an optimal instance) once :meth:`_batched_fill` gives it its numbers,
+        and ``solve_time_`` is set; a shell whose instance the batch does not certify is discarded."""
         fixed = {
             **params,
-            "solve_time_": solve_time,
             "backend_": "frobenius",
             "factors_": None,
             "reached_convex_optimum_": None,
@@ -726,7 +736,7 @@ class AttentionSVM:
             "certificate_residual_": None,
             "status_": OPTIMAL,
         }
-        keys = cls._BATCHED_FIELDS
+        keys = cls._SHELL_FIELDS
         out = []
         for row in rows:
             self = object.__new__(cls)
@@ -735,6 +745,14 @@ class AttentionSVM:
             d.update(zip(keys, row))
             out.append(self)
         return out
+
+    def _batched_fill(self, values: Iterable[Any], solve_time: float | None = None) -> None:
+        """Give a shell of :meth:`_batched_shells` the numbers of its certified instance, in the order of
+        ``_FILL_FIELDS`` (and ``solve_time_``, when known)."""
+        d = self.__dict__
+        d.update(zip(self._FILL_FIELDS, values))
+        if solve_time is not None:
+            d["solve_time_"] = solve_time
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:
