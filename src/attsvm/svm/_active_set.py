@@ -33,6 +33,7 @@ are compiled once and cached next to this file (``cache=True``).
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import Future
 
 import numba as nb
@@ -509,8 +510,10 @@ def _fetch_add(typingctx, arr, i, val):
 def _solve_claimed(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, code, sched, chunk, max_chunks):
     """Solve chunks of ``chunk`` instances claimed from ``sched`` until none is left or ``max_chunks`` are
     done: ``sched[0]`` is the first instance no thread has claimed (claimed atomically, so threads running
-    this at once never take the same chunk), and ``sched[1 + c]`` becomes 1 once chunk c is solved.
-    Returns the chunks solved here."""
+    this at once never take the same chunk), ``sched[1]`` the number of instances whose X, Z and α are
+    written (a claimed chunk waits until it covers the chunk: the caller may still be writing the
+    stack, :meth:`StackJob.publish`), and ``sched[2 + c]`` becomes 1 once chunk c is solved. Returns the
+    chunks solved here."""
     ws = _workspace(X.shape[1], X.shape[2], X.shape[3], Z.shape[2])
     B = X.shape[0]
     taken = 0
@@ -518,13 +521,22 @@ def _solve_claimed(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, cod
         lo = _fetch_add(sched, 0, chunk)
         if lo >= B:
             break
-        for b in range(lo, min(lo + chunk, B)):
+        hi = min(lo + chunk, B)
+        while _fetch_add(sched, 1, 0) < hi:  # (the caller writes the stack far faster than it is solved)
+            pass
+        for b in range(lo, hi):
             code[b] = _solve_one(
                 X[b], Z[b], alpha[b], tol, max_iter, A[b], W[b], lam[b], marg[b], supp[b], stats[b], ws
             )
-        _fetch_add(sched, 1 + lo // chunk, 1)
+        _fetch_add(sched, 2 + lo // chunk, 1)
         taken += 1
     return taken
+
+
+@nb.njit(cache=True, nogil=True)
+def _publish(sched, ready):
+    """``sched[1] = ready`` (:func:`_solve_claimed`), after every store this thread made before it."""
+    _fetch_add(sched, 1, ready - _fetch_add(sched, 1, 0))
 
 
 def max_iterations(K: int) -> int:
@@ -547,6 +559,10 @@ class StackJob:
     afterwards. The instances are independent: the results do not depend on which thread solved which
     chunk, bit for bit.
 
+    With ``ready`` (< B) the caller is still writing X, Z and α: it gives the job the arrays it is filling
+    and calls :meth:`publish` as each leading part is written; the pool's threads solve what is published
+    (:mod:`attsvm.svm.batch` stacks the problems' arrays while the pool solves the first ones).
+
     With ``overwrite_x`` (for a caller that owns X: a stack it assembled) the rows are written over X (over
     its float64 C-contiguous copy where X is not one already), which then is the ``A`` of :attr:`out`: one
     array of the stack's size fewer to allocate and fault in."""
@@ -560,9 +576,15 @@ class StackJob:
         max_iter: int,
         threads: int = 1,
         overwrite_x: bool = False,
+        ready: int | None = None,
     ) -> None:
         B, n, T, d = X.shape
         dz = Z.shape[2]
+        if ready is not None:  # (the caller writes these arrays: they must be the ones the kernel reads)
+            for name, arr, dtype in (("X", X, np.float64), ("Z", Z, np.float64), ("alpha", alpha, np.int64)):
+                if not (arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable):
+                    what = f"a writeable C-contiguous {dtype.__name__} array"
+                    raise ValueError(f"StackJob with ready: {name} must be {what}")
         # (C-contiguous and writeable: a read-only array is another numba type, compiled again at first use)
         X = np.require(X, np.float64, ["C", "W"])
         Z = np.require(Z, np.float64, ["C", "W"])
@@ -579,7 +601,10 @@ class StackJob:
         }
         o = self.out
         chunks = -(-B // CHUNK)
-        self._sched = np.zeros(1 + chunks, dtype=np.int64)  # (next instance to claim, then chunk c done)
+        # (the next instance to claim, the instances published, then 1 once chunk c is solved: _solve_claimed)
+        self._sched = np.zeros(2 + chunks, dtype=np.int64)
+        self._ready = B if ready is None else min(max(int(ready), 0), B)
+        self._sched[1] = self._ready
         self._done = 0  # the chunks known to be finished, in order
         self._args = (
             X, Z, alpha, float(tol), int(max_iter), o["A"], o["W"], o["lam"], o["margins"], o["support"],
@@ -587,19 +612,38 @@ class StackJob:
         )  # fmt: skip
         helpers = max(1, min(int(threads), B // MIN_PER_THREAD)) - 1
         self._futures: list[Future[object]] = []
+        self._started: list[threading.Event] = []
         if helpers:
-            self._futures, started = start_helpers(lambda: _solve_claimed(*self._args, chunks), helpers)
-            self.step(1)  # (without the GIL while the helpers start: see start_helpers)
-            wait_started(started)
+            self._futures, self._started = start_helpers(lambda: _solve_claimed(*self._args, chunks), helpers)
+            if self._ready == B:
+                self.step(1)  # (without the GIL while the helpers start: see start_helpers)
+                self._settle()
+
+    def _settle(self) -> None:
+        """Let the pool's threads take the GIL they need to start (start_helpers), once."""
+        if self._started:
+            wait_started(self._started)
+            self._started = []
+
+    def publish(self, ready: int) -> None:
+        """The first ``ready`` instances of X, Z and α are written: the pool's threads may solve them. The
+        first call also waits for the pool's threads to start (:func:`attsvm._threads.start_helpers`)."""
+        ready = min(max(int(ready), self._ready), self.B)
+        _publish(self._sched, ready)
+        self._ready = ready
+        self._settle()
 
     def step(self, chunks: int = 1) -> int:
-        """Solve up to ``chunks`` chunks of the stack on this thread; the number solved (0: none was left)."""
+        """Solve up to ``chunks`` chunks of the stack on this thread; the number solved (0: none was left).
+        Only once the whole stack is published (a chunk beyond it would wait for this thread)."""
+        if self._ready < self.B:
+            raise RuntimeError(f"StackJob.step: publish all {self.B} instances first ({self._ready} are)")
         return int(_solve_claimed(*self._args, int(chunks)))
 
     def finished(self) -> int:
         """How many of the first instances are solved: every instance before the value returned is."""
         sched = self._sched
-        while self._done + 1 < sched.shape[0] and sched[1 + self._done]:
+        while self._done + 2 < sched.shape[0] and sched[2 + self._done]:
             self._done += 1
         return min(self._done * CHUNK, self.B)
 
@@ -620,9 +664,10 @@ class StackJob:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:  # (leave nothing to claim; a thread that waits for unwritten data stops waiting)
+            self._sched[0] = self.B
+            self.publish(self.B)
         if self._futures:
-            if exc[0] is not None:  # (leave nothing to claim: the pool's threads stop after their chunk)
-                self._sched[0] = self.B
             self.finish()
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import threading
 import time
@@ -243,16 +244,12 @@ def solve_group(
     misses ``est.tol``)."""
     B = len(problems)
     n, T, d, dz = group_key(problems[0])
-    # (one shape: concatenating and reshaping costs half of np.stack, which reshapes every array first)
-    X = np.concatenate([p.X for p in problems]).reshape(B, n, T, d)  # (ours: the compiled route writes A over it)
-    q = [p.query_index for p in problems]
-    if None in q:  # (cross-attention somewhere: its queries as given)
-        Zq = np.concatenate([p.queries for p in problems]).reshape(B, n, dz)
-    else:  # self-attention: z_i = x_{i,q} of each instance's query position, read off the stack at once
-        Zq = X[np.arange(B), :, np.asarray(q, dtype=np.int64)]
     kernel = compiled()
     if kernel is not None and uses_compiled(est):
-        return _solve_group_compiled(est, X, Zq, alpha, kernel)
+        return _solve_group_compiled(est, problems, alpha, kernel)
+    X = np.empty((B, n, T, d))  # (ours: the compiled route writes A over it)
+    Zq = np.empty((B, n, dz))
+    _stack_into(problems, X, Zq, 0, B)
     st = solve_arrays(est, X, Zq, alpha, opt, overwrite_x=True)
     out: list[AttentionSVM | None] = [None] * len(problems)
     for i, e in proved_infeasible(est, st).items():
@@ -264,17 +261,37 @@ def solve_group(
     return out
 
 
+def _stack_into(
+    problems: list[AttentionProblem], X: NDArray[np.float64], Zq: NDArray[np.float64], lo: int, hi: int
+) -> None:
+    """Write the tokens and queries of ``problems[lo:hi]`` (one shape) into ``X[lo:hi]`` and ``Zq[lo:hi]``."""
+    part = problems[lo:hi]
+    _, n, T, d = X.shape
+    # (one shape: concatenating into the stack costs half of np.stack, which reshapes every array first)
+    np.concatenate([p.X for p in part], out=X[lo:hi].reshape(-1, T, d))
+    q = [p.query_index for p in part]
+    if None in q:  # (cross-attention somewhere: its queries as given)
+        np.concatenate([p.queries for p in part], out=Zq[lo:hi].reshape(-1, Zq.shape[2]))
+    else:  # self-attention: z_i = x_{i,q} of each instance's query position, read off the stack at once
+        Zq[lo:hi] = X[lo:hi][np.arange(hi - lo), :, np.asarray(q, dtype=np.int64)]
+
+
 def _solve_group_compiled(
-    est: AttentionSVM, X: NDArray[np.float64], Zq: NDArray[np.float64], alpha: NDArray[np.int64], kernel: ModuleType
+    est: AttentionSVM, problems: list[AttentionProblem], alpha: NDArray[np.int64], kernel: ModuleType
 ) -> list[AttentionSVM | None]:
     """:func:`solve_group` by the compiled dual active set, on this thread and the pool's at once
-    (:class:`~attsvm.svm._active_set.StackJob`): while the pool's threads solve, this one builds every
-    instance's estimator around the views of the stack's arrays (:meth:`AttentionSVM._batched_shells`),
-    then gives the estimators of the solved chunks their numbers, in order, solving a chunk itself
-    whenever none is waiting. Each instance comes back as :func:`solve_group` would return it by
-    :func:`solve_arrays` and :func:`estimators`, bit for bit."""
+    (:class:`~attsvm.svm._active_set.StackJob`). This thread stacks the problems' arrays part by part
+    (``STACK_PARTS``), and the pool's threads solve each part as it is published; then, while they
+    solve, this thread builds every instance's estimator around the views of the answer's arrays
+    (:meth:`AttentionSVM._batched_shells`), and gives the estimators of the solved chunks their
+    numbers, in order, solving a chunk itself whenever too few are waiting. Each instance comes back as
+    :func:`solve_group` would return it by :func:`solve_arrays` and :func:`estimators`, bit for bit."""
     t0 = time.perf_counter()
-    B, n, T, _ = X.shape
+    B = len(problems)
+    n, T, d, dz = group_key(problems[0])
+    X = np.empty((B, n, T, d))  # (the kernel writes the rows A over it)
+    Zq = np.empty((B, n, dz))
+    alpha = np.require(alpha, np.int64, ["C", "W"])
     mask = np.ones((B, n, T), dtype=bool)
     np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
     out: list[AttentionSVM | None] = [None] * B
@@ -282,9 +299,13 @@ def _solve_group_compiled(
     with (
         gc_paused(),
         kernel.StackJob(
-            X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads(), overwrite_x=True
+            X, Zq, alpha, kernel.GI_TOL, kernel.max_iterations(n * (T - 1)), batch_threads(), True, ready=0
         ) as job,
     ):
+        for lo, hi in itertools.pairwise([0, *range(STACK_FIRST, B, STACK_PART), B]):
+            if hi > lo:
+                _stack_into(problems, X, Zq, lo, hi)
+                job.publish(hi)
         o = job.out
         st = Stacked(
             o["A"], Zq, mask, alpha, o["W"], o["lam"], o["margins"], o["support"], o["stats"], o["code"],
@@ -294,7 +315,7 @@ def _solve_group_compiled(
         done = 0
         while done < B:
             upto = job.finished()
-            if upto == done:
+            if upto - done < FILL_MIN and upto < B:  # (a few at a time cost more NumPy calls than they save)
                 if not job.step():
                     job.finish()
                 continue
@@ -312,6 +333,12 @@ def _solve_group_compiled(
         out[i] = e
     return out
 
+
+# _solve_group_compiled gives estimators their numbers once this many more instances are solved (or all are)
+FILL_MIN = 64
+# ... and stacks the problems' arrays in parts: the first small, so that the pool's threads start soon
+STACK_FIRST = 64
+STACK_PART = 256
 
 _gc_lock = threading.Lock()
 _gc_depth = 0  # gc_paused blocks open now, in any thread
@@ -559,16 +586,14 @@ def _shell_rows(st: Stacked, idx: list[int] | None = None) -> Iterator[tuple[Any
 def _fill(shells: list[AttentionSVM], idx: list[int], st: Stacked, per: float | None) -> None:
     """:meth:`AttentionSVM._batched_fill` of the shells of the instances ``idx`` of ``st`` (solved and
     certified: the others' arrays may not be)."""
+    if not shells:
+        return
     B, n, T, _ = st.A.shape
     W = st.W[idx]
     objective = np.sqrt(np.einsum("bde,bde->b", W, W)).tolist()
-    stats = st.stats[idx].tolist()
-    code = st.code[idx].tolist()
-    path = st.path
-    K = n * (T - 1)
-    for e, obj, s, c in zip(shells, objective, stats, code):
-        info = {"backend": "frobenius", "path": path, "K": K, "batch_size": B, "global_scale": s[5]}
-        e._batched_fill((obj, s[0], s[1], s[2], s[3], s[4], c, info), per)
+    info = {"backend": "frobenius", "path": st.path, "K": n * (T - 1), "batch_size": B}
+    stats = st.stats[idx].T.tolist()
+    type(shells[0])._batched_fill(shells, objective, stats, st.code[idx].tolist(), info, per)
 
 
 def proved_infeasible(est: AttentionSVM, st: Stacked) -> dict[int, AttentionSVM]:

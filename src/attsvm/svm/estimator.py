@@ -704,19 +704,9 @@ class AttentionSVM:
             )
         return self
 
-    # the fitted attributes a batch sets per instance: the arrays (views of its stack, AttentionSVM._batched_shells)
-    # and, once the instance is solved, the numbers (AttentionSVM._batched_fill)
+    # the fitted arrays a batch sets per instance (views of its stack, AttentionSVM._batched_shells); the
+    # numbers follow once the instance is solved (AttentionSVM._batched_fill)
     _SHELL_FIELDS = ("constraints_", "tokens_", "W_", "dual_coef_", "margins_", "support_")
-    _FILL_FIELDS = (
-        "objective_",
-        "max_violation_",
-        "relative_violation_",
-        "duality_gap_",
-        "relative_gap_",
-        "complementary_slackness_",
-        "n_iter_",
-        "info_",
-    )
 
     @classmethod
     def _batched_shells(cls, params: dict[str, Any], rows: Iterable[tuple[Any, ...]]) -> list[AttentionSVM]:
@@ -746,13 +736,31 @@ class AttentionSVM:
             out.append(self)
         return out
 
-    def _batched_fill(self, values: Iterable[Any], solve_time: float | None = None) -> None:
-        """Give a shell of :meth:`_batched_shells` the numbers of its certified instance, in the order of
-        ``_FILL_FIELDS`` (and ``solve_time_``, when known)."""
-        d = self.__dict__
-        d.update(zip(self._FILL_FIELDS, values))
-        if solve_time is not None:
-            d["solve_time_"] = solve_time
+    @staticmethod
+    def _batched_fill(
+        shells: list[AttentionSVM],
+        objective: list[float],
+        stats: list[list[float]],
+        code: list[int],
+        info: dict[str, Any],
+        solve_time: float | None = None,
+    ) -> None:
+        """Give shells of :meth:`_batched_shells` the numbers of their certified instances: ``objective``,
+        the 6 columns of the batch's ``stats`` (violation, relative violation, gap, relative gap,
+        complementarity, g), the iteration counts ``code``, ``info_`` (``info`` with each one's
+        ``global_scale`` g) and, when known, ``solve_time_``."""
+        for e, obj, viol, rviol, gap, rgap, compl, g, it in zip(shells, objective, *stats, code):
+            d = e.__dict__
+            d["objective_"] = obj
+            d["max_violation_"] = viol
+            d["relative_violation_"] = rviol
+            d["duality_gap_"] = gap
+            d["relative_gap_"] = rgap
+            d["complementary_slackness_"] = compl
+            d["n_iter_"] = it
+            d["info_"] = {**info, "global_scale": g}
+            if solve_time is not None:
+                d["solve_time_"] = solve_time
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:
