@@ -149,12 +149,12 @@ def test_unrolled_column_product_is_the_gram_column(d):
 
 @pytest.mark.parametrize("na", range(10))
 def test_unrolled_margin_direction_is_the_column_minus_m_transpose_rho(na):
-    # gi._minus_mt: cols[na] − M[:na]ᵀρ, four rows of M per pass with a prologue for na mod 4
+    # gi._minus_mt: Ĝ_:p − M[:na]ᵀρ, four rows of M per pass with a prologue for na mod 4
     rng = np.random.default_rng(na)
-    cols, M, rho = rng.standard_normal((na + 1, 13)), rng.standard_normal((na + 2, 13)), rng.standard_normal(na + 2)
+    colp, M, rho = rng.standard_normal(13), rng.standard_normal((na + 2, 13)), rng.standard_normal(na + 2)
     out = np.full(13, np.nan)
-    gi._minus_mt(cols, M, rho, na, out)
-    want = cols[na] - M[:na].T @ rho[:na]
+    gi._minus_mt(colp, M, rho, na, out)
+    want = colp - M[:na].T @ rho[:na]
     np.testing.assert_allclose(out, want, rtol=UNROLL_RTOL, atol=UNROLL_RTOL * (na + 1))
 
 
@@ -410,3 +410,23 @@ def test_a_stack_job_left_by_an_error_before_all_is_published_stops_its_threads(
     with pytest.raises(RuntimeError, match="boom"):
         fail()
     assert not job._futures and job.finished() >= gi.CHUNK
+
+
+def test_instances_whose_active_set_drops_rows_match_fit():
+    # a drop deletes the slot's row of L and restores the triangle by Givens rotations (M's rows too):
+    # instances with one drop or several, at K = 42 and K = 210, against fit's independent solution
+    cases = [(paper_instance(6, 8, 10, seed=s), 42) for s in range(300)]
+    cases += [(paper_instance(15, 15, 20, seed=s), 210) for s in range(12)]
+    checked = {1: 0, 2: 0}
+    for K in (42, 210):
+        probs = [p for p, k in cases if k == K]
+        toks = [p.optimal_tokens(ties="first") for p in probs]
+        out = _solve(probs, toks)
+        active = (out["lam"] > 0).sum(axis=(1, 2))
+        drops = (out["code"] - active) // 2  # (each drop is an iteration, and its row is added again or not)
+        for b in np.flatnonzero(drops > 0).tolist():
+            ref = AttentionSVM().fit(probs[b], toks[b])
+            assert out["code"][b] > 0 and out["stats"][b, 1] <= CERT_TOL and out["stats"][b, 3] <= CERT_TOL
+            np.testing.assert_allclose(out["W"][b], ref.W_, rtol=0, atol=W_RTOL * np.abs(ref.W_).max())
+            checked[min(int(drops[b]), 2)] += 1
+    assert checked[1] >= 20 and checked[2] >= 5, checked

@@ -12,7 +12,8 @@ its working set: Ĝ_kl = (a_k·a_l)(z_k·z_l)/(s_k s_l), one column per row that
 K × K matrix. Starting from ŵ = 0 it adds the most violated row, moving the multipliers of the active
 rows along ``r = Ĝ_AA⁻¹ Ĝ_Ap`` (Cholesky factor L of Ĝ_AA and M = L⁻¹Ĝ_A,:, each extended by one row per
 addition: ρ = L⁻¹Ĝ_Ap is a column of M, and the margins move by Ĝ_:p − Mᵀρ) and dropping
-a row whose multiplier reaches 0, until no row is violated by more than ``tol`` relative to b̂ — a
+a row whose multiplier reaches 0 (its row of L deleted and the triangle restored by Givens rotations,
+applied to M's rows too), until no row is violated by more than ``tol`` relative to b̂ — a
 finite method, whose active rows stay linearly independent, so degenerate faces do not stall it.
 
 The multipliers are lifted to the user's units (``λ_k = g λ̂_k / s_k``), W = Σ λ_k a_k z_kᵀ, and the
@@ -153,7 +154,7 @@ def _workspace(n, T, d, dz):
         np.empty((n, n)),  # Zg: the Gram matrix of the queries
         np.empty((n, K)),  # ZS[i, k] = (z_i·z_k)/s_k: row i_p scales the entering row's column
         np.empty((n, d)),  # V[i] = Σ_k λ_k a_k over the active rows of sequence i (W = Σ_i V_i z_iᵀ)
-        np.empty((cap, K)),  # cols: Ĝ[:, j] of the active rows by slot; slot na: the entering row
+        np.empty(K),  # colp: Ĝ_:p of the entering row p
         np.empty(cap, np.int64),  # act: the active rows by slot
         np.empty(K),  # bout: b̂_k of an inactive row, −inf for an active one (the pivot search skips it)
         np.empty((cap, cap)),  # L: the lower Cholesky factor of Ĝ_AA
@@ -204,28 +205,28 @@ def _column(AT, p, out):
 
 
 @nb.njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _minus_mt(cols, M, rho, na, out):
-    """out = cols[na] − M[:na]ᵀ ρ, four rows of M per pass over k (as :func:`_column`)."""
+def _minus_mt(colp, M, rho, na, out):
+    """out = colp − M[:na]ᵀ ρ, four rows of M per pass over k (as :func:`_column`)."""
     K = out.shape[0]
     a = na % 4
     if a == 0:
         for k in range(K):
-            out[k] = cols[na, k]
+            out[k] = colp[k]
     elif a == 1:
         r0 = rho[0]
         for k in range(K):
-            out[k] = cols[na, k] - M[0, k] * r0
+            out[k] = colp[k] - M[0, k] * r0
     elif a == 2:
         r0 = rho[0]
         r1 = rho[1]
         for k in range(K):
-            out[k] = cols[na, k] - (M[0, k] * r0 + M[1, k] * r1)
+            out[k] = colp[k] - (M[0, k] * r0 + M[1, k] * r1)
     else:
         r0 = rho[0]
         r1 = rho[1]
         r2 = rho[2]
         for k in range(K):
-            out[k] = cols[na, k] - (M[0, k] * r0 + M[1, k] * r1 + M[2, k] * r2)
+            out[k] = colp[k] - (M[0, k] * r0 + M[1, k] * r1 + M[2, k] * r2)
     while a < na:
         r0 = rho[a]
         r1 = rho[a + 1]
@@ -243,7 +244,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
     ``stats = (violation, relative violation, gap, relative gap, complementarity, g)``; returns the
     iteration count, or a negative LEAVE_* code. A may be X itself (each row is read before it is
     overwritten; X is not read after step 1)."""
-    AT, seq, tpos, inv_s, bh, zn, srt, cnt, Zg, ZS, V, cols, act, bout, L, Ld, M, lamA, mh, rho, r, work, u, xa = ws
+    AT, seq, tpos, inv_s, bh, zn, srt, cnt, Zg, ZS, V, colp, act, bout, L, Ld, M, lamA, mh, rho, r, work, u, xa = ws
     n, T, d = X.shape
     dz = Z.shape[1]
     K = n * (T - 1)
@@ -323,7 +324,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
         ip = seq[p]
         sp = inv_s[p]
         for k in range(K):
-            cols[na, k] = work[k] * ZS[ip, k] * sp
+            colp[k] = work[k] * ZS[ip, k] * sp
         lam_p = 0.0
         while True:
             it += 1
@@ -337,7 +338,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                 ra = r[a]
                 for b in range(a):
                     r[b] -= L[a, b] * ra
-            dl = cols[na, p]  # ‖component of ĉ_p orthogonal to the active rows‖²
+            dl = colp[p]  # ‖component of ĉ_p orthogonal to the active rows‖²
             for a in range(na):
                 dl -= rho[a] * rho[a]
             t1 = np.inf  # partial step: an active multiplier reaches 0
@@ -348,7 +349,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                     if q < t1:
                         t1 = q
                         jdrop = a
-            t2 = (bh[p] - mh[p]) / dl if dl > DEPENDENT_TOL * cols[na, p] else np.inf  # full step
+            t2 = (bh[p] - mh[p]) / dl if dl > DEPENDENT_TOL * colp[p] else np.inf  # full step
             if t1 == np.inf and t2 == np.inf:
                 # ĉ_p = Σ_A r_a ĉ_a with r ≤ 0, and b̂_p > ĉ_pᵀŵ = rᵀb̂_A (the active rows are tight): so
                 # y = (1 at p, −r on A) ≥ 0 has Σ y_k ĉ_k = 0 and b̂ᵀy > 0 (docs/spec.md §3); in the
@@ -362,7 +363,7 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
             for a in range(na):
                 lamA[a] -= step * r[a]
             lam_p += step
-            _minus_mt(cols, M, rho, na, work)  # Ĝ_:p − Ĝ_:A r = Ĝ_:p − Mᵀρ: the margins move by step times it
+            _minus_mt(colp, M, rho, na, work)  # Ĝ_:p − Ĝ_:A r = Ĝ_:p − Mᵀρ: the margins move by step times it
             if t2 <= t1:  # p joins the active set: one new row of the Cholesky factor and of M
                 if na + 1 >= cap:  # more independent rows than W has entries: round-off, not a face
                     return LEAVE_SINGULAR
@@ -383,35 +384,37 @@ def _solve_one(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, ws):
                 break
             for k in range(K):
                 mh[k] += step * work[k]
-            bout[act[jdrop]] = bh[act[jdrop]]  # drop: shift the slots and refactorise Ĝ_AA
+            # drop slot jdrop: delete its row of L, whose rows below then reach one column past the
+            # diagonal, and restore the triangle by Givens rotations of column pairs (a, a + 1), L_r Q =
+            # [L' 0]; Ĝ_A',: = L_r M = [L' 0] QᵀM, so M' is QᵀM (the same rotations of M's rows) less its
+            # last row. O(na (na + K)) where refactorising Ĝ_AA cost O(na² K).
+            bout[act[jdrop]] = bh[act[jdrop]]
             for a in range(jdrop, na - 1):
                 act[a] = act[a + 1]
                 lamA[a] = lamA[a + 1]
-                for k in range(K):
-                    cols[a, k] = cols[a + 1, k]
-            for k in range(K):  # the entering row's column moves down with the slots
-                cols[na - 1, k] = cols[na, k]
+                for b in range(a + 2):
+                    L[a, b] = L[a + 1, b]
             na -= 1
-            for a in range(na):
-                for b in range(a + 1):
-                    acc = cols[a, act[b]]
-                    for c in range(b):
-                        acc -= L[a, c] * L[b, c]
-                    if a == b:
-                        if not acc > 0.0:
-                            return LEAVE_SINGULAR
-                        L[a, a] = math.sqrt(acc)
-                        Ld[a] = 1.0 / L[a, a]
-                    else:
-                        L[a, b] = acc / L[b, b]
-                for k in range(K):  # (M's row a: L⁻¹ Ĝ_A,: by forward substitution)
-                    work[k] = cols[a, k]
-                for b in range(a):
-                    lab = L[a, b]
-                    for k in range(K):
-                        work[k] -= lab * M[b, k]
+            for a in range(jdrop, na):
+                x = L[a, a]
+                y = L[a, a + 1]
+                h = math.hypot(x, y)
+                if not h > 0.0:
+                    return LEAVE_SINGULAR
+                c = x / h
+                sn = y / h
+                L[a, a] = h
+                Ld[a] = 1.0 / h
+                for i in range(a + 1, na):
+                    xi = L[i, a]
+                    yi = L[i, a + 1]
+                    L[i, a] = c * xi + sn * yi
+                    L[i, a + 1] = c * yi - sn * xi
                 for k in range(K):
-                    M[a, k] = work[k] / L[a, a]
+                    m0 = M[a, k]
+                    m1 = M[a + 1, k]
+                    M[a, k] = c * m0 + sn * m1
+                    M[a + 1, k] = c * m1 - sn * m0
     # 4. lift to the user's units and certify (attsvm.svm.certificate, as attsvm.svm.batch step 4)
     V[:, :] = 0.0
     lam[:, :] = 0.0
