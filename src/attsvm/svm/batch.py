@@ -311,7 +311,7 @@ def _solve_group_compiled(
             o["A"], Zq, mask, alpha, o["W"], o["lam"], o["margins"], o["support"], o["stats"], o["code"],
             path="batched-active-set", per=0.0,
         )  # fmt: skip
-        shells = type(est)._batched_shells(est.get_params(), _shell_rows(st))
+        shells = _shells(type(est), est.get_params(), st)
         done = 0
         while done < B:
             upto = job.finished()
@@ -559,28 +559,22 @@ def estimators(
     that order. Their arrays are per-instance views of the stack, so an estimator costs a few attribute
     writes."""
     idx = keep.tolist()
-    out = cls._batched_shells(params, _shell_rows(st, idx))
+    out = _shells(cls, params, st, idx)
     _fill(out, idx, st, st.per)
     return out
 
 
-def _shell_rows(st: Stacked, idx: list[int] | None = None) -> Iterator[tuple[Any, ...]]:
-    """The rows of :meth:`AttentionSVM._batched_shells` for the instances ``idx`` of ``st`` (all: None):
-    the constraint set and the views of the stack's arrays, which need not be solved yet."""
+def _shells(cls: type[AttentionSVM], params: dict[str, Any], st: Stacked, idx: list[int] | None = None) -> list:
+    """:meth:`AttentionSVM._batched_shells` for the instances ``idx`` of ``st`` (all: None): estimators
+    around the views of the stack's arrays, which need not be solved yet."""
     _, n, T, _ = st.A.shape
     eq = np.zeros((n, T), dtype=bool)
     eq.flags.writeable = False  # (shared by every instance's constraint set)
     rhs = st.mask.astype(np.float64)
-
-    def each(arr: NDArray) -> list:  # the instances' views of a stacked array
-        return list(arr) if idx is None else [arr[i] for i in idx]
-
-    trusted = ConstraintSet._trusted
-    for A, Zq, mask, r, alpha, W, lam, margins, support in zip(
-        each(st.A), each(st.Zq), each(st.mask), each(rhs), each(st.alpha), each(st.W), each(st.lam),
-        each(st.margins), each(st.support),
-    ):  # fmt: skip
-        yield trusted(A, Zq, mask, r, eq), alpha, W, lam, margins, support
+    arrays = (st.A, st.Zq, st.mask, rhs, st.alpha, st.W, st.lam, st.margins, st.support)
+    # (the instances' views of each stacked array)
+    views = [list(arr) for arr in arrays] if idx is None else [[arr[i] for i in idx] for arr in arrays]
+    return cls._batched_shells(params, eq, *views)
 
 
 def _fill(shells: list[AttentionSVM], idx: list[int], st: Stacked, per: float | None) -> None:

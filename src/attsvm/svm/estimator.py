@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -704,19 +704,36 @@ class AttentionSVM:
             )
         return self
 
-    # the fitted arrays a batch sets per instance (views of its stack, AttentionSVM._batched_shells); the
-    # numbers follow once the instance is solved (AttentionSVM._batched_fill)
-    _SHELL_FIELDS = ("constraints_", "tokens_", "W_", "dual_coef_", "margins_", "support_")
+    # the fitted numbers a batch sets per instance once it is solved (AttentionSVM._batched_fill)
+    _FILL_FIELDS = (
+        "objective_",
+        "max_violation_",
+        "relative_violation_",
+        "duality_gap_",
+        "relative_gap_",
+        "complementary_slackness_",
+        "n_iter_",
+        "info_",
+        "solve_time_",
+    )
 
     @classmethod
-    def _batched_shells(cls, params: dict[str, Any], rows: Iterable[tuple[Any, ...]]) -> list[AttentionSVM]:
+    def _batched_shells(
+        cls,
+        params: dict[str, Any],
+        equality: NDArray[np.bool_],
+        *arrays: Sequence[NDArray],
+    ) -> list[AttentionSVM]:
         """New estimators with ``params`` and the fitted arrays of instances of a :mod:`attsvm.svm.batch`
-        stack: one per row of values in the order of ``_SHELL_FIELDS`` (``margins_`` already inf off the
-        mask), each a view of the stack's arrays, which may still be being solved. Built without
-        ``__init__``: a batch makes thousands of them, so each costs two dictionary updates. Each is
-        fitted (as :meth:`_fit` sets an optimal instance) once :meth:`_batched_fill` gives it its numbers,
-        and ``solve_time_`` is set; a shell whose instance the batch does not certify is discarded."""
-        fixed = {
+        stack, each a view of the stack's arrays, which may still be being solved. ``arrays``: per
+        instance, in this order, the rows A, queries Z, mask and right-hand side of its constraint set
+        (whose equality mask is the shared, read-only ``equality``), and its tokens, W, multipliers,
+        margins (already inf off the mask) and support. Built without ``__init__``: a batch makes
+        thousands of them, so each is a copy of one dictionary (that already holds every fitted attribute,
+        so that setting them adds no entry) and a few stores. Each is fitted (as :meth:`_fit` sets an
+        optimal instance) once :meth:`_batched_fill` gives it its numbers; a shell whose instance the
+        batch does not certify is discarded."""
+        template = {
             **params,
             "backend_": "frobenius",
             "factors_": None,
@@ -725,14 +742,33 @@ class AttentionSVM:
             "certificate_": None,
             "certificate_residual_": None,
             "status_": OPTIMAL,
+            "constraints_": None,
+            "tokens_": None,
+            "W_": None,
+            "dual_coef_": None,
+            "margins_": None,
+            "support_": None,
+            **dict.fromkeys(cls._FILL_FIELDS),
         }
-        keys = cls._SHELL_FIELDS
+        new = object.__new__
+        cs_type = ConstraintSet
         out = []
-        for row in rows:
-            self = object.__new__(cls)
-            d = self.__dict__
-            d.update(fixed)
-            d.update(zip(keys, row))
+        for A, Z, mask, rhs, tokens, W, lam, margins, support in zip(*arrays):
+            cs = new(cs_type)
+            c = cs.__dict__  # (frozen: no setattr; the arrays satisfy its invariants, as ConstraintSet._trusted)
+            c["A"] = A
+            c["Z"] = Z
+            c["mask"] = mask
+            c["rhs"] = rhs
+            c["equality"] = equality
+            self = new(cls)
+            d = self.__dict__ = template.copy()
+            d["constraints_"] = cs
+            d["tokens_"] = tokens
+            d["W_"] = W
+            d["dual_coef_"] = lam
+            d["margins_"] = margins
+            d["support_"] = support
             out.append(self)
         return out
 
