@@ -349,10 +349,10 @@ _gc_was_enabled = False  # the collector's state when the outermost of them open
 def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection inside the block. A batch makes thousands of estimators, each a few
     containers, and none of them in a cycle: without the pause the collector runs every few hundred of
-    them, and now and then (about once in 20 calls of 1,000 instances at (6, 8, 10)) a full collection
-    walks every object of the process (a process that imported torch holds hundreds of thousands). On 2
-    cores, 20 back-to-back calls on 1,000 instances at (6, 8, 10) took 19.9 µs per instance on average
-    without the pause and 13.2 µs with it (benchmarks/bench_gc.py).
+    them, and now and then a full collection walks every object of the process (a process that imported
+    torch holds hundreds of thousands: about 0.12 s each). On 2 cores, 200 back-to-back calls on 1,000
+    instances at (6, 8, 10) took 12.3 µs per instance on average with the pause (2 full collections) and
+    15.7 µs without it (8), 1.28× (benchmarks/bench_gc.py, 2026-12-05).
 
     The collector's state is process-wide: overlapping blocks (in any thread) pause it once, and the last
     one to close restores the state the first one found."""
