@@ -334,6 +334,7 @@ def test_the_scale_exponent_is_that_of_the_upper_median():
         assert gi._scale_exponent(v, scratch, cnt) == _exponent_by_selection(v), v
 
 
+@pytest.mark.timeout(120)
 def test_a_stack_job_solves_each_chunk_once_and_reports_them_in_order():
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(5 * gi.MIN_PER_THREAD + 3)]
     toks = [p.optimal_tokens(ties="first") for p in probs]
@@ -358,6 +359,7 @@ def test_a_stack_job_solves_each_chunk_once_and_reports_them_in_order():
         assert (job._sched[2:] == 1).all() and job._sched[0] >= B  # (each chunk solved exactly once)
 
 
+@pytest.mark.timeout(120)
 def test_a_stack_job_left_by_an_error_stops_its_threads_before_the_error_returns():
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(8 * gi.MIN_PER_THREAD)]
     X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
@@ -371,6 +373,7 @@ def test_a_stack_job_left_by_an_error_stops_its_threads_before_the_error_returns
     np.testing.assert_array_equal(job.out["code"], snapshot)  # nothing writes into the arrays any more
 
 
+@pytest.mark.timeout(120)
 def test_a_stack_job_solves_a_stack_published_as_it_is_written():
     # the caller writes the stack while the pool's thread solves the part published so far: the answer
     # is the one of the whole stack given at once, bit for bit; this thread solves only once all is published
@@ -396,20 +399,53 @@ def test_a_stack_job_solves_a_stack_published_as_it_is_written():
         gi.StackJob(X[:, :, ::2], Z, a, gi.GI_TOL, 100, ready=0)
 
 
+@pytest.mark.timeout(120)
 def test_a_stack_job_left_by_an_error_before_all_is_published_stops_its_threads():
-    # the pool's thread waits for data the caller never writes: leaving the block releases and stops it
+    # the pool's thread waits for data the caller never writes: leaving the block on an error stops the job,
+    # and the chunk it waits for is left unsolved (its input was never written: here a selection far out of
+    # range, which a solve would read past the stack with)
+    import time
+
     probs = [paper_instance(6, 8, 10, seed=s) for s in range(4 * gi.MIN_PER_THREAD)]
     X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    a[gi.CHUNK :] = 10**9  # (unwritten: never published)
     job = gi.StackJob(X, Z, a, gi.GI_TOL, 100, 2, ready=0)
+    job.out["code"][gi.CHUNK :] = -(10**6)
 
     def fail() -> None:
         with job:
             job.publish(gi.CHUNK)
+            deadline = time.monotonic() + 60
+            while job.finished() < gi.CHUNK and time.monotonic() < deadline:
+                time.sleep(0.001)
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         fail()
-    assert not job._futures and job.finished() >= gi.CHUNK
+    assert not job._futures and job.finished() == gi.CHUNK
+    assert (job.out["code"][gi.CHUNK :] == -(10**6)).all()  # (nothing past what was published was solved)
+    with pytest.raises(RuntimeError, match="stopped"):
+        job.publish(len(probs))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_stack_job_not_wholly_published_is_stopped_not_waited_for(threads):
+    # finishing (or leaving the block normally) before everything is published would wait for ever for a
+    # pool thread that waits for the rest: the job is stopped instead, and says so
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4 * gi.MIN_PER_THREAD)]
+    X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    job = gi.StackJob(X, Z, a, gi.GI_TOL, 100, threads, ready=0)
+    job.publish(gi.CHUNK)
+    with pytest.raises(RuntimeError, match=f"16 of {len(probs)} instances were published"):
+        job.finish()
+    assert not job._futures
+    with (
+        pytest.raises(RuntimeError, match="were published"),
+        gi.StackJob(X, Z, a, gi.GI_TOL, 100, threads, ready=0) as j,
+    ):
+        j.publish(2 * gi.CHUNK)
+    assert not j._futures and j.finished() <= 2 * gi.CHUNK
 
 
 def test_instances_whose_active_set_drops_rows_match_fit():

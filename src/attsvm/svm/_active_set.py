@@ -515,8 +515,8 @@ def _solve_claimed(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, cod
     done: ``sched[0]`` is the first instance no thread has claimed (claimed atomically, so threads running
     this at once never take the same chunk), ``sched[1]`` the number of instances whose X, Z and α are
     written (a claimed chunk waits until it covers the chunk: the caller may still be writing the
-    stack, :meth:`StackJob.publish`), and ``sched[2 + c]`` becomes 1 once chunk c is solved. Returns the
-    chunks solved here."""
+    stack, :meth:`StackJob.publish`; −1: the job is stopped, and a waiting chunk is left unsolved), and
+    ``sched[2 + c]`` becomes 1 once chunk c is solved. Returns the chunks solved here."""
     ws = _workspace(X.shape[1], X.shape[2], X.shape[3], Z.shape[2])
     B = X.shape[0]
     taken = 0
@@ -525,8 +525,11 @@ def _solve_claimed(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, cod
         if lo >= B:
             break
         hi = min(lo + chunk, B)
-        while _fetch_add(sched, 1, 0) < hi:  # (the caller writes the stack far faster than it is solved)
-            pass
+        ready = _fetch_add(sched, 1, 0)
+        while 0 <= ready < hi:  # (the caller writes the stack far faster than it is solved)
+            ready = _fetch_add(sched, 1, 0)
+        if ready < 0:
+            break
         for b in range(lo, hi):
             code[b] = _solve_one(
                 X[b], Z[b], alpha[b], tol, max_iter, A[b], W[b], lam[b], marg[b], supp[b], stats[b], ws
@@ -540,6 +543,24 @@ def _solve_claimed(X, Z, alpha, tol, max_iter, A, W, lam, marg, supp, stats, cod
 def _publish(sched, ready):
     """``sched[1] = ready`` (:func:`_solve_claimed`), after every store this thread made before it."""
     _fetch_add(sched, 1, ready - _fetch_add(sched, 1, 0))
+
+
+@nb.njit(cache=True, nogil=True)
+def _stop(sched, B):
+    """Stop a job (:func:`_solve_claimed`): nothing more is claimed, and a chunk waiting for input stays
+    unsolved (its input may never be written)."""
+    _fetch_add(sched, 0, B)
+    _fetch_add(sched, 1, -1 - _fetch_add(sched, 1, 0))
+
+
+@nb.njit(cache=True, nogil=True)
+def _chunks_done(sched, start):
+    """The first chunk at or after ``start`` that is not solved yet (each flag read atomically, so that
+    the answers of the chunks before it are seen)."""
+    c = start
+    while 2 + c < sched.shape[0] and _fetch_add(sched, 2 + c, 0) != 0:
+        c += 1
+    return c
 
 
 def max_iterations(K: int) -> int:
@@ -631,6 +652,8 @@ class StackJob:
     def publish(self, ready: int) -> None:
         """The first ``ready`` instances of X, Z and α are written: the pool's threads may solve them. The
         first call also waits for the pool's threads to start (:func:`attsvm._threads.start_helpers`)."""
+        if self._ready < 0:
+            raise RuntimeError("StackJob.publish: the job is stopped")
         ready = min(max(int(ready), self._ready), self.B)
         _publish(self._sched, ready)
         self._ready = ready
@@ -640,38 +663,66 @@ class StackJob:
         """Solve up to ``chunks`` chunks of the stack on this thread; the number solved (0: none was left).
         Only once the whole stack is published (a chunk beyond it would wait for this thread)."""
         if self._ready < self.B:
-            raise RuntimeError(f"StackJob.step: publish all {self.B} instances first ({self._ready} are)")
+            raise RuntimeError(f"StackJob.step: publish all {self.B} instances first ({max(self._ready, 0)} are)")
         return int(_solve_claimed(*self._args, int(chunks)))
 
     def finished(self) -> int:
         """How many of the first instances are solved: every instance before the value returned is."""
-        sched = self._sched
-        while self._done + 2 < sched.shape[0] and sched[2 + self._done]:
-            self._done += 1
+        self._done = int(_chunks_done(self._sched, self._done))
         return min(self._done * CHUNK, self.B)
 
     def finish(self) -> dict[str, NDArray]:
-        """Solve what is left (on this thread too), wait for the pool's threads, and return :attr:`out`."""
+        """Solve what is left (on this thread too), wait for the pool's threads, and return :attr:`out`.
+        A job not wholly published is stopped instead (its pool's threads could wait for ever) and raises
+        RuntimeError."""
+        if self._ready < self.B:
+            published = max(self._ready, 0)
+            self.stop()
+            raise RuntimeError(f"StackJob.finish: {published} of {self.B} instances were published")
         try:
             while self.step(1 << 30):
                 pass
-        finally:  # (an error here returns only once the pool's threads have stopped writing)
-            for f in self._futures:
-                f.exception()
-        for f in self._futures:
+        except BaseException:  # (an error here returns only once the pool's threads have stopped writing)
+            self.stop()
+            raise
+        futures = self._join()
+        for f in futures:
             f.result()
-        self._futures = []
         return self.out
+
+    def stop(self) -> None:
+        """Stop the job and wait for the pool's threads: no chunk is claimed after this, a chunk waiting for
+        input is left unsolved, and once this returns no thread writes into :attr:`out`. What was solved
+        stays solved (:meth:`finished`)."""
+        _stop(self._sched, self.B)
+        self._ready = -1
+        self._join()
+
+    def _join(self) -> list[Future[object]]:
+        """Wait for the pool's threads, even through a KeyboardInterrupt (which stops the job and is raised
+        once they are done, so that none writes into :attr:`out` after this returns)."""
+        futures, self._futures = self._futures, []
+        interrupted: BaseException | None = None
+        for f in futures:
+            while True:
+                try:
+                    f.exception()
+                    break
+                except KeyboardInterrupt as exc:
+                    interrupted = exc
+                    _stop(self._sched, self.B)
+        if interrupted is not None:
+            raise interrupted
+        return futures
 
     def __enter__(self) -> StackJob:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:  # (leave nothing to claim; a thread that waits for unwritten data stops waiting)
-            self._sched[0] = self.B
-            self.publish(self.B)
-        if self._futures:
-            self.finish()
+        if exc[0] is not None:
+            self.stop()
+        elif self._futures or self._ready < self.B:
+            self.finish()  # (raises if not all was published)
 
 
 def solve_stack(

@@ -285,7 +285,9 @@ def _solve_group_compiled(
     solve, this thread builds every instance's estimator around the views of the answer's arrays
     (:meth:`AttentionSVM._batched_shells`), and gives the estimators of the solved chunks their
     numbers, in order, solving a chunk itself whenever too few are waiting. Each instance comes back as
-    :func:`solve_group` would return it by :func:`solve_arrays` and :func:`estimators`, bit for bit."""
+    :func:`solve_group` would return it by :func:`solve_arrays` and :func:`estimators`, bit for bit,
+    except ``solve_time_``: the group's wall time per instance, stacking and building the estimators
+    included (they overlap the solve)."""
     t0 = time.perf_counter()
     B = len(problems)
     n, T, d, dz = group_key(problems[0])

@@ -224,7 +224,8 @@ class AttentionSVM:
     status_ : "optimal" | "optimal_inaccurate" | "max_iter" | "infeasible" | "error".
     certificate_, certificate_residual_ : λ and ‖𝒜*(λ)‖_F when infeasible (else None).
     tokens_ : (n,) the selection α (None after :meth:`fit_constraints`).
-    n_iter_, solve_time_, backend_, rank_ (numerical rank at 1e-7 relative),
+    n_iter_, solve_time_ (seconds; from :meth:`fit_many`'s batches, the batch's time per instance),
+    backend_, rank_ (numerical rank at 1e-7 relative),
     reached_convex_optimum_ (rank-constrained problem; None otherwise), constraints_, info_.
     """
 
