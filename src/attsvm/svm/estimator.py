@@ -376,19 +376,30 @@ class AttentionSVM:
             opt = FrobeniusOptions(tol=min(float(self.tol), 1e-10))
             if self.max_iter is not None:
                 opt = replace(opt, max_iter=int(self.max_iter))
-            groups: dict[tuple[int, ...], list[int]] = {}
             limit = batch.max_k(self)
             deficient_ok = batch.uses_compiled(self)
-            for i, p in enumerate(probs):
-                key = batch.group_key(p)
-                if 0 < key[0] * (key[1] - 1) <= limit and (deficient_ok or not batch.deficient_shape(key)):
+            keys = [batch.group_key(p) for p in probs]
+            groups: dict[tuple[int, ...], list[int]] = {}
+            if keys and keys.count(keys[0]) == len(keys):  # (a sweep: one shape, one group of every problem)
+                groups[keys[0]] = list(range(len(keys)))
+            else:
+                for i, key in enumerate(keys):
                     groups.setdefault(key, []).append(i)
-            for members in groups.values():
+            for key, members in groups.items():
+                if not (0 < key[0] * (key[1] - 1) <= limit and (deficient_ok or not batch.deficient_shape(key))):
+                    continue
+                everyone = len(members) == len(probs)
                 with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
-                    alpha = np.stack([alphas[i] for i in members]) if stacked is None else stacked[members]
-                    fitted = batch.solve_group(self, [probs[i] for i in members], alpha, opt)
-                for i, e in zip(members, fitted):
-                    out[i] = e
+                    if stacked is None:
+                        alpha = np.stack([alphas[i] for i in members])
+                    else:  # (the checked copy itself where the group is every problem)
+                        alpha = stacked if everyone else stacked[members]
+                    fitted = batch.solve_group(self, probs if everyone else [probs[i] for i in members], alpha, opt)
+                if everyone:
+                    out = fitted
+                else:
+                    for i, e in zip(members, fitted):
+                        out[i] = e
         if batch_nuclear.ready(self):
             css = [
                 _att_svm_constraints(p, a) if p.n * (p.T - 1) <= batch_nuclear.NUC_BATCH_MAX_K else None
