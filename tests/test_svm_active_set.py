@@ -466,3 +466,32 @@ def test_instances_whose_active_set_drops_rows_match_fit():
             np.testing.assert_allclose(out["W"][b], ref.W_, rtol=0, atol=W_RTOL * np.abs(ref.W_).max())
             checked[min(int(drops[b]), 2)] += 1
     assert checked[1] >= 20 and checked[2] >= 5, checked
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ready", [None, 0])
+def test_a_stack_job_whose_pool_is_busy_solves_alone(ready):
+    # another job holds every pool thread: this one must not wait for its own pool thread to start (it
+    # would wait until the other is done), but solve alone and withdraw the queued thread
+    import threading
+
+    from attsvm import _threads
+
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(3 * gi.MIN_PER_THREAD)]
+    X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    ref = gi.solve_stack(X, Z, a, gi.GI_TOL, gi.max_iterations(42), threads=1)
+    gate = threading.Event()
+    pool = _threads._pool(2)
+    blockers = [pool.submit(gate.wait) for _ in range(pool._max_workers)]
+    try:
+        job = gi.StackJob(X, Z, a, gi.GI_TOL, gi.max_iterations(42), 2, ready=ready)
+        if ready is not None:
+            job.publish(len(probs))
+        out = job.finish()
+        assert not gate.is_set() and not job._futures  # (solved while the pool was still busy)
+        for key in ref:
+            np.testing.assert_array_equal(out[key], ref[key], err_msg=key)
+    finally:
+        gate.set()
+        for b in blockers:
+            b.result()

@@ -380,3 +380,31 @@ def test_the_overlapped_compiled_group_returns_what_its_stack_and_estimators_giv
                     np.testing.assert_array_equal(va, vb, err_msg=key)
                 else:
                     assert va == vb, key
+
+
+@pytest.mark.timeout(120)
+def test_fit_many_from_two_threads_at_once_gives_each_its_own_answers(monkeypatch):
+    # two callers share the process's pool: each gets its own answers, as alone, and neither waits for ever
+    import threading
+
+    pytest.importorskip("numba")
+    monkeypatch.setenv("ATTSVM_NUM_THREADS", "2")
+    sets = [[paper_instance(6, 8, 10, seed=1000 * j + s) for s in range(300)] for j in range(2)]
+    toks = [[p.optimal_tokens(ties="first") for p in probs] for probs in sets]
+    alone = [AttentionSVM().fit_many(probs, t) for probs, t in zip(sets, toks)]
+    got: list = [None, None]
+
+    def run(j: int) -> None:
+        for _ in range(3):
+            got[j] = AttentionSVM().fit_many(sets[j], toks[j])
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for j in range(2):
+        assert len(got[j]) == len(sets[j])
+        for a, b in zip(got[j], alone[j]):
+            np.testing.assert_array_equal(a.W_, b.W_)
+            assert a.status_ == b.status_ == "optimal"

@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -165,10 +166,12 @@ def start_helpers(work: Callable[[], object], helpers: int) -> tuple[list[Future
     return [pool.submit(run, ev) for ev in started], started
 
 
-def wait_started(started: list[threading.Event]) -> None:
-    """Wait (without the GIL) until each helper of :func:`start_helpers` has started its work."""
-    for ev in started:
-        ev.wait()
+def wait_started(started: list[threading.Event], timeout: float | None = None) -> bool:
+    """Wait (without the GIL) until each helper of :func:`start_helpers` has started its work, or for
+    ``timeout`` seconds in all; whether all have started (a helper queued behind another caller's, in a
+    busy pool, starts only once a pool thread is free)."""
+    end = None if timeout is None else time.monotonic() + timeout
+    return all(ev.wait(None if end is None else max(0.0, end - time.monotonic())) for ev in started)
 
 
 _executor: ThreadPoolExecutor | None = None

@@ -61,6 +61,8 @@ GI_TOL = 1e-13
 # a thread claims (about 0.2 ms at (n, T, d) = (6, 8, 10); a thread ends at most one chunk after another)
 MIN_PER_THREAD = 64
 CHUNK = 16
+# the longest a job waits for its pool threads to start (about 0.1 ms when the pool is free)
+SETTLE_TIMEOUT = 0.01
 
 _EPS = float(np.finfo(np.float64).eps)
 _MANTISSA = (1 << 52) - 1  # the fraction bits of a float64
@@ -581,7 +583,9 @@ class StackJob:
     are finished with :meth:`finished`, and :meth:`finish` the stack. Used as a context manager, the job
     is finished on leaving the block, an error included, so no thread still writes into :attr:`out`
     afterwards. The instances are independent: the results do not depend on which thread solved which
-    chunk, bit for bit.
+    chunk, bit for bit. Jobs started at once from several threads share the pool: a later job's pool
+    threads start once an earlier job's are free, its calling thread solves alone meanwhile, and a pool
+    thread that has not started when the job finishes is withdrawn.
 
     With ``ready`` (< B) the caller is still writing X, Z and α: it gives the job the arrays it is filling
     and calls :meth:`publish` as each leading part is written; the pool's threads solve what is published
@@ -644,9 +648,11 @@ class StackJob:
                 self._settle()
 
     def _settle(self) -> None:
-        """Let the pool's threads take the GIL they need to start (start_helpers), once."""
+        """Let the pool's threads take the GIL they need to start (start_helpers), once; for at most
+        ``SETTLE_TIMEOUT``: a helper queued behind another job's (a busy pool) starts later, and this thread
+        goes on meanwhile (it solves the stack alone if it must)."""
         if self._started:
-            wait_started(self._started)
+            wait_started(self._started, SETTLE_TIMEOUT)
             self._started = []
 
     def publish(self, ready: int) -> None:
@@ -700,10 +706,15 @@ class StackJob:
 
     def _join(self) -> list[Future[object]]:
         """Wait for the pool's threads, even through a KeyboardInterrupt (which stops the job and is raised
-        once they are done, so that none writes into :attr:`out` after this returns)."""
+        once they are done, so that none writes into :attr:`out` after this returns); those not started yet
+        are withdrawn. Returns the futures of those that ran."""
         futures, self._futures = self._futures, []
+        ran = []
         interrupted: BaseException | None = None
         for f in futures:
+            if f.cancel():  # (still queued behind another job's: it never runs, and nothing is left for it)
+                continue
+            ran.append(f)
             while True:
                 try:
                     f.exception()
@@ -713,7 +724,7 @@ class StackJob:
                     _stop(self._sched, self.B)
         if interrupted is not None:
             raise interrupted
-        return futures
+        return ran
 
     def __enter__(self) -> StackJob:
         return self
