@@ -495,3 +495,12 @@ def test_a_stack_job_whose_pool_is_busy_solves_alone(ready):
         gate.set()
         for b in blockers:
             b.result()
+
+
+def test_a_stack_job_refuses_queries_or_selections_of_another_shape():
+    # the kernel reads Z and α without bounds checks: a mismatched shape is refused up front, by name
+    probs = [paper_instance(6, 8, 10, seed=s) for s in range(4)]
+    X, Z, a = _stack(probs, [p.optimal_tokens(ties="first") for p in probs])
+    for Zb, ab in ((Z[:3], a), (Z[:, :5], a), (Z, a[:, :5]), (Z, a[:3])):
+        with pytest.raises(ValueError, match=r"StackJob: X of shape \(4, 6, 8, 10\) needs Z of shape"):
+            gi.StackJob(X, Zb, ab, gi.GI_TOL, 100)

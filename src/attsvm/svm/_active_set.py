@@ -608,6 +608,9 @@ class StackJob:
     ) -> None:
         B, n, T, d = X.shape
         dz = Z.shape[2]
+        if Z.shape[:2] != (B, n) or np.shape(alpha) != (B, n):  # (the kernel reads them unchecked)
+            want = f"Z of shape ({B}, {n}, d_z) and alpha of shape ({B}, {n})"
+            raise ValueError(f"StackJob: X of shape {X.shape} needs {want}; got {Z.shape} and {np.shape(alpha)}")
         if ready is not None:  # (the caller writes these arrays: they must be the ones the kernel reads)
             for name, arr, dtype in (("X", X, np.float64), ("Z", Z, np.float64), ("alpha", alpha, np.int64)):
                 if not (arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable):

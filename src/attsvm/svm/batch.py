@@ -280,14 +280,14 @@ def _solve_group_compiled(
     est: AttentionSVM, problems: list[AttentionProblem], alpha: NDArray[np.int64], kernel: ModuleType
 ) -> list[AttentionSVM | None]:
     """:func:`solve_group` by the compiled dual active set, on this thread and the pool's at once
-    (:class:`~attsvm.svm._active_set.StackJob`). This thread stacks the problems' arrays part by part
-    (``STACK_PARTS``), and the pool's threads solve each part as it is published; then, while they
-    solve, this thread builds every instance's estimator around the views of the answer's arrays
-    (:meth:`AttentionSVM._batched_shells`), and gives the estimators of the solved chunks their
-    numbers, in order, solving a chunk itself whenever too few are waiting. Each instance comes back as
-    :func:`solve_group` would return it by :func:`solve_arrays` and :func:`estimators`, bit for bit,
-    except ``solve_time_``: the group's wall time per instance, stacking and building the estimators
-    included (they overlap the solve)."""
+    (:class:`~attsvm.svm._active_set.StackJob`). This thread stacks the problems' arrays in parts
+    (``STACK_FIRST`` instances, then ``STACK_PART`` at a time), and the pool's threads solve each part as
+    it is published; then, while they solve, this thread builds every instance's estimator around the
+    views of the answer's arrays (:meth:`AttentionSVM._batched_shells`), and gives the estimators of the
+    solved chunks their numbers, in order, solving a chunk itself whenever too few are waiting. Each
+    instance comes back as :func:`solve_group` would return it by :func:`solve_arrays` and
+    :func:`estimators`, bit for bit, except ``solve_time_``: the group's wall time per instance, stacking
+    and building the estimators included (they overlap the solve)."""
     t0 = time.perf_counter()
     B = len(problems)
     n, T, d, dz = group_key(problems[0])
@@ -561,7 +561,7 @@ def estimators(
     that order. Their arrays are per-instance views of the stack, so an estimator costs a few attribute
     writes."""
     idx = keep.tolist()
-    out = _shells(cls, params, st, idx)
+    out = _shells(cls, params, st, None if len(idx) == st.A.shape[0] else idx)  # (all: views by iteration)
     _fill(out, idx, st, st.per)
     return out
 
