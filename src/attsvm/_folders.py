@@ -34,6 +34,7 @@ __all__ = [
     "refuse_foreign",
     "LOCK_FILE",
     "OWNER_FILE",
+    "cache_root",
 ]
 
 LOCK_FILE = ".attsvm.lock"
@@ -47,6 +48,12 @@ _SIGNATURES: tuple[tuple[str, str], ...] = (
     ("index.json", "reproduce all"),
     ("trials", "reproduce"),
 )
+
+
+def cache_root() -> Path:
+    """The folder of attsvm's caches (trained LMs, converted models): ``$ATTSVM_CACHE``, default
+    ``~/.cache/attsvm``."""
+    return Path(os.environ.get("ATTSVM_CACHE") or Path.home() / ".cache" / "attsvm")
 
 
 class RunFolderError(ValueError):

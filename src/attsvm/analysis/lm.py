@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._folders import cache_root
 from .._validation import check_bool, check_finite_scalar, check_positive_int, check_seed
 from ._models import corpus_topics, set_offline
 
@@ -136,7 +137,7 @@ def default_lm_dir(config: LMConfig | LlamaLMConfig) -> Path:
 
     if not isinstance(config, (LMConfig, LlamaLMConfig)):
         raise TypeError(f"config must be an LMConfig or a LlamaLMConfig, got {type(config).__name__}")
-    root = Path(os.environ.get("ATTSVM_CACHE", Path.home() / ".cache" / "attsvm"))
+    root = cache_root()
     key = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True).encode()).hexdigest()[:10]
     prefix = "llama-lm" if isinstance(config, LlamaLMConfig) else "lm"
     return root / f"{prefix}-{key}"
