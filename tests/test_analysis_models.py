@@ -114,7 +114,7 @@ def test_window_stats_on_a_handmade_head():
 
 
 def test_bad_model_argument_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="model must be 'minilm', 'gemma3-270m' or a local Hugging Face model folder"):
+    with pytest.raises(FileNotFoundError, match="model must be 'minilm', 'gemma3-270m' or a local Hugging Face"):
         resolve_model(tmp_path / "nowhere")
     with pytest.raises(TypeError, match="model must be 'minilm'"):
         resolve_model(3)  # type: ignore[arg-type]

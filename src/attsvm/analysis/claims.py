@@ -91,9 +91,19 @@ class SequenceMetrics:
     pairs_top3_ex: float
 
 
-def sequence_metrics(attn: NDArray[np.float64], special: NDArray[np.bool_], causal: bool) -> SequenceMetrics:
+def sequence_metrics(
+    attn: NDArray[np.float64],
+    special: NDArray[np.bool_],
+    causal: bool,
+    *,
+    windows: Sequence[int | None] | None = None,
+) -> SequenceMetrics:
     """The measurements of one sequence from its attention maps ``attn`` (L, H, N, N) (rows: queries,
-    columns: keys) and the mask ``special`` (N,) of special / punctuation keys (module doc)."""
+    columns: keys) and the mask ``special`` (N,) of special / punctuation keys (module doc).
+
+    ``windows`` (causal models with sliding-window layers): per layer, ``None`` for a global layer or the
+    window W of a sliding layer, whose query q sees the keys q − W < k ≤ q (the visible keys that support
+    shares and context lengths count)."""
     causal = check_bool(causal, "causal")
     A = as_float_array(attn, "attn", copy=False)  # (finite: a NaN map would read as a valid measurement)
     if A.ndim != 4 or A.shape[-1] != A.shape[-2]:
@@ -105,11 +115,17 @@ def sequence_metrics(attn: NDArray[np.float64], special: NDArray[np.bool_], caus
     special = np.asarray(special, dtype=bool)
     if special.shape != (N,):
         raise ValueError(f"special must have shape ({N},), got {special.shape}")
-    visible = np.tril(np.ones((N, N), dtype=bool)) if causal else np.ones((N, N), dtype=bool)
-    n_keys = visible.sum(1)  # (N,)
-    rows = n_keys >= (MIN_KEYS if causal else 1)
-    A = np.where(visible, A, 0.0)[:, :, rows]  # (L, H, M, N)
-    nk = n_keys[rows]
+    base = np.tril(np.ones((N, N), dtype=bool)) if causal else np.ones((N, N), dtype=bool)
+    rows = base.sum(1) >= (MIN_KEYS if causal else 1)
+    if windows is None:
+        visible = np.broadcast_to(base, (L, N, N))
+    else:
+        if not causal or len(windows) != L:
+            raise ValueError(f"windows must give one entry per layer ({L}) of a causal model, got {windows!r}")
+        lag = np.arange(N)[:, None] - np.arange(N)[None, :]
+        visible = np.stack([base if w is None else base & (lag < check_positive_int(w, "windows")) for w in windows])
+    A = np.where(visible[:, None], A, 0.0)[:, :, rows]  # (L, H, M, N)
+    nk = visible.sum(2)[:, rows]  # (L, M) visible keys of each counted query
     srt = -np.sort(-A, axis=-1)
     top1 = srt[..., 0]
     top3 = srt[..., :3].sum(-1)
@@ -125,14 +141,14 @@ def sequence_metrics(attn: NDArray[np.float64], special: NDArray[np.bool_], caus
     with np.errstate(divide="ignore"):
         logA = np.where(A > 0, np.log(np.where(A > 0, A, 1.0)), -np.inf)
     marg = logA.max(-1, keepdims=True) - logA  # (L, H, M, N)
-    vis = visible[rows]
+    vis = visible[:, None][:, :, rows]  # (L, 1, M, N)
     support = np.stack([((marg <= dl) & vis).sum(-1) for dl in DELTAS])  # (D, L, H, M)
     by_len = np.full(len(LENGTH_EDGES) - 1, np.nan)
     j1 = DELTAS.index(1.0)
     for b in range(len(LENGTH_EDGES) - 1):
-        sel = (nk >= LENGTH_EDGES[b]) & (nk < LENGTH_EDGES[b + 1])
+        sel = (nk >= LENGTH_EDGES[b]) & (nk < LENGTH_EDGES[b + 1])  # (L, M)
         if sel.any():
-            by_len[b] = float(support[j1][..., sel].mean())
+            by_len[b] = float(np.moveaxis(support[j1], 1, 2)[sel].mean())
     return SequenceMetrics(
         top1=top1.mean(-1),
         top3=top3.mean(-1),
@@ -141,7 +157,7 @@ def sequence_metrics(attn: NDArray[np.float64], special: NDArray[np.bool_], caus
         special_mass=spec_mass.mean(-1),
         first=A[..., 0].mean(-1),
         support=support.mean(-1),
-        support_share=(support / nk).mean(-1),
+        support_share=(support / nk[:, None, :]).mean(-1),
         support_by_length=by_len,
         pairs_top3=float((top3 >= MASS).mean()),
         pairs_top3_ex=float((top3_ex >= MASS).mean()),
@@ -769,11 +785,22 @@ def _model_attention(net: Any, ids: list[int], *, inputs: bool = False) -> tuple
 
 
 def _load(name: str, quick: bool, cache: Path | None) -> tuple[Any, Any, bool, str]:
-    """(model, tokenizer, causal, label) for 'minilm', 'gpt2-tiny', 'llama-tiny' or a folder."""
+    """(model, tokenizer, causal, label) for 'minilm', 'gpt2-tiny', 'llama-tiny', 'gemma3-270m' or a folder."""
     from ._models import load_model, set_offline
     from .lm import RETRIEVAL_LM, TINY_LM, LMConfig, default_lm_dir, load_llama_lm, load_lm, train_lm
 
     set_offline()
+    if name == "gemma3-270m":
+        net, tok = load_model(name, causal_lm=True)
+        return (
+            net,
+            tok,
+            True,
+            (
+                "Gemma 3 270M, Q4_K_M GGUF dequantised to float32 (18 layers: 15 sliding-window 512 + 3 global; "
+                "4 query heads on 1 KV head; RoPE)"
+            ),
+        )
     if name == "minilm":
         net, tok = load_model("minilm")
         return net, tok, False, "all-MiniLM-L6-v2 (bidirectional, 6×12 heads)"
@@ -806,7 +833,12 @@ def _load(name: str, quick: bool, cache: Path | None) -> tuple[Any, Any, bool, s
         return net, tok, True, "seeded random-init Llama (RoPE, GQA 4:2; no trained retrieval LM in the cache)"
     path = Path(name)
     if not (path / "config.json").is_file():
-        raise ValueError(f"models: {name!r} is not 'minilm', 'gpt2-tiny', 'llama-tiny' or a model folder")
+        raise ValueError(
+            f"models: {name!r} is not 'minilm', 'gpt2-tiny', 'llama-tiny', 'gemma3-270m' or a model folder"
+        )
+    if json.loads((path / "config.json").read_text()).get("model_type") in ("gemma3_text", "gemma3"):
+        net, tok = load_model(path, causal_lm=True)
+        return net, tok, True, f"{path} (Gemma 3 layout)"
     net, tok = load_model(path)
     causal = bool(getattr(net.config, "is_decoder", False)) or net.config.model_type in (
         "gpt2",
@@ -826,8 +858,17 @@ def run_claims(
     max_length: int | None = None,
     seed: int = 0,
     cache: str | Path | None = None,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Measure the claims on every model and write ``results.json``, ``report.md`` and figures to ``out``."""
+    """Measure the claims on every model and write ``results.json``, ``report.md`` and figures to ``out``.
+
+    Gemma 3 models (``"gemma3-270m"`` or a Gemma 3 folder) are measured by :mod:`attsvm.analysis.claims_gemma`
+    on windows of 512–4096 tokens (``max_windows`` caps the windows per length, ``max_length`` the longest
+    length), per layer type; ``progress`` shows a bar over their windows (default: when stderr is a
+    terminal)."""
+    import datetime
+    import platform
+
     from ._models import corpus_windows
 
     n_win = check_positive_int(max_windows if max_windows is not None else (4 if quick else 48), "max_windows")
@@ -842,9 +883,34 @@ def run_claims(
     labels: dict[str, str] = {}
     skipped: list[str] = []
     n_lowrank = 2 if quick else 12
+    gemma_summaries: dict[str, Any] = {}
+    gemma_settings: dict[str, Any] = {}
     for name in models:
         net, tok, causal, label = _load(name, quick, cache_p)
         labels[name] = label
+        if str(getattr(net.config, "model_type", "")) in ("gemma3_text", "gemma3"):
+            from .claims_gemma import SERVING_LENGTH, GemmaSettings, gemma_records, measure_gemma
+
+            gs = GemmaSettings.quick() if quick else GemmaSettings()
+            pairs = [
+                (ln, min(c, max_windows) if max_windows is not None else c)
+                for ln, c in zip(gs.lengths, gs.counts)
+                if c and (max_length is None or ln <= max_length)
+            ]
+            if not pairs:
+                raise ValueError(
+                    f"max_length must be >= {min(gs.lengths)} tokens for a Gemma 3 model, got {max_length}"
+                )
+            gs.lengths, gs.counts = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+            measured = measure_gemma(net, tok, gs, progress=progress)
+            recs, summary = gemma_records(name, measured, seed=seed)
+            records += recs
+            gemma_summaries[name] = summary
+            gemma_settings[name] = asdict(gs)
+            if SERVING_LENGTH not in gs.lengths:
+                skipped.append(f"serving and low-rank truncation on {name}: need windows of {SERVING_LENGTH} tokens")
+            log.info("claims: %s measured on %d windows", name, len(measured["windows"]))
+            continue
         seqs = []
         lowrank: list[LowRankMetrics] = []
         serving: list[dict[str, NDArray[np.float64]]] = []
@@ -895,12 +961,18 @@ def run_claims(
         else:
             skipped.append(f"low-rank / MLA on {name}: needs a BERT, GPT-2 or Llama-family model")
         log.info("claims: %s measured on %d windows", name, len(seqs))
+    import torch
+
     results = {
         "models": labels,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}",
         "settings": {"quick": quick, "max_windows": n_win, "max_length": length, "seed": seed, "bootstrap": BOOTSTRAP},
         "records": [r.to_dict() for r in records],
         "not_measured": skipped,
     }
+    if gemma_summaries:
+        results["gemma"] = {"settings": gemma_settings, "summary": gemma_summaries}
     (outp / "results.json").write_text(json.dumps(results, indent=2))
     figures = _plot(records, outp)
     _report(results, records, figures, outp)
@@ -960,8 +1032,10 @@ def _report(results: dict[str, Any], records: list[ClaimRecord], figures: list[P
     lines = ["# Claims about real models, measured", ""]
     lines.append("Models: " + "; ".join(f"**{k}**: {v}" for k, v in results["models"].items()) + ".")
     lines.append("")
+    lines.append(f"Measured {results['date']} on {results['machine']}.")
+    lines.append("")
     lines.append(
-        f"Windows of {results['settings']['max_length']} tokens from the pydoc corpus, "
+        f"Windows of {results['settings']['max_length']} tokens from the pydoc corpus (Gemma 3: see its section), "
         f"{results['settings']['max_windows']} per model; means over sequences with 95% percentile-bootstrap "
         f"intervals ({BOOTSTRAP} resamples)."
     )
@@ -983,10 +1057,98 @@ def _report(results: dict[str, Any], records: list[ClaimRecord], figures: list[P
             det = ", ".join(f"{k} = {_fmt(r.details[k])}" for k in keys)
             lines.append(f"- {r.model}: {det}")
         lines.append("")
+    for name, summary in results.get("gemma", {}).get("summary", {}).items():
+        lines += _gemma_report(name, summary, results["gemma"]["settings"][name])
     if results["not_measured"]:
         lines += ["## Not measured", ""] + [f"- {x}" for x in results["not_measured"]] + [""]
     lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures if p.suffix == ".png"]
     (outp / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def _gemma_report(name: str, sm: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """The per-layer-type and per-layer tables of a Gemma 3 run."""
+    import sys
+
+    def ci(v: Sequence[float]) -> str:
+        return f"{v[0]:.3g} [{v[1]:.3g}, {v[2]:.3g}]" if np.isfinite(v[0]) else "–"
+
+    win = ", ".join(f"{c} × {n}" for n, c in sm["windows"].items())
+    lines = [
+        f"## {name} by layer type",
+        "",
+        f"Windows (count × tokens, BOS + contiguous text): {win}, cut from the training topics of the pydoc corpus "
+        f"shipped with Python {sys.version.split()[0]} (`pydoc_data.topics`, {sm['corpus_tokens']['train']} tokens; "
+        f"every 10th topic held out: {sm['corpus_tokens']['heldout']} tokens, used for the MLA perplexity). "
+        f"Settings: {settings}. Means over windows with 95% bootstrap intervals; the claims above are also "
+        f"given for `{name}:sliding` and `{name}:global`.",
+        "",
+    ]
+    types = list(sm["by_layer_type"])
+    rows = [
+        ("heads with mean top-3 mass ≥ 0.95", "share_of_heads_top3_mass_above_0.95"),
+        ("… BOS removed (renormalised)", "share_of_heads_top3_mass_above_0.95_without_bos"),
+        ("(query, head) pairs with top-3 ≥ 0.95, BOS removed", "share_of_pairs_top3_mass_above_0.95_without_bos"),
+        ("mean top-1 mass", "mean_top1"),
+        ("mean top-3 mass", "mean_top3"),
+        ("first-token (BOS) mass", "first_token_mass"),
+        ("support keys (δ = 1)", "support_keys_d1"),
+    ]
+    lines += ["| measure | " + " | ".join(types) + " |", "|---|" + "---|" * len(types)]
+    for label, key in rows:
+        lines.append(f"| {label} | " + " | ".join(ci(sm["by_layer_type"][t][key]) for t in types) + " |")
+    lengths = list(sm["windows"])
+    for n in lengths:
+        lines.append(
+            f"| support keys (δ = 1), {n}-token windows | "
+            + " | ".join(ci(sm["by_layer_type"][t]["support_keys_d1_by_window_length"][n]) for t in types)
+            + " |"
+        )
+    for t_key, label in (("effective_rank_W_h", "effective rank of W_h"), ("nuc_over_fro_W_h", "‖W_h‖_* / ‖W_h‖_F")):
+        lines.append(f"| {label} | " + " | ".join(f"{sm['by_layer_type'][t][t_key]:.3g}" for t in types) + " |")
+    if "rank_for_99pct_top1" in sm["by_layer_type"][types[0]]:
+        lines.append(
+            "| key rank for 99% top-1 agreement (median / max over heads) | "
+            + " | ".join(
+                f"{sm['by_layer_type'][t]['rank_for_99pct_top1']['median']:.0f} / "
+                f"{sm['by_layer_type'][t]['rank_for_99pct_top1']['max']}"
+                for t in types
+            )
+            + " |"
+        )
+    if "lost_mass_at_half" in sm["by_layer_type"][types[0]]:
+        for mode in SERVING_MODES:
+            lines.append(
+                f"| attention mass lost, half cache, {mode} | "
+                + " | ".join(ci(sm["by_layer_type"][t]["lost_mass_at_half"][mode]) for t in types)
+                + " |"
+            )
+    lines.append("")
+    if sm["mla_latent_perplexity"]:
+        mla = ", ".join(f"c = {c}: {v:.4g}" for c, v in sm["mla_latent_perplexity"].items())
+        lines += [f"Held-out perplexity with one shared rank-c key/value latent per layer: {mla}.", ""]
+    pl = sm["per_layer"]
+    cols = [
+        ("top-1", "top1"),
+        ("top-3", "top3"),
+        ("top-3 w/o BOS", "top3_without_bos"),
+        ("BOS mass", "first_token_mass"),
+        ("Sink^0.3", "sink_share"),
+        ("support δ=1", "support_keys_d1"),
+        ("eff. rank W_h", "effective_rank_W_h"),
+    ]
+    if "lost_mass_all_at_half" in pl:
+        cols.append(("lost mass (all, half)", "lost_mass_all_at_half"))
+    lines += [
+        f"### {name} per layer",
+        "",
+        "| layer | type | " + " | ".join(c for c, _ in cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for ell, kind in enumerate(pl["type"]):
+        short = "global" if kind == "full_attention" else "sliding"
+        lines.append(f"| {ell} | {short} | " + " | ".join(f"{pl[k][ell]:.3g}" for _, k in cols) + " |")
+    lines += ["", "Per-head values (layer × head) are in results.json under gemma.summary.", ""]
+    return lines
 
 
 def _fmt(x: Any) -> str:

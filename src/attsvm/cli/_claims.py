@@ -7,7 +7,7 @@ import logging
 
 from ._args import int_at_least
 
-HELP = "measure the texts' claims on real models (sparsity, sinks, support keys) with bootstrap CIs and verdicts"
+HELP = "measure the texts' claims on real models (sparsity, sinks, support keys, low rank, serving) with verdicts"
 
 log = logging.getLogger(__name__)
 
@@ -17,13 +17,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--models",
         default="minilm,gpt2-tiny,llama-tiny",
         help="comma-separated: minilm, gpt2-tiny (the in-repo GPT-2 LM), llama-tiny (the in-repo retrieval "
-        "Llama if cached, else a seeded random-init Llama, labelled as such) or local model folders "
-        "(default: %(default)s)",
+        "Llama if cached, else a seeded random-init Llama, labelled as such), gemma3-270m (Gemma 3 270M, the "
+        "[llm] extra; windows of 512-4096 tokens, per layer type) or local model folders (default: %(default)s)",
     )
-    parser.add_argument("--quick", action="store_true", help="4 short windows per model, barely trained LMs (CI)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run, not evidence: 4 short windows per model, barely trained LMs; gemma3-270m: 2 x 512 "
+        "and 2 x 1024 tokens (about 1 minute)",
+    )
     parser.add_argument("--out", default="results/claims", help="output folder (default: %(default)s)")
-    parser.add_argument("--max-windows", type=int, default=None, help="corpus windows per model (default 48; quick 4)")
-    parser.add_argument("--max-length", type=int, default=None, help="tokens per window (default 256; quick 64)")
+    parser.add_argument(
+        "--max-windows",
+        type=int,
+        default=None,
+        help="corpus windows per model (default 48; quick 4); gemma3-270m: per window length (default 6, 4, 3, 2 "
+        "at 512, 1024, 2048, 4096 tokens)",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens per window (default 256; quick 64); gemma3-270m: the longest window length (default 4096)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch CPU threads (default: %(default)s)")
 
