@@ -23,6 +23,10 @@ def plot_anatomy(out: str | Path) -> list[Path]:
     summ = json.loads((out / "summary.json").read_text())
     arr = np.load(out / "anatomy.npz")
     L, H, dh = summ["n_layers"], summ["n_heads"], summ["d_head"]
+    types = summ.get("layer_types")  # RoPE models: "sliding" / "global" per layer
+
+    def name(layer: int) -> str:
+        return f"layer {layer}" + (f" ({types[layer]})" if types else "")
 
     def grid(key: str) -> np.ndarray:
         g = np.zeros((L, H))
@@ -59,7 +63,7 @@ def plot_anatomy(out: str | Path) -> list[Path]:
             s = sv[layer, h]
             ax.semilogy(np.arange(1, s.size + 1), np.maximum(s / s[0], 1e-18), lw=0.8)
         ax.axvline(dh, color="k", ls=":", lw=0.8)
-        ax.set_title(f"layer {layer}")
+        ax.set_title(name(layer))
         ax.set_xlabel("index")
     np.atleast_1d(axes)[0].set_ylabel("σ_i / σ_1 of W_h")
     fig.tight_layout()
@@ -72,13 +76,13 @@ def plot_anatomy(out: str | Path) -> list[Path]:
     centers = 0.5 * (edges[:-2] + edges[1:-1])
     for layer in range(L):
         hl = hist[layer].sum(0)
-        axes[0].plot(centers, hl[:-1] / max(hl.sum(), 1), label=f"layer {layer}")
+        axes[0].plot(centers, hl[:-1] / max(hl.sum(), 1), label=name(layer))
     axes[0].set_xlabel("margin logit_top − logit_t")
     axes[0].set_ylabel("share of (query, key) pairs")
     axes[0].legend(fontsize=7)
     ranks, agree = arr["ranks"], arr["top1_agreement"]
     for layer in range(L):
-        axes[1].plot(ranks, agree[layer].mean(0), marker="o", label=f"layer {layer}")
+        axes[1].plot(ranks, agree[layer].mean(0), marker="o", label=name(layer))
     axes[1].set_xlabel("rank r of truncated W_h")
     axes[1].set_ylabel("top-1 agreement (mean over heads)")
     axes[1].legend(fontsize=7)
@@ -191,6 +195,8 @@ def write_anatomy_report(out: str | Path) -> Path:
             )
         )
     lines += [f"* {v}" for v in verdict]
+    if s.get("layer_types"):
+        lines += _layer_type_sections(out, heads, s, arr)
     lines += [
         "",
         "Figures: `heatmaps.png`, `spectra.png`, `margins_compression.png`; data: `heads.json`, "
@@ -200,3 +206,90 @@ def write_anatomy_report(out: str | Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _layer_type_sections(out: Path, heads: list[dict], s: dict, arr: object) -> list[str]:
+    """Report sections of a model with sliding and global layers (RoPE models): per layer type, per layer,
+    and the SVM view of a few heads (``svm_heads.json``)."""
+    ranks = [int(r) for r in arr["ranks"]]  # type: ignore[index]
+    by = s["by_layer_type"]
+    mid = str(ranks[len(ranks) // 2])
+    lines = [
+        "",
+        "## Sliding vs global layers",
+        "",
+        "Attention statistics come from the exact RoPE logits (`attsvm.analysis.rope_heads`: normalised, rotated "
+        "queries and keys, each layer's causal mask and, on sliding layers, its window); compression projects each KV "
+        "head's pre-RoPE normalised keys onto their top-r singular subspace over the window, then rotates them. "
+        "Means over the heads of each layer type:",
+        "",
+        "| layer type | layers | top-1 ≥ 95 % | top-3 ≥ 95 % | special mass | support keys | effective rank | "
+        "‖W‖*/‖W‖F | " + " | ".join(f"top-1 agr. r={r}" for r in ranks) + " |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(ranks),
+    ]
+    for label, e in by.items():
+        lines.append(
+            f"| {label} | {', '.join(str(i) for i in e['layers'])} | {e['top1_95']:.3f} | {e['top3_95']:.3f} | "
+            f"{e['special_mass']:.3f} | {e['mean_support_keys']:.1f} | {e['effective_rank']:.1f} | "
+            f"{e['nuc_fro_ratio']:.2f} | "
+            + " | ".join(f"{e['top1_agreement_by_rank'][str(r)]:.3f}" for r in ranks)
+            + " |"
+        )
+    lines += [
+        "",
+        "Per layer (means over its heads):",
+        "",
+        f"| layer | type | top-1 ≥ 95 % | top-3 ≥ 95 % | special mass | support keys | effective rank | "
+        f"top-1 agr. r={mid} | KL r={mid} |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for layer in range(s["n_layers"]):
+        rows = [r for r in heads if r["layer"] == layer]
+
+        def m(key: str, rows: list[dict] = rows) -> float:
+            return float(np.mean([r[key] for r in rows]))
+
+        agr = float(np.mean([r["top1_agreement_by_rank"][mid] for r in rows]))
+        kl = float(np.mean([r["kl_by_rank"][mid] for r in rows]))
+        lines.append(
+            f"| {layer} | {s['layer_types'][layer]} | {m('top1_95'):.3f} | {m('top3_95'):.3f} | "
+            f"{m('special_mass'):.3f} | {m('mean_support_keys'):.1f} | {m('effective_rank'):.1f} | {agr:.3f} | "
+            f"{max(kl, 0.0):.3f} |"
+        )
+    path = out / "svm_heads.json"
+    if path.is_file():
+        views = json.loads(path.read_text())
+        lines += [
+            "",
+            "## SVM view of RoPE heads",
+            "",
+            "Each head in its rotated d_head coordinates (key tokens R_t k̂_t, query R_q q̂_q, so W_h = s·I; "
+            "`attsvm.analysis.rope_heads`), on its own argmax selections over the last T positions up to each "
+            "query. corr(W_h, W_mm) = tr(W_mm)/(√d_head‖W_mm‖_F); baselines: the other heads of the layer mapped "
+            "into these coordinates by least squares, and random d_head × d_head matrices.",
+            "",
+            "| layer | type | head | pairs × T | statuses (Fro / nuc) | certified | corr(W_h, W_mm) | "
+            "corr(W_h, W*_mm) | projected (Fro / nuc) | other heads (Fro) | random (Fro) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for v in views:
+            lines.append(
+                f"| {v['layer']} | {v['layer_type']} | {v['head']} | {v['n_pairs']} × {v['T']} | "
+                f"{v['fro_status']} / {v['nuc_status']} | {'yes' if v['certified'] else 'no'} | "
+                f"{v['corr_fro']:.3f} | {v['corr_nuc']:.3f} | "
+                f"{v['corr_fro_projected']:.3f} / {v['corr_nuc_projected']:.3f} | {v['other_heads_corr_fro']:.3f} | "
+                f"{v['random_corr_fro']:.3f} |"
+            )
+        lines += [
+            "",
+            "| layer type | heads | certified | mean corr(W_h, W_mm) | mean corr(W_h, W*_mm) |",
+            "|---|---|---|---|---|",
+        ]
+        for label in ("sliding", "global"):
+            vs = [v for v in views if v["layer_type"] == label]
+            if vs:
+                lines.append(
+                    f"| {label} | {len(vs)} | {sum(bool(v['certified']) for v in vs)} | "
+                    f"{np.mean([v['corr_fro'] for v in vs]):.3f} | {np.mean([v['corr_nuc'] for v in vs]):.3f} |"
+                )
+    return lines

@@ -14,6 +14,13 @@ For every layer ℓ and head h (``W`` in the paper's convention, see :mod:`attsv
 
 Logits are computed in float64 from the extracted weights and the model's own hidden states; they
 agree with the model's ``output_attentions`` to ~1e-6 (tested).
+
+RoPE models (Gemma 3, sliding and global layers) have no single bilinear form per head; for them
+:func:`analyze` takes the exact logits of :mod:`attsvm.analysis.rope_heads` (normalised, rotated queries
+and keys; each layer's causal mask and sliding window), measures compression by RoPE-aware truncation of
+the keys (:func:`rope_attention_stats`), reports every statistic per layer type (sliding / global) and adds
+the SVM view of a few heads in their rotated coordinates (:func:`attsvm.analysis.svm_view.rope_svm_views`).
+The spectrum of ``W_h`` (folded q/k norm gains and scale) is computed as for the other models.
 """
 
 from __future__ import annotations
@@ -56,6 +63,11 @@ MIN_KEYS = 4  # causal models: queries that see fewer keys are not counted
 MARGIN_STEP = 0.5
 MARGIN_EDGES = np.concatenate([np.arange(0.0, 20.0 + 1e-9, MARGIN_STEP), [np.inf]])  # bins, logit units
 DEFAULT_RANKS = (1, 2, 4, 8, 16, 24, 32)
+ROPE_RANKS = (1, 2, 4, 8, 16, 32, 64, 128)  # RoPE models (d_head 256 for Gemma 3 270M)
+# RoPE models (Gemma 3): windows longer than the sliding window (512 for Gemma 3 270M), so that the
+# sliding layers' mask matters; (windows, tokens per window, compression windows)
+ROPE_DEFAULT = (24, 1024, 4)
+ROPE_QUICK = (2, 768, 1)
 
 
 # ---------------------------------------------------------------------------------------- spectra
@@ -139,12 +151,26 @@ class AttentionStats:
         return getattr(self, name) / max(self.n_queries, 1)
 
 
-def _window_stats(logits: Any, special: Any, causal: bool, delta: float, stats: AttentionStats, layer: int) -> None:
-    """Accumulate one window's statistics for one layer; ``logits`` (H, N, N) float64 tensor."""
+def _window_stats(
+    logits: Any,
+    special: Any,
+    causal: bool,
+    delta: float,
+    stats: AttentionStats,
+    layer: int,
+    visible: Any = None,
+) -> None:
+    """Accumulate one window's statistics for one layer; ``logits`` (H, N, N) float64 tensor.
+
+    ``visible`` (N, N) bool, when given, is the layer's own mask (``[query, key]``, e.g. causal and a
+    sliding window) and replaces the plain causal one."""
     import torch
 
     H, N, _ = logits.shape
-    if causal:
+    if visible is not None:
+        logits = logits.masked_fill(~visible, -math.inf)
+        keep_q = visible.sum(-1) >= MIN_KEYS  # queries seeing at least MIN_KEYS keys
+    elif causal:
         future = torch.ones(N, N, dtype=torch.bool).triu(1)
         logits = logits.masked_fill(future, -math.inf)
         keep_q = torch.arange(N) >= MIN_KEYS - 1  # queries seeing at least MIN_KEYS keys
@@ -169,7 +195,9 @@ def _window_stats(logits: Any, special: Any, causal: bool, delta: float, stats: 
     flat = (torch.arange(H)[:, None, None] * B + bins).view(-1)
     hist = torch.bincount(flat, minlength=H * B).reshape(H, B).double()
     hist[:, 0] -= keep_q.sum()  # the top key of each query (margin exactly 0) is not a margin
-    if causal:  # masked future keys landed in the overflow bin
+    if visible is not None:  # masked keys landed in the overflow bin
+        hist[:, -1] -= (~visible[keep_q]).sum()
+    elif causal:  # masked future keys landed in the overflow bin
         q = torch.arange(N)[keep_q]
         hist[:, -1] -= (N - 1 - q).sum()
     stats.margin_hist[layer] += hist.numpy()
@@ -269,6 +297,89 @@ def compression_stats(
     return CompressionStats(ranks, kl / n, agree / n, n_q)
 
 
+# ---------------------------------------------------------------------------------------- RoPE models
+def rope_attention_stats(
+    model: Any,
+    tokenizer: Any,
+    w: QKWeights,
+    windows: list[list[int]],
+    *,
+    delta: float = DEFAULT_DELTA,
+    compression_windows: int = 0,
+    ranks: tuple[int, ...] = ROPE_RANKS,
+    progress: bool = False,
+) -> tuple[AttentionStats, CompressionStats]:
+    """:func:`attention_stats` and :func:`compression_stats` of a RoPE model (Gemma 3) in one pass.
+
+    Logits are the exact ones of :mod:`attsvm.analysis.rope_heads` with each layer's own mask (causal,
+    and the sliding window on sliding layers). Compression on the first ``compression_windows`` windows
+    is RoPE-aware: each KV head's normalised pre-RoPE keys are projected onto their top-r right-singular
+    subspace over the window, then rotated as the model does (queries and masks unchanged); KL(p ‖ p_r)
+    and top-1 agreement are computed as in :func:`compression_stats`.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from .rope_heads import rope_window
+
+    delta = check_finite_scalar(delta, "delta", positive=True)
+    ranks = tuple(sorted({min(check_positive_int(r, "ranks"), w.d_head) for r in ranks}))
+    L, H = w.n_layers, w.n_heads
+    stats = AttentionStats(L, H, delta)
+    kl = np.zeros((L, H, len(ranks)))
+    agree = np.zeros((L, H, len(ranks)))
+    n_cq = 0
+    special_ids = torch.tensor(sorted(set(getattr(tokenizer, "all_special_ids", []) or [])), dtype=torch.long)
+    with torch.no_grad():
+        for j, ids in enumerate(tqdm(windows, desc="attention", disable=not progress, leave=False)):
+            win = rope_window(model, ids)
+            special = torch.isin(torch.tensor(ids, dtype=torch.long), special_ids)
+            compress = j < compression_windows
+            N = len(ids)
+            for layer in range(L):
+                vis = win.visible(layer)
+                full = win.logits(layer, masked=False)
+                _window_stats(full, special, True, delta, stats, layer, visible=vis)
+                if not compress:
+                    continue
+                full = full.masked_fill(~vis, -math.inf)
+                logp = torch.log_softmax(full, -1)
+                pk = logp.exp()
+                top = full.argmax(-1)
+                for k, keys in enumerate(win.truncated_keys(layer, ranks)):
+                    lg_r = win.logits(layer, keys)
+                    logq = torch.log_softmax(lg_r, -1)
+                    diff = torch.where(pk > 0, pk * (logp - logq), torch.zeros_like(pk))
+                    kl[layer, :, k] += diff.sum(-1).sum(-1).numpy()
+                    agree[layer, :, k] += (lg_r.argmax(-1) == top).sum(-1).numpy()
+            if compress:
+                n_cq += N
+            stats.n_queries += max(N - MIN_KEYS + 1, 0)
+            stats.n_windows += 1
+    n = max(n_cq, 1)
+    return stats, CompressionStats(ranks, kl / n, agree / n, n_cq)
+
+
+def default_svm_heads(types: tuple[str, ...], n_heads: int, quick: bool) -> list[tuple[int, int]]:
+    """Heads of :func:`analyze`'s SVM section on a model with sliding and global layers.
+
+    ``quick``: head 0 of the first sliding layer, the first global layer, the first sliding layer after
+    it and the second global layer (those that exist). Otherwise: every head of the first sliding layer,
+    of the first sliding layer after the first global one, and of every global layer."""
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    full = [i for i, t in enumerate(types) if t != "sliding_attention"]
+    after = [i for i in sliding if full and i > full[0]]
+    if quick:
+        layers = sorted({*sliding[:1], *full[:1], *after[:1], *full[1:2]})
+        return [(layer, 0) for layer in layers]
+    layers = sorted({*sliding[:1], *after[:1], *full})
+    return [(layer, h) for layer in layers for h in range(n_heads)]
+
+
+def _type_label(t: str) -> str:
+    return "sliding" if t == "sliding_attention" else "global"
+
+
 # ---------------------------------------------------------------------------------------- analysis
 @dataclass
 class HeadAnatomy:
@@ -285,6 +396,8 @@ class HeadAnatomy:
     n_windows: int
     max_length: int
     seconds: float
+    layer_types: tuple[str, ...] = ()  # RoPE models with sliding/global layers (empty: not reported)
+    svm_heads: list[dict[str, Any]] = field(default_factory=list)  # RoPE models: the SVM section
 
     def records(self) -> list[dict[str, Any]]:
         sp, at, cp = self.spectrum, self.attention, self.compression
@@ -313,6 +426,39 @@ class HeadAnatomy:
                         },
                     }
                 )
+                if self.layer_types:
+                    out[-1]["layer_type"] = _type_label(self.layer_types[layer])
+        return out
+
+    def by_layer_type(self) -> dict[str, dict[str, Any]]:
+        """Means over the heads of the sliding and of the global layers (RoPE models; empty otherwise)."""
+        if not self.layer_types:
+            return {}
+        recs = self.records()
+        out: dict[str, dict[str, Any]] = {}
+        for label in ("sliding", "global"):
+            rows = [r for r in recs if r["layer_type"] == label]
+            if not rows:
+                continue
+            entry: dict[str, Any] = {"layers": sorted({r["layer"] for r in rows}), "n_heads": len(rows)}
+            for key in (
+                "effective_rank",
+                "nuc_fro_ratio",
+                "top1_95",
+                "top3_95",
+                "top1_95_content",
+                "special_mass",
+                "mean_support_keys",
+            ):
+                entry[key] = float(np.mean([r[key] for r in rows]))
+            for key in ("kl_by_rank", "top1_agreement_by_rank"):
+                entry[key] = {str(rk): float(np.mean([r[key][str(rk)] for r in rows])) for rk in self.compression.ranks}
+            svm = [v for v in self.svm_heads if v["layer_type"] == label]
+            if svm:
+                entry["svm_corr_fro"] = float(np.mean([v["corr_fro"] for v in svm]))
+                entry["svm_corr_nuc"] = float(np.mean([v["corr_nuc"] for v in svm]))
+                entry["svm_heads"] = len(svm)
+            out[label] = entry
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -336,7 +482,15 @@ class HeadAnatomy:
             "max_rank": int(self.spectrum.rank.max()),
             "compression_ranks": list(self.compression.ranks),
             "compression_queries": self.compression.n_queries,
-        }
+        } | (
+            {
+                "layer_types": [_type_label(t) for t in self.layer_types],
+                "by_layer_type": self.by_layer_type(),
+                "attention_logits": "exact RoPE logits (rope_heads) with each layer's causal/sliding-window mask",
+            }
+            if self.layer_types
+            else {}
+        )
 
     def save(self, out: str | Path) -> Path:
         """Write ``heads.json``, ``summary.json`` and ``anatomy.npz`` (arrays for the figures) to ``out``."""
@@ -353,6 +507,8 @@ class HeadAnatomy:
             top1_agreement=self.compression.top1_agreement,
             ranks=np.asarray(self.compression.ranks),
         )
+        if self.svm_heads:
+            (out / "svm_heads.json").write_text(json.dumps(self.svm_heads, indent=1))
         return out
 
 
@@ -361,35 +517,86 @@ def analyze(
     *,
     quick: bool = False,
     max_windows: int | None = None,
-    max_length: int = 256,
-    compression_windows: int = 16,
-    ranks: tuple[int, ...] = DEFAULT_RANKS,
+    max_length: int | None = None,
+    compression_windows: int | None = None,
+    ranks: tuple[int, ...] | None = None,
     delta: float = DEFAULT_DELTA,
     progress: bool = False,
+    svm_heads: list[tuple[int, int]] | None = None,
+    seed: int = 0,
 ) -> HeadAnatomy:
-    """Head anatomy of ``model`` (``"minilm"`` or a local HF folder) over the pydoc corpus.
+    """Head anatomy of ``model`` (``"minilm"``, ``"gemma3-270m"`` or a local HF folder) over the pydoc corpus.
 
     ``quick`` uses 4 windows of 128 tokens (CI); otherwise every topic is cut into windows of
-    ``max_length`` tokens (``max_windows`` caps their number). Compression is measured on the first
-    ``compression_windows`` windows (it costs one softmax per rank and head).
+    ``max_length`` tokens (default 256; ``max_windows`` caps their number). Compression is measured on the
+    first ``compression_windows`` windows (default 16; it costs one softmax per rank and head); ``ranks``
+    defaults to :data:`DEFAULT_RANKS`.
+
+    RoPE models (Gemma 3) use the exact RoPE logits of :mod:`attsvm.analysis.rope_heads` and RoPE-aware
+    compression (:func:`rope_attention_stats`); their windows are the corpus windows of exactly
+    ``max_length`` tokens first (then shorter ones), with defaults :data:`ROPE_DEFAULT` (``quick``:
+    :data:`ROPE_QUICK`) and ranks :data:`ROPE_RANKS`, and the result adds per-layer-type (sliding /
+    global) summaries and an SVM section: :func:`attsvm.analysis.svm_view.rope_svm_views` of
+    ``svm_heads`` (default :func:`default_svm_heads`).
     """
     import torch
 
+    from .rope_heads import is_rope_model
+
     t0 = time.perf_counter()
     check_finite_scalar(delta, "delta", positive=True)  # (the arguments before the model is loaded)
-    if quick:
-        max_windows, max_length, compression_windows = 4, 128, 2
+    if compression_windows is not None:
+        check_positive_int(compression_windows, "compression_windows")
     if max_windows is not None:
         check_positive_int(max_windows, "max_windows")
-    check_positive_int(compression_windows, "compression_windows")
     net, tok = load_model(model)
     w = qk_weights(net)
     spec = spectrum_stats(w)
-    windows = [ids for _, ids in corpus_windows(tok, max_length=max_length, max_windows=max_windows)]
-    log.info("analyze %s: %d windows of <= %d tokens", model, len(windows), max_length)
-    att, inputs = attention_stats(net, tok, w, windows, delta=delta, keep_inputs=compression_windows, progress=progress)
-    with torch.no_grad():
-        comp = compression_stats(w, inputs, ranks)
+    if not is_rope_model(net):
+        if quick:
+            max_windows, max_length, compression_windows = 4, 128, 2
+        max_length = 256 if max_length is None else max_length
+        compression_windows = 16 if compression_windows is None else compression_windows
+        windows = [ids for _, ids in corpus_windows(tok, max_length=max_length, max_windows=max_windows)]
+        log.info("analyze %s: %d windows of <= %d tokens", model, len(windows), max_length)
+        att, inputs = attention_stats(
+            net, tok, w, windows, delta=delta, keep_inputs=compression_windows, progress=progress
+        )
+        with torch.no_grad():
+            comp = compression_stats(w, inputs, DEFAULT_RANKS if ranks is None else ranks)
+        return HeadAnatomy(
+            str(model),
+            w.n_layers,
+            w.n_heads,
+            w.d,
+            w.d_head,
+            spec,
+            att,
+            comp,
+            len(windows),
+            max_length,
+            time.perf_counter() - t0,
+        )
+    from .svm_view import rope_svm_views
+
+    n_win, length, n_comp = ROPE_QUICK if quick else ROPE_DEFAULT
+    max_windows = n_win if quick or max_windows is None else max_windows
+    max_length = length if quick or max_length is None else max_length
+    compression_windows = n_comp if quick or compression_windows is None else compression_windows
+    windows = rope_corpus_windows(tok, max_length, max_windows)
+    log.info("analyze %s: %d windows of <= %d tokens (RoPE logits)", model, len(windows), max_length)
+    att, comp = rope_attention_stats(
+        net,
+        tok,
+        w,
+        windows,
+        delta=delta,
+        compression_windows=compression_windows,
+        ranks=ROPE_RANKS if ranks is None else ranks,
+        progress=progress,
+    )
+    heads = default_svm_heads(w.layer_types, w.n_heads, quick) if svm_heads is None else list(svm_heads)
+    views = rope_svm_views(net, tok, heads, seed=seed, quick=quick, progress=progress) if heads else []
     return HeadAnatomy(
         str(model),
         w.n_layers,
@@ -402,4 +609,15 @@ def analyze(
         len(windows),
         max_length,
         time.perf_counter() - t0,
+        layer_types=w.layer_types,
+        svm_heads=[v.brief() for v in views],
     )
+
+
+def rope_corpus_windows(tok: Any, max_length: int, max_windows: int | None) -> list[list[int]]:
+    """Corpus windows of exactly ``max_length`` tokens first (so that long-range masks such as a sliding
+    window matter), then the shorter topic tails, at most ``max_windows`` in all (corpus order within each)."""
+    every = [ids for _, ids in corpus_windows(tok, max_length=max_length)]
+    full = [ids for ids in every if len(ids) == max_length]
+    rest = [ids for ids in every if len(ids) < max_length]
+    return (full + rest)[:max_windows]

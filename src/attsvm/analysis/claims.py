@@ -992,12 +992,15 @@ def _plot(records: list[ClaimRecord], outp: Path) -> list[Path]:
         conc = next(r for r in records if r.model == m and r.claim == "concentration")
         sink = next(r for r in records if r.model == m and r.claim == "sinks")
         sup = next(r for r in records if r.model == m and r.claim == "support")
-        hc = np.asarray(conc.details["head_confidence"]).ravel()
-        ax[0].hist(hc, bins=np.linspace(0, 1, 21), alpha=0.5, label=m)
+        part = ":" in m  # a layer-type subset (Gemma 3): its heads and layers are already in the whole model's
+        if not part:
+            hc = np.asarray(conc.details["head_confidence"]).ravel()
+            ax[0].hist(hc, bins=np.linspace(0, 1, 21), alpha=0.5, label=m)
         pl = sup.details["mean_support_keys_per_delta"]
         ax[1].plot(sup.details["deltas"], pl, "o-", label=m)
-        layers = sink.details["per_layer_sink_share"]
-        ax[2].plot(np.arange(1, len(layers) + 1), layers, "s-", label=m, color=f"C{k}")
+        if not part:
+            layers = sink.details["per_layer_sink_share"]
+            ax[2].plot(np.arange(1, len(layers) + 1), layers, "s-", label=m, color=f"C{k}")
         low = next((r for r in records if r.model == m and r.claim == "low-rank"), None)
         if low is not None:
             rr = np.asarray(low.details["ranks"], dtype=float) / low.details["d_head"]
@@ -1034,6 +1037,12 @@ def _report(results: dict[str, Any], records: list[ClaimRecord], figures: list[P
     lines.append("")
     lines.append(f"Measured {results['date']} on {results['machine']}.")
     lines.append("")
+    if results["settings"]["quick"]:
+        lines += [
+            "**A smoke run (`--quick`): a few short windows and barely trained in-repo models. The verdicts below "
+            "test the machinery; they are not evidence about the models.**",
+            "",
+        ]
     lines.append(
         f"Windows of {results['settings']['max_length']} tokens from the pydoc corpus (Gemma 3: see its section), "
         f"{results['settings']['max_windows']} per model; means over sequences with 95% percentile-bootstrap "
@@ -1092,10 +1101,12 @@ def _gemma_report(name: str, sm: dict[str, Any], settings: dict[str, Any]) -> li
         ("mean top-3 mass", "mean_top3"),
         ("first-token (BOS) mass", "first_token_mass"),
         ("support keys (δ = 1)", "support_keys_d1"),
+        ("cached keys that were some query's top key (serving)", "share_of_cached_keys_that_were_some_querys_top_key"),
     ]
     lines += ["| measure | " + " | ".join(types) + " |", "|---|" + "---|" * len(types)]
     for label, key in rows:
-        lines.append(f"| {label} | " + " | ".join(ci(sm["by_layer_type"][t][key]) for t in types) + " |")
+        if key in sm["by_layer_type"][types[0]]:
+            lines.append(f"| {label} | " + " | ".join(ci(sm["by_layer_type"][t][key]) for t in types) + " |")
     lengths = list(sm["windows"])
     for n in lengths:
         lines.append(

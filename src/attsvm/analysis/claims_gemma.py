@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 WINDOW_LENGTHS = (512, 1024, 2048, 4096)  # tokens per window, BOS included
-DEFAULT_COUNTS = (6, 4, 3, 2)  # windows per length (default run)
+DEFAULT_COUNTS = (8, 8, 3, 2)  # windows per length (default run)
 QUICK_COUNTS = (2, 2, 0, 0)  # --quick
 SERVING_LENGTH = 1024  # windows of this length also run the serving and low-rank measurements
 SERVING_RATIO = 0.5  # share of each layer's cached keys kept
@@ -342,7 +342,8 @@ def measure_window(
     the RoPE-aware truncation."""
     import torch
 
-    mods, window, _ = _gemma_layout(net)
+    mods, window, kinds = _gemma_layout(net)
+    sliding = next((w for w in window if w is not None), None)
     L, H = len(mods), int(net.config.num_attention_heads)
     N = len(ids)
     special = _special_mask(tok, ids)
@@ -415,11 +416,15 @@ def measure_window(
             "lost": {m: np.asarray(v) for m, v in lost_r.items()},
             "ppl_ratio": ppl,
             "forwards": len(done),
+            # share of each layer's cached keys that were the top key of some query (score 0: tied)
+            "top_key_share": np.asarray(
+                [float((srv.score_all[ell, 0] == 0).sum() / srv._cached(ell)) for ell in range(L)]
+            ),
         }
         out.timings["serving"] = time.perf_counter() - t1
     if cap:
         t2 = time.perf_counter()
-        out.lowrank = _rope_truncation(net, cap, window, lowrank_ranks or ())
+        out.lowrank = _rope_truncation(net, ids, cap, kinds, sliding, lowrank_ranks or ())
         out.timings["lowrank"] = time.perf_counter() - t2
     return out
 
@@ -452,58 +457,44 @@ def _masked_loss(net: Any, x: Any, mods: list[Any], masks: list[Any], keep: NDAr
 
 # ------------------------------------------------------------------------------------------ low rank
 def _rope_truncation(
-    net: Any, cap: list[dict[str, Any]], window: list[int | None], ranks: Sequence[int]
+    net: Any, ids: list[int], cap: list[dict[str, Any]], kinds: list[str], window: int | None, ranks: Sequence[int]
 ) -> LowRankMetrics:
     """Top-1 agreement, support Jaccard, runner-up margin ratio and output error per (rank, layer, head)
-    when each layer's normalised pre-RoPE keys are projected on their top-r right-singular subspace."""
+    when each layer's normalised pre-RoPE keys are projected on their top-r right-singular subspace
+    (:meth:`attsvm.analysis.rope_heads.RopeWindow.truncated_keys`), from the tensors captured in the prefill."""
     import torch
+
+    from .rope_heads import RopeWindow, rotate
 
     L = len(cap)
     H = int(net.config.num_attention_heads)
     dh = int(net.config.head_dim)
     rk = tuple(sorted({min(int(r), dh) for r in ranks}))
+    pes = [tuple(t[0].double() for t in c["pe"]) for c in cap]  # (cos, sin), each (N, dh)
+    kpre = [c["k"][0].double() for c in cap]  # (H_kv, N, dh) normalised, before RoPE
+    win = RopeWindow(
+        ids=list(ids),
+        q=[rotate(c["q"][0].double(), *pe) for c, pe in zip(cap, pes)],
+        k=[rotate(k, *pe) for k, pe in zip(kpre, pes)],
+        k_pre=kpre,
+        cos=[pe[0] for pe in pes],
+        sin=[pe[1] for pe in pes],
+        scaling=tuple(float(layer.self_attn.scaling) for layer in net.model.layers),
+        layer_types=tuple(kinds),
+        window=window,
+    )
     shape = (len(rk), L, H)
     top1, jac, mr, err = (np.zeros(shape) for _ in range(4))
     for ell, c in enumerate(cap):
-        k = c["k"].double()  # (1, Hkv, N, dh): normalised, before RoPE
-        N, Hkv = k.shape[2], k.shape[1]
-        v = c["v"].double().view(1, N, Hkv, dh).transpose(1, 2)[0].repeat_interleave(H // Hkv, dim=0)  # (H, N, dh)
-        i = torch.arange(N)
-        mask = layer_mask(N, window[ell])
-        rows = i >= MIN_KEYS - 1
-        scaling = float(net.model.layers[ell].self_attn.scaling)
-        a0, m0, s0, o0 = _head_stats(rope_logits(c, k, scaling), mask, rows, v)
-        _, _, Vh = torch.linalg.svd(k[0], full_matrices=False)  # (Hkv, dh, dh)
-        for j, r in enumerate(rk):
-            Pr = Vh[:, :r].transpose(-1, -2) @ Vh[:, :r]
-            a, m, sp, o = _head_stats(rope_logits(c, (k[0] @ Pr)[None], scaling), mask, rows, v)
+        N, Hkv = kpre[ell].shape[1], kpre[ell].shape[0]
+        v = c["v"][0].double().view(N, Hkv, dh).transpose(0, 1).repeat_interleave(H // Hkv, dim=0)  # (H, N, dh)
+        mask = ~win.visible(ell)
+        rows = torch.arange(N) >= MIN_KEYS - 1
+        a0, m0, s0, o0 = _head_stats(win.logits(ell), mask, rows, v)
+        for j, keys in enumerate(win.truncated_keys(ell, rk)):
+            a, m, sp, o = _head_stats(win.logits(ell, keys), mask, rows, v)
             top1[j, ell], jac[j, ell], mr[j, ell], err[j, ell] = _compare(a0, m0, s0, o0, a, m, sp, o)
     return LowRankMetrics(rk, top1, jac, mr, err)
-
-
-def layer_mask(N: int, window: int | None) -> Any:
-    """(N, N) bool, True where query q cannot see key k: the future, and for a sliding layer the keys
-    with q − k ≥ window."""
-    import torch
-
-    i = torch.arange(N)
-    mask = i[None, :] > i[:, None]
-    if window is not None:
-        mask |= (i[:, None] - i[None, :]) >= int(window)
-    return mask
-
-
-def rope_logits(captured: dict[str, Any], keys: Any, scaling: float) -> Any:
-    """(H, N, N) float64 attention logits of one layer from its captured normalised pre-RoPE queries
-    (``captured["q"]``, (1, H, N, dh)), the pre-RoPE ``keys`` (1, H_kv, N, dh) and the layer's RoPE tables
-    ``captured["pe"]`` = (cos, sin), rotated as the model does; masks not applied."""
-    from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
-
-    q = captured["q"].double()
-    cos, sin = (t.double() for t in captured["pe"])
-    qr, kr = apply_rotary_pos_emb(q, keys, cos, sin)
-    G = q.shape[1] // keys.shape[1]
-    return (qr[0] @ kr[0].repeat_interleave(G, dim=0).transpose(-1, -2)) * scaling
 
 
 def _nll(net: Any, ids: Any) -> tuple[float, int]:
@@ -714,6 +705,9 @@ def gemma_records(name: str, measured: dict[str, Any], *, seed: int = 0) -> tupl
             None if c == 0 else float(v / c) for v, c in zip(np.atleast_1d(sup), np.atleast_1d(cnt))
         ]
         if srv:
+            entry["share_of_cached_keys_that_were_some_querys_top_key"] = ci(
+                [float(s["top_key_share"][ix].mean()) for s in srv]
+            )
             entry["lost_mass_at_half"] = {
                 m: ci([float(s["lost_by_layer"][m][ix].mean()) for s in srv]) for m in SERVING_MODES
             }

@@ -19,6 +19,10 @@ Reported:
 * local optimality (docs/spec.md §2) of α: it needs token scores γ, which a real head does not define; we use
   ``γ_it = ±vᵀx_it`` with v the head's dominant value–output input direction (top right singular
   vector of W_O,h W_V,h, both signs), and random unit v as a baseline.
+
+A Gemma 3 (RoPE) head is not one bilinear form of its layer inputs; :func:`svm_view` then views it in its
+rotated d_head coordinates, where ``W_h = s·I`` (:class:`RopeSVMView`, :func:`rope_svm_views`; the
+reduction and its baselines are stated in :mod:`attsvm.analysis.rope_heads`).
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from numpy.typing import NDArray
 
 from .._linalg import correlation
 from .._validation import check_bool, check_positive_int, check_seed
+from ..svm.status import CERTIFIED
 from ..tokens import differences
 from ._models import attention_inputs, corpus_windows, family_of, head_matrices, load_model, qk_weights
 
-__all__ = ["SVMView", "svm_view", "collect_pairs", "parse_head", "ov_direction"]
+__all__ = ["SVMView", "RopeSVMView", "svm_view", "rope_svm_views", "collect_pairs", "parse_head", "ov_direction"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +151,26 @@ def ov_direction(model: Any, layer: int, head: int) -> NDArray[np.float64]:
     return vt[0]
 
 
+def _stats_against(cs: Any, W_mm: NDArray[np.float64], W_star: NDArray[np.float64]) -> Any:
+    """``W ↦`` its correlations with W_mm and W*_mm, raw and projected onto the subspaces the constraints
+    ``cs`` see, and its margin efficiency (module doc)."""
+    sub = cs.subspaces()
+    PU, PV = sub.U @ sub.U.T, sub.V @ sub.V.T
+    fro_mm = float(np.linalg.norm(W_mm))
+
+    def stats(W: NDArray[np.float64]) -> dict[str, float]:
+        Wp = PU @ W @ PV
+        return {
+            "corr_fro": float(correlation(W, W_mm)),
+            "corr_nuc": float(correlation(W, W_star)),
+            "corr_fro_projected": float(correlation(Wp, W_mm)),
+            "corr_nuc_projected": float(correlation(Wp, W_star)),
+            "margin_efficiency": _margin_efficiency(cs, W, fro_mm),
+        }
+
+    return stats
+
+
 def _margin_efficiency(cs: Any, W: NDArray[np.float64], fro_mm: float) -> float:
     m = cs.apply(W)[cs.mask]
     nrm = float(np.linalg.norm(W))
@@ -245,7 +270,8 @@ def svm_view(
     """Solve Att-SVM / Att-SVM* on a real head's selections and compare with the head (module doc).
 
     ``quick=True`` (a smoke run) caps ``n_pairs`` at 12 and ``T`` at 6, reads at most 8 windows and
-    draws 8 random directions; the result's shapes say what was used."""
+    draws 8 random directions; the result's shapes say what was used. A Gemma 3 (RoPE) head is viewed in
+    its rotated d_head coordinates and gives a :class:`RopeSVMView` (:func:`rope_svm_views`)."""
     from ..problem import AttentionProblem
     from ..svm import AttentionSVM
     from ..svm._base import ConstraintSet
@@ -260,6 +286,8 @@ def svm_view(
     elif tok is None:
         raise TypeError("tok (the model's tokenizer) is required when model is a model object, not a name")
     layer, head = _layer_head(model, layer, head)
+    if family_of(model) == "gemma3":  # RoPE: the head's rotated coordinates (rope_heads module doc)
+        return rope_svm_views(model, tok, [(layer, head)], n_pairs=n_pairs, T=T, seed=seed, quick=quick)[0]
     w = qk_weights(model)
     if quick:
         n_pairs, T = min(n_pairs, 12), min(T, 6)
@@ -291,18 +319,7 @@ def svm_view(
     if fro.W_ is None or nuc.W_ is None:
         raise RuntimeError(f"the SVMs did not solve (Frobenius {fro.status_}, nuclear {nuc.status_})")
     W_mm, W_star = fro.W_, nuc.W_
-    sub = cs.subspaces()
-    PU, PV = sub.U @ sub.U.T, sub.V @ sub.V.T
-
-    def stats(W: NDArray[np.float64]) -> dict[str, float]:
-        Wp = PU @ W @ PV
-        return {
-            "corr_fro": float(correlation(W, W_mm)),
-            "corr_nuc": float(correlation(W, W_star)),
-            "corr_fro_projected": float(correlation(Wp, W_mm)),
-            "corr_nuc_projected": float(correlation(Wp, W_star)),
-            "margin_efficiency": _margin_efficiency(cs, W, float(np.linalg.norm(W_mm))),
-        }
+    stats = _stats_against(cs, W_mm, W_star)
 
     all_W = head_matrices(w, bias=True)[layer]
     mine = stats(all_W[head])
@@ -395,4 +412,257 @@ def svm_view(
         random_lowrank=rand,
         local_optimality=lo,
         summary=verdict,
+    )
+
+
+# ---------------------------------------------------------------------------------------- RoPE heads
+@dataclass
+class RopeSVMView(SVMView):
+    """:class:`SVMView` of a RoPE (Gemma 3) head in its rotated d_head coordinates (:mod:`.rope_heads`).
+
+    ``d`` is d_head (no bias coordinate); ``other_heads`` also holds ``fit_r2``, the coefficient of
+    determination of the least-squares maps carrying this head's features to each other head's;
+    ``local_optimality`` is not measured (the value path does not live in these coordinates)."""
+
+    layer_type: str = ""
+    positions: list[int] = field(default_factory=list)
+
+    def brief(self) -> dict[str, Any]:
+        """The numbers of :func:`attsvm.analysis.anatomy.analyze`'s SVM section."""
+
+        def mean(key: str, d: dict[str, list[float]]) -> float:
+            v = d.get(key, [])
+            return float(np.mean(v)) if v else float("nan")
+
+        return {
+            "layer": self.layer,
+            "head": self.head,
+            "layer_type": self.layer_type,
+            "n_pairs": self.n_pairs,
+            "T": self.T,
+            "fro_status": self.fro_status,
+            "nuc_status": self.nuc_status,
+            "certified": self.fro_status in CERTIFIED and self.nuc_status in CERTIFIED,
+            "fro_max_violation": self.fro_certificate["max_violation"],
+            "fro_relative_gap": self.fro_certificate["relative_gap"],
+            "nuc_max_violation": self.nuc_certificate["max_violation"],
+            "nuc_relative_gap": self.nuc_certificate["relative_gap"],
+            "corr_fro": self.corr_fro,
+            "corr_nuc": self.corr_nuc,
+            "corr_fro_projected": self.corr_fro_projected,
+            "corr_nuc_projected": self.corr_nuc_projected,
+            "margin_efficiency": self.margin_efficiency,
+            "other_heads_corr_fro": mean("corr_fro", self.other_heads),
+            "other_heads_corr_nuc": mean("corr_nuc", self.other_heads),
+            "other_heads_fit_r2": mean("fit_r2", self.other_heads),
+            "random_corr_fro": mean("corr_fro", self.random_lowrank),
+            "random_corr_nuc": mean("corr_nuc", self.random_lowrank),
+            "max_query_position": max(self.positions) if self.positions else -1,
+        }
+
+    def markdown(self) -> str:
+        def stat(v: list[float]) -> str:
+            a = np.asarray(v, dtype=float)
+            return f"mean {a.mean():.3f} ± {a.std():.3f}, max {a.max():.3f}" if a.size else "—"
+
+        oh, rl = self.other_heads, self.random_lowrank
+        rows = [
+            ("corr(W, W_mm)", self.corr_fro, "corr_fro"),
+            ("corr(W, W*_mm)", self.corr_nuc, "corr_nuc"),
+            ("corr(P W P', W_mm), projected", self.corr_fro_projected, "corr_fro_projected"),
+            ("corr(P W P', W*_mm), projected", self.corr_nuc_projected, "corr_nuc_projected"),
+            ("margin efficiency", self.margin_efficiency, "margin_efficiency"),
+        ]
+        return "\n".join(
+            [
+                f"# SVM view of layer {self.layer} ({self.layer_type}), head {self.head} (RoPE)",
+                "",
+                f"{self.n_pairs} (sequence, query) pairs, T = {self.T} keys (the last T positions up to the query, "
+                f"query positions up to {max(self.positions) if self.positions else 0}), in the head's rotated "
+                f"d_head = {self.d} coordinates: key tokens x_t = R_t k̂_t, query z = R_q q̂_q, W_h = s·I "
+                "(see `attsvm.analysis.rope_heads`); α = the head's own argmax.",
+                "",
+                f"* Frobenius Att-SVM: status {self.fro_status}; certificate {self.fro_certificate}.",
+                f"* Nuclear Att-SVM* (convex; rank ≤ d_head is vacuous here): status {self.nuc_status}; "
+                f"certificate {self.nuc_certificate}" + (f" ({self.nuc_note})." if self.nuc_note else "."),
+                f"* support keys per query (tight constraints of W_mm): {self.support_per_query:.2f} of {self.T - 1}.",
+                "",
+                "| statistic | this head | other heads, same layer (least-squares maps) | random d_head × d_head |",
+                "|---|---|---|---|",
+                *(f"| {name} | {v:.3f} | {stat(oh.get(k, []))} | {stat(rl.get(k, []))} |" for name, v, k in rows),
+                "",
+                "Other heads are mapped into this head's coordinates by least squares "
+                f"(R² {stat(oh.get('fit_r2', []))}).",
+                "",
+                self.summary,
+                "",
+            ]
+        )
+
+
+def _rope_pairs(
+    wins: list[Any], layer: int, head: int, n_pairs: int, T: int, rng: np.random.Generator
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64], list[int]]:
+    """``X`` (n, T, d_head) rotated keys of the last T positions, ``Z`` (n, d_head) rotated queries, ``α``."""
+    X, Z, A, P = [], [], [], []
+    per = max(1, int(np.ceil(n_pairs / len(wins))) + 1)
+    for j in rng.permutation(len(wins)):
+        win = wins[j]
+        N = win.n_tokens
+        if N < T + 1:
+            continue
+        q = win.q[layer][head].numpy()  # (N, dh)
+        k = win.k[layer][head // (win.q[layer].shape[0] // win.k[layer].shape[0])].numpy()
+        s = win.scaling[layer]
+        for m in rng.choice(np.arange(T - 1, N), size=min(per, N - T + 1), replace=False):
+            Xw = k[m - T + 1 : m + 1]
+            lg = s * (Xw @ q[m])
+            srt = np.sort(lg)
+            if srt[-1] - srt[-2] < 1e-6 * max(1.0, abs(srt[-1])):  # a tie: no strict selection
+                continue
+            X.append(Xw)
+            Z.append(q[m])
+            A.append(int(np.argmax(lg)))
+            P.append(int(m))
+            if len(X) >= n_pairs:
+                break
+        if len(X) >= n_pairs:
+            break
+    if len(X) < 2:
+        raise ValueError(f"found only {len(X)} usable (sequence, query) pairs; lower T={T} or use more windows")
+    return np.stack(X), np.stack(Z), np.asarray(A, dtype=np.int64), P
+
+
+def rope_svm_views(
+    model: Any,
+    tok: Any,
+    heads: list[tuple[int, int]],
+    *,
+    n_pairs: int = 32,
+    T: int = 8,
+    seed: int = 0,
+    quick: bool = False,
+    progress: bool = False,
+    windows: list[list[int]] | None = None,
+) -> list[RopeSVMView]:
+    """The SVM view of each ``(layer, head)`` of a RoPE model (Gemma 3) in the head's rotated coordinates,
+    from one hooked forward pass per window (reduction and baselines: :mod:`attsvm.analysis.rope_heads`).
+
+    Windows (default): the corpus windows of 1024 tokens (``quick``: 768), 4 of them (``quick``: 2), so
+    that query positions go past a 512-token sliding window; ``quick`` caps ``n_pairs`` at 12 and ``T`` at
+    6 and draws 8 random matrices."""
+    from tqdm.auto import tqdm
+
+    from .anatomy import rope_corpus_windows
+    from .rope_heads import rope_window
+
+    quick = check_bool(quick, "quick")
+    seed = check_seed(seed)
+    n_pairs = check_positive_int(n_pairs, "n_pairs", minimum=2)
+    T = check_positive_int(T, "T", minimum=2)
+    if not isinstance(heads, (list, tuple)) or not heads:
+        raise ValueError(f"heads must be a non-empty list of (layer, head) pairs, got {heads!r}")
+    heads = [_layer_head(model, layer, head) for layer, head in heads]
+    if quick:
+        n_pairs, T = min(n_pairs, 12), min(T, 6)
+    if windows is None:
+        windows = rope_corpus_windows(tok, 768 if quick else 1024, 2 if quick else 4)
+    layers = sorted({layer for layer, _ in heads})
+    wins = [rope_window(model, ids, layers=layers) for ids in tqdm(windows, desc="svm view", disable=not progress)]
+    w = qk_weights(model)
+    return [
+        _rope_view(wins, w, layer, head, n_pairs, T, seed, quick)
+        for layer, head in tqdm(heads, desc="svm heads", disable=not progress, leave=False)
+    ]
+
+
+def _rope_view(
+    wins: list[Any], w: Any, layer: int, head: int, n_pairs: int, T: int, seed: int, quick: bool
+) -> RopeSVMView:
+    from ..svm import AttentionSVM
+    from ..svm._base import ConstraintSet
+    from .rope_heads import lstsq_map
+
+    rng = np.random.default_rng([seed, layer, head])
+    X, Z, alpha, positions = _rope_pairs(wins, layer, head, n_pairs, T, rng)
+    n, _, dh = X.shape
+    A = differences(X[np.arange(n), alpha], X)
+    mask = np.ones((n, T), dtype=bool)
+    mask[np.arange(n), alpha] = False
+    cs = ConstraintSet(A, Z, mask)
+    fro = AttentionSVM("fro").fit_constraints(cs)
+    nuc = AttentionSVM("nuc").fit_constraints(cs)  # d = d_head: a rank <= d_head constraint is vacuous
+    if fro.W_ is None or nuc.W_ is None:
+        raise RuntimeError(f"the SVMs did not solve (Frobenius {fro.status_}, nuclear {nuc.status_})")
+    W_mm, W_star = fro.W_, nuc.W_
+    stats = _stats_against(cs, W_mm, W_star)
+
+    s = float(wins[0].scaling[layer])
+    mine = stats(s * np.eye(dh))
+    # other heads, mapped into this head's coordinates by least squares over every position read
+    H = wins[0].q[layer].shape[0]
+    G = H // wins[0].k[layer].shape[0]
+    q_all = np.concatenate([win.q[layer].numpy() for win in wins], axis=1)  # (H, ΣN, dh)
+    k_all = np.concatenate([win.k[layer].numpy() for win in wins], axis=1)  # (H_kv, ΣN, dh)
+    other: dict[str, list[float]] = {}
+    for h in range(H):
+        if h == head:
+            continue
+        B, r2q = lstsq_map(q_all[head], q_all[h])
+        if h // G == head // G:
+            Amap, r2k = np.eye(dh), 1.0
+        else:
+            Amap, r2k = lstsq_map(k_all[head // G], k_all[h // G])
+        for key, v in (stats(s * Amap.T @ B) | {"fit_r2": min(r2q, r2k)}).items():
+            other.setdefault(key, []).append(v)
+    rand: dict[str, list[float]] = {}
+    for _ in range(8 if quick else N_RANDOM):
+        K = rng.standard_normal((dh, dh))
+        Q = rng.standard_normal((dh, dh))
+        for key, v in stats(K @ Q.T).items():
+            rand.setdefault(key, []).append(v)
+
+    def cert(sv: AttentionSVM) -> dict[str, float]:
+        return {
+            "max_violation": float(sv.max_violation_),
+            "relative_gap": float(sv.relative_gap_),
+            "objective": float(sv.objective_),
+            "rank": int(sv.rank_ if sv.rank_ is not None else 0),
+        }
+
+    rl = np.asarray(rand["corr_fro_projected"])
+    oh = np.asarray(other.get("corr_fro_projected", [np.nan]))
+    verdict = (
+        f"In its rotated coordinates (W_h = s·I), this head correlates {mine['corr_fro']:.3f} with W_mm and "
+        f"{mine['corr_nuc']:.3f} with W*_mm ({mine['corr_fro_projected']:.3f} / {mine['corr_nuc_projected']:.3f} "
+        f"projected onto the constraint subspaces); the other heads of the layer, mapped by least squares, reach "
+        f"{np.nanmean(oh):.3f} (projected, Frobenius) and random d_head × d_head matrices {rl.mean():.3f}; "
+        f"margin efficiency {mine['margin_efficiency']:.3f} (1 would be the SVM direction)."
+    )
+    layer_type = "sliding" if w.layer_types and w.layer_types[layer] == "sliding_attention" else "global"
+    return RopeSVMView(
+        layer=int(layer),
+        head=int(head),
+        n_pairs=n,
+        T=T,
+        d=dh,
+        d_head=dh,
+        fro_status=str(fro.status_),
+        nuc_status=str(nuc.status_),
+        nuc_rank=None,
+        nuc_note="",
+        fro_certificate=cert(fro),
+        nuc_certificate=cert(nuc),
+        corr_fro=mine["corr_fro"],
+        corr_nuc=mine["corr_nuc"],
+        corr_fro_projected=mine["corr_fro_projected"],
+        corr_nuc_projected=mine["corr_nuc_projected"],
+        margin_efficiency=mine["margin_efficiency"],
+        support_per_query=float(fro.support_.sum() / n),
+        other_heads=other,
+        random_lowrank=rand,
+        local_optimality={"note": "not measured for RoPE heads (the value path is not in these coordinates)"},
+        summary=verdict,
+        layer_type=layer_type,
+        positions=positions,
     )

@@ -15,28 +15,43 @@ log = logging.getLogger(__name__)
 
 MAX_LENGTH = 256  # tokens per window by default
 COMPRESSION_WINDOWS = 16  # windows of the low-rank compression curves by default
+# Gemma 3 (RoPE, sliding layers): (windows, tokens per window, compression windows); attsvm.analysis.anatomy
+ROPE_DEFAULT = (24, 1024, 4)
+ROPE_QUICK = (2, 768, 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="'minilm' (the bundled all-MiniLM-L6-v2) or a local Hugging Face model folder")
+    parser.add_argument(
+        "model",
+        help="'minilm' (the bundled all-MiniLM-L6-v2), 'gemma3-270m' (Gemma 3 270M, the [llm] extra) or a local "
+        "Hugging Face model folder",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
         help="4 windows of 128 tokens, 2 for compression (CI smoke run), and an SVM view of at most 12 pairs "
-        "of 6 keys; not combinable with --max-windows, --max-length or --compression-windows",
+        f"of 6 keys (Gemma 3: {ROPE_QUICK[0]} windows of {ROPE_QUICK[1]} tokens, {ROPE_QUICK[2]} for compression); "
+        "not combinable with --max-windows, --max-length or --compression-windows",
     )
     parser.add_argument("--out", default="results/analyze", help="output folder (default: %(default)s)")
     parser.add_argument(
-        "--max-windows", type=int_at_least(1), default=None, help="cap on corpus windows (default: all)"
+        "--max-windows",
+        type=int_at_least(1),
+        default=None,
+        help=f"cap on corpus windows (default: all; Gemma 3: {ROPE_DEFAULT[0]})",
     )
     parser.add_argument(
-        "--max-length", type=int_at_least(2), default=None, help=f"tokens per window (default: {MAX_LENGTH})"
+        "--max-length",
+        type=int_at_least(2),
+        default=None,
+        help=f"tokens per window (default: {MAX_LENGTH}; Gemma 3: {ROPE_DEFAULT[1]})",
     )
     parser.add_argument(
         "--compression-windows",
         type=int_at_least(1),
         default=None,
-        help=f"windows used for the low-rank compression curves (default: {COMPRESSION_WINDOWS})",
+        help=f"windows used for the low-rank compression curves (default: {COMPRESSION_WINDOWS}; "
+        f"Gemma 3: {ROPE_DEFAULT[2]})",
     )
     parser.add_argument(
         "--delta", type=float, default=1.0, help="support-key margin δ in logits (default: %(default)s)"
@@ -72,14 +87,18 @@ def run(args: argparse.Namespace) -> int:
         )
         given = [option for option, value in options if value is not None]
         if given:
-            raise UsageError(
-                f"--quick fixes 4 windows of 128 tokens (2 for compression); drop --quick or {' and '.join(given)}"
+            fixed = (
+                f"{ROPE_QUICK[0]} windows of {ROPE_QUICK[1]} tokens ({ROPE_QUICK[2]} for compression)"
+                if args.model.lower() == "gemma3-270m"
+                else "4 windows of 128 tokens (2 for compression)"
             )
+            raise UsageError(f"--quick fixes {fixed}; drop --quick or {' and '.join(given)}")
     if not (math.isfinite(args.delta) and args.delta > 0):
         raise UsageError(f"--delta must be a finite margin > 0, got {args.delta}")
-    if args.model != "minilm" and not Path(args.model).is_dir():
+    if args.model.lower() not in ("minilm", "gemma3-270m") and not Path(args.model).is_dir():
         raise UsageError(
-            f"MODEL must be 'minilm' or a local Hugging Face model folder, got {args.model!r} (no such folder)"
+            f"MODEL must be 'minilm', 'gemma3-270m' or a local Hugging Face model folder, got {args.model!r} "
+            "(no such folder)"
         )
     import torch
 
@@ -106,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
             args.model,
             quick=args.quick,
             max_windows=args.max_windows,
-            max_length=MAX_LENGTH if args.max_length is None else args.max_length,
-            compression_windows=COMPRESSION_WINDOWS if args.compression_windows is None else args.compression_windows,
+            max_length=args.max_length,  # None: the model's default (MAX_LENGTH; Gemma 3: ROPE_DEFAULT)
+            compression_windows=args.compression_windows,
             delta=args.delta,
             progress=log.isEnabledFor(logging.INFO),
+            seed=args.seed,
         )
         out = res.save(args.out)
         plot_anatomy(out)

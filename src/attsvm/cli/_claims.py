@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-windows",
         type=int,
         default=None,
-        help="corpus windows per model (default 48; quick 4); gemma3-270m: per window length (default 6, 4, 3, 2 "
+        help="corpus windows per model (default 48; quick 4); gemma3-270m: per window length (default 8, 8, 3, 2 "
         "at 512, 1024, 2048, 4096 tokens)",
     )
     parser.add_argument(
