@@ -1158,7 +1158,21 @@ def _gemma_report(name: str, sm: dict[str, Any], settings: dict[str, Any]) -> li
     for ell, kind in enumerate(pl["type"]):
         short = "global" if kind == "full_attention" else "sliding"
         lines.append(f"| {ell} | {short} | " + " | ".join(f"{pl[k][ell]:.3g}" for _, k in cols) + " |")
-    lines += ["", "Per-head values (layer × head) are in results.json under gemma.summary.", ""]
+    ph = sm["per_head"]
+    lines += [
+        "",
+        f"### {name} per head",
+        "",
+        "| layer | head | top-1 | top-3 | BOS mass | support δ=1 | eff. rank W_h |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for ell in range(len(ph["top1"])):
+        for h in range(len(ph["top1"][ell])):
+            vals = [
+                ph[k][ell][h] for k in ("top1", "top3", "first_token_mass", "support_keys_d1", "effective_rank_W_h")
+            ]
+            lines.append(f"| {ell} | {h} | " + " | ".join(f"{v:.3g}" for v in vals) + " |")
+    lines.append("")
     return lines
 
 

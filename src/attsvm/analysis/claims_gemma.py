@@ -515,11 +515,14 @@ def _nll(net: Any, ids: Any) -> tuple[float, int]:
     return tot, int(tgt.numel())
 
 
-def mla_gemma(net: Any, heldout: list[list[int]], latents: Sequence[int]) -> dict[int, float]:
+def mla_gemma(
+    net: Any, heldout: list[list[int]], latents: Sequence[int], *, progress: bool = False
+) -> dict[int, float]:
     """Held-out perplexity when every layer's stacked key/value projection ``[W_k; W_v]`` (2·H_kv·d_head × d)
     is replaced by its best rank-c approximation (one shared latent of size c per layer, as MLA caches);
-    the weights are changed in place and restored afterwards."""
+    the weights are changed in place and restored afterwards. ``progress``: a bar over the latents."""
     import torch
+    from tqdm.auto import tqdm
 
     layers = [layer.self_attn for layer in net.model.layers]
     saved = [(a.k_proj.weight.detach().clone(), a.v_proj.weight.detach().clone()) for a in layers]
@@ -529,7 +532,7 @@ def mla_gemma(net: Any, heldout: list[list[int]], latents: Sequence[int]) -> dic
         svds.append(torch.linalg.svd(kv, full_matrices=False))
     out: dict[int, float] = {}
     try:
-        for c in latents:
+        for c in tqdm(latents, desc="MLA latents", unit="latent", disable=not progress):
             with torch.no_grad():
                 for a, (U, S, Vh), (wk, _) in zip(layers, svds, saved):
                     approx = (U[:, :c] * S[:c]) @ Vh[:c]
@@ -600,7 +603,7 @@ def measure_gemma(net: Any, tok: Any, settings: GemmaSettings, *, progress: bool
     ]
     rows = 2 * int(net.config.num_key_value_heads) * dh  # the stacked [W_k; W_v]
     latents = sorted({max(1, round(f * rows)) for f in settings.latent_fractions})
-    mla = mla_gemma(net, heldout, latents) if settings.mla_windows else {}
+    mla = mla_gemma(net, heldout, latents, progress=not disable) if settings.mla_windows else {}
     return {
         "windows": wins,
         "d_head": dh,
