@@ -110,7 +110,9 @@ def test_infeasible_far_from_unit_scale_keeps_a_verified_farkas_certificate(norm
     assert fit.status_ == "infeasible"
     cert = farkas_certificate(att_svm_constraints(q, a), fit.certificate_)
     assert cert.valid
-    assert fit.certificate_residual_ == pytest.approx(cert.residual, rel=1e-6, abs=1e-300)
+    # the residuals are at round-off (about 1e-16 of the data's scale): summed in another order, the recomputed one
+    # agrees to a factor, not to digits (the factor depends on the BLAS kernels of the machine)
+    assert fit.certificate_residual_ == pytest.approx(cert.residual, rel=0.5, abs=1e-300)
 
 
 def test_rank_constrained_factors_are_rescaled_with_w():

@@ -643,7 +643,9 @@ def test_degenerate_svm_rank_instances_are_certified_by_the_subgradient_dual(n, 
     assert cert.relative_gap <= DEFAULT_SVM_TOL and cert.relative_violation <= DEFAULT_SVM_TOL
     assert np.all(f.dual_coef_[f.constraints_.mask] >= 0)
     old = solve_nuclear(f.constraints_, release_frac=0.0)
-    assert old.status == "optimal" and old.info.get("dual_polish") == ("subgradient" if seed == 40 else None)
+    # (5, 10, 3, 56) takes either route depending on the rounding of the machine's BLAS kernels; both certify
+    routes = ("subgradient",) if seed == 40 else (None, "subgradient")
+    assert old.status == "optimal" and old.info.get("dual_polish") in routes
     cert = optimality_certificate(f.constraints_, old.W, old.dual, "nuc")
     assert cert.relative_gap <= DEFAULT_SVM_TOL and cert.relative_violation <= DEFAULT_SVM_TOL
     assert abs(cert.primal - f.objective_) <= OBJ_RTOL * f.objective_
