@@ -38,7 +38,7 @@ def test_compute_n_kept_is_kvpress_rule(k_len, ratio, kept):
     assert kvp.compute_n_kept(k_len, ratio) == kept
 
 
-@pytest.mark.parametrize("bad", [1.0, -0.1, 1.5, float("nan")])
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan")])
 def test_a_compression_ratio_outside_0_1_is_named(bad):
     with pytest.raises(ValueError, match="compression_ratio must be in"):
         kvp.compute_n_kept(10, bad)

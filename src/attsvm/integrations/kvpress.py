@@ -35,29 +35,32 @@ from .._extras import require
 from .._validation import check_bool
 
 # the presses are built on first access by __getattr__ (kvpress is an optional dependency)
-PRESSES: tuple[str, ...] = ("SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress")
+PRESSES: tuple[str, ...] = ("SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "HybridPress")
 
-__all__ = [*PRESSES, "compute_n_kept", "check_compression_ratio", "PRESSES"]
+__all__ = [*PRESSES, "compute_n_kept", "check_compression_ratio", "is_sliding_layer", "track_positions", "PRESSES"]
 
 _POSITIONS = "attsvm_buffered_position_ids"  # kwargs key: positions of the buffered queries (decoding presses)
 
 
 def check_compression_ratio(compression_ratio: Any) -> float:
-    """``compression_ratio`` as a float in [0, 1) (numpy numbers too), or a ValueError/TypeError naming it."""
+    """``compression_ratio`` as a float in [0, 1] (numpy numbers too), or a ValueError/TypeError naming it.
+
+    1.0 evicts the whole layer, as in kvpress (whose ``PerLayerCompressionPress`` assigns it per layer)."""
     if isinstance(compression_ratio, (bool, np.bool_)) or not isinstance(
         compression_ratio, (int, float, np.integer, np.floating)
     ):
-        raise TypeError(f"compression_ratio must be a float in [0, 1), got {compression_ratio!r}")
-    if not 0.0 <= float(compression_ratio) < 1.0 or math.isnan(compression_ratio):
-        raise ValueError(f"compression_ratio must be in [0, 1), got {compression_ratio}")
+        raise TypeError(f"compression_ratio must be a float in [0, 1], got {compression_ratio!r}")
+    if not 0.0 <= float(compression_ratio) <= 1.0 or math.isnan(compression_ratio):
+        raise ValueError(f"compression_ratio must be in [0, 1], got {compression_ratio}")
     return float(compression_ratio)
 
 
 def compute_n_kept(k_len: int, compression_ratio: float) -> int:
-    """Keys kept per layer and KV head out of ``k_len`` at ``compression_ratio``: kvpress's rule
-    ``max(1, int(k_len · (1 − compression_ratio)))`` (no kvpress import needed)."""
+    """Keys kept per layer and KV head out of ``k_len`` at ``compression_ratio``, kvpress's rule (no kvpress
+    import needed): 0 at ratio 1 (the layer is emptied), else ``max(1, int(k_len · (1 − compression_ratio)))``."""
     k_len = _check_int(k_len, "k_len", 1)
-    return max(1, int(k_len * (1 - check_compression_ratio(compression_ratio))))
+    ratio = check_compression_ratio(compression_ratio)
+    return 0 if ratio >= 1.0 else max(1, int(k_len * (1 - ratio)))
 
 
 def _check_int(value: Any, name: str, minimum: int) -> int:
@@ -81,6 +84,10 @@ def _query_rope(module: Any, hidden: torch.Tensor, kwargs: dict, n: int) -> tupl
         emb = kwargs.get("position_embeddings")
         if emb is not None and emb[0].shape[-2] == hidden.shape[1]:  # this pass's own queries (prefill)
             return emb[0][:, -n:], emb[1][:, -n:]
+        start = _offset_in(hidden, kwargs.get("hidden_states"))
+        if emb is not None and start is not None:  # a slice of this pass's queries (ChunkPress): its own positions
+            end = start + hidden.shape[1]
+            return emb[0][:, end - n : end], emb[1][:, end - n : end]
         pid = kwargs.get("position_ids")
         if pid is None:
             pid = kwargs["cache_position"][None]
@@ -92,8 +99,96 @@ def _query_rope(module: Any, hidden: torch.Tensor, kwargs: dict, n: int) -> tupl
             f"{type(module).__name__} has no rotary_emb: the margin presses need a RoPE model "
             "(Llama, Qwen2/3, Mistral, ...) used through the press's context manager"
         )
-    cos, sin = rotary(hidden, position_ids=positions[:, -n:].expand(hidden.shape[0], -1))
+    layer_type = getattr(module, "layer_type", None)  # Gemma 2/3: one RoPE base per layer type
+    extra = {"layer_type": layer_type} if layer_type is not None else {}
+    cos, sin = rotary(hidden, position_ids=positions[:, -n:].expand(hidden.shape[0], -1), **extra)
     return cos, sin
+
+
+def _offset_in(part: torch.Tensor, whole: Any) -> int | None:
+    """The row offset of ``part`` (B, n, d) inside ``whole`` (B, N, d) when ``part`` is a slice of it along the
+    sequence (the same storage, as kvpress's ChunkPress hands its chunks), else None."""
+    if not isinstance(whole, torch.Tensor) or whole.dim() != 3 or part.dim() != 3 or part.shape[1] == whole.shape[1]:
+        return None
+    if part.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr() or part.stride() != whole.stride():
+        return None
+    start, rem = divmod(int(part.storage_offset()) - int(whole.storage_offset()), int(whole.stride(1)))
+    return start if rem == 0 and 0 <= start <= whole.shape[1] - part.shape[1] else None
+
+
+def is_sliding_layer(module: Any, kwargs: dict) -> bool:
+    """Whether this call's layer caches a sliding window (Gemma 2/3's local layers, Mistral-style models): its
+    cache layer is a sliding-window one (transformers' ``is_sliding``), which holds at most the window and whose
+    masks assume exactly that many keys; the presses here leave such a layer as it is (module doc)."""
+    if getattr(module, "is_sliding", False) or getattr(module, "sliding_window", None) is not None:
+        return True  # (also when the cache stores every key: kvpress's pipeline builds DynamicCache() without config)
+    cache = kwargs.get("past_key_values")
+    layers = getattr(cache, "layers", None)
+    idx = getattr(module, "layer_idx", None)
+    if layers is None or idx is None or idx >= len(layers):
+        return False
+    return bool(getattr(layers[idx], "is_sliding", False))
+
+
+def track_positions(layer: Any) -> Any:
+    """Make a compressed (non-sliding) cache layer build its masks by position, not by slot.
+
+    transformers numbers a layer's cached keys 0 … L − 1 when it builds a mask, and the new queries by
+    ``cache_position``, which comes from the first layer's length. When every layer is compressed alike the two
+    agree. On a hybrid model the first (sliding) layer counts every token, so a compressed global layer's new keys
+    would be numbered below their queries' positions and a multi-token step would see its own future. The layer's
+    class is swapped for a subclass whose mask offset is ``cache_position[0] − L`` (the keys kept stay visible, the
+    new ones are causal); a layer that needs no offset gets 0, as before."""
+    cls = type(layer)
+    if getattr(cls, "_attsvm_tracks_positions", False):
+        return layer
+    tracked = _TRACKED.get(cls)
+    if tracked is None:
+
+        def get_mask_sizes(self: Any, cache_position: Any, *args: Any) -> tuple[int, int]:
+            length, offset = cls.get_mask_sizes(self, cache_position, *args)
+            if isinstance(cache_position, torch.Tensor) and cache_position.numel() and offset == 0:
+                offset = max(int(cache_position[0]) - int(self.get_seq_length()), 0)
+            return length, offset
+
+        tracked = type(cls.__name__, (cls,), {"get_mask_sizes": get_mask_sizes, "_attsvm_tracks_positions": True})
+        _TRACKED[cls] = tracked
+    layer.__class__ = tracked
+    return layer
+
+
+_TRACKED: dict[type, type] = {}
+
+
+def keep_window(module: Any, kwargs: dict) -> None:
+    """A sliding layer whose cache stores every key (a ``DynamicCache()`` built without the model's config, as
+    kvpress's pipeline builds it) is replaced by transformers' sliding-window cache layer holding the last W − 1
+    keys, as a cache built from the config holds them; the cache then reports the layer as sliding, so that the
+    masks of later steps are built per layer type (the global layers' from a global layer)."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    cache = kwargs.get("past_key_values")
+    layers = getattr(cache, "layers", None)
+    idx = getattr(module, "layer_idx", None)
+    W = getattr(module, "sliding_window", None)
+    if layers is None or idx is None or idx >= len(layers) or W is None or getattr(layers[idx], "is_sliding", False):
+        return
+    old = layers[idx]
+    if not getattr(old, "is_initialized", False):
+        return
+    new = DynamicSlidingWindowLayer(sliding_window=int(W))
+    new.lazy_initialization(old.keys, old.values)
+    new.keys, new.values = old.keys[:, :, -int(W) + 1 :], old.values[:, :, -int(W) + 1 :]
+    new.cumulative_length = int(old.keys.shape[-2])
+    layers[idx] = new  # (the cache's is_sliding follows its layers)
+
+
+def _after_compression(module: Any, kwargs: dict) -> None:
+    cache = kwargs.get("past_key_values")
+    layers = getattr(cache, "layers", None)
+    idx = getattr(module, "layer_idx", None)
+    if layers is not None and idx is not None and idx < len(layers) and not getattr(layers[idx], "is_sliding", False):
+        track_positions(layers[idx])
 
 
 def window_logits(
@@ -160,27 +255,43 @@ def _finite(logits: torch.Tensor) -> torch.Tensor:
 
 def protect(scores: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
     """Scores with the first ``n_sink`` and the last ``window`` keys raised strictly above every other (finite, as
-    kvpress's AdaKV and rerotation wrappers expect), so ``topk`` keeps them in every float dtype. The raise is
-    ``max(1, |top|/64)``, which exceeds one unit in the last place of the top score (bfloat16 included: 256 + 1
-    rounds back to 256); where that would pass the dtype's largest value, the protected keys take that value and
-    the others are capped just below it. A NaN score (a model's NaN) is evicted first, not kept above all."""
+    kvpress's AdaKV and rerotation wrappers expect), so ``topk`` keeps them in every float dtype.
+
+    The protected keys are ranked among themselves, for budgets smaller than ``n_sink + window``: the sinks first,
+    then the window's keys from the newest back (so a budget of b < n_sink + window keeps the sinks and the newest
+    b − n_sink keys; below n_sink, the first b sinks' ties are broken by ``topk``). They take the values
+    ``top + p · step`` (p = 1 for the oldest window key … window + 1 for the sinks) above the best unprotected
+    score ``top``, with ``step = max(1, |top|/64)``, which exceeds the dtype's spacing there (bfloat16 included);
+    where those values would pass the dtype's largest value, the unprotected scores are capped at half of it and
+    the protected ones spread over the upper half. A NaN score (a model's NaN) is evicted first."""
     window = _check_int(window, "window", 0)
     n_sink = _check_int(n_sink, "n_sink", 0)
     finfo = torch.finfo(scores.dtype)
     out = torch.where(torch.isnan(scores), finfo.min, scores)  # (topk ranks NaN above everything)
-    amax = float(out.amax()) if out.numel() else 0.0
-    if amax == -math.inf:
+    K = out.shape[-1]
+    w = min(window, K)
+    s = min(n_sink, K - w)
+    if w + s == 0:
+        return out
+    prio = torch.zeros(K, dtype=torch.float64, device=out.device)
+    prio[K - w :] = torch.arange(1, w + 1, dtype=torch.float64, device=out.device)
+    prio[:s] = w + 1
+    guarded = prio > 0
+    rest = out[..., ~guarded]
+    top = float(rest.amax()) if rest.numel() else -math.inf
+    if top == -math.inf:
         top = 0.0
-    else:
-        top = amax + max(1.0, abs(amax) / 64) if math.isfinite(amax) else math.inf
-        if not top <= finfo.max or not float(torch.tensor(top, dtype=scores.dtype)) > amax:
-            top = finfo.max  # (no finite value above the top score: lower the others instead)
-            below = torch.tensor(finfo.max * (1 - finfo.eps), dtype=scores.dtype)  # the dtype's grid, below max
-            out = out.clamp(max=float(below))
-    if n_sink:
-        out[..., :n_sink] = top
-    if window:
-        out[..., -window:] = top
+    vals = top + prio * max(1.0, abs(top) / 64) if math.isfinite(top) else torch.full_like(prio, math.inf)
+    cast = vals[guarded].to(scores.dtype)
+    levels = torch.unique(cast.double())
+    distinct = len(levels) == len(torch.unique(prio[guarded]))
+    if not (bool(torch.isfinite(cast).all()) and float(levels[0]) > top and distinct):
+        half = finfo.max / 2  # (no room above the top score: cap the others at half the range, spread above it)
+        out = out.clamp(max=float(torch.tensor(half * (1 - finfo.eps), dtype=scores.dtype)))
+        vals = half + prio * (half / (w + 1))
+        vals[guarded] = vals[guarded].clamp(max=finfo.max)
+    out = out.clone()
+    out[..., guarded] = vals[guarded].to(scores.dtype)
     return out
 
 
@@ -218,7 +329,7 @@ def _classes() -> dict[str, type]:
     from collections import defaultdict
     from dataclasses import dataclass, fields
 
-    from kvpress import DecodingPress, ScorerPress
+    from kvpress import AdaKVPress, BasePress, DecodingPress, ScorerPress
     from kvpress.presses.base_press import is_prefilling
 
     @dataclass
@@ -229,6 +340,14 @@ def _classes() -> dict[str, type]:
 
         combine = "max"  # how the decoding presses carry the raw score across compressions ("max" or "sum")
 
+        def __post_init__(self) -> None:
+            if self.compression_ratio >= 1.0:  # (kvpress's ScorerPress asserts this; a named error instead)
+                raise ValueError(
+                    "compression_ratio must be in [0, 1) when a press is built, as in kvpress (assign 1.0 afterwards "
+                    "to empty a layer, as PerLayerCompressionPress does)"
+                )
+            super().__post_init__()
+
         def __setattr__(self, name: str, value: Any) -> None:
             # every assignment of a field is checked, at construction and after it (p.window_size = 0 used to
             # reach the scores unchecked)
@@ -238,6 +357,14 @@ def _classes() -> dict[str, type]:
         def post_init_from_model(self, model: Any) -> None:
             _check_rope_model(model, type(self).__name__)
             super().post_init_from_model(model)
+
+        def forward_hook(self, module: Any, input: Any, kwargs: dict, output: Any) -> Any:
+            if is_sliding_layer(module, kwargs):  # a sliding layer keeps its window (module doc)
+                keep_window(module, kwargs)
+                return output
+            out = super().forward_hook(module, input, kwargs, output)
+            _after_compression(module, kwargs)
+            return out
 
         def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
             raise NotImplementedError
@@ -290,8 +417,10 @@ def _classes() -> dict[str, type]:
         def __post_init__(self) -> None:
             if self.base_press is None:
                 self.base_press = self._base_class(window_size=self.window_size, n_sink=self.n_sink)
-            elif not isinstance(self.base_press, ScorerPress):
-                raise TypeError(f"base_press must be a kvpress ScorerPress, got {type(self.base_press).__name__}")
+            elif not isinstance(self.base_press, (ScorerPress, AdaKVPress)):
+                raise TypeError(
+                    f"base_press must be a kvpress ScorerPress or AdaKVPress, got {type(self.base_press).__name__}"
+                )
             else:
                 # window_size/n_sink given with a base press: the base press's own must agree (they were silently
                 # ignored); afterwards the fields show the base press's values
@@ -340,6 +469,9 @@ def _classes() -> dict[str, type]:
             self._since = defaultdict(int)
 
         def forward_hook(self, module: Any, input: Any, kwargs: dict, output: Any) -> Any:
+            if is_sliding_layer(module, kwargs):  # a sliding layer keeps its window (module doc)
+                keep_window(module, kwargs)
+                return output
             hidden = kwargs["hidden_states"]
             layer = module.layer_idx
             if is_prefilling(kwargs["cache_position"], hidden.shape[1]):
@@ -355,6 +487,7 @@ def _classes() -> dict[str, type]:
                 out = super().forward_hook(module, input, kwargs, output)
             finally:
                 kwargs.pop(_POSITIONS, None)
+            _after_compression(module, kwargs)
             kept = len(self.hidden_states_buffer[layer])  # mirror the hidden-state buffer (cleared, trimmed)
             self._positions[layer] = self._positions[layer][len(self._positions[layer]) - kept :] if kept else []
             return out
@@ -410,11 +543,49 @@ def _classes() -> dict[str, type]:
 
         _base_class = H2OPress
 
+    @dataclass
+    class HybridPress(BasePress):
+        """Run any kvpress press on a model with sliding-window layers (Gemma 2/3, ...): the layers whose cache is a
+        sliding window keep it untouched, and ``press`` compresses the global layers (their keys, positions and
+        masks stay consistent, since every global layer keeps the same number of keys). On a model without
+        sliding layers it is ``press`` itself. ``compression_ratio`` is the wrapped press's (global layers)."""
+
+        press: Any = None
+
+        def __post_init__(self) -> None:
+            if not isinstance(self.press, BasePress):
+                raise TypeError(f"press must be a kvpress press, got {type(self.press).__name__}")
+
+        @property
+        def compression_ratio(self) -> float:
+            return float(self.press.compression_ratio)
+
+        @compression_ratio.setter
+        def compression_ratio(self, value: float) -> None:
+            self.press.compression_ratio = value
+
+        def post_init_from_model(self, model: Any) -> None:
+            self.press.post_init_from_model(model)
+
+        def forward_hook(self, module: Any, input: Any, kwargs: dict, output: Any) -> Any:
+            if is_sliding_layer(module, kwargs):
+                keep_window(module, kwargs)
+                return output
+            out = self.press.forward_hook(module, input, kwargs, output)
+            _after_compression(module, kwargs)
+            return out
+
+        def compress(
+            self, module: Any, hidden_states: Any, keys: Any, values: Any, attentions: Any, kwargs: dict
+        ) -> Any:
+            return self.press.compress(module, hidden_states, keys, values, attentions, kwargs)
+
     found: dict[str, type] = {
         "SVMarginPress": SVMarginPress,
         "H2OPress": H2OPress,
         "SVMarginDecodingPress": SVMarginDecodingPress,
         "H2ODecodingPress": H2ODecodingPress,
+        "HybridPress": HybridPress,
     }
     for name, cls in found.items():
         cls.__module__, cls.__qualname__ = __name__, name
