@@ -790,6 +790,13 @@ class AttentionLayout:
     n_heads: int
     n_kv_heads: int
     sliding_window: int | None = None  # a window every layer applies (Mistral); the budget must fit in it
+    # hybrid local/global models (Gemma 2/3): the window of the "sliding_attention" layers, which keep it
+    local_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+
+    def is_local(self, layer_idx: int) -> bool:
+        """Whether layer ``layer_idx`` is a sliding-window layer of a hybrid model (it keeps its window)."""
+        return self.local_window is not None and self.layer_types[layer_idx] == "sliding_attention"
 
     @property
     def group_size(self) -> int:
@@ -803,10 +810,11 @@ class AttentionLayout:
 def attention_layout(model: Any) -> AttentionLayout:
     """The model's attention layout, or a ValueError naming what the eviction cache cannot handle.
 
-    Handled: decoder-only models whose layers all use full causal self-attention with every KV head serving a
-    whole group of query heads (Llama, Qwen2, Mistral without a sliding window, GPT-2, ...). Refused, before any
-    generation: encoder-decoder models, sliding-window / chunked / linear-attention layers (they evict by their
-    own rule), and head counts that do not divide.
+    Handled: decoder-only models whose layers use full causal self-attention with every KV head serving a
+    whole group of query heads (Llama, Qwen2, Mistral, GPT-2, ...), and hybrid models whose other layers are
+    sliding-window layers (Gemma 2/3: ``layer_types`` of "full_attention" and "sliding_attention"), where the
+    sliding layers keep their window and the global layers evict. Refused, before any generation:
+    encoder-decoder models, chunked / linear-attention layers, and head counts that do not divide.
     """
     config = getattr(model, "config", None)
     if config is None:
@@ -835,14 +843,20 @@ def attention_layout(model: Any) -> AttentionLayout:
             f"model {name} has num_attention_heads={n_heads} not a multiple of "
             f"num_key_value_heads={n_kv}: each KV head must serve a whole group of query heads"
         )
-    other = sorted({t for t in (getattr(text, "layer_types", None) or []) if t != "full_attention"})
+    types = tuple(str(t) for t in (getattr(text, "layer_types", None) or []))
+    other = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
     if other:
         raise ValueError(
-            f"model {name} has {', '.join(other) or 'sliding-window'} layers: the eviction cache handles "
-            "full causal self-attention only (those layers already bound their cache by their own rule)"
+            f"model {name} has {', '.join(other)} layers: the eviction cache handles full causal self-attention "
+            "and sliding-window layers only (those layers bound their cache by their own rule)"
         )
     window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
-    return AttentionLayout(n_layers, n_heads, n_kv, window if isinstance(window, int) else None)
+    window = window if isinstance(window, int) and window > 0 else None
+    if window is not None and "sliding_attention" in types and "full_attention" in types:
+        if len(types) != n_layers:
+            raise ValueError(f"model {name}: layer_types has {len(types)} entries for {n_layers} layers")
+        return AttentionLayout(n_layers, n_heads, n_kv, None, window, types)
+    return AttentionLayout(n_layers, n_heads, n_kv, window)
 
 
 def attention_modules(model: Any) -> dict[int, Any]:
@@ -901,7 +915,9 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
     The hooks stay on the model until :meth:`close` (or the ``with`` block ends); a hook whose cache was
     garbage-collected, or that fires for another cache, does nothing. ``fuse_layers=False`` keeps every
     eviction in its layer's hook (slower; the same results, see the module notes). The model's layout is
-    checked here (:func:`attention_layout`), and a padded batch is refused at its first forward pass.
+    checked here (:func:`attention_layout`), and a padded batch is refused at its first forward pass. On a hybrid
+    model (Gemma 2/3) the sliding-window layers keep their window (transformers' own sliding-window cache layer)
+    and the global layers evict to ``budget``.
     """
 
     def __init__(
@@ -936,7 +952,16 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
             )
         mods = attention_modules(model)
         n_layers = max(mods) + 1
-        super().__init__(layers=[EvictionLayer(policy, budget, self.layout.group_size) for _ in range(n_layers)])
+        from transformers.cache_utils import DynamicSlidingWindowLayer
+
+        super().__init__(
+            layers=[
+                DynamicSlidingWindowLayer(sliding_window=self.layout.local_window)  # (it keeps its window)
+                if i < self.layout.n_layers and self.layout.is_local(i)
+                else EvictionLayer(policy, budget, self.layout.group_size)
+                for i in range(n_layers)
+            ]
+        )
         self.policy = policy
         self.budget = budget
         self._can_fuse = fuse_layers
@@ -949,7 +974,7 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
             if cache is None:
                 return
             layer = cache.layers[mod.layer_idx]
-            if not layer.pending:
+            if not isinstance(layer, EvictionLayer) or not layer.pending:  # (a hybrid model's sliding layers)
                 return
             probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if layer.group is not None:
@@ -969,7 +994,7 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
 
     def _try_fuse(self) -> None:
         """Fuse the layers once all are in the steady one-token state with alike buffers (see FusedLayers)."""
-        layers = self.layers
+        layers = [la for la in self.layers if isinstance(la, EvictionLayer)]
         if any(la.step is None or la.pending or la.group is not None or la.hold for la in layers):
             return
         a = layers[0].step.slots
@@ -1001,7 +1026,7 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
     @property
     def n_evicted(self) -> int:
         """Keys evicted so far, summed over layers (per batch row and KV head)."""
-        return sum(layer.n_evicted for layer in self.layers)
+        return sum(layer.n_evicted for layer in self.layers if isinstance(layer, EvictionLayer))
 
     def stored_length(self, layer_idx: int = 0) -> int:
         """Keys currently stored by a layer (≤ budget between steps)."""

@@ -1,0 +1,106 @@
+"""EvictionCache on a hybrid local/global model: a tiny random Gemma 3 (sliding window 16, one global layer in
+three, 4 query heads on 1 KV head) with contexts past the window. Random weights: cache mechanics only."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from attsvm.analysis.kv_cache import EvictionCache, EvictionLayer, attention_layout, cache_kwargs
+
+WINDOW = 16
+N = 61
+VOCAB = 101
+TYPES = ("sliding_attention", "sliding_attention", "full_attention") * 2
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(TYPES),
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=WINDOW,
+        layer_types=list(TYPES),
+        max_position_embeddings=256,
+        query_pre_attn_scalar=16,
+    )
+    cfg._attn_implementation = "eager"
+    net = transformers.Gemma3ForCausalLM(cfg).double().eval()
+    with torch.no_grad():
+        for layer in net.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+    return net
+
+
+def _ids(n: int = N, seed: int = 1):
+    return torch.randint(3, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_layout_of_a_hybrid_model(gemma):
+    lay = attention_layout(gemma)
+    assert lay.kind == "MQA" and lay.local_window == WINDOW and lay.sliding_window is None
+    assert [lay.is_local(i) for i in range(len(TYPES))] == [t == "sliding_attention" for t in TYPES]
+
+
+@pytest.mark.parametrize("policy", ["svm", "h2o", "streaming"])
+def test_sliding_layers_keep_their_window_and_global_layers_evict(gemma, policy):
+    budget = 24
+    with EvictionCache(gemma, policy, budget=budget) as cache, torch.no_grad():
+        out = gemma(_ids(), **cache_kwargs(gemma, cache))
+        for _ in range(3):
+            nxt = out.logits[:, -1:].argmax(-1)
+            out = gemma(nxt, **cache_kwargs(gemma, cache))
+        sizes = [cache.stored_length(i) for i in range(len(TYPES))]
+    assert sizes == [WINDOW - 1 if t == "sliding_attention" else budget for t in TYPES]
+    assert cache.get_seq_length() == N + 3
+    assert all(isinstance(la, EvictionLayer) == (t == "full_attention") for la, t in zip(cache.layers, TYPES))
+
+
+def test_a_budget_above_the_context_is_the_full_cache(gemma):
+    x = _ids()
+    ref = gemma.generate(x, max_new_tokens=6, do_sample=False)
+    with EvictionCache(gemma, "svm", budget=N + 10) as cache:
+        got = gemma.generate(x, max_new_tokens=6, do_sample=False, **cache_kwargs(gemma, cache))
+    assert torch.equal(got, ref)
+
+
+def test_decoding_equals_the_full_model_with_the_evicted_keys_masked(gemma):
+    """One step after an evicting prefill: the global layers' query sees exactly the kept keys and itself."""
+    x, new = _ids(), _ids(1, seed=2)
+    with EvictionCache(gemma, "svm", budget=20) as cache, torch.no_grad():
+        gemma(x, **cache_kwargs(gemma, cache))
+        kept = {i: set(cache.layers[i].positions[0, 0].tolist()) for i, t in enumerate(TYPES) if t == "full_attention"}
+        got = gemma(new, **cache_kwargs(gemma, cache)).logits
+    hooks = []
+    for i, layer in enumerate(gemma.model.layers):
+        if i in kept:
+            drop = torch.tensor([p not in kept[i] for p in range(N)])
+
+            def pre(mod, args, kwargs, drop=drop):
+                m = kwargs["attention_mask"].clone()
+                m[..., N:, :N][..., drop] = -math.inf
+                kwargs["attention_mask"] = m
+                return args, kwargs
+
+            hooks.append(layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            ref = gemma(torch.cat([x, new], 1)).logits[:, N:]
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(kept[2]) == 20
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)  # (eager softmax in float32)
+    with torch.no_grad():
+        full = gemma(torch.cat([x, new], 1)).logits[:, N:]
+    assert not torch.allclose(got, full, atol=1e-3)  # the eviction mattered
