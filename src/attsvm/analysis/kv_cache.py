@@ -956,7 +956,7 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
 
         super().__init__(
             layers=[
-                DynamicSlidingWindowLayer(sliding_window=self.layout.local_window)  # (it keeps its window)
+                DynamicSlidingWindowLayer(sliding_window=int(self.layout.local_window or 0))  # (keeps its window)
                 if i < self.layout.n_layers and self.layout.is_local(i)
                 else EvictionLayer(policy, budget, self.layout.group_size)
                 for i in range(n_layers)
@@ -994,7 +994,7 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
 
     def _try_fuse(self) -> None:
         """Fuse the layers once all are in the steady one-token state with alike buffers (see FusedLayers)."""
-        layers = [la for la in self.layers if isinstance(la, EvictionLayer)]
+        layers: list[Any] = [la for la in self.layers if isinstance(la, EvictionLayer)]
         if any(la.step is None or la.pending or la.group is not None or la.hold for la in layers):
             return
         a = layers[0].step.slots
