@@ -278,7 +278,7 @@ def protect(scores: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
     prio[:s] = w + 1
     guarded = prio > 0
     rest = out[..., ~guarded]
-    top = float(rest.amax()) if rest.numel() else -math.inf
+    top = float(rest.detach().amax()) if rest.numel() else -math.inf
     if top == -math.inf:
         top = 0.0
     vals = top + prio * max(1.0, abs(top) / 64) if math.isfinite(top) else torch.full_like(prio, math.inf)

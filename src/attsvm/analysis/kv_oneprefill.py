@@ -1,0 +1,151 @@
+"""One prefill for every press: the answers of many KV-cache compression methods from a single forward pass.
+
+A prefill press compresses each layer's keys and values *after* the layer has run, so the hidden states the
+layers see during the prefill do not depend on the press (kvpress's ``BasePress.forward_hook``: the layer
+attends over the full context, then its cache is cut). One prefill of the context can therefore serve every
+method and every ratio: hooks record, per attention layer, what a press's ``compress`` receives (the module,
+its input hidden states, its keys and values, its attention weights under eager attention, the forward's
+keyword arguments), and each method's compressed cache is assembled from that record by calling its own
+``compress`` on the same tensors. Only the question and the answer are then decoded per method, exactly as
+kvpress's pipeline decodes them (question in one step at its true positions, then greedy tokens).
+
+On hybrid local/global models (Gemma 2/3) the rule of :mod:`attsvm.integrations.kvpress` holds: sliding-window
+layers keep their window, the global layers are compressed (:class:`~attsvm.integrations.kvpress.HybridPress`
+gives the same caches press by press; the tests compare the answers with kvpress's pipeline run press by press).
+
+Needs the ``[kvpress]`` extra (kvpress 0.5.5, transformers 5.2.x) for kvpress's presses; attsvm's own presses
+come from :mod:`attsvm.integrations.kvpress`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["PrefillRecord", "record_prefill", "compressed_cache", "answer_from_cache", "answers_one_prefill"]
+
+
+@dataclass
+class PrefillRecord:
+    """What each attention layer's prefill handed to the presses' hook, and the full cache it built."""
+
+    cache: Any
+    modules: dict[int, Any]
+    hidden: dict[int, torch.Tensor]
+    attentions: dict[int, Any]
+    kwargs: dict[int, dict[str, Any]]
+    context_length: int
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _language_model(model: Any) -> Any:
+    inner = model.model
+    return inner.language_model if hasattr(inner, "language_model") else inner
+
+
+def record_prefill(model: Any, context_ids: torch.Tensor, *, cache: Any = None) -> PrefillRecord:
+    """Prefill ``context_ids`` (1, N) once through ``model.model`` (as kvpress's pipeline does, without the LM head)
+    and record, per attention layer, the arguments a press's ``compress`` would receive."""
+    from transformers import DynamicCache
+
+    if not (isinstance(context_ids, torch.Tensor) and context_ids.dim() == 2 and context_ids.shape[0] == 1):
+        raise ValueError(f"context_ids must be a (1, N) tensor of token ids, got {getattr(context_ids, 'shape', None)}")
+    lm = _language_model(model)
+    cache = DynamicCache() if cache is None else cache
+    rec = PrefillRecord(cache, {}, {}, {}, {}, int(context_ids.shape[1]))
+    hooks = []
+    for layer in lm.layers:
+        attn = layer.self_attn
+        attn.rotary_emb = lm.rotary_emb  # (what kvpress's presses read; BasePress.__call__ sets it the same way)
+
+        def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+            i = module.layer_idx
+            rec.modules[i] = module
+            rec.hidden[i] = kwargs["hidden_states"]
+            rec.attentions[i] = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            rec.kwargs[i] = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+
+        hooks.append(attn.register_forward_hook(hook, with_kwargs=True))
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            model.model(input_ids=context_ids, past_key_values=cache)
+    finally:
+        for h in hooks:
+            h.remove()
+    rec.seconds = time.perf_counter() - t0
+    return rec
+
+
+def compressed_cache(rec: PrefillRecord, press: Any, model: Any) -> Any:
+    """The cache ``press`` would have left after the recorded prefill: sliding layers keep their window, every other
+    layer holds what ``press.compress`` returns on the recorded tensors (``None``: the full cache)."""
+    from transformers import DynamicCache
+
+    from ..integrations.kvpress import HybridPress, is_sliding_layer, keep_window, track_positions
+
+    cache = DynamicCache()
+    cache.layers = [copy.copy(layer) for layer in rec.cache.layers]  # (tensors shared; layer objects per method)
+    inner = press.press if isinstance(press, HybridPress) else press
+    if inner is not None:
+        inner.post_init_from_model(model)
+    for i, module in rec.modules.items():
+        kw = dict(rec.kwargs[i], past_key_values=cache)
+        if is_sliding_layer(module, kw):
+            keep_window(module, kw)
+            continue
+        if inner is None:
+            continue
+        layer: Any = cache.layers[i]
+        with torch.no_grad():
+            keys, values = inner.compress(module, rec.hidden[i], layer.keys, layer.values, rec.attentions[i], kw)
+        layer.keys, layer.values = keys, values
+        track_positions(layer)
+    return cache
+
+
+def answer_from_cache(
+    model: Any, cache: Any, question_ids: torch.Tensor, context_length: int, max_new_tokens: int
+) -> list[int]:
+    """Greedy answer token ids, decoded as kvpress's pipeline decodes (the question at its true positions in one
+    step, then one token per step); the cache is extended in place."""
+    eos = model.generation_config.eos_token_id
+    stop = set(eos if isinstance(eos, list) else [eos])
+    q = question_ids.shape[1]
+    pos = torch.arange(context_length, context_length + q).unsqueeze(0)
+    with torch.no_grad():
+        out = model(input_ids=question_ids, past_key_values=cache, position_ids=pos, logits_to_keep=1)
+        ids = [int(out.logits[0, -1].argmax())]
+        nxt = pos[:, -1:] + 1
+        for i in range(max_new_tokens - 1):
+            out = model(input_ids=torch.tensor([[ids[-1]]]), past_key_values=cache, position_ids=nxt + i)
+            ids.append(int(out.logits[0, -1].argmax()))
+            if ids[-1] in stop:
+                break
+    return ids
+
+
+def answers_one_prefill(
+    model: Any,
+    context_ids: torch.Tensor,
+    question_ids: Sequence[torch.Tensor],
+    presses: Mapping[str, Any],
+    *,
+    max_new_tokens: int = 8,
+) -> dict[str, list[list[int]]]:
+    """Answer token ids of every method (``{name: press or None}``) for every question, from one prefill."""
+    rec = record_prefill(model, context_ids)
+    out: dict[str, list[list[int]]] = {}
+    for name, press in presses.items():
+        answers = []
+        for q in question_ids:
+            cache = compressed_cache(rec, press, model)  # afresh per question (the answer extends the cache)
+            answers.append(answer_from_cache(model, cache, q, rec.context_length, max_new_tokens))
+        out[name] = answers
+    return out

@@ -1,0 +1,103 @@
+"""One prefill for every press (attsvm.analysis.kv_oneprefill) against kvpress's own pipeline run press by press,
+on a tiny random Gemma 3 (sliding window 16, one global layer in three, MQA) with contexts past the window.
+Runs in the kvpress venv; random weights: the test is that the answers are identical, not that they are good."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+kvpress = pytest.importorskip("kvpress")
+transformers = pytest.importorskip("transformers")
+
+from kvpress import (
+    KeyDiffPress,
+    KnormPress,
+    ObservedAttentionPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
+from kvpress.pipeline import KVPressTextGenerationPipeline
+
+from attsvm.analysis.kv_oneprefill import answers_one_prefill, record_prefill
+from attsvm.analysis.lm import build_tokenizer
+from attsvm.integrations.kvpress import H2OPress, HybridPress, SVMarginPress
+
+pytestmark = pytest.mark.kvpress
+
+TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+
+
+@pytest.fixture(scope="module")
+def setup():
+    texts = ["the secret code is 1234 and the key opens the door", "attention is a support vector machine"] * 20
+    tok = build_tokenizer(texts, vocab_size=300)
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(TYPES),
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=16,
+        layer_types=TYPES,
+        max_position_embeddings=512,
+        query_pre_attn_scalar=16,
+    )
+    cfg._attn_implementation = "eager"
+    net = transformers.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in net.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+    net.generation_config.eos_token_id = tok.eos_token_id
+    pipe = KVPressTextGenerationPipeline(model=net, tokenizer=tok)
+    return net, tok, pipe
+
+
+PRESSES = {
+    "full": None,
+    "knorm": lambda: KnormPress(0.5),
+    "snapkv": lambda: SnapKVPress(0.5, window_size=8),
+    "tova": lambda: TOVAPress(0.5),
+    "streaming_llm": lambda: StreamingLLMPress(0.5, n_sink=2),
+    "keydiff": lambda: KeyDiffPress(0.5),
+    "observed_attention": lambda: ObservedAttentionPress(0.5),
+    "svm_margin": lambda: SVMarginPress(0.5, window_size=8),
+    "h2o": lambda: H2OPress(0.5, window_size=8),
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_one_prefill_answers_equal_kvpress_pipeline_press_by_press(setup, seed):
+    net, tok, pipe = setup
+    g = torch.Generator().manual_seed(seed)
+    ctx = torch.randint(0, len(tok) - 1, (1, 70), generator=g)
+    questions = [torch.randint(0, len(tok) - 1, (1, 5), generator=g) for _ in range(2)]
+    presses = {name: (None if make is None else HybridPress(make())) for name, make in PRESSES.items()}
+    ours = answers_one_prefill(net, ctx, questions, presses, max_new_tokens=6)
+    differ = set()
+    for name, make in PRESSES.items():
+        press = None if make is None else HybridPress(make())
+        # one question per pipeline call: kvpress's pipeline removes an answer from the cache by truncating each
+        # layer to its former length, which leaves a sliding-window layer's rolled window (and its count) changed
+        ref = [
+            pipe._forward({"context_ids": ctx, "questions_ids": [q]}, max_new_tokens=6, press=press)[0]
+            for q in questions
+        ]
+        got = [tok.decode(torch.tensor(a), skip_special_tokens=True) for a in ours[name]]
+        assert got == ref, name
+        if name != "full" and got != [tok.decode(torch.tensor(a), skip_special_tokens=True) for a in ours["full"]]:
+            differ.add(name)
+    assert differ  # compression changed some answers: the comparison is not vacuous
+
+
+def test_the_prefill_is_recorded_once_per_layer(setup):
+    net, _, _ = setup
+    rec = record_prefill(net, torch.arange(40)[None])
+    assert sorted(rec.modules) == list(range(len(TYPES))) and rec.context_length == 40
+    assert all(rec.hidden[i].shape == (1, 40, 32) for i in rec.hidden)
+    with pytest.raises(ValueError, match="context_ids"):
+        record_prefill(net, torch.arange(40))
