@@ -49,6 +49,25 @@ def _language_model(model: Any) -> Any:
     return inner.language_model if hasattr(inner, "language_model") else inner
 
 
+class _LayerRotary(torch.nn.Module):
+    """A model's rotary embedding bound to one layer's type (Gemma 2/3 have a RoPE base per layer type, and
+    kvpress's presses that recompute queries call ``module.rotary_emb(x, position_ids)`` without it)."""
+
+    def __init__(self, rotary: Any, layer_type: str) -> None:
+        super().__init__()
+        self.rotary = rotary
+        self.layer_type = layer_type
+
+    def forward(self, x: Any, position_ids: Any, layer_type: Any = None, **kw: Any) -> Any:
+        return self.rotary(x, position_ids, layer_type=layer_type or self.layer_type, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("rotary"), name)
+
+
 def record_prefill(model: Any, context_ids: torch.Tensor, *, cache: Any = None) -> PrefillRecord:
     """Prefill ``context_ids`` (1, N) once through ``model.model`` (as kvpress's pipeline does, without the LM head)
     and record, per attention layer, the arguments a press's ``compress`` would receive."""
@@ -62,7 +81,9 @@ def record_prefill(model: Any, context_ids: torch.Tensor, *, cache: Any = None) 
     hooks = []
     for layer in lm.layers:
         attn = layer.self_attn
-        attn.rotary_emb = lm.rotary_emb  # (what kvpress's presses read; BasePress.__call__ sets it the same way)
+        # (what kvpress's presses read; BasePress.__call__ sets the model's, here bound to the layer's type)
+        layer_type = getattr(attn, "layer_type", None)
+        attn.rotary_emb = lm.rotary_emb if layer_type is None else _LayerRotary(lm.rotary_emb, layer_type)
 
         def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
             i = module.layer_idx
@@ -88,11 +109,11 @@ def compressed_cache(rec: PrefillRecord, press: Any, model: Any) -> Any:
     layer holds what ``press.compress`` returns on the recorded tensors (``None``: the full cache)."""
     from transformers import DynamicCache
 
-    from ..integrations.kvpress import HybridPress, is_sliding_layer, keep_window, track_positions
+    from ..integrations.kvpress import is_sliding_layer, keep_window, track_positions  # (no kvpress import)
 
     cache = DynamicCache()
     cache.layers = [copy.copy(layer) for layer in rec.cache.layers]  # (tensors shared; layer objects per method)
-    inner = press.press if isinstance(press, HybridPress) else press
+    inner = press.press if type(press).__name__ == "HybridPress" else press  # (the rule is applied here)
     if inner is not None:
         inner.post_init_from_model(model)
     for i, module in rec.modules.items():

@@ -17,7 +17,23 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="256-token contexts, one seed, the quick model (CI)")
+    parser.add_argument(
+        "--model",
+        default="retrieval-llama",
+        choices=("retrieval-llama", "gemma3-270m"),
+        help="retrieval-llama (the in-repo Llama and its word tasks) or gemma3-270m (Gemma 3 270M, the [llm] "
+        "extra; natural-language RULER tasks at 1,024-4,096 tokens, every press from one prefill per context; run "
+        "it in the kvpress environment) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--query-aware", action="store_true", help="gemma3-270m: the question is compressed with the context"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run, not evidence: 256-token contexts, one seed, the quick model; gemma3-270m: 2 tasks x 2 "
+        "contexts of 1,024 tokens at ratio 0.5",
+    )
     parser.add_argument("--out", default="results/kv-compare", help="output folder (default: %(default)s)")
     parser.add_argument(
         "--lm", default=None, help="retrieval-LM checkpoint folder (default: train/reuse the cached one)"
@@ -49,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     torch.set_num_threads(args.threads)
+    if args.model == "gemma3-270m":
+        return _run_gemma(args)
     config = QUICK_COMPARE if args.quick else CompareConfig()
     changes: dict = {}
     if args.methods is not None:
@@ -72,4 +90,35 @@ def run(args: argparse.Namespace) -> int:
     status = "COMPARISON VOID (full-cache accuracy below the bar)" if res.meta["void"] else "full-cache gate passed"
     only = "; attsvm's methods only (kvpress not installed)" if res.meta["skipped_methods"] else ""
     print(f"kv-compare: {len(res.meta['methods'])} methods in {res.meta['seconds']:.0f} s, {status}{only} -> {report}")
+    return 0
+
+
+def _run_gemma(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from attsvm.analysis.kv_gemma import QUICK_GEMMA, GemmaCompareConfig, run_gemma_compare
+
+    from ._output import owned_folders
+
+    config = QUICK_GEMMA if args.quick else GemmaCompareConfig()
+    changes: dict = {"query_aware": bool(args.query_aware)}
+    if args.ratios is not None:
+        try:
+            changes["ratios"] = tuple(float(r) for r in args.ratios.split(","))
+        except ValueError as exc:
+            raise ValueError(f"--ratios must be comma-separated numbers in [0, 1), got {args.ratios!r}") from exc
+    if args.samples is not None:
+        if args.samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {args.samples}")
+        changes["contexts"] = args.samples
+    config = dataclasses.replace(config, **changes)
+    with owned_folders((args.out, "kv-compare", "--out")) as (out,):
+        res = run_gemma_compare(out, config)
+    wins = sum(v["verdict"] == "win" for v in res["verdicts"])
+    ties = sum(v["verdict"] == "tie" for v in res["verdicts"])
+    losses = sum(v["verdict"] == "loss" for v in res["verdicts"])
+    print(
+        f"kv-compare gemma3-270m: {res['seconds']:.0f} s; attsvm vs the best other press: {wins} wins, {ties} ties, "
+        f"{losses} losses; {len(res['errors'])} presses could not run -> {out / 'report.md'}"
+    )
     return 0

@@ -1,0 +1,80 @@
+"""kv-compare on Gemma 3 (attsvm.analysis.kv_gemma): the task contexts, the full-cache gate and the run's
+resumable store, on a tiny random Gemma 3 with a small byte-level tokenizer (smoke tests of the machinery; the
+presses themselves are compared with kvpress's pipeline in tests/presses/test_oneprefill.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from attsvm.analysis import kv_gemma
+from attsvm.analysis.lm import build_tokenizer, split_corpus
+
+TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    _, held = split_corpus()
+    tok = build_tokenizer([*list(held.values())[:3], "The special magic number for apple is 12345."], 320)
+    tok.bos_token = tok.eos_token  # (the byte-level tokenizer has one special token)
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(TYPES),
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=16,
+        layer_types=TYPES,
+        max_position_embeddings=1024,
+        query_pre_attn_scalar=16,
+    )
+    cfg._attn_implementation = "eager"
+    net = transformers.Gemma3ForCausalLM(cfg).eval()
+    net.generation_config.eos_token_id = tok.eos_token_id
+    return net, tok
+
+
+@pytest.mark.parametrize("task", kv_gemma.GEMMA_TASKS)
+def test_contexts_have_exact_lengths_and_their_needles(tiny, task):
+    _, tok = tiny
+    ctxs = kv_gemma.make_contexts(tok, task, 300, 2, seed=0)
+    assert len(ctxs) == 2 and ctxs[0]["ids"] != ctxs[1]["ids"]
+    for ctx in ctxs:
+        assert len(ctx["ids"]) == 300 and ctx["ids"][0] == tok.bos_token_id
+        text = tok.decode(ctx["ids"])
+        for _, expected in ctx["questions"]:
+            assert all(e in text for e in expected)  # every expected answer is in the context
+    assert len(ctxs[0]["questions"]) == (2 if task == "mqar" else 1)
+    assert kv_gemma.make_contexts(tok, task, 300, 2, seed=0) == ctxs  # seeded
+    with pytest.raises(ValueError, match="task must be one of"):
+        kv_gemma.make_contexts(tok, "nope", 300, 1, seed=0)
+
+
+def test_the_run_gates_on_the_full_cache_and_resumes(tiny, tmp_path: Path):
+    net, tok = tiny
+    cfg = kv_gemma.GemmaCompareConfig(lengths=(128,), tasks=("niah_single",), ratios=(0.5,), contexts=2)
+    res = kv_gemma.run_gemma_compare(tmp_path, cfg, model=net, tok=tok, progress=False)
+    # a random model answers nothing: the task is below the gate and not compared
+    assert res["full_cache_accuracy"] == {"niah_single|128": 0.0} and res["table"] == []
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert len(stored["cells"]) == 2 and all("full|0.0" in c for c in stored["cells"].values())
+    report = (tmp_path / "report.md").read_text()
+    assert "below the gate" in report and "smoke run" in report
+    # a rerun keeps the finished contexts (nothing recomputed: the scorer is never called)
+    called = []
+    orig = kv_gemma.context_scores
+    kv_gemma.context_scores = lambda *a, **k: called.append(1) or orig(*a, **k)
+    try:
+        kv_gemma.run_gemma_compare(tmp_path, cfg, model=net, tok=tok, progress=False)
+    finally:
+        kv_gemma.context_scores = orig
+    assert called == []
