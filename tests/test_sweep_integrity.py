@@ -260,8 +260,23 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie is dead (waiting for its new parent to reap it)
 
 
+def _terminal_signals() -> None:
+    """In the child, before exec: SIGINT as a terminal's Ctrl-C finds it. A disposition of SIG_IGN is inherited
+    through exec, and Python then installs no KeyboardInterrupt handler; in the full suite (never alone) the
+    interrupted sweep ran to completion and exited 0, so the child no longer depends on what the test process
+    inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_and_wait_for_workers(cmd: list[str], out: Path) -> tuple[subprocess.Popen, set[int]]:
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_terminal_signals,  # (runs between fork and exec; it only resets a signal disposition)
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         kids = _children(proc.pid)
@@ -275,12 +290,13 @@ def _start_and_wait_for_workers(cmd: list[str], out: Path) -> tuple[subprocess.P
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scans /proc")
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_killing_a_two_worker_sweep_leaves_no_survivor(tmp_path: Path, sig: int, code: int) -> None:
+    inherited = signal.getsignal(signal.SIGINT)  # (reported on failure)
     out = tmp_path / "killed"
     proc, kids = _start_and_wait_for_workers(_cli(out, KILL, "--workers", "2"), out)
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     err = proc.stderr.read()
-    assert proc.returncode == code, err[-2000:]
+    assert proc.returncode == code, f"(the test process's SIGINT disposition: {inherited!r}) {err[-2000:]}"
     if sig != signal.SIGKILL:
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert "Traceback" not in err and len(lines) == 1, err
