@@ -14,8 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from attsvm.analysis import kv_gemma
 from attsvm.analysis.lm import build_tokenizer, split_corpus
-
-TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+from tiny_models import tiny_gemma3
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +22,7 @@ def tiny():
     _, held = split_corpus()
     tok = build_tokenizer([*list(held.values())[:3], "The special magic number for apple is 12345."], 320)
     tok.bos_token = tok.eos_token  # (the byte-level tokenizer has one special token)
-    torch.manual_seed(0)
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=len(TYPES),
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        sliding_window=16,
-        layer_types=TYPES,
-        max_position_embeddings=1024,
-        query_pre_attn_scalar=16,
-    )
-    cfg._attn_implementation = "eager"
-    net = transformers.Gemma3ForCausalLM(cfg).eval()
+    net = tiny_gemma3(len(tok), positions=1024, q_scale=1.0)
     net.generation_config.eos_token_id = tok.eos_token_id
     return net, tok
 

@@ -11,35 +11,17 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attsvm.analysis.kv_cache import EvictionCache, EvictionLayer, attention_layout, cache_kwargs
+from tiny_models import GEMMA3_TYPES, tiny_gemma3
 
 WINDOW = 16
 N = 61
 VOCAB = 101
-TYPES = ("sliding_attention", "sliding_attention", "full_attention") * 2
+TYPES = GEMMA3_TYPES
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    torch.manual_seed(0)
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=len(TYPES),
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        sliding_window=WINDOW,
-        layer_types=list(TYPES),
-        max_position_embeddings=256,
-        query_pre_attn_scalar=16,
-    )
-    cfg._attn_implementation = "eager"
-    net = transformers.Gemma3ForCausalLM(cfg).double().eval()
-    with torch.no_grad():
-        for layer in net.model.layers:
-            layer.self_attn.q_proj.weight.mul_(8.0)
-    return net
+    return tiny_gemma3(VOCAB, window=WINDOW, dtype=torch.float64)
 
 
 def _ids(n: int = N, seed: int = 1):

@@ -33,37 +33,19 @@ from attsvm.integrations.kvpress import (
     SVMarginPress,
     compute_n_kept,
 )
+from tiny_models import GEMMA3_TYPES, tiny_gemma3
 
 pytestmark = pytest.mark.kvpress
 
 WINDOW = 16
 N = 61  # prefill length, past the window
 VOCAB = 101
-TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+TYPES = list(GEMMA3_TYPES)
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    torch.manual_seed(0)
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=len(TYPES),
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        sliding_window=WINDOW,
-        layer_types=TYPES,
-        max_position_embeddings=256,
-        query_pre_attn_scalar=16,
-    )
-    cfg._attn_implementation = "eager"
-    net = transformers.Gemma3ForCausalLM(cfg).double().eval()
-    with torch.no_grad():  # sharper attention than the initialisation's, so eviction changes the outputs
-        for layer in net.model.layers:
-            layer.self_attn.q_proj.weight.mul_(8.0)
-    return net
+    return tiny_gemma3(VOCAB, window=WINDOW, dtype=torch.float64)
 
 
 def _ids(n: int = N, seed: int = 1):

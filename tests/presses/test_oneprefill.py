@@ -23,35 +23,16 @@ from kvpress.pipeline import KVPressTextGenerationPipeline
 from attsvm.analysis.kv_oneprefill import answers_one_prefill, record_prefill
 from attsvm.analysis.lm import build_tokenizer
 from attsvm.integrations.kvpress import H2OPress, HybridPress, SVMarginPress
+from tiny_models import GEMMA3_TYPES, tiny_gemma3
 
 pytestmark = pytest.mark.kvpress
-
-TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
 
 
 @pytest.fixture(scope="module")
 def setup():
     texts = ["the secret code is 1234 and the key opens the door", "attention is a support vector machine"] * 20
     tok = build_tokenizer(texts, vocab_size=300)
-    torch.manual_seed(0)
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=len(TYPES),
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        sliding_window=16,
-        layer_types=TYPES,
-        max_position_embeddings=512,
-        query_pre_attn_scalar=16,
-    )
-    cfg._attn_implementation = "eager"
-    net = transformers.Gemma3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for layer in net.model.layers:
-            layer.self_attn.q_proj.weight.mul_(8.0)
+    net = tiny_gemma3(len(tok), positions=512)
     net.generation_config.eos_token_id = tok.eos_token_id
     pipe = KVPressTextGenerationPipeline(model=net, tokenizer=tok)
     return net, tok, pipe
@@ -97,7 +78,7 @@ def test_one_prefill_answers_equal_kvpress_pipeline_press_by_press(setup, seed):
 def test_the_prefill_is_recorded_once_per_layer(setup):
     net, _, _ = setup
     rec = record_prefill(net, torch.arange(40)[None])
-    assert sorted(rec.modules) == list(range(len(TYPES))) and rec.context_length == 40
+    assert sorted(rec.modules) == list(range(len(GEMMA3_TYPES))) and rec.context_length == 40
     assert all(rec.hidden[i].shape == (1, 40, 32) for i in rec.hidden)
     with pytest.raises(ValueError, match="context_ids"):
         record_prefill(net, torch.arange(40))

@@ -72,10 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.methods is not None:
         changes["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if args.ratios is not None:
-        try:
-            changes["ratios"] = tuple(float(r) for r in args.ratios.split(","))
-        except ValueError as exc:
-            raise ValueError(f"--ratios must be comma-separated numbers in [0, 1), got {args.ratios!r}") from exc
+        changes["ratios"] = _ratios(args.ratios)
     if args.seeds is not None:
         if args.seeds < 1:
             raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
@@ -93,6 +90,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ratios(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(r) for r in text.split(","))
+    except ValueError as exc:
+        raise ValueError(f"--ratios must be comma-separated numbers in [0, 1), got {text!r}") from exc
+
+
 def _run_gemma(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -103,10 +107,7 @@ def _run_gemma(args: argparse.Namespace) -> int:
     config = QUICK_GEMMA if args.quick else GemmaCompareConfig()
     changes: dict = {"query_aware": bool(args.query_aware)}
     if args.ratios is not None:
-        try:
-            changes["ratios"] = tuple(float(r) for r in args.ratios.split(","))
-        except ValueError as exc:
-            raise ValueError(f"--ratios must be comma-separated numbers in [0, 1), got {args.ratios!r}") from exc
+        changes["ratios"] = _ratios(args.ratios)
     if args.samples is not None:
         if args.samples < 1:
             raise ValueError(f"--samples must be >= 1, got {args.samples}")
