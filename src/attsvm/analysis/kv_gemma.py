@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import sys
 import time
@@ -211,34 +212,46 @@ def context_scores(
     methods: dict[tuple[str, float], Any],
     config: GemmaCompareConfig,
     errors: dict[str, str],
+    *,
+    full_must_pass: bool = False,
 ) -> dict[tuple[str, float], float]:
     """Mean RULER score over a context's questions for the full cache (``("full", 0.0)``) and every method, from
     one prefill per context (query-agnostic) or per question (query-aware: the question, all but its last
-    token, is prefilled and compressed with the context; its last token starts the answer)."""
+    token, is prefilled and compressed with the context; its last token starts the answer). With
+    ``full_must_pass``, a context the full cache does not answer in full gets the full cache's score only (its
+    task can no longer pass the gate: the methods are not run)."""
     import torch
 
     from .kv_oneprefill import answer_from_cache, compressed_cache, record_prefill
 
-    per: dict[tuple[str, float], list[float]] = {}
-    rec = None
+    recs: list[tuple[Any, Any, Any]] = []
     for q, expected in ctx["questions"]:
         if config.query_aware:
             rec = record_prefill(model, torch.tensor([ctx["ids"] + q[:-1]]))
             qids = torch.tensor([q[-1:]])
         else:
-            rec = rec or record_prefill(model, torch.tensor([ctx["ids"]]))
+            rec = recs[0][0] if recs else record_prefill(model, torch.tensor([ctx["ids"]]))
             qids = torch.tensor([q])
-        for key, press in [(("full", 0.0), None), *methods.items()]:
-            if key[0] in errors:
-                continue
+        recs.append((rec, qids, expected))
+    per: dict[tuple[str, float], list[float]] = {}
+
+    def run(key: tuple[str, float], press: Any) -> None:
+        for rec, qids, expected in recs:
             try:
                 cache = compressed_cache(rec, press, model)
                 ans = answer_from_cache(model, cache, qids, rec.context_length, config.max_new_tokens)
             except Exception as exc:  # (a press that cannot run on this model is reported once, then skipped)
                 errors[key[0]] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 log.warning("kv-compare: %s cannot run on Gemma 3: %s", key[0], errors[key[0]])
-                continue
+                per.pop(key, None)
+                return
             per.setdefault(key, []).append(score_row(tok.decode(ans, skip_special_tokens=True), expected))
+
+    run(("full", 0.0), None)
+    if not (full_must_pass and np.mean(per.get(("full", 0.0), [0.0])) < 1.0):
+        for key, press in methods.items():
+            if key[0] not in errors:
+                run(key, press)
     return {k: float(np.mean(v)) for k, v in per.items()}
 
 
@@ -278,7 +291,14 @@ def run_gemma_compare(
         if key in done:
             continue
         ctx = make_contexts(tok, task, n, c + 1, config.seed)[c]
-        sc = context_scores(model, tok, ctx, methods, config, errors)
+        mode = "qa" if config.query_aware else "qg"
+        failed = sum(
+            v.get("full|0.0", 0.0) < 1.0 for k, v in done.items() if k.startswith(f"{task}|{n}|") and k.endswith(mode)
+        )
+        allowed = math.floor((1.0 - config.min_accuracy) * config.contexts + 1e-9)  # full-cache misses the gate allows
+        sc = context_scores(
+            model, tok, ctx, methods if failed <= allowed else {}, config, errors, full_must_pass=failed >= allowed
+        )
         done[key] = {f"{m}|{r}": v for (m, r), v in sc.items()}
         store.write_text(json.dumps({"config": asdict(config), "cells": done, "errors": errors}, indent=1))
     results = summarise(done, config, errors)
