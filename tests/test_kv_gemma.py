@@ -62,3 +62,10 @@ def test_the_run_gates_on_the_full_cache_and_resumes(tiny, tmp_path: Path):
     finally:
         kv_gemma.context_scores = orig
     assert called == []
+
+
+def test_unknown_methods_are_named(tiny, tmp_path: Path):
+    net, tok = tiny
+    cfg = kv_gemma.GemmaCompareConfig(lengths=(128,), tasks=("niah_single",), contexts=1, methods=("snapkv", "nope"))
+    with pytest.raises(ValueError, match=r"unknown \['nope'\]"):
+        kv_gemma.run_gemma_compare(tmp_path, cfg, model=net, tok=tok, progress=False)

@@ -108,6 +108,7 @@ class GemmaCompareConfig:
     max_new_tokens: int = 12
     n_boot: int = 1000
     seed: int = 0
+    methods: tuple[str, ...] | None = None  # a subset of KVPRESS_PRESSES and ATTSVM_PRESSES (None: all)
 
 
 QUICK_GEMMA = GemmaCompareConfig(lengths=(1024,), tasks=("niah_single", "niah_multikey"), ratios=(0.5,), contexts=2)
@@ -281,6 +282,13 @@ def run_gemma_compare(
 
         model, tok = load_model("gemma3-270m", causal_lm=True)
     methods, errors = build_methods(config.ratios)
+    if config.methods is not None:
+        known = {*KVPRESS_PRESSES, *ATTSVM_PRESSES}
+        unknown = sorted(set(config.methods) - known)
+        if unknown:
+            raise ValueError(f"methods must be among {sorted(known)}, got unknown {unknown}")
+        methods = {k: v for k, v in methods.items() if k[0] in config.methods}
+        errors = {k: v for k, v in errors.items() if k in config.methods}
     store = outp / "results.json"
     done: dict[str, Any] = json.loads(store.read_text())["cells"] if store.is_file() else {}
     cells = [(t, n, c) for n in config.lengths for t in config.tasks for c in range(config.contexts)]

@@ -102,10 +102,15 @@ def _run_gemma(args: argparse.Namespace) -> int:
 
     from attsvm.analysis.kv_gemma import QUICK_GEMMA, GemmaCompareConfig, run_gemma_compare
 
+    from ._errors import UsageError
     from ._output import owned_folders
 
+    if args.lm is not None or args.seeds is not None:
+        raise UsageError("--lm and --seeds apply to --model retrieval-llama; gemma3-270m uses --samples")
     config = QUICK_GEMMA if args.quick else GemmaCompareConfig()
     changes: dict = {"query_aware": bool(args.query_aware)}
+    if args.methods is not None:
+        changes["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if args.ratios is not None:
         changes["ratios"] = _ratios(args.ratios)
     if args.samples is not None:
