@@ -254,3 +254,23 @@ def test_a_cache_built_without_config_as_kvpress_pipeline_does(gemma):
     with torch.no_grad(), HybridPress(SnapKVPress(0.5, window_size=8))(gemma):
         gemma.model(input_ids=x, past_key_values=cache)
     assert cache.is_sliding == [t == "sliding_attention" for t in TYPES]
+
+
+def test_margin_scores_on_a_global_layer_are_the_models_own(gemma):
+    """On a Gemma global layer (q/k RMS norms, the global RoPE base) the press's recomputed window margins equal
+    those read off the model's own attention probabilities (eager attention: softmax in float32)."""
+    x = _ids()
+    seen = {}
+    attn = gemma.model.layers[2].self_attn
+    h = attn.register_forward_hook(lambda m, a, kw, out: seen.update(kw=kw, probs=out[1]), with_kwargs=True)
+    press = SVMarginPress(0.5, window_size=8)
+    try:
+        _prefill(gemma, press, x)
+    finally:
+        h.remove()
+    keys = _prefill(gemma, None, x).layers[2].keys
+    logp = seen["probs"][0, :, -8:, :].log()
+    ref = -(logp.amax(-1, keepdim=True) - logp).amin(1).view(1, 4, N).amin(1)  # one KV head for 4 query heads
+    with torch.no_grad():
+        got = press.raw_score(attn, seen["kw"]["hidden_states"], keys, seen["kw"])[0]
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
