@@ -69,3 +69,13 @@ def test_unknown_methods_are_named(tiny, tmp_path: Path):
     cfg = kv_gemma.GemmaCompareConfig(lengths=(128,), tasks=("niah_single",), contexts=1, methods=("snapkv", "nope"))
     with pytest.raises(ValueError, match=r"unknown \['nope'\]"):
         kv_gemma.run_gemma_compare(tmp_path, cfg, model=net, tok=tok, progress=False)
+
+
+def test_a_finished_run_redraws_without_recomputing(tiny, tmp_path: Path):
+    net, tok = tiny
+    cfg = kv_gemma.GemmaCompareConfig(lengths=(128,), tasks=("niah_single",), ratios=(0.5,), contexts=1)
+    kv_gemma.run_gemma_compare(tmp_path, cfg, model=net, tok=tok, progress=False)
+    (tmp_path / "report.md").unlink()
+    (tmp_path / "kv_gemma.png").unlink()
+    assert kv_gemma.redraw(tmp_path) == tmp_path / "report.md"
+    assert (tmp_path / "kv_gemma.png").stat().st_size > 0 and "Full cache" in (tmp_path / "report.md").read_text()

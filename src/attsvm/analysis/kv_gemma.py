@@ -369,6 +369,19 @@ def summarise(cells: dict[str, Any], config: GemmaCompareConfig, errors: dict[st
     return {"table": table, "verdicts": verdicts, "full_cache_accuracy": gates, "errors": dict(errors)}
 
 
+def redraw(out: str | Path) -> Path:
+    """``report.md`` and ``kv_gemma.png`` again from a finished run's ``results.json`` (nothing recomputed)."""
+    outp = Path(out)
+    store = json.loads((outp / "results.json").read_text())
+    if "summary" not in store:
+        raise ValueError(f"out must hold a finished run's results.json, got an unfinished one in {outp}")
+    cfg = dict(store["config"])
+    for k in ("lengths", "tasks", "ratios", "methods"):
+        if cfg.get(k) is not None:
+            cfg[k] = tuple(cfg[k])
+    return write_report(outp, store["summary"], GemmaCompareConfig(**cfg))
+
+
 def write_report(outp: Path, results: dict[str, Any], config: GemmaCompareConfig) -> Path:
     """``report.md`` and ``kv_gemma.png`` from the summary."""
     import matplotlib
@@ -417,23 +430,35 @@ def write_report(outp: Path, results: dict[str, Any], config: GemmaCompareConfig
     lines += ["", "## Presses that could not run", ""]
     lines += [f"- {k}: {e}" for k, e in results["errors"].items()] or ["- none"]
     (outp / "report.md").write_text("\n".join(lines) + "\n")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    by: dict[str, list[tuple[float, float]]] = {}
-    for r in results["table"]:
-        by.setdefault(r["method"], []).append((r["ratio"], r["acc"]))
-    for m, pts in sorted(by.items()):
-        pts.sort()
-        xs = sorted({p[0] for p in pts})
-        ys = [np.mean([a for x, a in pts if x == xv]) for xv in xs]
-        ax.plot(xs, ys, "o-" if m in ATTSVM_PRESSES else ".--", label=m, lw=2 if m in ATTSVM_PRESSES else 1)
-    ax.set(
-        xlabel="compression ratio (global layers)",
-        ylabel="accuracy (mean over tasks and lengths)",
-        title="Gemma 3 270M: accuracy against compression",
-        ylim=(-0.05, 1.05),
+    panels = sorted({(r["task"], r["n"]) for r in results["table"]})
+    cols = max(1, len({n for _, n in panels}))
+    rows = max(1, len({t for t, _ in panels}))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 1.8, 2.8 * rows), squeeze=False, sharey=True)
+    tasks = sorted({t for t, _ in panels})
+    lengths = sorted({n for _, n in panels})
+    for a in axes.ravel():
+        a.set_visible(False)
+    methods = sorted({r["method"] for r in results["table"]})
+    colour = {m: plt.get_cmap("tab20")(k % 20) for k, m in enumerate(methods)}  # (up to 20 distinct methods)
+    for task, n in panels:
+        ax = axes[tasks.index(task), lengths.index(n)]
+        ax.set_visible(True)
+        for m in methods:
+            pts = sorted(
+                (r["ratio"], r["acc"]) for r in results["table"] if (r["task"], r["n"], r["method"]) == (task, n, m)
+            )
+            if pts:
+                mine = m in ATTSVM_PRESSES
+                ax.plot(*zip(*pts), "o-" if mine else ".--", color=colour[m], lw=2 if mine else 1, label=m)
+        ax.set(title=f"{task}, {n} tokens", xlabel="compression ratio (global layers)", ylim=(-0.05, 1.05))
+        ax.set_ylabel("accuracy")
+    handles, labels = (
+        next(a for a in axes.ravel() if a.get_visible()).get_legend_handles_labels() if panels else ([], [])
     )
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    if handles:
+        fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle("Gemma 3 270M: accuracy against compression, per task and context length")
+    fig.tight_layout(rect=(0, 0, 1 - 1.6 / (3.6 * cols + 1.8), 0.95))
     fig.savefig(outp / "kv_gemma.png", dpi=150)
     plt.close(fig)
     return outp / "report.md"
