@@ -79,6 +79,7 @@ def test_the_prefill_is_recorded_once_per_layer(setup):
     net, _, _ = setup
     rec = record_prefill(net, torch.arange(40)[None])
     assert sorted(rec.modules) == list(range(len(GEMMA3_TYPES))) and rec.context_length == 40
+    assert sorted(rec.hidden) == [i for i, t in enumerate(GEMMA3_TYPES) if t == "full_attention"]
     assert all(rec.hidden[i].shape == (1, 40, 32) for i in rec.hidden)
     with pytest.raises(ValueError, match="context_ids"):
         record_prefill(net, torch.arange(40))

@@ -32,7 +32,9 @@ __all__ = ["PrefillRecord", "record_prefill", "compressed_cache", "answer_from_c
 
 @dataclass
 class PrefillRecord:
-    """What each attention layer's prefill handed to the presses' hook, and the full cache it built."""
+    """What each attention layer's prefill handed to the presses' hook, and the full cache it built. Sliding-window
+    layers keep their window, so only the other layers' hidden states and attention weights are kept (an eager
+    4,096-token map is 268 MB per layer)."""
 
     cache: Any
     modules: dict[int, Any]
@@ -73,6 +75,8 @@ def record_prefill(model: Any, context_ids: torch.Tensor, *, cache: Any = None) 
     and record, per attention layer, the arguments a press's ``compress`` would receive."""
     from transformers import DynamicCache
 
+    from ..integrations.kvpress import is_sliding_layer  # (no kvpress import)
+
     if not (isinstance(context_ids, torch.Tensor) and context_ids.dim() == 2 and context_ids.shape[0] == 1):
         raise ValueError(f"context_ids must be a (1, N) tensor of token ids, got {getattr(context_ids, 'shape', None)}")
     lm = _language_model(model)
@@ -88,9 +92,11 @@ def record_prefill(model: Any, context_ids: torch.Tensor, *, cache: Any = None) 
         def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
             i = module.layer_idx
             rec.modules[i] = module
-            rec.hidden[i] = kwargs["hidden_states"]
+            rec.kwargs[i] = {k: v for k, v in kwargs.items() if k not in ("past_key_values", "hidden_states")}
+            if is_sliding_layer(module, kwargs):  # (kept as it is: no press reads its inputs)
+                return
+            rec.hidden[i] = rec.kwargs[i]["hidden_states"] = kwargs["hidden_states"]
             rec.attentions[i] = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            rec.kwargs[i] = {k: v for k, v in kwargs.items() if k != "past_key_values"}
 
         hooks.append(attn.register_forward_hook(hook, with_kwargs=True))
     t0 = time.perf_counter()
