@@ -1,6 +1,6 @@
 """Benchmark: our nuclear-norm Att-SVM* solver against the best cvxpy formulation, in the same run.
 
-For each size (n, T, d) of the published data recipe (SPEC §6, seed 0) it solves Att-SVM* for the
+For each size (n, T, d) of the published data recipe (docs/spec.md §6, seed 0) it solves Att-SVM* for the
 optimal tokens with
 
 * ours: :func:`attsvm.svm.nuclear.solve_nuclear` (augmented Lagrangian on the reduced

@@ -1,4 +1,4 @@
-"""Real-model extraction (issue #5): our W_Q, W_K and attention probabilities vs the model's own (eager)."""
+"""Real-model extraction: our W_Q, W_K and attention probabilities vs the model's own (eager)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from attsvm.metrics import matrix_rank, singular_values
 
 pytestmark = pytest.mark.models
 
-PROB_TOL = 1e-5  # issue #5: extraction matches output_attentions to 1e-5
+PROB_TOL = 1e-5  # extraction matches output_attentions to 1e-5
 SPECTRUM_RTOL = 1e-8  # factored vs dense SVD
 
 

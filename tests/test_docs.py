@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # "docs/spec.md §3", "docs/spec.md §2–3", "docs/spec.md §4, §5"
 CITATION = re.compile(r"docs/spec\.md §(\d+)(?:[–-](\d+))?((?:,\s*§\d+)*)")
 # older forms that pointed at a file outside the repository
-STALE_CITATION = re.compile(r"\bSPEC §\d|SPEC\.md|\.\./shared|shared/SPEC")
+STALE_CITATION = re.compile(r"\bSPEC §\d|SPEC\.md|\.\./shared|shared/SPEC|\bSTYLE\b")
 ISSUE_REFERENCE = re.compile(r"\bissues?\s*#\s*\d+", re.I)
 
 
@@ -114,9 +114,11 @@ def test_code_cites_sections_that_exist():
 
 
 def test_code_points_inside_the_repository_and_cites_no_issues():
-    """Docstrings cite "docs/spec.md §N": no file outside the repository, no issue numbers."""
+    """Docstrings cite "docs/spec.md §N": no file outside the repository (nor its habits), no issue numbers; the
+    same for the tests and benchmarks."""
     offenders = []
-    for path in _python_files():
+    others = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    for path in [*_python_files(), *sorted(p for p in others if p != Path(__file__).resolve())]:
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if STALE_CITATION.search(line) or ISSUE_REFERENCE.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()[:100]}")

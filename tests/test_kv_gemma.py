@@ -79,3 +79,19 @@ def test_a_finished_run_redraws_without_recomputing(tiny, tmp_path: Path):
     (tmp_path / "kv_gemma.png").unlink()
     assert kv_gemma.redraw(tmp_path) == tmp_path / "report.md"
     assert (tmp_path / "kv_gemma.png").stat().st_size > 0 and "Full cache" in (tmp_path / "report.md").read_text()
+
+
+def test_a_folder_of_another_run_is_refused_and_bad_settings_are_named(tiny, tmp_path: Path):
+    net, tok = tiny
+    cfg = kv_gemma.GemmaCompareConfig(lengths=(128,), tasks=("niah_single",), ratios=(0.5,), contexts=1)
+    kv_gemma.run_gemma_compare(tmp_path, cfg, model=net, tok=tok, progress=False)
+    other = kv_gemma.GemmaCompareConfig(lengths=(128,), tasks=("niah_single",), ratios=(0.25,), contexts=1)
+    with pytest.raises(ValueError, match="holds a run with other settings"):
+        kv_gemma.run_gemma_compare(tmp_path, other, model=net, tok=tok, progress=False)
+    for bad, match in (
+        ({"ratios": (1.5,)}, "ratios must be"),
+        ({"tasks": ("x",)}, "tasks must be"),
+        ({"lengths": (10,)}, "lengths"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            kv_gemma.run_gemma_compare(tmp_path / "new", kv_gemma.GemmaCompareConfig(**bad), model=net, tok=tok)

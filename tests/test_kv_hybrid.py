@@ -3,15 +3,13 @@ three, 4 query heads on 1 KV head) with contexts past the window. Random weights
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attsvm.analysis.kv_cache import EvictionCache, EvictionLayer, attention_layout, cache_kwargs
-from tiny_models import GEMMA3_TYPES, tiny_gemma3
+from tiny_models import GEMMA3_TYPES, logits_with_keys_hidden, tiny_gemma3
 
 WINDOW = 16
 N = 61
@@ -63,24 +61,9 @@ def test_decoding_equals_the_full_model_with_the_evicted_keys_masked(gemma):
         gemma(x, **cache_kwargs(gemma, cache))
         kept = {i: set(cache.layers[i].positions[0, 0].tolist()) for i, t in enumerate(TYPES) if t == "full_attention"}
         got = gemma(new, **cache_kwargs(gemma, cache)).logits
-    hooks = []
-    for i, layer in enumerate(gemma.model.layers):
-        if i in kept:
-            drop = torch.tensor([p not in kept[i] for p in range(N)])
-
-            def pre(mod, args, kwargs, drop=drop):
-                m = kwargs["attention_mask"].clone()
-                m[..., N:, :N][..., drop] = -math.inf
-                kwargs["attention_mask"] = m
-                return args, kwargs
-
-            hooks.append(layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            ref = gemma(torch.cat([x, new], 1)).logits[:, N:]
-    finally:
-        for h in hooks:
-            h.remove()
+    ref = logits_with_keys_hidden(
+        gemma, x, new, {i: torch.tensor([p not in k for p in range(N)]) for i, k in kept.items()}
+    )
     assert len(kept[2]) == 20
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)  # (eager softmax in float32)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The small causal LM trained by attsvm (issue #5 part 4a): seeded, cached, a normal HF checkpoint."""
+"""The small causal LM trained by attsvm: seeded, cached, a normal HF checkpoint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's Python examples run as written (STYLE habit 10)."""
+"""The README's Python examples run as written."""
 
 from __future__ import annotations
 

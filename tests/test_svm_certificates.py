@@ -12,7 +12,7 @@ from attsvm.svm import AttentionSVM, RawSolution, att_svm_constraints
 from attsvm.tokens import margins as token_margins
 from attsvm.tokens import support_tokens
 
-VIOLATION_TOL = 1e-8  # primal feasibility required of every returned solution (issue #2)
+VIOLATION_TOL = 1e-8  # primal feasibility required of every returned solution
 GAP_TOL = 1e-8  # relative duality gap of our solvers
 CS_TOL = 1e-8  # complementary slackness max |λ_k (m_k − 1)|
 

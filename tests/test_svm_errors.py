@@ -1,4 +1,4 @@
-"""Bad input to the solvers raises errors that name the argument (STYLE habit 3)."""
+"""Bad input to the solvers raises errors that name the argument."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from attsvm.svm.nuclear import (
     solve_nuclear_rank,
 )
 
-OBJ_RTOL = 1e-5  # objective agreement with cvxpy (issue #2)
+OBJ_RTOL = 1e-5  # objective agreement with cvxpy
 VIOL_TOL = 1e-8  # max constraint violation
 GAP_RTOL = 1e-8  # relative duality gap of our certificate
 DEFAULT_SVM_TOL = 1e-9  # AttentionSVM's default certificate tolerance

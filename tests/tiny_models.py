@@ -38,3 +38,34 @@ def tiny_gemma3(
         for layer in net.model.layers:
             layer.self_attn.q_proj.weight.mul_(q_scale)
     return net
+
+
+def logits_with_keys_hidden(net: Any, ids: Any, new: Any, hidden: dict[int, Any]) -> Any:
+    """The reference for an evicted cache: logits of the ``new`` tokens (1, q) after ``ids`` (1, N) from one full
+    forward in which, in each layer ``i`` of ``hidden``, the new queries cannot see the prefill positions where
+    ``hidden[i]`` (N,) bool is True (the eager attention's additive masks, replaced by forward pre-hooks)."""
+    import math
+
+    import torch
+
+    N = ids.shape[1]
+    hooks = []
+    for i, layer in enumerate(net.model.layers):
+        if i not in hidden:
+            continue
+
+        def pre(mod: Any, args: Any, kwargs: Any, drop: Any = hidden[i]) -> Any:
+            m = kwargs["attention_mask"].clone()
+            if m.dtype == torch.bool:
+                m = torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, -math.inf)
+            m[..., N:, :N][..., drop] = -math.inf
+            kwargs["attention_mask"] = m
+            return args, kwargs
+
+        hooks.append(layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            return net(input_ids=torch.cat([ids, new], dim=1)).logits[:, N:]
+    finally:
+        for h in hooks:
+            h.remove()

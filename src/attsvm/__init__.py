@@ -14,7 +14,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it (STYLE: private modules, curated re-exports)
+# public name -> module that defines it (private modules, curated re-exports)
 _EXPORTS: dict[str, str] = {
     # problem and data (docs/spec.md §1–2)
     "AttentionProblem": "attsvm.problem",

@@ -1,7 +1,7 @@
 """Input checking shared by every public entry point.
 
 Each helper raises ``ValueError``/``TypeError`` naming the argument, what was expected and what
-came, so that no user ever sees a numpy traceback from deep inside a solver (STYLE habit 3).
+came, so that no user ever sees a numpy traceback from deep inside a solver.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def as_float_array(
 
 
 def check_choice(value: Any, name: str, allowed: Iterable[Any]) -> Any:
-    """Check that ``value`` is one of ``allowed`` (STYLE habit 2: modes are checked in one place)."""
+    """Check that ``value`` is one of ``allowed`` (modes are checked in one place)."""
     allowed = tuple(allowed)
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}")

@@ -6,8 +6,6 @@ not eviction quality."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -33,7 +31,7 @@ from attsvm.integrations.kvpress import (
     SVMarginPress,
     compute_n_kept,
 )
-from tiny_models import GEMMA3_TYPES, tiny_gemma3
+from tiny_models import GEMMA3_TYPES, logits_with_keys_hidden, tiny_gemma3
 
 pytestmark = pytest.mark.kvpress
 
@@ -125,28 +123,7 @@ def test_decoding_equals_the_full_model_with_the_evicted_keys_masked(gemma, name
             drop[kept] = False
             hidden[i] = drop
     got = _decode(gemma, cache, new, positions=True)  # a multi-token step: its tokens see their past only
-    seq = torch.cat([x, new], dim=1)
-    M = seq.shape[1]
-    hooks = []
-    for i, layer in enumerate(gemma.model.layers):
-        if i in hidden:
-
-            def pre(mod, args, kwargs, drop=hidden[i]):
-                m = kwargs["attention_mask"]
-                m = torch.zeros(1, 1, M, M, dtype=torch.float64) if m is None else m.clone()
-                if m.dtype == torch.bool:
-                    m = torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, -math.inf)
-                m[..., N:, :N][..., drop] = -math.inf
-                kwargs["attention_mask"] = m
-                return args, kwargs
-
-            hooks.append(layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            ref = gemma(input_ids=seq).logits[:, N:]
-    finally:
-        for h in hooks:
-            h.remove()
+    ref = logits_with_keys_hidden(gemma, x, new, hidden)
     # (eager attention takes its softmax in float32: masked and removed keys agree to float32 rounding)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(got, _decode(gemma, full, new, positions=True), atol=1e-3)  # eviction mattered

@@ -1,4 +1,4 @@
-"""Figures and ``report.md`` for ``attsvm analyze``, read from the saved results (STYLE habit 11)."""
+"""Figures and ``report.md`` for ``attsvm analyze``, read from the saved results."""
 
 from __future__ import annotations
 

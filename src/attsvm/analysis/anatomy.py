@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._linalg import RANK_TOL
+from .._threads import blas_threads
 from .._validation import check_finite_scalar, check_positive_int
 from ._models import QKWeights, attention_inputs, attention_logits, corpus_windows, load_model, qk_weights
 
@@ -551,7 +552,25 @@ def analyze(
         check_positive_int(max_windows, "max_windows")
     net, tok = load_model(model)
     w = qk_weights(net)
-    spec = spectrum_stats(w)
+    with blas_threads(1):  # (many small factorisations: a BLAS pool per core only waits on 2 busy cores)
+        spec = spectrum_stats(w)
+
+    def anatomy(att: AttentionStats, comp: CompressionStats, n_windows: int, length: int, **more: Any) -> HeadAnatomy:
+        return HeadAnatomy(
+            str(model),
+            w.n_layers,
+            w.n_heads,
+            w.d,
+            w.d_head,
+            spec,
+            att,
+            comp,
+            n_windows,
+            length,
+            time.perf_counter() - t0,
+            **more,
+        )
+
     if not is_rope_model(net):
         if quick:
             max_windows, max_length, compression_windows = 4, 128, 2
@@ -564,19 +583,7 @@ def analyze(
         )
         with torch.no_grad():
             comp = compression_stats(w, inputs, DEFAULT_RANKS if ranks is None else ranks)
-        return HeadAnatomy(
-            str(model),
-            w.n_layers,
-            w.n_heads,
-            w.d,
-            w.d_head,
-            spec,
-            att,
-            comp,
-            len(windows),
-            max_length,
-            time.perf_counter() - t0,
-        )
+        return anatomy(att, comp, len(windows), max_length)
     from .svm_view import rope_svm_views
 
     n_win, length, n_comp = ROPE_QUICK if quick else ROPE_DEFAULT
@@ -597,18 +604,11 @@ def analyze(
     )
     heads = default_svm_heads(w.layer_types, w.n_heads, quick) if svm_heads is None else list(svm_heads)
     views = rope_svm_views(net, tok, heads, seed=seed, quick=quick, progress=progress) if heads else []
-    return HeadAnatomy(
-        str(model),
-        w.n_layers,
-        w.n_heads,
-        w.d,
-        w.d_head,
-        spec,
+    return anatomy(
         att,
         comp,
         len(windows),
         max_length,
-        time.perf_counter() - t0,
         layer_types=w.layer_types,
         svm_heads=[v.brief() for v in views],
     )

@@ -511,22 +511,7 @@ def serving_perplexity(net: Any, ids: list[int], attn: NDArray[np.float64], rati
     budget = max(1, round(ratio * S))
 
     def loss_with(masks: list[Any] | None) -> float:
-        hooks = []
-        if masks is not None:
-            for mod, mk in zip(mods, masks):
-
-                def pre(m: Any, args: Any, kwargs: Any, mk: Any = mk) -> tuple[Any, Any]:
-                    kwargs["attention_mask"] = mk
-                    return args, kwargs
-
-                hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        try:
-            with torch.no_grad():
-                logits = net(x).logits[0, S - 1 : N - 1].double()
-        finally:
-            for h in hooks:
-                h.remove()
-        return float(torch.nn.functional.cross_entropy(logits, x[0, S:N]))
+        return masked_tail_loss(net, x, mods, masks, SERVING_EVAL)
 
     base = loss_with(None)
     out = {}
@@ -545,6 +530,28 @@ def serving_perplexity(net: Any, ids: list[int], attn: NDArray[np.float64], rati
             masks.append(m)
         out[mode] = float(np.exp(loss_with(masks) - base))
     return out
+
+
+def masked_tail_loss(net: Any, x: Any, mods: list[Any], masks: list[Any] | None, n_eval: int) -> float:
+    """Mean next-token loss on the last ``n_eval`` tokens of ``x`` (1, N) when each attention module of ``mods``
+    gets the attention mask of ``masks`` (forward pre-hooks; ``None``: the model's own masks)."""
+    import torch
+
+    hooks = []
+    for mod, mk in zip(mods, masks or []):
+
+        def pre(m: Any, args: Any, kwargs: Any, mk: Any = mk) -> tuple[Any, Any]:
+            kwargs["attention_mask"] = mk
+            return args, kwargs
+
+        hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            logits = net(x, logits_to_keep=n_eval + 1).logits[0, :n_eval].double()  # (the rows needed only)
+    finally:
+        for h in hooks:
+            h.remove()
+    return float(torch.nn.functional.cross_entropy(logits, x[0, -n_eval:]))
 
 
 def serving_verdict(

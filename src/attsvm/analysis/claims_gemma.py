@@ -57,6 +57,7 @@ from .claims import (
     _head_stats,
     _special_mask,
     keep_sets,
+    masked_tail_loss,
 )
 
 __all__ = [
@@ -430,29 +431,18 @@ def measure_window(
 
 
 def _masked_loss(net: Any, x: Any, mods: list[Any], masks: list[Any], keep: NDArray[np.bool_], S: int) -> float:
-    """Loss on the last SERVING_EVAL tokens when the queries from position S on cannot see the evicted keys."""
+    """Loss on the last SERVING_EVAL tokens when the queries from position S on cannot see the evicted keys: each
+    layer's own additive mask (``masks``, sliding windows included) with the evicted keys added."""
     import torch
 
-    hooks = []
-    for ell, mod in enumerate(mods):
-        base = masks[ell]
+    cut = []
+    for ell, base in enumerate(masks):
         if base is None or base.dtype == torch.bool:
             raise ValueError("serving needs the eager attention's additive float masks (attn_implementation='eager')")
         m = base.clone()
         m[..., S:, :S][..., torch.from_numpy(~keep[ell])] = torch.finfo(m.dtype).min  # (a view: m itself)
-
-        def pre(mod: Any, args: Any, kwargs: Any, m: Any = m) -> tuple[Any, Any]:
-            kwargs["attention_mask"] = m
-            return args, kwargs
-
-        hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            lg = net(x, logits_to_keep=SERVING_EVAL + 1).logits[0, :SERVING_EVAL].double()
-    finally:
-        for h in hooks:
-            h.remove()
-    return float(torch.nn.functional.cross_entropy(lg, x[0, x.shape[1] - SERVING_EVAL :]))
+        cut.append(m)
+    return masked_tail_loss(net, x, mods, cut, SERVING_EVAL)
 
 
 # ------------------------------------------------------------------------------------------ low rank

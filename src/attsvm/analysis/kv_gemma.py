@@ -275,7 +275,22 @@ def run_gemma_compare(
     from tqdm.auto import tqdm
 
     config = config or GemmaCompareConfig()
+    if not config.ratios or any(not (isinstance(r, float | int) and 0.0 <= r < 1.0) for r in config.ratios):
+        raise ValueError(f"ratios must be numbers in [0, 1), got {config.ratios}")
+    for n in config.lengths:
+        check_positive_int(n, "lengths", minimum=64)
+    check_positive_int(config.contexts, "contexts")
+    bad = sorted(set(config.tasks) - set(GEMMA_TASKS))
+    if bad or not config.tasks:
+        raise ValueError(f"tasks must be among {GEMMA_TASKS}, got {config.tasks}")
     outp = Path(out)
+    store = outp / "results.json"
+    if store.is_file():  # a rerun resumes its own run only: contexts measured under other settings never mix in
+        before = json.loads(store.read_text()).get("config")
+        if before != json.loads(json.dumps(asdict(config))):
+            raise ValueError(
+                f"out {str(outp)!r} holds a run with other settings ({before}); use another folder or the same settings"
+            )
     outp.mkdir(parents=True, exist_ok=True)
     if model is None:
         from ._models import load_model
@@ -289,7 +304,6 @@ def run_gemma_compare(
             raise ValueError(f"methods must be among {sorted(known)}, got unknown {unknown}")
         methods = {k: v for k, v in methods.items() if k[0] in config.methods}
         errors = {k: v for k, v in errors.items() if k in config.methods}
-    store = outp / "results.json"
     done: dict[str, Any] = json.loads(store.read_text())["cells"] if store.is_file() else {}
     cells = [(t, n, c) for n in config.lengths for t in config.tasks for c in range(config.contexts)]
     disable = (not sys.stderr.isatty()) if progress is None else not progress

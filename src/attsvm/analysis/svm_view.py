@@ -151,6 +151,37 @@ def ov_direction(model: Any, layer: int, head: int) -> NDArray[np.float64]:
     return vt[0]
 
 
+def _selection_constraints(X: NDArray[np.float64], Z: NDArray[np.float64], alpha: NDArray[np.intp]) -> Any:
+    """The Att-SVM constraints of the selection ``alpha``: tokens X (n, T, d), queries Z (n, d)."""
+    from ..svm._base import ConstraintSet
+
+    n, T = X.shape[:2]
+    mask = np.ones((n, T), dtype=bool)
+    mask[np.arange(n), alpha] = False
+    return ConstraintSet(differences(X[np.arange(n), alpha], X), Z, mask)
+
+
+def _certificate(fit: Any) -> dict[str, float]:
+    """What a fitted Att-SVM certifies: violation, duality gap, objective, rank."""
+    return {
+        "max_violation": float(fit.max_violation_),
+        "relative_gap": float(fit.relative_gap_),
+        "objective": float(fit.objective_),
+        "rank": int(fit.rank_ if fit.rank_ is not None else 0),
+    }
+
+
+def _random_baseline(stats: Any, d: int, rank: int, count: int, rng: np.random.Generator) -> dict[str, list[float]]:
+    """``stats`` of ``count`` random Gaussian products ``K Qᵀ`` (d × d, rank ``rank``)."""
+    out: dict[str, list[float]] = {}
+    for _ in range(count):
+        K = rng.standard_normal((d, rank))
+        Q = rng.standard_normal((d, rank))
+        for k, v in stats(K @ Q.T).items():
+            out.setdefault(k, []).append(v)
+    return out
+
+
 def _stats_against(cs: Any, W_mm: NDArray[np.float64], W_star: NDArray[np.float64]) -> Any:
     """``W ↦`` its correlations with W_mm and W*_mm, raw and projected onto the subspaces the constraints
     ``cs`` see, and its margin efficiency (module doc)."""
@@ -274,7 +305,6 @@ def svm_view(
     its rotated d_head coordinates and gives a :class:`RopeSVMView` (:func:`rope_svm_views`)."""
     from ..problem import AttentionProblem
     from ..svm import AttentionSVM
-    from ..svm._base import ConstraintSet
     from ..tokens import local_optimality_report
 
     quick = check_bool(quick, "quick")
@@ -295,10 +325,7 @@ def svm_view(
         model, tok, layer, head, n_pairs=n_pairs, T=T, seed=seed, max_windows=8 if quick else 64
     )
     n = len(alpha)
-    A = differences(X[np.arange(n), alpha], X)
-    mask = np.ones((n, T), dtype=bool)
-    mask[np.arange(n), alpha] = False
-    cs = ConstraintSet(A, Z, mask)
+    cs = _selection_constraints(X, Z, alpha)
     fro = AttentionSVM("fro").fit_constraints(cs)
     # some W*_mm has rank <= n (docs/spec.md §3), so the rank constraint only binds when n > d_head
     nuc_rank: int | None = w.d_head if n > w.d_head else None
@@ -329,12 +356,7 @@ def svm_view(
             for k, v in stats(all_W[h]).items():
                 other.setdefault(k, []).append(v)
     rng = np.random.default_rng(seed)
-    rand: dict[str, list[float]] = {}
-    for _ in range(8 if quick else N_RANDOM):
-        K = rng.standard_normal((w.d + 1, w.d_head))
-        Q = rng.standard_normal((w.d + 1, w.d_head))
-        for k, v in stats(K @ Q.T).items():
-            rand.setdefault(k, []).append(v)
+    rand = _random_baseline(stats, w.d + 1, w.d_head, 8 if quick else N_RANDOM, rng)
 
     # local optimality (docs/spec.md §2) under the head's value-output direction, both signs, and random v
     v = np.r_[ov_direction(model, layer, head), 0.0]
@@ -353,14 +375,6 @@ def svm_view(
         prob = AttentionProblem(X, y, vr / np.linalg.norm(vr), Z=Z)
         passes.append(float(local_optimality_report(prob, alpha, fro.support_, feasible=True).passed.mean()))
     lo["random_passed_mean"] = float(np.mean(passes))
-
-    def cert(s: AttentionSVM) -> dict[str, float]:
-        return {
-            "max_violation": float(s.max_violation_),
-            "relative_gap": float(s.relative_gap_),
-            "objective": float(s.objective_),
-            "rank": int(s.rank_ if s.rank_ is not None else 0),
-        }
 
     oh_fro = np.asarray(other["corr_fro_projected"])
     rl_fro = np.asarray(rand["corr_fro_projected"])
@@ -400,13 +414,9 @@ def svm_view(
         nuc_status=str(nuc.status_),
         nuc_rank=nuc_rank,
         nuc_note=nuc_note,
-        fro_certificate=cert(fro),
-        nuc_certificate=cert(nuc),
-        corr_fro=mine["corr_fro"],
-        corr_nuc=mine["corr_nuc"],
-        corr_fro_projected=mine["corr_fro_projected"],
-        corr_nuc_projected=mine["corr_nuc_projected"],
-        margin_efficiency=mine["margin_efficiency"],
+        fro_certificate=_certificate(fro),
+        nuc_certificate=_certificate(nuc),
+        **mine,  # corr_fro, corr_nuc, their projected forms, margin_efficiency
         support_per_query=float(fro.support_.sum() / n),
         other_heads=other,
         random_lowrank=rand,
@@ -580,16 +590,12 @@ def _rope_view(
     wins: list[Any], w: Any, layer: int, head: int, n_pairs: int, T: int, seed: int, quick: bool
 ) -> RopeSVMView:
     from ..svm import AttentionSVM
-    from ..svm._base import ConstraintSet
     from .rope_heads import lstsq_map
 
     rng = np.random.default_rng([seed, layer, head])
     X, Z, alpha, positions = _rope_pairs(wins, layer, head, n_pairs, T, rng)
     n, _, dh = X.shape
-    A = differences(X[np.arange(n), alpha], X)
-    mask = np.ones((n, T), dtype=bool)
-    mask[np.arange(n), alpha] = False
-    cs = ConstraintSet(A, Z, mask)
+    cs = _selection_constraints(X, Z, alpha)
     fro = AttentionSVM("fro").fit_constraints(cs)
     nuc = AttentionSVM("nuc").fit_constraints(cs)  # d = d_head: a rank <= d_head constraint is vacuous
     if fro.W_ is None or nuc.W_ is None:
@@ -615,20 +621,7 @@ def _rope_view(
             Amap, r2k = lstsq_map(k_all[head // G], k_all[h // G])
         for key, v in (stats(s * Amap.T @ B) | {"fit_r2": min(r2q, r2k)}).items():
             other.setdefault(key, []).append(v)
-    rand: dict[str, list[float]] = {}
-    for _ in range(8 if quick else N_RANDOM):
-        K = rng.standard_normal((dh, dh))
-        Q = rng.standard_normal((dh, dh))
-        for key, v in stats(K @ Q.T).items():
-            rand.setdefault(key, []).append(v)
-
-    def cert(sv: AttentionSVM) -> dict[str, float]:
-        return {
-            "max_violation": float(sv.max_violation_),
-            "relative_gap": float(sv.relative_gap_),
-            "objective": float(sv.objective_),
-            "rank": int(sv.rank_ if sv.rank_ is not None else 0),
-        }
+    rand = _random_baseline(stats, dh, dh, 8 if quick else N_RANDOM, rng)
 
     rl = np.asarray(rand["corr_fro_projected"])
     oh = np.asarray(other.get("corr_fro_projected", [np.nan]))
@@ -651,13 +644,9 @@ def _rope_view(
         nuc_status=str(nuc.status_),
         nuc_rank=None,
         nuc_note="",
-        fro_certificate=cert(fro),
-        nuc_certificate=cert(nuc),
-        corr_fro=mine["corr_fro"],
-        corr_nuc=mine["corr_nuc"],
-        corr_fro_projected=mine["corr_fro_projected"],
-        corr_nuc_projected=mine["corr_nuc_projected"],
-        margin_efficiency=mine["margin_efficiency"],
+        fro_certificate=_certificate(fro),
+        nuc_certificate=_certificate(nuc),
+        **mine,  # corr_fro, corr_nuc, their projected forms, margin_efficiency
         support_per_query=float(fro.support_.sum() / n),
         other_heads=other,
         random_lowrank=rand,

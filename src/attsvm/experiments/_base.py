@@ -13,7 +13,7 @@ An :class:`Experiment` is a declarative description of one reproduced figure:
 * ``aggregate(settings, data)`` — headline numbers, each tied to a claim with pass/fail;
 * ``plot(settings, data, results, outdir)`` — figures drawn only from saved data.
 
-Plotting never computes, and computing never plots (STYLE habit 11).
+Plotting never computes, and computing never plots.
 """
 
 from __future__ import annotations
