@@ -286,3 +286,20 @@ def test_a_budget_above_the_stored_keys_and_an_unknown_layer_are_named(tiny_lm):
             cache.stored_length(99)
     with pytest.raises(ValueError, match="seed must be <= 9223372036854775807"):
         make_policy("random", seed=2**70)
+
+
+@pytest.mark.parametrize(("n_sinks", "n_recent"), [(0, 0), (2, 0), (0, 3), (2, 3), (4, 6)])
+def test_the_cache_and_the_presses_protect_the_same_keys(n_sinks, n_recent):
+    """One protection rule: the keys the cache never evicts (eviction_scores −inf) are those protected_rank
+    ranks, and protect (the presses') raises exactly those above every other key."""
+    from attsvm.analysis.kv_scores import H2OPolicy, eviction_scores, protect, protected_rank
+
+    K = 12
+    positions = torch.arange(K).expand(1, 2, K)
+    stats = torch.rand(1, 2, K, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    masked = torch.isinf(eviction_scores(H2OPolicy(), stats, positions, K, (n_sinks, n_recent)))
+    ranked = protected_rank(positions, K, n_sinks, n_recent) > 0
+    assert torch.equal(masked, ranked) and int(ranked[0, 0].sum()) == min(K, n_sinks + n_recent)
+    raised = protect(stats, n_recent, n_sinks)
+    if ranked.any():
+        assert bool((raised[ranked].view(1, 2, -1).amin(-1) > raised[~ranked].view(1, 2, -1).amax(-1)).all())

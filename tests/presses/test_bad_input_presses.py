@@ -161,14 +161,20 @@ def test_score_helpers_check_n_kv_heads(n_kv_heads, exc):
             fn(logits, visible, n_kv_heads)
 
 
-def test_float64_attention_scores_are_a_float64_softmax():
+def test_window_scores_are_a_float64_softmax_in_every_dtype():
     logits = torch.randn(1, 4, 3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 30
     visible = torch.ones(3, 6, dtype=torch.bool).tril(3)
-    ref = torch.softmax(logits.masked_fill(~visible, -math.inf), -1).sum(-2).view(1, 2, 2, 6).sum(2)
-    torch.testing.assert_close(kvp.attention_scores(logits, visible, 2), ref, rtol=1e-12, atol=1e-14)
-    low = logits.to(torch.bfloat16)  # (below float64: the float32 softmax, unchanged)
-    ref = torch.softmax(low.masked_fill(~visible, -math.inf).float(), -1).to(low.dtype)
-    assert torch.equal(kvp.attention_scores(low, visible, 2), ref.sum(-2).view(1, 2, 2, 6).sum(2))
+    for x in (logits, logits.to(torch.bfloat16)):  # (bf16 logits: the softmax in float64 all the same)
+        probs = torch.softmax(x.double().masked_fill(~visible, -math.inf), -1)
+        ref = probs.sum(-2).view(1, 2, 2, 6).sum(2)
+        torch.testing.assert_close(kvp.attention_scores(x, visible, 2), ref, rtol=1e-12, atol=1e-14)
+        logp = probs.log()
+        margin = (logp.amax(-1, keepdim=True) - logp).amin(-2).view(1, 2, 2, 6).amin(2)
+        torch.testing.assert_close(kvp.margin_scores(x, visible, 2), -margin, rtol=1e-12, atol=1e-12)
+    # margins past float32's 103 nats stay finite and ordered (a float32 softmax underflowed them to one tie)
+    far = torch.tensor([[[[0.0, -150.0, -200.0, -120.0]]]])
+    got = kvp.margin_scores(far, torch.ones(1, 4, dtype=torch.bool), 1)[0, 0]
+    torch.testing.assert_close(got, torch.tensor([0.0, -150.0, -200.0, -120.0], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("cls", [SVMarginPress, H2OPress, SVMarginDecodingPress], ids=lambda c: c.__name__)

@@ -182,16 +182,17 @@ def test_decoding_presses_cut_every_layer_to_the_target(model, make):
 
 def _decode_and_capture(model, press_cls, steps: int, **kw):
     """Prefill 20 tokens (no press), then decode ``steps`` tokens under a decoding press that compresses once at
-    the last step; returns the raw scores it computed then, the probabilities the model gave each step, and the
+    the last step; returns the keep-priority it computed then, the probabilities the model gave each step, and the
     scores with every buffered query rotated to the current position (kvpress's window presses' choice)."""
     captured = {}
     base_cls = press_cls
 
     class Spy(base_cls):
-        def raw_score(self, module, hidden_states, keys, kwargs):
-            out = super().raw_score(module, hidden_states, keys, kwargs)
+        def window_probs(self, module, hidden_states, keys, kwargs):
+            out = super().window_probs(module, hidden_states, keys, kwargs)
             if module.layer_idx == 1 and "scores" not in captured:  # the compression step's call only
-                captured["scores"] = out.clone()
+                stats = self.policy.accumulate(None, out)  # (the first compression: nothing carried)
+                captured["scores"] = self.policy.priority(stats, torch.zeros_like(stats, dtype=torch.long))
                 captured["hidden"], captured["keys"] = hidden_states.clone(), keys.clone()
                 captured["kwargs"] = {k: v for k, v in kwargs.items() if not k.startswith("attsvm")}
                 captured["module"] = module
@@ -360,3 +361,28 @@ def test_presses_run_in_kvpress_pipeline(model, make):
     else:  # the compressed context (AdaKV masks instead of cutting)
         expected = n_context if isinstance(press, AdaKVPress) else compute_n_kept(n_context, 0.5)
         assert n_stored(cache) == [expected, expected]
+
+
+@pytest.mark.parametrize("press_cls", [SVMarginPress, H2OPress], ids=["svm", "h2o"])
+def test_the_press_scores_through_the_caches_policy(press_cls, monkeypatch):
+    """The presses hold no scoring arithmetic of their own: the score is the policy's (the one EvictionCache runs),
+    so a change to the policy's rule changes the press's score."""
+    from attsvm.analysis import kv_cache
+
+    assert type(press_cls.policy) is {SVMarginPress: kv_cache.SVMarginPolicy, H2OPress: kv_cache.H2OPolicy}[press_cls]
+    model = llama("eager")
+    seen = {}
+    attn = model.model.layers[0].self_attn
+    handle = attn.register_forward_hook(lambda m, a, kw, out: seen.update(kw=kw), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids(24), past_key_values=transformers.DynamicCache(config=model.config))
+    finally:
+        handle.remove()
+    kw = seen["kw"]
+    keys = attn.k_proj(kw["hidden_states"]).view(1, 24, 2, -1).transpose(1, 2)  # (the scores only rank these)
+    press = press_cls(0.5, window_size=8)
+    before = press.raw_score(attn, kw["hidden_states"], keys, kw)
+    monkeypatch.setattr(type(press_cls.policy), "accumulate", lambda self, stats, probs: probs.sum(-2) * 0 + 7.0)
+    after = press.raw_score(attn, kw["hidden_states"], keys, kw)
+    assert not torch.equal(before, after) and bool((after.abs() == 7.0).all())

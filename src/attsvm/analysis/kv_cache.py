@@ -3,7 +3,8 @@
 A policy scores the cached keys (with their values); once a layer holds more than its ``budget`` of tokens the
 cache evicts the lowest-priority ones, per layer and per **KV head**, so every KV head keeps exactly ``budget``
 keys. Policies only score; protection (sinks, recent window) and the choice of the victim are one rule of the
-cache (:func:`eviction_scores`).
+cache (:func:`eviction_scores`). The policies and that rule live in :mod:`attsvm.analysis.kv_scores`, which the
+kvpress presses of :mod:`attsvm.integrations.kvpress` share (re-exported here).
 
 Policies (each a small class; :func:`make_policy` builds one by name):
 
@@ -63,33 +64,34 @@ mask sizes from ``cache_position``) and of the newest 5.x (``get_max_length``, m
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
-import numpy as np
 import torch
 
 from .._extras import require
-from .._validation import check_bool, check_choice, check_positive_int, check_seed
+from .._validation import check_bool, check_positive_int
+from .kv_scores import (  # noqa: F401  (the scoring core, re-exported: policies, the one eviction rule)
+    POLICIES,
+    EvictionPolicy,
+    H2OPolicy,
+    PolicyName,
+    RandomPolicy,
+    RecentPolicy,
+    StreamingPolicy,
+    SVMarginPolicy,
+    TOVAPolicy,
+    _eviction_scores,
+    eviction_scores,
+    make_policy,
+    select_keep,
+)
 
 _cache_utils = require("transformers.cache_utils", feature="attsvm.analysis.kv_cache")
 Cache, CacheLayerMixin = _cache_utils.Cache, _cache_utils.CacheLayerMixin
 
-__all__ = [
-    "EvictionPolicy",
-    "SVMarginPolicy",
-    "H2OPolicy",
-    "TOVAPolicy",
-    "StreamingPolicy",
-    "RecentPolicy",
-    "RandomPolicy",
-    "POLICIES",
-    "PolicyName",
-    "make_policy",
-    "eviction_scores",
-    "select_keep",
+__all__ = [  # (the policies and the eviction rule are re-exported from attsvm.analysis.kv_scores)
     "EvictionLayer",
     "EvictionCache",
     "AttentionLayout",
@@ -98,297 +100,6 @@ __all__ = [
     "cache_kwargs",
     "returned_cache",
 ]
-
-PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
-POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
-
-
-class EvictionPolicy:
-    """The interface: statistics per cached key (per KV head), and a priority (higher = keep).
-
-    ``sinks`` (number of first tokens) and ``recent`` (number of last tokens, or a fraction of the
-    budget if a float in (0, 1]) are protected: never evicted. Subclasses set ``name``,
-    ``needs_scores`` and implement :meth:`accumulate` / :meth:`priority` (see the module notes for the shapes).
-    """
-
-    name: ClassVar[str] = "base"
-    needs_scores: ClassVar[bool] = True
-    fresh: ClassVar[float] = 0.0  # a new key's statistic before any query saw it (see update_)
-
-    def __init__(self, *, sinks: int = 0, recent: int | float = 0) -> None:
-        self.sinks = check_positive_int(sinks, "sinks", minimum=0)
-        if isinstance(recent, (bool, np.bool_)) or not isinstance(recent, (int, float, np.integer, np.floating)):
-            raise TypeError(
-                f"recent must be an int (tokens) or a float in [0, 1] (share of the budget), got {recent!r}"
-            )
-        recent = int(recent) if isinstance(recent, (int, np.integer)) else float(recent)  # (numpy scalars too)
-        if isinstance(recent, float) and not 0.0 <= recent <= 1.0:
-            raise ValueError(f"recent as a share of the budget must be in [0, 1], got {recent}")
-        if isinstance(recent, int) and recent < 0:
-            raise ValueError(f"recent must be >= 0, got {recent}")
-        self.recent = recent
-
-    def protected(self, budget: int) -> tuple[int, int]:
-        """``(n_sinks, n_recent)`` protected at this budget; together at most ``budget``."""
-        budget = check_positive_int(budget, "budget")
-        n_sinks = min(self.sinks, budget)
-        n_recent = math.floor(self.recent * budget) if isinstance(self.recent, float) else self.recent
-        return n_sinks, max(0, min(n_recent, budget - n_sinks))
-
-    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor | None:
-        """New statistics (B, H, S+q) from the old ones (B, H, S) and this step's probabilities (B, H, G·q, S+q)
-        (H: KV heads; the rows are the queries of the KV head's group, group-major). The shapes are checked, not the
-        values (probabilities in [0, 1]: checking them would cost a device sync on every decoding step)."""
-        return None
-
-    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        """In place, for one query per head: ``stats`` (..., S+1) of the stored keys and, in the last slot, the
-        new key (holding :attr:`fresh`); ``p`` (..., G, S+1) the group's probabilities. Must equal
-        :meth:`accumulate` (the default calls it); subclasses override it with cheaper in-place arithmetic."""
-        new = self.accumulate(stats[..., :-1], p)
-        assert new is not None, "a policy that keeps statistics returns them from accumulate"
-        stats.copy_(new)
-
-    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        """Keep-priority (..., S) of the stored keys (higher = keep); ``positions`` (..., S) absolute."""
-        raise NotImplementedError
-
-    def eviction_score(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        """Evict-first score (..., S): ``−priority`` (a policy may return an equivalent tensor more cheaply)."""
-        return -self.priority(stats, positions)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(sinks={self.sinks}, recent={self.recent})"
-
-
-def _needs(stats: torch.Tensor | None, policy: EvictionPolicy) -> torch.Tensor:
-    """``stats`` of a policy that scores keys by them: a ValueError naming it when there are none."""
-    if stats is None:
-        raise ValueError(f"stats must be a tensor of the keys' statistics for the {policy.name!r} policy, got None")
-    return stats
-
-
-def _check_accumulate(stats: Any, probs: Any) -> None:
-    """The arguments of ``accumulate``: shapes and types only (a check of the values would cost a device sync on
-    every decoding step; the probabilities are the model's own)."""
-    if not isinstance(probs, torch.Tensor) or probs.dim() < 3:
-        raise TypeError(
-            f"probs must be a torch.Tensor (B, H, G·q, S+q) of attention probabilities, got {type(probs).__name__}"
-            + (f" of shape {tuple(probs.shape)}" if isinstance(probs, torch.Tensor) else "")
-        )
-    if stats is None:
-        return
-    if not isinstance(stats, torch.Tensor):
-        raise TypeError(f"stats must be a torch.Tensor (B, H, S) or None, got {type(stats).__name__}")
-    if stats.shape[:-1] != probs.shape[:-2] or stats.shape[-1] >= probs.shape[-1]:
-        raise ValueError(
-            "stats (B, H, S) must match probs (B, H, G·q, S+q) with at least one new key: got stats of shape "
-            f"{tuple(stats.shape)} and probs of shape {tuple(probs.shape)}"
-        )
-
-
-def _pad(stats: torch.Tensor | None, like: torch.Tensor, fill: float) -> torch.Tensor:
-    """Old statistics (B, H, S) extended with ``fill`` for the q new keys to shape (B, H, S+q)."""
-    n = like.shape[-1]
-    if stats is None:
-        return torch.full((*like.shape[:-2], n), fill, dtype=like.dtype, device=like.device)
-    return torch.nn.functional.pad(stats.to(like.dtype), (0, n - stats.shape[-1]), value=fill)
-
-
-class SVMarginPolicy(EvictionPolicy):
-    """Support-vector margin: keep keys whose margin ``log p_top − log p_t`` stayed small (docs/spec.md §2, §7).
-
-    Per KV head the statistic is the minimum margin over its group's query heads and over the queries seen.
-    """
-
-    name = "svm"
-    fresh = math.inf
-
-    def __init__(self, *, sinks: int = 0, recent: int | float = 0.25) -> None:
-        super().__init__(sinks=sinks, recent=recent)
-
-    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        _check_accumulate(stats, probs)
-        if probs.shape[-2] == 1:  # one query sees every key
-            logp = probs[..., 0, :].log()  # (B, H, S+1); p = 0 → −inf
-            margin = logp.amax(-1, keepdim=True) - logp  # an underflowed key: margin +inf
-            if stats is not None:  # new key: its first margin
-                old = margin[..., : stats.shape[-1]]
-                torch.minimum(old, stats, out=old)
-            return margin
-        logp = probs.log()  # (B, H, R, S+q); p = 0 → −inf
-        margin = logp.amax(-1, keepdim=True) - logp  # an underflowed key: margin +inf
-        margin = margin.masked_fill(probs <= 0, math.inf)  # a masked key: no margin from it
-        return torch.minimum(_pad(stats, probs, math.inf), margin.amin(dim=-2))
-
-    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        logp = p.log()
-        torch.sub(logp.amax(-1, keepdim=True), logp, out=logp)  # margins; p = 0 → +inf
-        torch.minimum(stats, logp.select(-2, 0) if logp.shape[-2] == 1 else logp.amin(-2), out=stats)
-
-    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        return -_needs(stats, self)
-
-    def eviction_score(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        return _needs(stats, self)  # the largest margin goes first (no negation on the fast path)
-
-
-class H2OPolicy(EvictionPolicy):
-    """Heavy hitters: attention accumulated over the queries seen (summed over the group), plus a recent window."""
-
-    name = "h2o"
-
-    def __init__(self, *, sinks: int = 0, recent: int | float = 0.5) -> None:
-        super().__init__(sinks=sinks, recent=recent)
-
-    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        _check_accumulate(stats, probs)
-        total = probs.sum(dim=-2)  # (B, H, S+q), a new tensor
-        if stats is not None:
-            total[..., : stats.shape[-1]].add_(stats)
-        return total
-
-    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        stats.add_(p.select(-2, 0) if p.shape[-2] == 1 else p.sum(-2))  # the new key: 0 + p
-
-    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        return _needs(stats, self)
-
-
-class TOVAPolicy(EvictionPolicy):
-    """Token omission via attention: the current (last) query's attention decides (averaged over the group)."""
-
-    name = "tova"
-
-    def accumulate(self, stats: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-        _check_accumulate(stats, probs)
-        n_new = probs.shape[-1] - (0 if stats is None else stats.shape[-1])  # q: this step's queries
-        rows = probs.unflatten(-2, (probs.shape[-2] // n_new, n_new))  # (B, H, G, q, S+q)
-        last = rows[..., -1, :]
-        return last[..., 0, :] if last.shape[-2] == 1 else last.mean(-2)
-
-    def update_(self, stats: torch.Tensor, p: torch.Tensor) -> None:
-        stats.copy_(p.select(-2, 0) if p.shape[-2] == 1 else p.mean(-2))
-
-    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        return _needs(stats, self)
-
-
-class RecentPolicy(EvictionPolicy):
-    """The most recent tokens only (a sliding window)."""
-
-    name = "recent"
-    needs_scores = False
-
-    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        return positions.to(torch.float64)
-
-
-class StreamingPolicy(RecentPolicy):
-    """Attention sinks (the first tokens) + the most recent tokens (StreamingLLM)."""
-
-    name = "streaming"
-
-    def __init__(self, *, sinks: int = 4, recent: int | float = 0) -> None:
-        super().__init__(sinks=sinks, recent=recent)
-
-
-class RandomPolicy(EvictionPolicy):
-    """Evict uniformly at random; seeded (``seed``) so runs repeat."""
-
-    name = "random"
-    needs_scores = False
-
-    def __init__(self, *, seed: int = 0, sinks: int = 0, recent: int | float = 0) -> None:
-        super().__init__(sinks=sinks, recent=recent)
-        self.seed = check_seed(seed)
-        self._gen = torch.Generator().manual_seed(self.seed)
-
-    def priority(self, stats: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        return torch.rand(positions.shape, generator=self._gen, dtype=torch.float64).to(positions.device)
-
-
-_CLASSES: dict[str, type[EvictionPolicy]] = {
-    c.name: c for c in (SVMarginPolicy, H2OPolicy, TOVAPolicy, StreamingPolicy, RecentPolicy, RandomPolicy)
-}
-
-
-def make_policy(name: PolicyName, **kwargs: Any) -> EvictionPolicy:
-    """Build a policy by name (one of :data:`POLICIES`); keyword arguments go to its constructor."""
-    check_choice(name, "policy", POLICIES)
-    return _CLASSES[name](**kwargs)
-
-
-# ---------------------------------------------------------------------------------------- the one eviction rule
-def eviction_scores(
-    policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, n_seen: int, protected: tuple[int, int]
-) -> torch.Tensor:
-    """Evict-first scores (..., S) of the stored keys: the policy's, with protected keys at −inf.
-
-    ``protected = (n_sinks, n_recent)``: positions below ``n_sinks`` and the last ``n_recent`` of the ``n_seen``
-    tokens are never evicted. Every eviction (one victim per step, or many at once) goes through here.
-    """
-    _check_scoring(policy, stats, positions)
-    n_seen = check_positive_int(n_seen, "n_seen", minimum=int(positions.shape[-1]))
-    if not (isinstance(protected, (tuple, list)) and len(protected) == 2):
-        raise TypeError(f"protected must be a pair (n_sinks, n_recent), got {protected!r}")
-    protected = (
-        check_positive_int(protected[0], "protected[0] (n_sinks)", minimum=0),
-        check_positive_int(protected[1], "protected[1] (n_recent)", minimum=0),
-    )
-    return _eviction_scores(policy, stats, positions, n_seen, protected)
-
-
-def _check_scoring(policy: Any, stats: Any, positions: Any) -> None:
-    """The policy, statistics and positions of :func:`eviction_scores` and :func:`select_keep`."""
-    if not isinstance(policy, EvictionPolicy):
-        raise TypeError(f"policy must be an EvictionPolicy, got {type(policy).__name__}")
-    if not isinstance(positions, torch.Tensor) or positions.dim() < 1:
-        raise TypeError(f"positions must be a torch.Tensor (B, H, S), got {type(positions).__name__}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor (token positions), got dtype {positions.dtype}")
-    if stats is None:
-        if policy.needs_scores:
-            raise ValueError(
-                f"stats must be a tensor of shape {tuple(positions.shape)} for the {policy.name!r} "
-                "policy (it scores keys by their statistics), got None"
-            )
-    elif not isinstance(stats, torch.Tensor):
-        raise TypeError(f"stats must be a torch.Tensor or None, got {type(stats).__name__}")
-    elif stats.shape != positions.shape:
-        raise ValueError(f"stats must have the shape of positions {tuple(positions.shape)}, got {tuple(stats.shape)}")
-
-
-def _eviction_scores(
-    policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, n_seen: int, protected: tuple[int, int]
-) -> torch.Tensor:
-    """:func:`eviction_scores` of checked arguments (the decoding loop's path)."""
-    score = policy.eviction_score(stats, positions)
-    n_sinks, n_recent = protected
-    if n_sinks:
-        score = score.masked_fill(positions < n_sinks, -math.inf)
-    if n_recent:
-        score = score.masked_fill(positions >= n_seen - n_recent, -math.inf)
-    return score
-
-
-def select_keep(
-    policy: EvictionPolicy, stats: torch.Tensor | None, positions: torch.Tensor, budget: int, n_seen: int
-) -> torch.Tensor:
-    """Indices (B, H, budget), ascending, of the stored keys to keep (protected ones first, then priority).
-
-    ``stats`` (B, H, S) are the policy's statistics of the stored keys (``None`` for a policy without
-    statistics), ``positions`` (B, H, S) their absolute positions, ``n_seen`` (≥ S) the tokens seen so far.
-    """
-    _check_scoring(policy, stats, positions)
-    stored = int(positions.shape[-1])
-    if not 1 <= check_positive_int(budget, "budget") <= stored:
-        raise ValueError(f"budget must be in [1, {stored}] (the keys stored), got {budget}")
-    n_seen = check_positive_int(n_seen, "n_seen", minimum=stored)  # (every stored key is a token seen)
-    if stats is not None and bool(torch.isnan(stats).any()):  # (topk would pick among NaNs arbitrarily)
-        raise ValueError("stats must not hold NaN (NaN attention probabilities from the model?)")
-    score = _eviction_scores(policy, stats, positions, n_seen, policy.protected(budget)).to(torch.float64)
-    return torch.topk(score, budget, dim=-1, largest=False, sorted=False).indices.sort(dim=-1).values
 
 
 @dataclass

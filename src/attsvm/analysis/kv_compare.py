@@ -119,12 +119,15 @@ class BudgetMismatch(AssertionError):
 
 
 def compute_n_kept(n_tokens: int, ratio: float) -> int:
-    """Keys kept of an ``n_tokens`` context at compression ``ratio`` (kvpress's rule ``max(1, int(n (1 - r)))``)."""
+    """Keys kept of an ``n_tokens`` context at compression ``ratio`` in [0, 1): kvpress's rule
+    (:func:`attsvm.analysis.kv_scores.compute_n_kept`), ``max(1, int(n (1 - r)))``."""
+    from .kv_scores import compute_n_kept as kept
+
     n_tokens = check_positive_int(n_tokens, "n_tokens")
     ratio = check_finite_scalar(ratio, "ratio")
     if not 0.0 <= ratio < 1.0:
         raise ValueError(f"ratio must be in [0, 1), got {ratio}")
-    return max(1, int(n_tokens * (1.0 - ratio)))
+    return kept(n_tokens, ratio)
 
 
 @dataclass(frozen=True)
