@@ -34,7 +34,7 @@ def test_contexts_have_exact_lengths_and_their_needles(tiny, task):
     assert len(ctxs) == 2 and ctxs[0]["ids"] != ctxs[1]["ids"]
     for ctx in ctxs:
         assert len(ctx["ids"]) == 300 and ctx["ids"][0] == tok.bos_token_id
-        text = tok.decode(ctx["ids"])
+        text = " ".join(tok.decode(ctx["ids"]).split())
         for _, expected in ctx["questions"]:
             assert all(e in text for e in expected)  # every expected answer is in the context
     assert len(ctxs[0]["questions"]) == (2 if task == "mqar" else 1)
@@ -95,3 +95,13 @@ def test_a_folder_of_another_run_is_refused_and_bad_settings_are_named(tiny, tmp
     ):
         with pytest.raises(ValueError, match=match):
             kv_gemma.run_gemma_compare(tmp_path / "new", kv_gemma.GemmaCompareConfig(**bad), model=net, tok=tok)
+
+
+def test_a_quote_question_quotes_the_context_once_and_asks_for_the_next_two_words(tiny):
+    _, tok = tiny
+    for ctx in kv_gemma.make_contexts(tok, "quote", 400, 3, seed=1):
+        text = " ".join(tok.decode(ctx["ids"][1:]).split())
+        ((q, (expected,)),) = ctx["questions"]
+        passage = tok.decode(q).split('Quote from the text above: "', 1)[1]
+        assert text.count(passage) == 1 and f"{passage} {expected}" in text
+        assert len(expected.split()) == 2 and expected.replace(" ", "").isalpha()

@@ -29,6 +29,7 @@ from attsvm.integrations.kvpress import (
     HybridPress,
     SVMarginDecodingPress,
     SVMarginPress,
+    SVMSupportPress,
     compute_n_kept,
 )
 from tiny_models import GEMMA3_TYPES, logits_with_keys_hidden, tiny_gemma3
@@ -75,6 +76,7 @@ PRESSES = {
     "streaming": lambda r: HybridPress(StreamingLLMPress(r, n_sink=2)),
     "svm": lambda r: SVMarginPress(r, window_size=8),
     "h2o": lambda r: H2OPress(r, window_size=8),
+    "svm_support": lambda r: SVMSupportPress(r, window_size=8),
     "hybrid-svm": lambda r: HybridPress(SVMarginPress(r, window_size=8)),
 }
 

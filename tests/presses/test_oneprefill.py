@@ -22,7 +22,7 @@ from kvpress.pipeline import KVPressTextGenerationPipeline
 
 from attsvm.analysis.kv_oneprefill import answers_one_prefill, record_prefill
 from attsvm.analysis.lm import build_tokenizer
-from attsvm.integrations.kvpress import H2OPress, HybridPress, SVMarginPress
+from attsvm.integrations.kvpress import H2OPress, HybridPress, SVMarginPress, SVMSupportPress
 from tiny_models import GEMMA3_TYPES, tiny_gemma3
 
 pytestmark = pytest.mark.kvpress
@@ -47,6 +47,7 @@ PRESSES = {
     "keydiff": lambda: KeyDiffPress(0.5),
     "observed_attention": lambda: ObservedAttentionPress(0.5),
     "svm_margin": lambda: SVMarginPress(0.5, window_size=8),
+    "svm_support": lambda: SVMSupportPress(0.5, window_size=8),
     "h2o": lambda: H2OPress(0.5, window_size=8),
 }
 

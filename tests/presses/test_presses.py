@@ -386,3 +386,36 @@ def test_the_press_scores_through_the_caches_policy(press_cls, monkeypatch):
     monkeypatch.setattr(type(press_cls.policy), "accumulate", lambda self, stats, probs: probs.sum(-2) * 0 + 7.0)
     after = press.raw_score(attn, kw["hidden_states"], keys, kw)
     assert not torch.equal(before, after) and bool((after.abs() == 7.0).all())
+
+
+def test_the_support_press_solves_once_per_prefill_and_never_reuses_another_contexts_keys(monkeypatch):
+    """SVMSupportPress presses of every ratio share one solve of a prefill's keys; another context (new keys of
+    the same shape) is solved anew; each keeps kvpress's number of keys."""
+    from attsvm.integrations import _presses
+    from attsvm.integrations.kvpress import SVMSupportPress
+
+    calls = []
+    real = _presses.svm_support_scores
+    monkeypatch.setattr(_presses, "svm_support_scores", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = llama()
+    seen = {}
+    attn = model.model.layers[0].self_attn
+    handle = attn.register_forward_hook(lambda m, a, kw, out: seen.update(kw=kw), with_kwargs=True)
+    try:
+        scores = []
+        for seed in (1, 2):
+            cache = transformers.DynamicCache(config=model.config)
+            with torch.no_grad():
+                model(input_ids=ids(seed=seed), past_key_values=cache)
+            kw, keys = seen["kw"], cache.layers[0].keys
+            for ratio in (0.25, 0.5, 0.75):
+                press = SVMSupportPress(ratio, window_size=8)
+                scores.append(press.raw_score(attn, kw["hidden_states"], keys, kw))
+                assert press.last_info[0]["unsolved"] == 0
+    finally:
+        handle.remove()
+    assert len(calls) == 2  # (one solve per context, not per ratio)
+    assert torch.equal(scores[0], scores[2]) and not torch.equal(scores[0], scores[3])
+    for ratio in (0.25, 0.5):
+        cache = prefill(model, SVMSupportPress(ratio, window_size=8), ids())
+        assert n_stored(cache) == [compute_n_kept(CONTEXT, ratio)] * 2

@@ -12,7 +12,13 @@ kvpress's presses). RULER-style tasks in natural language, on haystacks of the h
     four needles, two questions on the same context (each answered from the compressed context cache);
 ``vt``
     variable tracking: "VAR A = 12345.", "VAR B = VAR A.", "VAR C = VAR B."; the question asks for every
-    variable holding the value.
+    variable holding the value;
+``quote``
+    a question over the real text itself, nothing inserted: the question quotes a passage of the haystack (12
+    tokens at a random depth, found once in the context) and the answer must continue it with the next two
+    words (the quotation format the base model answers: ``Quote from the text above: "<passage>``).
+
+Answers are compared with runs of whitespace collapsed to one space (the text's line breaks are not words).
 
 A task is compared only where the full cache answers at least ``min_accuracy`` (0.9) of its rows at that
 context length; the others are reported with their full-cache accuracy. Methods: every kvpress 0.5.5 press of
@@ -32,6 +38,7 @@ import json
 import logging
 import math
 import random
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +55,7 @@ __all__ = ["GemmaCompareConfig", "QUICK_GEMMA", "KVPRESS_PRESSES", "make_context
 
 log = logging.getLogger(__name__)
 
-GEMMA_TASKS = ("niah_single", "niah_multikey", "mqar", "vt")
+GEMMA_TASKS = ("niah_single", "niah_multikey", "mqar", "vt", "quote")
 WORDS = (
     "apple",
     "river",
@@ -92,7 +99,7 @@ KVPRESS_PRESSES: dict[str, Callable[[Any, float], Any]] = {
     "criticalkv_snapkv": lambda k, r: k.CriticalKVPress(k.SnapKVPress(compression_ratio=r)),
     "kvzip": lambda k, r: k.KVzipPress(compression_ratio=r),
 }
-ATTSVM_PRESSES = {"svm_margin": "SVMarginPress", "h2o": "H2OPress"}
+ATTSVM_PRESSES = {"svm_margin": "SVMarginPress", "svm_support": "SVMSupportPress", "h2o": "H2OPress"}
 
 
 @dataclass
@@ -139,6 +146,9 @@ def make_contexts(tok: Any, task: str, n_tokens: int, count: int, seed: int) -> 
     rng = random.Random(f"{task}-{n_tokens}-{seed}")
     out = []
     for _ in range(count):
+        if task == "quote":
+            out.append(_quote_context(tok, hay, n_tokens, rng))
+            continue
         if task == "vt":
             num = str(rng.randrange(10000, 100000))
             names = rng.sample(VARS, 3)
@@ -175,6 +185,32 @@ def make_contexts(tok: Any, task: str, n_tokens: int, count: int, seed: int) -> 
         ]
         out.append({"ids": ids, "questions": questions})
     return out
+
+
+def _quote_context(tok: Any, hay: Sequence[int], n_tokens: int, rng: random.Random) -> dict[str, Any]:
+    """A ``quote`` context: ``n_tokens − 1`` haystack tokens after BOS, and a question quoting 12 of them (a passage
+    found once in the context, on one line, ending where a word ends) whose answer is the next two words."""
+    words = re.compile(r"[A-Za-z]+")
+    for _ in range(100):
+        start = rng.randrange(0, len(hay) - n_tokens)
+        body = list(hay[start : start + n_tokens - 1])
+        text = tok.decode(body)
+        for _ in range(50):
+            at = rng.randrange(len(body) // 10, 9 * len(body) // 10)
+            passage = tok.decode(body[at : at + 12]).strip()
+            after = tok.decode(body[at + 12 : at + 24])
+            nxt = after.split()[:2]
+            if (
+                len(passage.split()) >= 6
+                and "\n" not in passage
+                and after[:1].isspace()
+                and len(nxt) == 2
+                and all(words.fullmatch(w) for w in nxt)
+                and text.count(passage) == 1
+            ):
+                q = tok(f'\n\nQuote from the text above: "{passage}', add_special_tokens=False)["input_ids"]
+                return {"ids": [int(tok.bos_token_id), *body], "questions": [(q, [" ".join(nxt)])]}
+    raise ValueError(f"n_tokens={n_tokens}: no passage of the haystack can be quoted for task 'quote'")
 
 
 # ---------------------------------------------------------------------------------------- methods
@@ -246,7 +282,8 @@ def context_scores(
                 log.warning("kv-compare: %s cannot run on Gemma 3: %s", key[0], errors[key[0]])
                 per.pop(key, None)
                 return
-            per.setdefault(key, []).append(score_row(tok.decode(ans, skip_special_tokens=True), expected))
+            said = " ".join(tok.decode(ans, skip_special_tokens=True).split())  # (line breaks are not words)
+            per.setdefault(key, []).append(score_row(said, expected))
 
     run(("full", 0.0), None)
     if not (full_must_pass and np.mean(per.get(("full", 0.0), [0.0])) < 1.0):

@@ -447,3 +447,103 @@ def _check_int(value: Any, name: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+# ---------------------------------------------------------------------------------------- the support keys
+def svm_support_scores(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    visible: torch.Tensor,
+    *,
+    n_candidates: int = 64,
+    max_rounds: int = 30,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Keep-priority (B, H_kv, K) from the support keys of the attention SVMs of a window of queries.
+
+    ``queries`` (B, H_q, w, d) are the window's queries as the logits use them (RoPE applied, scaled), ``keys``
+    (B, H_kv, K, d), ``visible`` (w, K) which keys each query sees. Every query row of every head (the H_q/H_kv
+    heads of a KV head's group) selects its top-logit key k_α, and its attention SVM (docs/spec.md §2, one
+    sequence, Frobenius norm) is ``min ‖W‖ s.t. (k_α − k_t)ᵀ W z ≥ 1`` for every other visible key t: its support
+    keys are the keys that bound the selection. All of them (B·H_q·w instances) are solved at once by
+    ``AttentionSVM.fit_stack`` on ``n_candidates`` keys per query, by cutting planes: start from the top-logit
+    keys; while a solution violates a constraint of a key outside its candidates, swap the non-support candidates
+    for the most violated keys and solve again (a solution that meets every constraint is the SVM on all keys).
+
+    A key's priority is the number of (query, head) SVMs in its group for which it is the selected key or a
+    support key, plus ``exp(−margin)/2`` with its smallest SV margin over those queries as the tie-break (the
+    SV-margin order among the keys no SVM needs). The second value reports ``rounds``, ``instances``,
+    ``unsolved`` (instances without an optimal certified SVM after ``max_rounds``: they count their selected key
+    only) and ``support_keys`` (per KV head, the keys some SVM needs)."""
+    from ..svm import AttentionSVM
+
+    n_candidates = _check_int(n_candidates, "n_candidates", 2)
+    max_rounds = _check_int(max_rounds, "max_rounds", 1)
+    B, Hq, w, d = queries.shape
+    Hkv, K = keys.shape[1], keys.shape[2]
+    G = _group(torch.empty(B, Hq, w, K, device="meta"), Hkv)
+    q = queries.detach().double().reshape(B, Hkv, G * w, d)  # rows group-major, as window_probs
+    k = keys.detach().double()
+    vis = visible.bool().repeat(G, 1)  # (G·w, K)
+    logits = (q @ k.transpose(-1, -2)).masked_fill(~vis, -math.inf)  # (B, Hkv, R, K)
+    R = G * w
+    margin = (logits.amax(-1, keepdim=True) - logits).masked_fill(~vis, math.inf)
+    tie = torch.exp(-margin.amin(-2)) / 2  # (B, Hkv, K) in [0, 1/2]
+    selected = logits.argmax(-1)  # (B, Hkv, R)
+    counts = torch.zeros(B, Hkv, K, dtype=torch.float64)
+    counts.scatter_add_(-1, selected, torch.ones_like(selected, dtype=torch.float64))
+    m = min(n_candidates, int(vis.sum(-1).min()))  # (every row sees at least m keys)
+    info: dict[str, Any] = {"rounds": 0, "instances": B * Hkv * R, "unsolved": 0}
+    if m < 2:  # (a query that sees one key selects it: no constraint)
+        info["support_keys"] = (counts > 0).sum(-1)
+        return counts + tie, info
+    N = B * Hkv * R
+    kn = k.numpy()
+    qz = q.reshape(N, d).numpy()
+    lg = logits.reshape(N, K).numpy()
+    sel = selected.reshape(N).numpy()
+    head = np.repeat(np.arange(B * Hkv), R)  # the (b, h_kv) of every instance
+    keys_of = kn.reshape(B * Hkv, K, d)
+    visn = np.broadcast_to(vis.numpy(), (B * Hkv, R, K)).reshape(N, K)
+    cand = np.argsort(-lg, axis=1, kind="stable")[:, :m]  # the selected key first
+    solver = AttentionSVM()
+    todo = np.arange(N)
+    support = np.zeros((N, K), dtype=bool)
+    for r in range(max_rounds):
+        info["rounds"] = r + 1
+        X = keys_of[head[todo][:, None], cand[todo]][:, None]  # (n, 1, m, d)
+        st = solver.fit_stack(X, qz[todo][:, None], np.zeros((len(todo), 1), dtype=np.int64))
+        ok = st.status == "optimal"
+        wz = np.einsum("nij,nj->ni", np.nan_to_num(st.W), qz[todo])  # (n, d): W z
+        rows = np.arange(len(todo))
+        marg = np.empty((len(todo), K))
+        for h in np.unique(head[todo]):  # (per KV head: one (n_h, d) @ (d, K) product)
+            at = head[todo] == h
+            marg[at] = -(wz[at] @ keys_of[h].T)
+        marg -= marg[rows, sel[todo]][:, None]  # (k_α − k_t)ᵀ W z
+        marg[~visn[todo]] = np.inf
+        marg[rows, sel[todo]] = np.inf
+        violated = (marg < 1 - 1e-7).any(-1) & ok
+        sup = st.support[:, 0]  # (n, m) over the candidates
+        done = ~violated
+        for i in np.flatnonzero(done & ok):
+            support[todo[i], cand[todo[i]][sup[i]]] = True
+        info["unsolved"] += int((~ok).sum())
+        if not violated.any():
+            todo = todo[:0]
+            break
+        # next candidates: the selected key, the support keys, then the most violated (nearest) keys
+        left = np.flatnonzero(violated)
+        prio = -marg[left]
+        held = np.zeros((len(left), K), dtype=bool)
+        held[np.arange(len(left))[:, None], cand[todo[left]]] = sup[left]
+        prio[held] = np.finfo(np.float64).max
+        prio[np.arange(len(left)), sel[todo[left]]] = np.inf  # (first: the SVM's selected token is index 0)
+        if held.sum(-1).max() + 1 >= m:  # (the support fills the candidates: room for more)
+            m = min(2 * m, int(visn.sum(-1).min()))
+        todo = todo[left]
+        cand = np.full((N, m), 0, dtype=np.int64) if cand.shape[1] != m else cand
+        cand[todo] = np.argsort(-prio, axis=1, kind="stable")[:, :m]
+    info["unsolved"] += len(todo)
+    counts += torch.from_numpy(support.reshape(B, Hkv, R, K).sum(2).astype(np.float64))
+    info["support_keys"] = (counts > 0).sum(-1)
+    return counts + tie, info

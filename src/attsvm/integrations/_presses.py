@@ -11,6 +11,7 @@ statistics of the kept keys into the next compression through the same ``accumul
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -19,7 +20,7 @@ import torch
 from kvpress import AdaKVPress, BasePress, DecodingPress, ScorerPress
 from kvpress.presses.base_press import is_prefilling
 
-from ..analysis.kv_scores import EvictionPolicy, H2OPolicy, SVMarginPolicy, protect, window_probs
+from ..analysis.kv_scores import EvictionPolicy, H2OPolicy, SVMarginPolicy, protect, svm_support_scores, window_probs
 from .kvpress import (
     _DECODING_FIELDS,
     _POSITIONS,
@@ -29,9 +30,10 @@ from .kvpress import (
     is_sliding_layer,
     keep_window,
     window_logits,
+    window_queries,
 )
 
-__all__ = ["SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "HybridPress"]
+__all__ = ["SVMarginPress", "SVMSupportPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "HybridPress"]
 
 
 @dataclass
@@ -104,6 +106,42 @@ class SVMarginPress(_WindowPress):
     (RoPE-recomputed logits; minimum over each GQA group); sinks and the window are protected."""
 
     policy = SVMarginPolicy()
+
+
+@dataclass
+class SVMSupportPress(_WindowPress):
+    """Keep the support keys of the attention SVMs of the last ``window_size`` queries: per query row and head, the
+    Frobenius Att-SVM of its selected (top-logit) key against every other key it sees, solved for all queries and
+    heads at once (:func:`~attsvm.analysis.kv_scores.svm_support_scores`, ``n_candidates`` keys per query with
+    cutting planes to the exact SVM). A key ranks by the number of SVMs of its KV head's group that need it
+    (selected or support), then by its SV margin; sinks and the window are protected. The scores of one prefill's
+    keys are computed once and reused by every press of this class (every ratio); ``last_info`` holds the
+    solver's report per layer."""
+
+    n_candidates: int = 64
+
+    policy = SVMarginPolicy()  # (the order among the keys no SVM needs)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "last_info", {})
+
+    def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        q, visible = window_queries(module, hidden_states, keys, kwargs, self.window_size)
+        memo_key = (keys.shape, keys._version, self.window_size, self.n_candidates, module.layer_idx)
+        hit = [m for m in _SUPPORT_MEMO if m[0]() is keys and m[2] == memo_key and torch.equal(m[1], q)]
+        if hit:
+            scores, info = hit[0][3], hit[0][4]
+        else:
+            scores, info = svm_support_scores(q, keys, visible, n_candidates=self.n_candidates)
+            _SUPPORT_MEMO.append((weakref.ref(keys), q, memo_key, scores, info))
+            del _SUPPORT_MEMO[:-8]
+        self.last_info[module.layer_idx] = info
+        return scores.to(keys.device)
+
+
+# the support scores of the last few (keys, window) seen: one prefill's layers serve every ratio's press
+_SUPPORT_MEMO: list[tuple[Any, torch.Tensor, tuple[Any, ...], torch.Tensor, dict[str, Any]]] = []
 
 
 @dataclass
@@ -290,5 +328,5 @@ class HybridPress(BasePress):
         return self.press.compress(module, hidden_states, keys, values, attentions, kwargs)
 
 
-for _cls in (SVMarginPress, H2OPress, SVMarginDecodingPress, H2ODecodingPress, HybridPress):
+for _cls in (SVMarginPress, SVMSupportPress, H2OPress, SVMarginDecodingPress, H2ODecodingPress, HybridPress):
     _cls.__module__ = "attsvm.integrations.kvpress"  # (documented and pickled under the public module)

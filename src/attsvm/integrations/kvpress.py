@@ -46,7 +46,14 @@ from ..analysis.kv_scores import (
 )
 
 # the presses are built on first access by __getattr__ (kvpress is an optional dependency)
-PRESSES: tuple[str, ...] = ("SVMarginPress", "H2OPress", "SVMarginDecodingPress", "H2ODecodingPress", "HybridPress")
+PRESSES: tuple[str, ...] = (
+    "SVMarginPress",
+    "SVMSupportPress",
+    "H2OPress",
+    "SVMarginDecodingPress",
+    "H2ODecodingPress",
+    "HybridPress",
+)
 
 __all__ = [
     *PRESSES,
@@ -56,6 +63,7 @@ __all__ = [
     "margin_scores",
     "attention_scores",
     "window_logits",
+    "window_queries",
     "is_sliding_layer",
     "track_positions",
     "PRESSES",
@@ -184,25 +192,31 @@ def _after_compression(module: Any, kwargs: dict) -> None:
         track_positions(layers[idx])
 
 
-def window_logits(
+def window_queries(
     module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict, window_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits (B, H_q, w, K) of the last ``w = min(window_size, len(hidden_states))`` queries on all ``K`` keys,
-    recomputed with RoPE at the queries' own positions, and the causal visibility (w, K): the ``w`` queries are the
-    tokens of the last ``w`` key slots."""
+    """The last ``w = min(window_size, len(hidden_states), K)`` queries (B, H_q, w, d) as the logits use them
+    (RoPE at the queries' own positions, times the layer's scaling), and the causal visibility (w, K) of the
+    ``K`` keys: the ``w`` queries are the tokens of the last ``w`` key slots."""
     from kvpress.utils import get_prerope_query_states
 
-    B, Hkv, K, d = keys.shape
+    K, d = keys.shape[2], keys.shape[3]
     w = min(window_size, hidden_states.shape[1], K)
     q = get_prerope_query_states(module, hidden_states[:, -w:])  # (B, H_q, w, d)
     cos, sin = _query_rope(module, hidden_states, kwargs, w)
-    q = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
-    G = q.shape[1] // Hkv
-    k = keys.repeat_interleave(G, dim=1) if G > 1 else keys
-    scaling = getattr(module, "scaling", d**-0.5)
-    logits = torch.matmul(q, k.transpose(-1, -2).to(q.dtype)) * scaling  # (B, H_q, w, K)
+    q = (q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)) * getattr(module, "scaling", d**-0.5)
     visible = torch.arange(K, device=keys.device)[None, :] <= (K - w + torch.arange(w, device=keys.device))[:, None]
-    return logits, visible
+    return q, visible
+
+
+def window_logits(
+    module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict, window_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (B, H_q, w, K) of the :func:`window_queries` on all ``K`` keys, and their visibility (w, K)."""
+    q, visible = window_queries(module, hidden_states, keys, kwargs, window_size)
+    G = q.shape[1] // keys.shape[1]
+    k = keys.repeat_interleave(G, dim=1) if G > 1 else keys
+    return torch.matmul(q, k.transpose(-1, -2).to(q.dtype)), visible
 
 
 def margin_scores(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
@@ -237,6 +251,7 @@ _WINDOW_FIELDS = {
     "compression_ratio": check_compression_ratio,
     "window_size": lambda v: _check_int(v, "window_size", 1),
     "n_sink": lambda v: _check_int(v, "n_sink", 0),
+    "n_candidates": lambda v: _check_int(v, "n_candidates", 2),
 }
 _DECODING_FIELDS = {
     "compression_interval": lambda v: _check_int(v, "compression_interval", 1),
