@@ -303,3 +303,11 @@ def test_the_cache_and_the_presses_protect_the_same_keys(n_sinks, n_recent):
     raised = protect(stats, n_recent, n_sinks)
     if ranked.any():
         assert bool((raised[ranked].view(1, 2, -1).amin(-1) > raised[~ranked].view(1, 2, -1).amax(-1)).all())
+
+
+def test_a_closed_cache_says_so_instead_of_blaming_the_attention(tiny_lm):
+    model, _, ids = tiny_lm
+    with EvictionCache(model, "svm", BUDGET) as cache:
+        _decode(model, ids[:, :3], cache)
+    with pytest.raises(RuntimeError, match="EvictionCache is closed"):  # (it said: load the model eager)
+        _decode(model, ids[:, 3:5], cache)

@@ -185,3 +185,22 @@ def test_a_model_without_rope_is_named_up_front(cls):
     press = cls() if cls is SVMarginDecodingPress else cls(compression_ratio=0.5)
     with pytest.raises(ValueError, match="model must be a RoPE decoder"), press(gpt2):  # (AttributeError: 'model')
         pass
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("cls", [SVMarginPress, H2OPress, SVMarginDecodingPress], ids=lambda c: c.__name__)
+def test_a_left_padded_batch_is_refused_as_the_cache_refuses_it(cls, attn):
+    """Padding would be scored, protected as sinks and counted in the budget: refused, naming the press."""
+    model = llama(attn)
+    x = ids()
+    x2 = torch.cat([x, x], 0)
+    mask = torch.ones_like(x2)
+    mask[0, :5] = 0  # (row 0 left-padded)
+    press = cls(compression_ratio=0.5, window_size=8) if cls is not SVMarginDecodingPress else cls(window_size=8)
+    cache = transformers.DynamicCache(config=model.config)
+    with pytest.raises(ValueError, match=f"{cls.__name__} does not support padded batches"):
+        with torch.no_grad(), press(model):
+            model(input_ids=x2, attention_mask=mask, past_key_values=cache)
+            model(input_ids=x2[:, -1:], attention_mask=torch.cat([mask, mask[:, -1:]], 1), past_key_values=cache)
+    with torch.no_grad(), press(model):  # (an all-ones mask is no padding)
+        model(input_ids=x2, attention_mask=torch.ones_like(x2), past_key_values=transformers.DynamicCache())

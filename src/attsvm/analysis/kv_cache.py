@@ -227,6 +227,7 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
         self.group: FusedLayers | None = None  # set while every layer's steady state is fused (speed only)
         self.group_index = 0  # this layer's index in the group
         self.hold = 0  # > 0: do not fuse for that many more steps (see _map_batch)
+        self.closed = False  # the cache's hooks were removed (EvictionCache.close)
 
     def join(self, group: FusedLayers, i: int, slots: SlotBuffers, stats: torch.Tensor | None) -> None:
         """Use layer ``i`` of the group's stacked buffers as this layer's slot buffers."""
@@ -251,6 +252,11 @@ class EvictionLayer(CacheLayerMixin):  # type: ignore[misc, valid-type]  # trans
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.closed:
+            raise RuntimeError(
+                "this EvictionCache is closed (its hooks were removed on close() or at the end of its with-block): "
+                "build a new EvictionCache(model, ...) for another forward pass"
+            )
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         assert self.keys is not None and self.values is not None and self.positions is not None
@@ -748,10 +754,13 @@ class EvictionCache(Cache):  # type: ignore[misc, valid-type]  # transformers' C
         return 0 if keys is None else int(keys.shape[-2])
 
     def close(self) -> None:
-        """Remove the hooks from the model."""
+        """Remove the hooks from the model; the cache refuses further forward passes (a named RuntimeError)."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        for layer in self.layers:
+            if isinstance(layer, EvictionLayer):
+                layer.closed = True
 
     def __enter__(self) -> EvictionCache:
         return self

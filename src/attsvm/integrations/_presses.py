@@ -29,6 +29,7 @@ from .kvpress import (
     _check_rope_model,
     is_sliding_layer,
     keep_window,
+    refuse_padding,
     window_logits,
     window_queries,
 )
@@ -67,6 +68,7 @@ class _WindowPress(ScorerPress):
         if is_sliding_layer(module, kwargs):  # a sliding layer keeps its window (kvpress module doc)
             keep_window(module, kwargs)
             return output
+        refuse_padding(kwargs, type(self).__name__)
         out = super().forward_hook(module, input, kwargs, output)
         _after_compression(module, kwargs)
         return out
@@ -220,6 +222,7 @@ class _CarryingDecodingPress(DecodingPress):
         if is_sliding_layer(module, kwargs):  # a sliding layer keeps its window (kvpress module doc)
             keep_window(module, kwargs)
             return output
+        refuse_padding(kwargs, type(self).__name__)
         hidden = kwargs["hidden_states"]
         layer = module.layer_idx
         if is_prefilling(kwargs["cache_position"], hidden.shape[1]):

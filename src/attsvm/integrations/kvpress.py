@@ -184,6 +184,22 @@ def keep_window(module: Any, kwargs: dict) -> None:
     layers[idx] = new  # (the cache's is_sliding follows its layers)
 
 
+def refuse_padding(kwargs: dict, press: str) -> None:
+    """A ValueError when this pass's attention mask hides some earlier key from the newest query (left padding):
+    a press would score padding, protect it as sinks and count it in the budget. Call it on a global layer (a
+    sliding layer's mask hides the keys past its window by design)."""
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-1] == 0:
+        return
+    last = mask[..., -1, :]  # the newest query sees every earlier key unless some are padding
+    hidden = ~last if last.dtype == torch.bool else last <= torch.finfo(last.dtype).min / 2
+    if bool(hidden.any()):
+        raise ValueError(
+            f"{press} does not support padded batches: attention_mask hides keys (padding) from the newest query. "
+            "Compress padded rows one at a time, or batch rows of equal length"
+        )
+
+
 def _after_compression(module: Any, kwargs: dict) -> None:
     cache = kwargs.get("past_key_values")
     layers = getattr(cache, "layers", None)
