@@ -223,3 +223,17 @@ def test_plot_refuses_a_config_missing_a_setting(damaged):
     path.write_text(json.dumps(config))
     with pytest.raises(RunFolderError, match=r"missing setting\(s\) \['lr'\]"):
         E.plot_run(damaged)
+
+
+def test_plot_refuses_settings_edited_after_the_run(damaged):
+    """A hand-edited setting that still runs (steps 7 for trials computed with others) is not what the trials
+    were computed with: refused, where plot used to report the edited value."""
+    path = damaged / "config.json"
+    config = json.loads(path.read_text())
+    config["settings"]["steps"] = 7
+    path.write_text(json.dumps(config))
+    with pytest.raises(RunFolderError, match="not those its trials were computed with"):
+        E.plot_run(damaged)
+    config["settings"]["steps"] = TINY["steps"]  # (restored: plotted again)
+    path.write_text(json.dumps(config))
+    assert E.plot_run(damaged).results["complete"]

@@ -181,3 +181,50 @@ def test_scheduler_logs_nothing_at_the_default_verbosity(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stderr
     assert "INFO" not in proc.stderr, proc.stderr  # Dask's ~40 INFO lines per run stay hidden without -v
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["solve", "--n", "100000", "--T", "1000", "--d", "1000"], "n=100000, T=1000, d=1000"),
+        (["train", "--n", "1000000000"], "--n 1000000000"),
+        (["train", "--runs", "10000000", "--n", "50", "--T", "50", "--d", "50", "--steps", "2"], "--runs 10000000"),
+    ],
+)
+def test_sizes_past_the_machines_memory_are_refused_before_allocation(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 naming the sizes, at once (these exited 70 with torch's allocator message, or hung for hours)."""
+    assert main(argv) == EXIT_USAGE
+    line = _one_line(capsys)
+    assert named in line and "this machine's" in line
+
+
+def test_paper_instance_past_the_machines_memory_is_a_named_memory_error() -> None:
+    from attsvm.datasets import paper_instance
+
+    with pytest.raises(MemoryError, match="n=1000000, T=1000, d=1000"):
+        paper_instance(10**6, 1000, 1000, seed=0)
+
+
+def test_solve_exit_codes_follow_the_certificate_and_the_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    assert main(["solve", "--norm", "nuc", "--rank", "1"]) == 1  # optimal_inaccurate is not certified (was 0)
+    assert "optimal_inaccurate" in capsys.readouterr().out
+    for name, X in (("str", np.array([[["a"]]])), ("complex", np.ones((2, 3, 2), complex))):
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, X=X, y=np.ones(len(X)), v=np.ones(X.shape[-1]), Z=np.ones((len(X), X.shape[-1])))
+        assert main(["solve", "--input", str(path)]) == EXIT_DATA  # (was 2, without the file)
+        assert str(path) in _one_line(capsys)
+
+
+def test_a_model_folder_without_config_is_a_data_error_in_claims_as_in_analyze(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "m").mkdir()
+    assert main(["claims", "--models", str(tmp_path / "m"), "--out", str(tmp_path / "c")]) == EXIT_DATA
+    assert "config.json" in _one_line(capsys)
+    assert main(["claims", "--models", str(tmp_path / "nope"), "--out", str(tmp_path / "c")]) == EXIT_USAGE

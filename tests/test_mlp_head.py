@@ -116,6 +116,17 @@ def test_npz_round_trip(tmp_path):
     assert np.array_equal(q.head(p.X), p.head(p.X)) and q.head.mlp_spec.depth == 2
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "relu"])
+def test_an_npz_whose_mlp_width_contradicts_its_weights_is_refused(tmp_path, activation):
+    p = _problem(activation, 1)
+    p.to_npz(tmp_path / "p.npz")
+    arrays = dict(np.load(tmp_path / "p.npz"))
+    arrays["mlp_width"] = np.array(int(arrays["mlp_width"]) - 1)  # (was read as a narrower head and accepted)
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match="mlp_width .* contradicts head_weights"):
+        AttentionProblem.from_npz(tmp_path / "bad.npz")
+
+
 @pytest.mark.parametrize(
     "call, match",
     [

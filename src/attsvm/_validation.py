@@ -117,6 +117,27 @@ def warn_nonfinite(what: str, *arrays: Any) -> bool:
     return bad
 
 
+def machine_memory() -> int | None:
+    """Bytes of physical memory of this machine (None where the platform does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - not Linux/macOS
+        return None
+
+
+def check_fits_memory(n_bytes: float, what: str) -> None:
+    """A MemoryError naming ``what`` (the sizes asked for) when ``n_bytes`` exceed half of this machine's memory,
+    raised before anything is allocated."""
+    total = machine_memory()
+    if total is not None and n_bytes > total / 2:
+        raise MemoryError(
+            f"{what} need about {n_bytes / 2**30:,.1f} GiB, more than half of this machine's "
+            f"{total / 2**30:,.1f} GiB: choose smaller sizes"
+        )
+
+
 def check_seed(value: Any, name: str = "seed") -> int:
     """Check a random seed: an integer in [0, SEED_MAX]."""
     return check_positive_int(value, name, minimum=0, maximum=SEED_MAX)

@@ -12,7 +12,14 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._validation import check_bool, check_choice, check_finite_scalar, check_positive_int, check_seed
+from ._validation import (
+    check_bool,
+    check_choice,
+    check_finite_scalar,
+    check_fits_memory,
+    check_positive_int,
+    check_seed,
+)
 from .problem import AttentionProblem, Head
 
 __all__ = ["paper_instance", "gd_paths_instance", "random_instance", "mlp_head", "hop_instance", "HopInstance"]
@@ -52,6 +59,8 @@ def paper_instance(
     n, T, d = _check_nTd(n, T, d)
     self_attention = _check_query(self_attention, query_index)
     seed = _check_seed(seed)
+    # (float32 draws, their float64 copies and the problem's validated copy: ~24 bytes per token value)
+    check_fits_memory(24.0 * n * (T + 1) * d, f"the instance's arrays at n={n}, T={T}, d={d}")
     g = torch.Generator()
     g.manual_seed(seed)
     v = torch.randn((d,), generator=g)
@@ -116,6 +125,7 @@ def random_instance(
     ``query_index`` without ``self_attention``.
     """
     n, T, d = _check_nTd(n, T, d)
+    check_fits_memory(24.0 * n * (T + 1) * d, f"the instance's arrays at n={n}, T={T}, d={d}")
     check_choice(head, "head", ("linear", "relu", "multiclass"))
     self_attention = _check_query(self_attention, query_index)
     if head_width is not None and head != "relu":

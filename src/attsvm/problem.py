@@ -484,6 +484,12 @@ class AttentionProblem(_TokenShape):
                     if kind == "mlp":
                         need("mlp_activation", "mlp_width", "mlp_out")
                         act, k = str(f["mlp_activation"]), _npz_int(f["mlp_width"], path, "mlp_width")
+                        cols = k * (2 if act == "swiglu" else 1)  # (a SwiGLU head stores its gate after W)
+                        if w.ndim != 2 or w.shape[1] != cols:
+                            raise ValueError(
+                                f"{path}: mlp_width {k} contradicts head_weights of shape {w.shape} (a {act} head "
+                                f"of width {k} has {cols} columns)"
+                            )
                         n_hidden = len([x for x in keys if x.startswith("mlp_hidden_")])
                         hidden = [f[f"mlp_hidden_{j}"] for j in range(n_hidden)]
                         head: Head = Head.mlp(

@@ -839,6 +839,10 @@ def _load(name: str, quick: bool, cache: Path | None) -> tuple[Any, Any, bool, s
         net = LlamaForCausalLM(lcfg).eval()
         return net, tok, True, "seeded random-init Llama (RoPE, GQA 4:2; no trained retrieval LM in the cache)"
     path = Path(name)
+    if path.is_dir() and not (path / "config.json").is_file():  # (a folder that cannot be used: a data error)
+        raise FileNotFoundError(
+            f"models: the folder {name!r} holds no config.json: not a Hugging Face model folder (nothing is downloaded)"
+        )
     if not (path / "config.json").is_file():
         raise ValueError(
             f"models: {name!r} is not 'minilm', 'gpt2-tiny', 'llama-tiny', 'gemma3-270m' or a model folder"

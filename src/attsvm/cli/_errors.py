@@ -6,7 +6,7 @@ traceback before it), and one of these exit codes, the same with or without ``-v
 ====  =====================================================================================
 0     success
 1     the result does not hold up: a reproduced claim disagrees with the paper, or ``solve``
-      found no certified solution
+      certified neither an optimum nor infeasibility (e.g. optimal_inaccurate)
 2     usage error: a bad argument, option value or setting, an input path that does not exist, a
       missing optional extra, or sizes too large for this machine's memory
 3     data error: an input file or folder that cannot be read or used (missing, truncated,
@@ -56,7 +56,8 @@ EXIT_SIGTERM = 143
 
 EPILOG = """exit codes:
   0    success
-  1    a reproduced claim disagrees with the paper, or `solve` found no certified solution
+  1    a reproduced claim disagrees with the paper, or `solve` certified neither an optimum nor
+       infeasibility (e.g. status optimal_inaccurate)
   2    usage error: a bad argument, option value or setting, an input path that does not
        exist, a missing optional extra, or sizes too large for this machine's memory
   3    data error: an input file or folder that cannot be read or used (truncated, not an
@@ -126,7 +127,7 @@ def message_for(exc: BaseException) -> str:
         text = f"{exc.strerror}{where}"
     else:
         text = str(exc) or type(exc).__name__
-        if isinstance(exc, MemoryError):
+        if isinstance(exc, MemoryError) and "this machine's" not in text:  # (not attsvm's own size check)
             text = f"out of memory ({text}): the sizes asked for do not fit this machine; choose smaller ones"
         elif exit_code_for(exc) == EXIT_INTERNAL:
             text = f"internal error ({type(exc).__name__}: {text}); rerun with -vv for the traceback and report it"

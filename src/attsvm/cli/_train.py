@@ -79,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .._validation import check_fits_memory
     from ..datasets import paper_instance, random_instance
     from ..train import train
     from ._errors import UsageError
@@ -104,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--runs must be >= 1, got {args.runs}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    # every run's instance (float64, with the validated copy) and its iterate and gradient (d × d), up front: a
+    # request past the machine's memory is refused before the first instance is built
+    check_fits_memory(
+        float(args.runs) * (16.0 * args.n * (args.T + 1) * args.d + 32.0 * args.d * args.d + 8.0 * args.steps),
+        f"--runs {args.runs} instances at --n {args.n}, --T {args.T}, --d {args.d}",
+    )
     seeds = list(range(args.seed, args.seed + args.runs))
     if args.head == "linear":
         problems = [paper_instance(args.n, args.T, args.d, seed=s, self_attention=args.self_attention) for s in seeds]

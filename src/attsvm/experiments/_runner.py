@@ -184,9 +184,11 @@ def code_version(exp: Experiment) -> str:
 def fingerprint(exp: Experiment, settings: dict[str, Any]) -> str:
     """The fingerprint stamped in every trial file of a run: a hash of the experiment's name, its
     resolved settings and :func:`code_version`. A resume uses only the trials that match it."""
-    blob = json.dumps(
-        {"experiment": exp.name, "settings": _jsonable(settings), "code": code_version(exp)}, sort_keys=True
-    )
+    return _fingerprint(exp.name, settings, code_version(exp))
+
+
+def _fingerprint(name: str, settings: dict[str, Any], code: str) -> str:
+    blob = json.dumps({"experiment": name, "settings": _jsonable(settings), "code": code}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -690,6 +692,12 @@ def plot_run(directory: str | Path) -> RunOutput:
             trials = exp.trials(settings)
         except (ValueError, TypeError, KeyError) as exc:
             raise RunFolderError(f"{str(out / CONFIG)!r} holds settings this version cannot run ({exc})") from None
+        code = config.get("code_version")
+        if isinstance(code, str) and _fingerprint(exp.name, settings, code) != config.get("fingerprint"):
+            raise RunFolderError(
+                f"{str(out / CONFIG)!r}: its settings are not those its trials were computed with (the fingerprint "
+                "does not match: edited by hand?); restore the file or rerun `attsvm reproduce`"
+            )
         store = TrialStore(out / "trials", config.get("fingerprint"), create=False)
         damaged = sorted(store.unreadable())
         if damaged:
