@@ -60,6 +60,7 @@ __all__ = [
     "optimality_certificate",
     "farkas_certificate",
     "find_farkas",
+    "feasible_point",
     "ROW_FLOOR",
     "FARKAS_RTOL",
     "FARKAS_BMIN",
@@ -320,3 +321,48 @@ def find_farkas(
         )
         return None
     return FarkasCertificate(cert.lam, cert.residual, cert.relative_residual, cert.b_ratio, True, "lp", info)
+
+
+# the largest vec(a_k z_kᵀ) matrix (rows × entries of W) feasible_point builds: 32 MiB of float64
+FEASIBLE_POINT_MAX_ENTRIES = 4_000_000
+
+
+def feasible_point(cs: ConstraintSet, lam: NDArray[np.float64], tol: float) -> NDArray[np.float64] | None:
+    """A W meeting every constraint of ``cs`` to relative ``tol`` although ``lam`` passes as a Farkas certificate
+    (near infeasibility: the constraints are feasible only with a huge ‖W‖), or None when none is found.
+
+    In normalised units (each row ``vec(a_k z_kᵀ)/‖a_k‖‖z_k‖``, as the relative violation reads them), start from
+    the rows the certificate combines and the equality rows, take the least-norm solution of those rows held as
+    equalities (by SVD: conditioned as the rows, not as their Gram matrix), and add the most violated row until
+    every row holds. Each system is small; the Gram route of the solvers loses such a point to round-off. None
+    too when ``cs`` has more than ``FEASIBLE_POINT_MAX_ENTRIES`` row entries."""
+    n, T = cs.mask.shape
+    d, dz = cs.A.shape[-1], cs.Z.shape[-1]
+    idx = np.flatnonzero(cs.mask.ravel())
+    if idx.size == 0 or idx.size * d * dz > FEASIBLE_POINT_MAX_ENTRIES:
+        return None
+    A = cs.A.reshape(-1, d)[idx]
+    Zr = cs.Z[idx // T]
+    scale = np.linalg.norm(A, axis=1) * np.linalg.norm(Zr, axis=1)
+    if np.any(scale <= 0):
+        return None
+    F = (A[:, :, None] * Zr[:, None, :]).reshape(idx.size, d * dz) / scale[:, None]
+    b = cs.rhs.ravel()[idx] / scale
+    eq = cs.equality.ravel()[idx]
+    active = (np.abs(np.asarray(lam, dtype=np.float64).ravel()[idx]) > 0) | eq
+    for _ in range(idx.size):
+        if not active.any():
+            return None
+        w = np.linalg.lstsq(F[active], b[active], rcond=None)[0]
+        if not np.all(np.isfinite(w)):
+            return None
+        W = w.reshape(d, dz)
+        if relative_violation(cs, W) <= tol:
+            return W
+        v = np.where(eq, np.abs(F @ w - b), b - F @ w)
+        v[active] = -np.inf
+        k = int(np.argmax(v))
+        if not v[k] > 0:
+            return None
+        active[k] = True
+    return None

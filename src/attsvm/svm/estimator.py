@@ -30,10 +30,10 @@ from .._threads import SMALL_NUCLEAR_ELEMENTS, SMALL_SOLVE_ELEMENTS, blas_thread
 from .._validation import SEED_MAX, Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
-from .certificate import FARKAS_RTOL, find_farkas, numerical_rank, optimality_certificate
+from .certificate import FARKAS_RTOL, feasible_point, find_farkas, numerical_rank, optimality_certificate
 from .norms import Norm, get_norm, lp_norm
 from .reduction import prescale
-from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
+from .status import ERROR, ILL_CONDITIONED, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
 if TYPE_CHECKING:
     from .stack import SVMStack
@@ -221,7 +221,9 @@ class AttentionSVM:
     max_violation_, relative_violation_, duality_gap_, relative_gap_, complementary_slackness_ :
         the certificate (:mod:`attsvm.svm.certificate`; ``max_violation_`` is in the user's units).
     dual_ : λ — ``dual_coef_`` after a solve, ``certificate_`` when infeasible.
-    status_ : "optimal" | "optimal_inaccurate" | "max_iter" | "infeasible" | "error".
+    status_ : "optimal" | "optimal_inaccurate" | "max_iter" | "infeasible" | "ill_conditioned" | "error".
+        "ill_conditioned": a Farkas certificate passes the tolerance yet ``W_`` meets every constraint (feasible
+        only with a huge norm; docs/spec.md §3).
     certificate_, certificate_residual_ : λ and ‖𝒜*(λ)‖_F when infeasible (else None).
     tokens_ : (n,) the selection α (None after :meth:`fit_constraints`).
     n_iter_, solve_time_ (seconds; from :meth:`fit_many`'s batches, the batch's time per instance),
@@ -625,9 +627,23 @@ class AttentionSVM:
                 stacklevel=4,
             )
             return self
+        W = feasible_point(cs, cert.lam, self.tol)
+        if W is not None:  # feasible after all, with a huge ‖W‖: say both (never a false "infeasible")
+            self._set_certificate(cs, RawSolution(W, np.zeros(cs.mask.shape), OPTIMAL_INACCURATE, 0, {}))
+            self.status_ = ILL_CONDITIONED
+            self.info_["feasible_norm"] = self.objective_
+            warnings.warn(
+                f"AttentionSVM: ill-conditioned: a Farkas certificate passes the tolerance (residual "
+                f"{cert.residual:.1e}), yet a W of norm {self.objective_:.3g} meets every constraint; W_ is that "
+                "point (not certified optimal), certificate_ the near-Farkas λ",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         self.certificate_: NDArray[np.float64] | None = cert.lam
         self.certificate_residual_: float | None = cert.residual
         self.info_["certificate_source"] = cert.source
+        if W is not None:
+            return self
         if self.on_infeasible == "raise":
             where = "" if self.tokens_ is None else f" for tokens {self.tokens_.tolist()[:20]}"
             raise InfeasibleSVMError(

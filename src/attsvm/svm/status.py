@@ -15,6 +15,7 @@ __all__ = [
     "INFEASIBLE",
     "MAX_ITER",
     "ERROR",
+    "ILL_CONDITIONED",
     "SOLUTION_PRESENT",
     "CERTIFIED",
     "FAILED",
@@ -30,6 +31,9 @@ class Status(StrEnum):
     INFEASIBLE = "infeasible"  # a verified Farkas certificate (see certificate.py)
     MAX_ITER = "max_iter"  # the iteration limit cut the solve short
     ERROR = "error"  # the backend failed; ``info`` says why
+    # a Farkas certificate passes the tolerance, yet a W meets every constraint: feasible only with a huge ‖W‖;
+    # W_ is that feasible point (not certified optimal), certificate_ the near-Farkas λ
+    ILL_CONDITIONED = "ill_conditioned"
 
 
 OPTIMAL = Status.OPTIMAL
@@ -37,9 +41,10 @@ OPTIMAL_INACCURATE = Status.OPTIMAL_INACCURATE
 INFEASIBLE = Status.INFEASIBLE
 MAX_ITER = Status.MAX_ITER
 ERROR = Status.ERROR
+ILL_CONDITIONED = Status.ILL_CONDITIONED
 
 # a primal W is available
-SOLUTION_PRESENT: frozenset[Status] = frozenset({OPTIMAL, OPTIMAL_INACCURATE})
+SOLUTION_PRESENT: frozenset[Status] = frozenset({OPTIMAL, OPTIMAL_INACCURATE, ILL_CONDITIONED})
 # the answer is backed by a verified certificate (optimality or Farkas)
 CERTIFIED: frozenset[Status] = frozenset({OPTIMAL, INFEASIBLE})
 # no trustworthy answer

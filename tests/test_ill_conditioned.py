@@ -1,0 +1,49 @@
+"""No false "infeasible": an instance feasible only with a huge ‖W‖, whose near-Farkas certificate passes the
+tolerance, is reported "ill_conditioned" with a W meeting every constraint, through every route and norm."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from attsvm import AttentionProblem
+from attsvm.svm import AttentionSVM
+
+
+def _instance(eps: float) -> AttentionProblem:
+    """Two sequences, one query e1: a_1 = (1, 0), a_2 = (−1, eps); feasible iff eps ≠ 0, min ‖W‖ ≈ 2/eps."""
+    X = np.array([[[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [1.0, -eps]]])
+    return AttentionProblem(X, np.ones(2), np.zeros(2), Z=np.array([[1.0, 0.0], [1.0, 0.0]]))
+
+
+def _exact_margins(p: AttentionProblem, W: np.ndarray) -> list[float]:
+    """(x_α − x_t)ᵀ W z for the two constraints, by hand."""
+    return [float((p.X[i, 0] - p.X[i, 1]) @ W @ p.Z[i]) for i in range(2)]
+
+
+@pytest.mark.parametrize("norm", ["fro", "nuc", "linf", "l1"])
+def test_a_feasible_instance_with_a_huge_norm_is_never_infeasible(norm):
+    p = _instance(1e-10)
+    with pytest.warns(RuntimeWarning, match="ill-conditioned"):
+        e = AttentionSVM(norm).fit(p, [0, 0])
+    assert e.status_ == "ill_conditioned"  # (was "infeasible")
+    assert all(m >= 1 - 1e-6 for m in _exact_margins(p, e.W_))  # every constraint met
+    assert e.certificate_ is not None and e.info_["feasible_norm"] > 1e10
+    assert np.linalg.norm(e.W_) == pytest.approx(2e10, rel=1e-6)  # (here the least-norm point is the optimum)
+
+
+def test_fit_many_and_fit_stack_say_the_same():
+    p = _instance(1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        many = AttentionSVM().fit_many([p, _instance(0.0)], [[0, 0], [0, 0]])
+        stack = AttentionSVM().fit_stack(np.stack([p.X] * 2), np.stack([p.Z] * 2), np.zeros((2, 2), dtype=int))
+    assert [e.status_ for e in many] == ["ill_conditioned", "infeasible"]
+    assert list(stack.status) == ["ill_conditioned", "ill_conditioned"]
+
+
+def test_an_exactly_infeasible_instance_stays_infeasible():
+    e = AttentionSVM().fit(_instance(0.0), [0, 0])
+    assert e.status_ == "infeasible" and e.W_ is None and e.certificate_ is not None
