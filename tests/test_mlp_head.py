@@ -123,7 +123,7 @@ def test_an_npz_whose_mlp_width_contradicts_its_weights_is_refused(tmp_path, act
     arrays = dict(np.load(tmp_path / "p.npz"))
     arrays["mlp_width"] = np.array(int(arrays["mlp_width"]) - 1)  # (was read as a narrower head and accepted)
     np.savez(tmp_path / "bad.npz", **arrays)
-    with pytest.raises(ValueError, match="mlp_width .* contradicts head_weights"):
+    with pytest.raises(ValueError, match=r"mlp_width .* contradicts head_weights"):
         AttentionProblem.from_npz(tmp_path / "bad.npz")
 
 

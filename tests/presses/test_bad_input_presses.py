@@ -198,9 +198,13 @@ def test_a_left_padded_batch_is_refused_as_the_cache_refuses_it(cls, attn):
     mask[0, :5] = 0  # (row 0 left-padded)
     press = cls(compression_ratio=0.5, window_size=8) if cls is not SVMarginDecodingPress else cls(window_size=8)
     cache = transformers.DynamicCache(config=model.config)
-    with pytest.raises(ValueError, match=f"{cls.__name__} does not support padded batches"):
+
+    def prefill_and_step() -> None:
         with torch.no_grad(), press(model):
             model(input_ids=x2, attention_mask=mask, past_key_values=cache)
             model(input_ids=x2[:, -1:], attention_mask=torch.cat([mask, mask[:, -1:]], 1), past_key_values=cache)
+
+    with pytest.raises(ValueError, match=f"{cls.__name__} does not support padded batches"):
+        prefill_and_step()
     with torch.no_grad(), press(model):  # (an all-ones mask is no padding)
         model(input_ids=x2, attention_mask=torch.ones_like(x2), past_key_values=transformers.DynamicCache())
