@@ -237,3 +237,24 @@ def test_plot_refuses_settings_edited_after_the_run(damaged):
     config["settings"]["steps"] = TINY["steps"]  # (restored: plotted again)
     path.write_text(json.dumps(config))
     assert E.plot_run(damaged).results["complete"]
+
+
+def test_a_full_disk_while_a_figure_is_written_is_a_data_error_naming_it(damaged, monkeypatch, capsys):
+    """Out of space during the PDF: exit 3 with the OS's message (matplotlib's PDF writer failed with an
+    AttributeError of its own, exit 70), and no half-written figure left behind."""
+    import errno
+    import os
+
+    from attsvm.cli import main
+
+    real = os.fsync
+
+    def full(fd):
+        if os.fstat(fd).st_size > 0 and ".pdf.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["plot", str(damaged)]) == 3
+    assert "No space left on device" in capsys.readouterr().err
+    assert not [p for p in damaged.rglob("*") if ".tmp" in p.name]

@@ -22,11 +22,13 @@ import os
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 __all__ = [
     "RunFolderError",
     "FolderBusyError",
     "FolderLock",
+    "save_figure",
     "claim_folder",
     "folder_owner",
     "check_output_folder",
@@ -73,6 +75,27 @@ def atomic_write(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def save_figure(fig: Any, path: Path, **savefig_kwargs: Any) -> Path:
+    """Render ``fig`` in memory (format from the suffix), then write the bytes through a temporary file and
+    ``os.replace``: a full disk or an unwritable folder raises the OSError itself (matplotlib's PDF writer, failing
+    part-way, raised an AttributeError of its own that hid it), and no half-written figure is left behind."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **savefig_kwargs)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(buf.getvalue())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def check_output_folder(folder: str | Path, what: str = "--out") -> Path:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._folders import save_figure
+
 __all__ = ["plot_anatomy", "write_anatomy_report"]
 
 
@@ -53,7 +55,7 @@ def plot_anatomy(out: str | Path) -> list[Path]:
     fig.suptitle(f"{summ['model']}: head anatomy over {summ['n_windows']} windows ({summ['n_queries']} queries)")
     fig.tight_layout()
     paths.append(out / "heatmaps.png")
-    fig.savefig(paths[-1], dpi=110)
+    save_figure(fig, paths[-1], dpi=110)
     plt.close(fig)
 
     sv = arr["singular_values"][..., : 2 * dh]
@@ -68,7 +70,7 @@ def plot_anatomy(out: str | Path) -> list[Path]:
     np.atleast_1d(axes)[0].set_ylabel("σ_i / σ_1 of W_h")
     fig.tight_layout()
     paths.append(out / "spectra.png")
-    fig.savefig(paths[-1], dpi=110)
+    save_figure(fig, paths[-1], dpi=110)
     plt.close(fig)
 
     edges, hist = arr["margin_edges"], arr["margin_hist"]
@@ -88,7 +90,7 @@ def plot_anatomy(out: str | Path) -> list[Path]:
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "margins_compression.png")
-    fig.savefig(paths[-1], dpi=110)
+    save_figure(fig, paths[-1], dpi=110)
     plt.close(fig)
     return paths
 

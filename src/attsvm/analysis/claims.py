@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._folders import save_figure
 from .._validation import as_float_array, check_bool, check_positive_int, check_seed
 
 __all__ = [
@@ -1036,7 +1037,7 @@ def _plot(records: list[ClaimRecord], outp: Path) -> list[Path]:
     fig.tight_layout()
     for ext in ("png", "pdf"):
         p = outp / f"claims.{ext}"
-        fig.savefig(p, dpi=130)
+        save_figure(fig, p, dpi=130)
         paths.append(p)
     plt.close(fig)
     return paths

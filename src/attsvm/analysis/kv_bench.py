@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from .._folders import save_figure
 from .._validation import check_positive_int
 from .kv_cache import (
     POLICIES,
@@ -327,7 +328,7 @@ def plot_kv_bench(out: str | Path) -> list[Path]:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / "kv_bench.png"
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return [path]
 

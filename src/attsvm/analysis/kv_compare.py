@@ -52,6 +52,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from .._extras import require
+from .._folders import save_figure
 from .._validation import check_choice, check_finite_scalar, check_positive_int, check_seed
 from .lm import (
     QUICK_RETRIEVAL_LM,
@@ -698,7 +699,7 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
     fig.legend(handles, labels, loc="center right", fontsize=7)
     fig.tight_layout(rect=(0, 0, 0.84, 1))
     paths = [out / "accuracy.png"]
-    fig.savefig(paths[0], dpi=110)
+    save_figure(fig, paths[0], dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for k, m in enumerate(methods):
@@ -716,7 +717,7 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     paths.append(out / "perplexity.png")
-    fig.savefig(paths[1], dpi=110)
+    save_figure(fig, paths[1], dpi=110)
     plt.close(fig)
     return paths
 

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from .._folders import save_figure
 from .._validation import check_positive_int
 from .tasks import score_row
 
@@ -510,6 +511,6 @@ def write_report(outp: Path, results: dict[str, Any], config: GemmaCompareConfig
         fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
     fig.suptitle("Gemma 3 270M: accuracy against compression, per task and context length")
     fig.tight_layout(rect=(0, 0, 1 - 1.6 / (3.6 * cols + 1.8), 0.95))
-    fig.savefig(outp / "kv_gemma.png", dpi=150)
+    save_figure(fig, outp / "kv_gemma.png", dpi=150)
     plt.close(fig)
     return outp / "report.md"

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from .._folders import save_figure
+
 __all__ = ["save", "band", "subplots"]
 
 
@@ -25,8 +27,8 @@ def save(fig: Any, outdir: Path, name: str) -> list[Path]:
         _linear_without_positive_data(ax)
     fig.tight_layout()
     paths = [outdir / f"{name}.png", outdir / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=130)
-    fig.savefig(paths[1])
+    save_figure(fig, paths[0], dpi=130)
+    save_figure(fig, paths[1])
     plt.close(fig)
     return paths
 
