@@ -47,3 +47,22 @@ def test_fit_many_and_fit_stack_say_the_same():
 def test_an_exactly_infeasible_instance_stays_infeasible():
     e = AttentionSVM().fit(_instance(0.0), [0, 0])
     assert e.status_ == "infeasible" and e.W_ is None and e.certificate_ is not None
+
+
+def test_sequences_that_miss_a_margin_in_data_units_are_named():
+    """Per-sequence scales 1e±8: the status judges rows relative to their size; sequence_violation_ and the summary
+    say which sequences miss their margin of 1 in the user's units, and by how much."""
+    from attsvm.datasets import paper_instance
+
+    p = paper_instance(4, 5, 6, seed=1)
+    X = p.X.copy()
+    X[0] *= 1e8
+    X[1] *= 1e-8
+    e = AttentionSVM().fit(AttentionProblem(X, p.y, p.head, Z=p.Z))
+    sv = e.sequence_violation_
+    margins = np.array([[(X[i, e.tokens_[i]] - X[i, t]) @ e.W_ @ p.Z[i] for t in range(5)] for i in range(4)])
+    by_hand = np.array([max(0.0, *(1 - margins[i, t] for t in range(5) if t != e.tokens_[i])) for i in range(4)])
+    np.testing.assert_allclose(sv, by_hand, rtol=1e-2, atol=1e-8)  # (products of 1e16: round-off of ~1)
+    assert sv[0] > 1e-8 and "sequence(s) miss a margin" in e.summary()
+    plain = AttentionSVM().fit(p)
+    assert plain.sequence_violation_.max() < 1e-8 and "miss a margin" not in plain.summary()

@@ -596,6 +596,24 @@ class AttentionSVM:
         self.__dict__["_rank"] = None
 
     @property
+    def sequence_violation_(self) -> NDArray[np.float64] | None:
+        """Per sequence, how far its constraints miss their targets in the user's units: ``max_t (b_it − m_it)⁺``
+        (equalities ``|m_it − b_it|``), shape (n,); None without a W. The status judges the *relative* violation
+        (each row against ``‖a_k‖‖z_k‖``): with sequences of very different scales an "optimal" W may miss a
+        margin of 1 by more in absolute terms, and this says which sequences and by how much."""
+        if "status_" not in self.__dict__:
+            raise NotFittedError(
+                "this AttentionSVM is not fitted yet (no attribute 'sequence_violation_'): call fit first"
+            )
+        if self.W_ is None or self.margins_ is None or self.constraints_ is None:
+            return None
+        cs = self.constraints_
+        with np.errstate(invalid="ignore"):
+            gap = cs.rhs - self.margins_
+        v = np.where(cs.equality, np.abs(gap), np.maximum(gap, 0.0))
+        return np.asarray(np.where(cs.mask, v, 0.0).max(axis=1), dtype=np.float64)
+
+    @property
     def rank_(self) -> int | None:
         """Numerical rank of ``W_`` (singular values above 1e-7 of the largest); None without a W."""
         if "status_" not in self.__dict__:
@@ -902,6 +920,14 @@ class AttentionSVM:
             ]
             if self.reached_convex_optimum_ is not None:
                 lines.append(f"  reached convex optimum: {self.reached_convex_optimum_}")
+            sv = self.sequence_violation_
+            miss = np.flatnonzero(sv > 1e-8) if sv is not None else np.zeros(0, dtype=np.int64)
+            if miss.size:
+                worst = ", ".join(f"{i}: {sv[i]:.2e}" for i in miss[np.argsort(-sv[miss])][:5])
+                lines.append(
+                    f"  in data units {miss.size} sequence(s) miss a margin by more than 1e-8 (sequence: by how "
+                    f"much) {worst}{' ...' if miss.size > 5 else ''}"
+                )
         lines.append(f"  time          {self.solve_time_:.3f} s ({self.n_iter_} iterations)")
         return "\n".join(lines)
 
