@@ -19,8 +19,13 @@ Every iterate gives a primal point by rescaling: when all rows are inequalities,
 (docs/spec.md §8: weak duality ``1ᵀλ ≤ ‖W‖_p ‖M‖_q``). The data go through the one reduction
 (:mod:`.reduction`, without its subspace step: projecting onto span{a_k} ⊗ span{z_i} does not
 preserve an entrywise norm) and the answer through the one certificate (:mod:`.certificate`).
+Where the dual iteration stalls (entries of M near 0, where the curvature of ``½‖M‖_q²`` blows up for q < 2, or
+λ growing large on a feasible instance with a large ‖W‖), a primal route takes over: SLSQP on W itself from the
+Frobenius solution (in units of its norm), the multipliers fitted by NNLS on the tight rows, then Newton's method
+on the KKT system of those rows (for p ≥ 2) — its point and gap are reported when the dual's are worse.
 Infeasibility does not depend on the norm: an unbounded dual (λ growing without bound, or no
-positive rescaling) is handed to the estimator as a candidate ray for the shared Farkas check.
+positive rescaling) that the primal route cannot turn into a certified point is handed to the estimator as a
+candidate ray for the shared Farkas check.
 
 **p = 1, p = ∞** (:func:`solve_lp_limit`): linear programs solved by HiGHS (dual simplex), with
 ``W = U⁺ − U⁻`` (ℓ1) or ``−t ≤ W_ij ≤ t`` (ℓ∞); their row duals are the multipliers λ.
@@ -58,6 +63,8 @@ class LpOptions:
     newton_iter : cap on Newton polish steps.
     support_rtol : λ_k > support_rtol · max λ puts row k in the Newton support.
     target_gap : the polish stops once the certified relative gap is below this.
+    primal_route : when the dual iteration ends above ``tol`` (or its dual grows without bound), solve from the
+        primal side (SLSQP, then Newton on the KKT system of the tight rows) before reporting.
     """
 
     lbfgs_gtol: float = 1e-8
@@ -65,6 +72,7 @@ class LpOptions:
     newton_iter: int = 40
     support_rtol: float = 1e-12
     target_gap: float = 1e-13
+    primal_route: bool = True
 
 
 def _entry_qnorm(M: NDArray[np.float64], q: float) -> tuple[float, NDArray[np.float64]]:
@@ -230,6 +238,13 @@ def solve_lp(
         return red.lift_dual(full, degree=2)
 
     if not np.all(np.isfinite(lam)) or float(np.abs(lam).sum()) > UNBOUNDED_LAMBDA or res.fun < -UNBOUNDED_LAMBDA:
+        # a large dual is also what a feasible instance with a large ‖W‖ gives: try the primal side first
+        found = _primal_route(dual, _frobenius_point(work), opts, tol) if opts.primal_route else None
+        if found is not None:
+            W, lam, gap = found
+            info.update(primal_route=True, relative_gap=gap, n_eval=dual.n_eval, time=time.perf_counter() - t0)
+            status = OPTIMAL if gap <= tol else OPTIMAL_INACCURATE
+            return RawSolution(red.lift_W(W), out_dual(lam), status, int(res.nit), info)
         info["reason"] = "unbounded dual"
         ray = np.nan_to_num(lam, nan=0.0, posinf=0.0, neginf=0.0)
         full = np.zeros(work.mask.shape)
@@ -237,6 +252,13 @@ def solve_lp(
         return RawSolution(None, red.lift_farkas(full), INFEASIBLE, int(res.nit), info)
     lam, n_newton = dual.newton(lam, opts)
     W, gap = dual.primal(lam)
+    if (
+        not gap <= tol and opts.primal_route
+    ):  # the dual iteration stalled (|M| near 0 where q < 2): from the primal side instead
+        found = _primal_route(dual, W if np.isfinite(gap) else _frobenius_point(work), opts, tol)
+        if found is not None and found[2] < (gap if np.isfinite(gap) else np.inf):
+            W, lam, gap = found
+            info["primal_route"] = True
     info.update(newton_iter=n_newton, relative_gap=gap, n_eval=dual.n_eval, time=time.perf_counter() - t0)
     if not np.isfinite(gap):
         # no positive rescaling of W(λ) is feasible: either the instance is infeasible or the dual
@@ -246,6 +268,120 @@ def solve_lp(
         return RawSolution(None, red.lift_farkas(full), INFEASIBLE, int(res.nit) + n_newton, info)
     status = OPTIMAL if gap <= tol else (MAX_ITER if res.status == 1 else OPTIMAL_INACCURATE)
     return RawSolution(red.lift_W(W), out_dual(lam), status, int(res.nit) + n_newton, info)
+
+
+def _primal_route(
+    dual: _Dual, W0: NDArray[np.float64] | None, opts: LpOptions, tol: float
+) -> tuple[NDArray[np.float64], NDArray[np.float64], float] | None:
+    """``min ½‖W‖_p² s.t. the rows`` by SLSQP on W itself (smooth for p > 1: its gradient is the dual map's
+    inverse ``‖W‖_p^{2−p} sign(W)|W|^{p−1}``), from ``W0`` or the least-squares solution of the rows, in units of
+    the start's norm; the multipliers are then the non-negative least-squares fit of that gradient on the tight
+    rows (``Σ λ_k F_k = ∇½‖W‖_p²`` at the optimum), polished by the dual Newton steps. Returns (W, λ, relative
+    gap) or None when no certifiable point comes out."""
+    F = np.einsum("kd,ke->kde", dual.A, dual.Z).reshape(dual.A.shape[0], -1)
+    shape = (dual.A.shape[1], dual.Z.shape[1])
+    p = dual.p
+
+    def fg(w: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        a = np.abs(w)
+        N = float((a**p).sum()) ** (1.0 / p)
+        if N == 0.0:
+            return 0.0, np.zeros_like(w)
+        return 0.5 * N * N, N ** (2.0 - p) * np.sign(w) * a ** (p - 1.0)
+
+    w0 = W0.ravel() if W0 is not None else np.linalg.lstsq(F, dual.b, rcond=None)[0]
+    s = float((np.abs(w0) ** p).sum()) ** (1.0 / p) or 1.0  # (w = s·v: ‖v‖_p ≈ 1 on every instance)
+    rows = np.linalg.norm(F, axis=1)
+    rows[rows == 0] = 1.0
+    Fn, bn = F / rows[:, None], dual.b / (rows * s)
+    ineq, eq = ~dual.eq, dual.eq
+    cons = [{"type": "ineq", "fun": lambda v: Fn[ineq] @ v - bn[ineq], "jac": lambda v: Fn[ineq]}]
+    if eq.any():
+        cons.append({"type": "eq", "fun": lambda v: Fn[eq] @ v - bn[eq], "jac": lambda v: Fn[eq]})
+    res = so.minimize(fg, w0 / s, jac=True, method="SLSQP", constraints=cons, options={"maxiter": 500, "ftol": 1e-16})
+    w = np.asarray(res.x, dtype=np.float64) * s
+    if not np.all(np.isfinite(w)):
+        return None
+    m = F @ w
+    tight = eq | (m <= dual.b + 1e-6 * np.maximum(np.abs(dual.b), 1.0))
+    if not tight.any():
+        return None
+    G = fg(w)[1]
+    free = eq[tight]
+    nt = int(tight.sum())
+    Ft = np.hstack([F[tight].T, -F[tight][free].T])  # (an equality row's λ is split as λ⁺ − λ⁻)
+    u = so.nnls(Ft, G, maxiter=50 * Ft.shape[1])[0]
+    lam = np.zeros(F.shape[0])
+    lam_t = u[:nt].copy()
+    lam_t[free] -= u[nt:]
+    lam[tight] = lam_t
+    w, lam = _kkt_newton(F, dual.b, tight, w, lam, p)
+    if np.any(F[~eq] @ w < dual.b[~eq] * (1 - 1e-10)) or np.any(lam[~eq] < 0):  # (not a KKT point: polish λ)
+        lam, _ = dual.newton(lam, opts)
+        W, gap = dual.primal(lam)
+        return (W.reshape(shape), lam, gap) if np.isfinite(gap) else None
+    # the KKT point itself (the dual map of M(λ) would lose it to cancellation when λ is large): its gap
+    N = float(np.sqrt(max(float(np.vdot(dual_map(dual.M(lam), p), dual.M(lam))), 0.0)))
+    primal, dual_value = 0.5 * float((np.abs(w) ** p).sum()) ** (2.0 / p), float(dual.b @ lam) - 0.5 * N * N
+    den = abs(primal) + abs(dual_value)
+    return w.reshape(shape), lam, (abs(primal - dual_value) / den if den > 0 else 0.0)
+
+
+def _kkt_newton(
+    F: NDArray[np.float64],
+    b: NDArray[np.float64],
+    S: NDArray[np.bool_],
+    w: NDArray[np.float64],
+    lam: NDArray[np.float64],
+    p: float,
+    steps: int = 30,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Newton's method on the KKT system of ``min ½‖w‖_p² s.t. F_S w = b_S`` (the rows S held tight):
+    ``∇½‖w‖_p² = F_Sᵀ λ_S``, ``F_S w = b_S``; the Hessian of ½‖w‖_p² is ``(p−1)N^{2−p} diag(|w|^{p−2}) +
+    (2−p)N^{2−2p} u uᵀ`` (N = ‖w‖_p, u = sign(w)|w|^{p−1}), finite for p ≥ 2. Quadratic from SLSQP's point;
+    returns the last iterate whose residual did not grow."""
+    FS, bS = F[S], b[S]
+    lS = lam[S].copy()
+    if p < 2:
+        return w, lam
+
+    def residual(w_: NDArray[np.float64], l_: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
+        a = np.abs(w_)
+        N = float((a**p).sum()) ** (1.0 / p)
+        g = N ** (2.0 - p) * np.sign(w_) * a ** (p - 1.0) if N > 0 else np.zeros_like(w_)
+        r = np.concatenate([g - FS.T @ l_, FS @ w_ - bS])
+        return r, float(np.linalg.norm(r))
+
+    r, norm_r = residual(w, lS)
+    for _ in range(steps):
+        a = np.abs(w)
+        N = float((a**p).sum()) ** (1.0 / p)
+        if N == 0.0 or norm_r == 0.0:
+            break
+        u = np.sign(w) * a ** (p - 1.0)
+        H = (p - 1.0) * N ** (2.0 - p) * np.diag(a ** (p - 2.0)) + (2.0 - p) * N ** (2.0 - 2.0 * p) * np.outer(u, u)
+        k = FS.shape[0]
+        J = np.block([[H, -FS.T], [FS, np.zeros((k, k))]])
+        try:
+            step = np.linalg.lstsq(J, -r, rcond=None)[0]
+        except np.linalg.LinAlgError:
+            break
+        w_new, l_new = w + step[: w.size], lS + step[w.size :]
+        r_new, n_new = residual(w_new, l_new)
+        if not n_new < norm_r:
+            break
+        w, lS, r, norm_r = w_new, l_new, r_new, n_new
+    out = lam.copy()
+    out[S] = lS
+    return w, out
+
+
+def _frobenius_point(work: ConstraintSet) -> NDArray[np.float64] | None:
+    """A feasible start for the primal route: the Frobenius solution of the same rows (None if it has none)."""
+    from .frobenius import solve_frobenius
+
+    raw = solve_frobenius(work)
+    return None if raw.W is None else np.asarray(raw.W, dtype=np.float64)
 
 
 def solve_lp_limit(cs: ConstraintSet, norm: Literal["l1", "linf"]) -> RawSolution:
