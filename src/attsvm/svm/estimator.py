@@ -922,7 +922,7 @@ class AttentionSVM:
                 lines.append(f"  reached convex optimum: {self.reached_convex_optimum_}")
             sv = self.sequence_violation_
             miss = np.flatnonzero(sv > 1e-8) if sv is not None else np.zeros(0, dtype=np.int64)
-            if miss.size:
+            if sv is not None and miss.size:
                 worst = ", ".join(f"{i}: {sv[i]:.2e}" for i in miss[np.argsort(-sv[miss])][:5])
                 lines.append(
                     f"  in data units {miss.size} sequence(s) miss a margin by more than 1e-8 (sequence: by how "
