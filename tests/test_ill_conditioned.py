@@ -66,3 +66,26 @@ def test_sequences_that_miss_a_margin_in_data_units_are_named():
     assert sv[0] > 1e-8 and "sequence(s) miss a margin" in e.summary()
     plain = AttentionSVM().fit(p)
     assert plain.sequence_violation_.max() < 1e-8 and "miss a margin" not in plain.summary()
+
+
+def _near_duplicates(k: int) -> AttentionProblem:
+    """Instance k of a seeded family with a near-duplicate token (token 2 = token 1 + noise of 1e-7 … 1e-3)."""
+    from attsvm.datasets import paper_instance
+
+    rng = np.random.default_rng(0)
+    for s in range(k + 1):
+        p = paper_instance(3, 4, 5, seed=s)
+        X = p.X.copy()
+        X[:, 2] = X[:, 1] + 10 ** rng.uniform(-7, -3) * rng.standard_normal(X[:, 1].shape)
+    return AttentionProblem(X, p.y, p.head, Z=p.Z)
+
+
+@pytest.mark.parametrize("k", [17, 47])
+def test_fit_and_fit_many_give_one_nuclear_status(k):
+    """fit's nuclear route ended "optimal_inaccurate" where fit_many's batched interior point certified the same
+    instance; fit now tries that route too."""
+    p = _near_duplicates(k)
+    one = AttentionSVM("nuc").fit(p)
+    (many,) = AttentionSVM("nuc").fit_many([p])
+    assert one.status_ == many.status_ == "optimal"
+    assert one.objective_ == pytest.approx(many.objective_, rel=1e-6)

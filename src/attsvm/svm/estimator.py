@@ -551,11 +551,29 @@ class AttentionSVM:
         pre = prescale(cs)
         if pre is None:
             raw, backend = self._solve(cs)
-            return self._accept(cs, alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
+            self._accept(cs, alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
+            if self.status_ == OPTIMAL_INACCURATE:
+                self._try_batched_nuclear(cs, alpha)
+            return self
         # data far from unit scale: solve and certify the exactly rescaled set, then undo it (.reduction)
         raw, backend = self._solve(pre[0])
         self._accept(pre[0], alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
         return self._unscale(cs, pre[1])
+
+    def _try_batched_nuclear(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> None:
+        """Where fit's nuclear route ends "optimal_inaccurate", the batched interior point of ``fit_many``
+        (:mod:`attsvm.svm.batch_nuclear`) is tried too, and its answer taken when it certifies: fit and
+        fit_many then give one status on one instance (fit_many already falls back to fit)."""
+        from . import batch_nuclear
+
+        if not batch_nuclear.ready(self):
+            return
+        other = batch_nuclear.solve_many(self, [cs], [alpha])[0]
+        if other is not None and other.status_ == OPTIMAL:
+            params = self.get_params()
+            self.__dict__.update(other.__dict__)
+            self.set_params(**params)
+            self.info_["route"] = "batched interior point (fit's own route ended optimal_inaccurate)"
 
     def _accept(
         self,
