@@ -16,6 +16,7 @@ from kvpress import (
     ObservedAttentionPress,
     SnapKVPress,
     StreamingLLMPress,
+    ThinKPress,
     TOVAPress,
 )
 from kvpress.pipeline import KVPressTextGenerationPipeline
@@ -40,6 +41,8 @@ def setup():
 
 PRESSES = {
     "full": None,
+    # (first: ThinK zeroes key channels of its inputs in place; every later method must still see the prefill's)
+    "think": lambda: ThinKPress(key_channel_compression_ratio=0.75, window_size=8),
     "knorm": lambda: KnormPress(0.5),
     "snapkv": lambda: SnapKVPress(0.5, window_size=8),
     "tova": lambda: TOVAPress(0.5),

@@ -131,7 +131,11 @@ def compressed_cache(rec: PrefillRecord, press: Any, model: Any) -> Any:
             continue
         layer: Any = cache.layers[i]
         with torch.no_grad():
-            keys, values = inner.compress(module, rec.hidden[i], layer.keys, layer.values, rec.attentions[i], kw)
+            # each method gets its own copies: a press may write into its inputs (kvpress's ThinK zeroes key
+            # channels in place), which would change every later method's cache
+            keys, values = inner.compress(
+                module, rec.hidden[i].clone(), layer.keys.clone(), layer.values.clone(), rec.attentions[i], kw
+            )
         layer.keys, layer.values = keys, values
         track_positions(layer)
     return cache

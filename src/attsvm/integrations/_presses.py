@@ -11,7 +11,6 @@ statistics of the kept keys into the next compression through the same ``accumul
 
 from __future__ import annotations
 
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -130,20 +129,21 @@ class SVMSupportPress(_WindowPress):
 
     def raw_score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, kwargs: dict) -> torch.Tensor:
         q, visible = window_queries(module, hidden_states, keys, kwargs, self.window_size)
-        memo_key = (keys.shape, keys._version, self.window_size, self.n_candidates, module.layer_idx)
-        hit = [m for m in _SUPPORT_MEMO if m[0]() is keys and m[2] == memo_key and torch.equal(m[1], q)]
-        if hit:
+        memo_key = (tuple(keys.shape), self.window_size, self.n_candidates, module.layer_idx)
+        hit = [m for m in _SUPPORT_MEMO if m[2] == memo_key and torch.equal(m[1], q) and torch.equal(m[0], keys)]
+        if hit:  # (the same keys and window seen before: every ratio's press of one prefill)
             scores, info = hit[0][3], hit[0][4]
         else:
             scores, info = svm_support_scores(q, keys, visible, n_candidates=self.n_candidates)
-            _SUPPORT_MEMO.append((weakref.ref(keys), q, memo_key, scores, info))
+            _SUPPORT_MEMO.append((keys.detach().clone(), q, memo_key, scores, info))
             del _SUPPORT_MEMO[:-8]
         self.last_info[module.layer_idx] = info
         return scores.to(keys.device)
 
 
-# the support scores of the last few (keys, window) seen: one prefill's layers serve every ratio's press
-_SUPPORT_MEMO: list[tuple[Any, torch.Tensor, tuple[Any, ...], torch.Tensor, dict[str, Any]]] = []
+# the support scores of the last few (keys, window queries) seen, matched by content: one prefill's layers serve
+# every ratio's press
+_SUPPORT_MEMO: list[tuple[torch.Tensor, torch.Tensor, tuple[Any, ...], torch.Tensor, dict[str, Any]]] = []
 
 
 @dataclass
