@@ -258,3 +258,21 @@ def test_a_full_disk_while_a_figure_is_written_is_a_data_error_naming_it(damaged
     assert main(["plot", str(damaged)]) == 3
     assert "No space left on device" in capsys.readouterr().err
     assert not [p for p in damaged.rglob("*") if ".tmp" in p.name]
+
+
+def test_plot_names_a_trial_of_another_experiment(damaged):
+    """A trial file of another experiment put in place of one of the run's read as a missing trial ("incomplete",
+    exit 4); it is a data error naming the file and its experiment."""
+    import pyarrow.parquet as pq
+
+    from attsvm.experiments._store import EXPERIMENT_KEY, FINGERPRINT_KEY
+
+    path = sorted((damaged / "trials").glob("*.parquet"))[0]
+    table = pq.read_table(path)
+    meta = dict(table.schema.metadata)
+    assert meta[EXPERIMENT_KEY] == b"gd-paths"  # (every trial is stamped with its experiment)
+    meta.update({EXPERIMENT_KEY: b"svm-rank", FINGERPRINT_KEY: b"0" * 24})
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    with pytest.raises(RunFolderError, match=rf"{path.stem} \(svm-rank\)"):
+        E.plot_run(damaged)
+    assert exit_code_for(RunFolderError("x")) == 3

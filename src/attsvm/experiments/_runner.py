@@ -364,7 +364,7 @@ def reproduce(
         _check_config(out, config)
         new_run = not (out / CONFIG).exists()
         atomic_write(out / CONFIG, json.dumps(_jsonable(config), indent=2))  # before any trial
-        store = TrialStore(out / "trials", fp)
+        store = TrialStore(out / "trials", fp, experiment=exp.name)
         store.remove_stale_temp_files()  # we hold the lock: a temp file here is a killed writer's
         _drop_stale_results(out, fp)
         damaged = store.unreadable()
@@ -698,8 +698,15 @@ def plot_run(directory: str | Path) -> RunOutput:
                 f"{str(out / CONFIG)!r}: its settings are not those its trials were computed with (the fingerprint "
                 "does not match: edited by hand?); restore the file or rerun `attsvm reproduce`"
             )
-        store = TrialStore(out / "trials", config.get("fingerprint"), create=False)
+        store = TrialStore(out / "trials", config.get("fingerprint"), create=False, experiment=exp.name)
         damaged = sorted(store.unreadable())
+        others = store.other_experiments()
+        if others:
+            first = ", ".join(f"{k} ({v})" for k, v in sorted(others.items())[:5])
+            raise RunFolderError(
+                f"{str(out / 'trials')!r} holds {len(others)} trial file(s) of another experiment than "
+                f"{exp.name!r}: {first}{' ...' if len(others) > 5 else ''}; remove them or rerun `attsvm reproduce`"
+            )
         if damaged:
             names = ", ".join(str(store.path(k).name) for k in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
             raise RunFolderError(

@@ -28,6 +28,7 @@ __all__ = ["TrialStore", "check_key", "FINGERPRINT_KEY"]
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,120}$")
 _SUFFIX = ".parquet"
 FINGERPRINT_KEY = b"attsvm.fingerprint"
+EXPERIMENT_KEY = b"attsvm.experiment"
 
 
 def check_key(key: object) -> str:
@@ -42,12 +43,17 @@ class TrialStore:
 
     ``fingerprint`` (a string) selects the trials of one run: :meth:`done` and :meth:`load` see only
     files stamped with it, and :meth:`save` stamps it. None sees every file (and stamps none).
-    ``create=False`` opens a store for reading only: a missing folder is an empty store.
+    ``create=False`` opens a store for reading only: a missing folder is an empty store. ``experiment`` (a name)
+    is stamped too, so that :meth:`other_experiments` can tell a trial of another experiment from one of an
+    older run of this one.
     """
 
-    def __init__(self, root: str | Path, fingerprint: str | None = None, *, create: bool = True) -> None:
+    def __init__(
+        self, root: str | Path, fingerprint: str | None = None, *, create: bool = True, experiment: str | None = None
+    ) -> None:
         self.root = Path(root)
         self.fingerprint = fingerprint
+        self.experiment = experiment
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
 
@@ -95,6 +101,23 @@ class TrialStore:
             return set()
         return {p.name[: -len(_SUFFIX)] for p in self._files() if self.file_fingerprint(p) != self.fingerprint}
 
+    def other_experiments(self) -> dict[str, str]:
+        """``{key: experiment}`` of the trial files stamped by another experiment than this store's (none when the
+        store has no experiment; files written before experiments were stamped say nothing)."""
+        if self.experiment is None:
+            return {}
+        pq = require("pyarrow.parquet", feature="reading trial files")
+        out = {}
+        for p in self._files():
+            try:
+                meta = pq.read_schema(p).metadata or {}
+            except (OSError, ValueError):
+                continue
+            name = meta.get(EXPERIMENT_KEY)
+            if name is not None and name.decode() != self.experiment:
+                out[p.name[: -len(_SUFFIX)]] = name.decode()
+        return out
+
     def remove_stale_temp_files(self) -> int:
         """Delete temporary files left by a killed writer. Only the folder's lock holder may call this."""
         n = 0
@@ -117,10 +140,10 @@ class TrialStore:
         frame = frame.copy()
         frame["trial"] = key
         table = pa.Table.from_pandas(frame.reset_index(drop=True), preserve_index=False)
-        if self.fingerprint is not None:
-            table = table.replace_schema_metadata(
-                {**(table.schema.metadata or {}), FINGERPRINT_KEY: self.fingerprint.encode()}
-            )
+        stamps = {FINGERPRINT_KEY: self.fingerprint, EXPERIMENT_KEY: self.experiment}
+        stamps = {k: v.encode() for k, v in stamps.items() if v is not None}
+        if stamps:
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}), **stamps})
         tmp = self.root / f".{key}.tmp{os.getpid()}"
         pq.write_table(table, tmp)
         with open(tmp, "rb") as fh:
