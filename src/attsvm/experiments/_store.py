@@ -140,8 +140,8 @@ class TrialStore:
         frame = frame.copy()
         frame["trial"] = key
         table = pa.Table.from_pandas(frame.reset_index(drop=True), preserve_index=False)
-        stamps = {FINGERPRINT_KEY: self.fingerprint, EXPERIMENT_KEY: self.experiment}
-        stamps = {k: v.encode() for k, v in stamps.items() if v is not None}
+        given = {FINGERPRINT_KEY: self.fingerprint, EXPERIMENT_KEY: self.experiment}
+        stamps = {k: v.encode() for k, v in given.items() if v is not None}
         if stamps:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **stamps})
         tmp = self.root / f".{key}.tmp{os.getpid()}"
