@@ -10,6 +10,8 @@ presses of :mod:`attsvm.integrations.kvpress` (docs/spec.md §7). Torch only.
   last ``n_recent`` of the ``n_seen``) and ranks them among themselves (sinks first, then the recent keys from the
   newest back); the cache masks them (:func:`eviction_scores`), a press raises their scores (:func:`protect`).
 * **Budget**: :func:`compute_n_kept` is kvpress's rule for the keys a press keeps at a compression ratio.
+* **Support keys**: :func:`svm_support_scores` ranks keys by how many attention SVMs of a window's queries need
+  them (docs/spec.md §7), the scores of ``SVMSupportPress``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "window_scores",
     "compute_n_kept",
     "check_compression_ratio",
+    "svm_support_scores",
 ]
 
 PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]

@@ -9,7 +9,12 @@ offers attsvm's rules in that form (docs/spec.md §2, §7):
   recomputed from the hidden states with RoPE at their own positions; per KV head, the minimum margin over the
   head's GQA group of query heads (the key is kept if it is near the top for *some* head of the group). The first
   ``n_sink`` keys and the window's own keys are protected.
+* :class:`SVMSupportPress` — the same window; keeps the **support keys** of the window's attention SVMs (one
+  Frobenius Att-SVM per query row and head, all solved at once by ``fit_stack``;
+  :func:`attsvm.analysis.kv_scores.svm_support_scores`), then the rest by SV margin. The SV press to use for
+  prefill compression: on Gemma 3 270M it loses least against the best kvpress press (docs/guide/kv-cache.md).
 * :class:`H2OPress` — the same window, scoring accumulated attention (summed over the group): H2O's heavy hitters.
+* :class:`HybridPress` — any kvpress press on models with sliding-window layers: those keep their window.
 * :class:`SVMarginDecodingPress`, :class:`H2ODecodingPress` — kvpress ``DecodingPress`` subclasses: decode-time
   eviction every ``compression_interval`` steps down to ``target_size`` keys. The buffered queries get RoPE at
   their own positions (kvpress's own window presses rotate every buffered query to the current position), and the
