@@ -89,3 +89,15 @@ def test_fit_and_fit_many_give_one_nuclear_status(k):
     (many,) = AttentionSVM("nuc").fit_many([p])
     assert one.status_ == many.status_ == "optimal"
     assert one.objective_ == pytest.approx(many.objective_, rel=1e-6)
+
+
+def test_the_feasible_norm_is_in_the_users_units_after_a_rescale():
+    """X at 1e70 is solved exactly rescaled; the ill-conditioned W and its reported norm come back in X's units
+    (feasible_norm stayed in the rescaled units)."""
+    p = _instance(1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        e = AttentionSVM().fit(AttentionProblem(p.X * 1e70, p.y, p.head, Z=p.Z), [0, 0])
+    assert e.status_ == "ill_conditioned" and e.info_["prescale"] != 1.0
+    assert e.info_["feasible_norm"] == pytest.approx(np.linalg.norm(e.W_), rel=1e-12)
+    assert e.info_["feasible_norm"] == pytest.approx(2e10 / 1e70, rel=1e-6)

@@ -41,6 +41,7 @@ __all__ = [
     "protect",
     "window_probs",
     "window_scores",
+    "window_priority",
     "compute_n_kept",
     "check_compression_ratio",
     "svm_support_scores",
@@ -416,10 +417,14 @@ def window_probs(logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -
 def window_scores(policy: EvictionPolicy, logits: torch.Tensor, visible: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     """Keep-priority (B, H_kv, K) of the keys from one window of queries: ``policy.accumulate`` on
     :func:`window_probs` from no statistics, then ``policy.priority`` (the cache's rule on the press's window)."""
-    probs = window_probs(logits, visible, n_kv_heads)
-    stats = policy.accumulate(None, probs)
-    positions = torch.arange(probs.shape[-1], device=probs.device).expand(probs.shape[:2] + probs.shape[-1:])
-    return policy.priority(stats, positions)
+    stats = policy.accumulate(None, window_probs(logits, visible, n_kv_heads))
+    assert stats is not None  # (the window policies keep statistics)
+    return window_priority(policy, stats)
+
+
+def window_priority(policy: EvictionPolicy, stats: torch.Tensor) -> torch.Tensor:
+    """``policy.priority`` of statistics (..., K) of the keys 0 … K − 1 of one window (their positions)."""
+    return policy.priority(stats, torch.arange(stats.shape[-1], device=stats.device).expand(stats.shape))
 
 
 # ---------------------------------------------------------------------------------------- kvpress's budget
@@ -527,9 +532,9 @@ def svm_support_scores(
         marg[rows, sel[todo]] = np.inf
         violated = (marg < 1 - 1e-7).any(-1) & ok
         sup = st.support[:, 0]  # (n, m) over the candidates
-        done = ~violated
-        for i in np.flatnonzero(done & ok):
-            support[todo[i], cand[todo[i]][sup[i]]] = True
+        fin = np.flatnonzero(~violated & ok)  # (solved: their support keys, in one scatter)
+        rows = np.broadcast_to(todo[fin][:, None], sup[fin].shape)
+        support[rows[sup[fin]], cand[todo[fin]][sup[fin]]] = True
         info["unsolved"] += int((~ok).sum())
         if not violated.any():
             todo = todo[:0]

@@ -19,7 +19,15 @@ import torch
 from kvpress import AdaKVPress, BasePress, DecodingPress, ScorerPress
 from kvpress.presses.base_press import is_prefilling
 
-from ..analysis.kv_scores import EvictionPolicy, H2OPolicy, SVMarginPolicy, protect, svm_support_scores, window_probs
+from ..analysis.kv_scores import (
+    EvictionPolicy,
+    H2OPolicy,
+    SVMarginPolicy,
+    protect,
+    svm_support_scores,
+    window_priority,
+    window_probs,
+)
 from .kvpress import (
     _DECODING_FIELDS,
     _POSITIONS,
@@ -67,7 +75,8 @@ class _WindowPress(ScorerPress):
         if is_sliding_layer(module, kwargs):  # a sliding layer keeps its window (kvpress module doc)
             keep_window(module, kwargs)
             return output
-        refuse_padding(kwargs, type(self).__name__)
+        if is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):  # (not per decoding step)
+            refuse_padding(kwargs, type(self).__name__)
         out = super().forward_hook(module, input, kwargs, output)
         _after_compression(module, kwargs)
         return out
@@ -81,7 +90,7 @@ class _WindowPress(ScorerPress):
         """The policy's keep-priority (B, H_kv, K) from the window alone, before protection."""
         stats = self.policy.accumulate(None, self.window_probs(module, hidden_states, keys, kwargs))
         assert stats is not None  # (the window policies keep statistics)
-        return _priority(self.policy, stats)
+        return window_priority(self.policy, stats)
 
     def score(
         self,
@@ -94,11 +103,6 @@ class _WindowPress(ScorerPress):
     ) -> torch.Tensor:
         raw = self.raw_score(module, hidden_states, keys, kwargs)
         return protect(raw, min(self.window_size, hidden_states.shape[1], keys.shape[2]), self.n_sink)
-
-
-def _priority(policy: EvictionPolicy, stats: torch.Tensor) -> torch.Tensor:
-    positions = torch.arange(stats.shape[-1], device=stats.device).expand(stats.shape)
-    return policy.priority(stats, positions)
 
 
 @dataclass
@@ -210,7 +214,7 @@ class _CarryingDecodingPress(DecodingPress):
     def carried_scores(self, layer_idx: int) -> torch.Tensor | None:
         """The keep-priority carried for the keys a layer kept at its last compression (B, H_kv, n_kept), if any."""
         stats = self._carried.get(layer_idx)
-        return None if stats is None else _priority(self.base_press.policy, stats)
+        return None if stats is None else window_priority(self.base_press.policy, stats)
 
     def reset(self) -> None:
         super().reset()
@@ -222,10 +226,10 @@ class _CarryingDecodingPress(DecodingPress):
         if is_sliding_layer(module, kwargs):  # a sliding layer keeps its window (kvpress module doc)
             keep_window(module, kwargs)
             return output
-        refuse_padding(kwargs, type(self).__name__)
         hidden = kwargs["hidden_states"]
         layer = module.layer_idx
         if is_prefilling(kwargs["cache_position"], hidden.shape[1]):
+            refuse_padding(kwargs, type(self).__name__)  # (at the prefill: padding then stays for every step)
             self._carried.pop(layer, None)
             self._since[layer] = 0
             return super().forward_hook(module, input, kwargs, output)
@@ -268,7 +272,9 @@ class _CarryingDecodingPress(DecodingPress):
             self._carried[layer] = stats
             return keys, values
         n_kept = self.target_size  # = compute_n_kept(K, ratio) at DecodingPress's target ratio
-        scores = protect(_priority(base.policy, stats), min(base.window_size, hidden_states.shape[1], K), base.n_sink)
+        scores = protect(
+            window_priority(base.policy, stats), min(base.window_size, hidden_states.shape[1], K), base.n_sink
+        )
         idx = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values  # kept keys stay in order
         self._carried[layer] = stats.gather(2, idx)
         gather = idx.unsqueeze(-1)

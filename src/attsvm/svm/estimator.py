@@ -741,6 +741,8 @@ class AttentionSVM:
             power = np.float64(kappa) ** self._norm_object().degree
             self.W_ = self.W_ * kappa
             self.objective_ = float(self.objective_ * np.float64(kappa))
+            if "feasible_norm" in self.info_:  # (an ill-conditioned instance's W: its norm in the user's units)
+                self.info_["feasible_norm"] = self.objective_
             self.dual_coef_ = self.dual_coef_ * power
             self.duality_gap_ = float(self.duality_gap_ * power)
             self.complementary_slackness_ = float(self.complementary_slackness_ * power)

@@ -33,6 +33,7 @@ candidate ray for the shared Farkas check.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -140,9 +141,14 @@ class _Dual:
         den = abs(primal) + abs(dual)
         return W, (abs(primal - dual) / den if den > 0 else 0.0)
 
+    @functools.cached_property
+    def F(self) -> NDArray[np.float64]:
+        """The rows ``vec(a_k z_kᵀ)`` (K, d·d_z), built once (the Newton polish and the primal route read them)."""
+        return np.einsum("kd,ke->kde", self.A, self.Z).reshape(self.A.shape[0], -1)
+
     def newton(self, lam: NDArray[np.float64], opts: LpOptions) -> tuple[NDArray[np.float64], int]:
         """Newton polish on the support (module doc); returns λ and the number of steps taken."""
-        F = np.einsum("kd,ke->kde", self.A, self.Z).reshape(self.A.shape[0], -1)
+        F = self.F
         q = self.q
         lo = np.where(self.eq, -np.inf, 0.0)
         steps = 0
@@ -278,7 +284,7 @@ def _primal_route(
     the start's norm; the multipliers are then the non-negative least-squares fit of that gradient on the tight
     rows (``Σ λ_k F_k = ∇½‖W‖_p²`` at the optimum), polished by the dual Newton steps. Returns (W, λ, relative
     gap) or None when no certifiable point comes out."""
-    F = np.einsum("kd,ke->kde", dual.A, dual.Z).reshape(dual.A.shape[0], -1)
+    F = dual.F
     shape = (dual.A.shape[1], dual.Z.shape[1])
     p = dual.p
 
