@@ -87,3 +87,29 @@ def test_the_prefill_is_recorded_once_per_layer(setup):
     assert all(rec.hidden[i].shape == (1, 40, 32) for i in rec.hidden)
     with pytest.raises(ValueError, match="context_ids"):
         record_prefill(net, torch.arange(40))
+
+
+def test_methods_of_one_cache_shape_decode_as_one_batch(setup):
+    """Three caches of one shape answer in one batch: one forward per decoding step, not one per cache; a cache
+    that cannot be decoded gets its exception in place of its answer, the others their answers."""
+    from attsvm.analysis.kv_oneprefill import answer_from_cache, answers_from_caches, compressed_cache
+
+    net, tok, _ = setup
+    g = torch.Generator().manual_seed(7)
+    ctx = torch.randint(0, len(tok) - 1, (1, 70), generator=g)
+    q = torch.randint(0, len(tok) - 1, (1, 5), generator=g)
+    rec = record_prefill(net, ctx)
+    presses = [HybridPress(KnormPress(0.5)), HybridPress(SnapKVPress(0.5, window_size=8)), SVMarginPress(0.5)]
+    caches = [compressed_cache(rec, p, net) for p in presses]
+    broken = compressed_cache(rec, None, net)
+    broken.layers[-1].keys = broken.layers[-1].keys[..., :3]  # (a head dimension the model cannot use)
+    calls = []
+    hook = net.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        got = answers_from_caches(net, [*caches, broken], q, rec.context_length, 6)
+    finally:
+        hook.remove()
+    alone = [answer_from_cache(net, compressed_cache(rec, p, net), q, rec.context_length, 6) for p in presses]
+    assert got[:3] == alone
+    assert isinstance(got[3], Exception)
+    assert len(calls) <= 6 + 2  # one batch of three (≤ 6 steps), then the broken cache alone (fails at once, twice)

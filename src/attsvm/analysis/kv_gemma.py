@@ -260,7 +260,7 @@ def context_scores(
     task can no longer pass the gate: the methods are not run)."""
     import torch
 
-    from .kv_oneprefill import answer_from_cache, compressed_cache, record_prefill
+    from .kv_oneprefill import answers_from_caches, compressed_cache, record_prefill
 
     recs: list[tuple[Any, Any, Any]] = []
     for q, expected in ctx["questions"]:
@@ -273,24 +273,37 @@ def context_scores(
         recs.append((rec, qids, expected))
     per: dict[tuple[str, float], list[float]] = {}
 
-    def run(key: tuple[str, float], press: Any) -> None:
-        for rec, qids, expected in recs:
-            try:
-                cache = compressed_cache(rec, press, model)
-                ans = answer_from_cache(model, cache, qids, rec.context_length, config.max_new_tokens)
-            except Exception as exc:  # (a press that cannot run on this model is reported once, then skipped)
-                errors[key[0]] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                log.warning("kv-compare: %s cannot run on Gemma 3: %s", key[0], errors[key[0]])
-                per.pop(key, None)
-                return
-            said = " ".join(tok.decode(ans, skip_special_tokens=True).split())  # (line breaks are not words)
-            per.setdefault(key, []).append(score_row(said, expected))
+    def fail(key: tuple[str, float], exc: Exception) -> None:  # (a press that cannot run is reported, then skipped)
+        errors[key[0]] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log.warning("kv-compare: %s cannot run on Gemma 3: %s", key[0], errors[key[0]])
 
-    run(("full", 0.0), None)
+    def run(todo: dict[tuple[str, float], Any]) -> None:
+        """Score every method of ``todo`` on every question: its caches are built from the one record and the
+        answers to a question decoded together (one batch row per method and ratio)."""
+        for rec, qids, expected in recs:
+            keys, caches = [], []
+            for key, press in todo.items():
+                if key[0] in errors:
+                    continue
+                try:
+                    caches.append(compressed_cache(rec, press, model))
+                    keys.append(key)
+                except Exception as exc:
+                    fail(key, exc)
+            answers = answers_from_caches(model, caches, qids, rec.context_length, config.max_new_tokens)
+            for key, ans in zip(keys, answers, strict=True):
+                if isinstance(ans, Exception):
+                    fail(key, ans)
+                    continue
+                said = " ".join(tok.decode(ans, skip_special_tokens=True).split())  # (line breaks are not words)
+                per.setdefault(key, []).append(score_row(said, expected))
+        for key in list(per):
+            if key[0] in errors:
+                del per[key]
+
+    run({("full", 0.0): None})
     if not (full_must_pass and np.mean(per.get(("full", 0.0), [0.0])) < 1.0):
-        for key, press in methods.items():
-            if key[0] not in errors:
-                run(key, press)
+        run({k: v for k, v in methods.items() if k[0] not in errors})
     return {k: float(np.mean(v)) for k, v in per.items()}
 
 

@@ -9,6 +9,11 @@ keyword arguments), and each method's compressed cache is assembled from that re
 ``compress`` on the same tensors. Only the question and the answer are then decoded per method, exactly as
 kvpress's pipeline decodes them (question in one step at its true positions, then greedy tokens).
 
+The decoding is batched too: methods whose caches hold the same number of keys in every layer (every press at one
+ratio, as a rule) answer one question together, one row each, so that a decoding step reads the model's weights
+once for all of them (:func:`answers_from_caches`). Rows never see each other; a row's tokens are the ones it would
+decode alone (the tests compare with kvpress's pipeline run press by press).
+
 On hybrid local/global models (Gemma 2/3) the rule of :mod:`attsvm.integrations.kvpress` holds: sliding-window
 layers keep their window, the global layers are compressed (:class:`~attsvm.integrations.kvpress.HybridPress`
 gives the same caches press by press; the tests compare the answers with kvpress's pipeline run press by press).
@@ -27,7 +32,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["PrefillRecord", "record_prefill", "compressed_cache", "answer_from_cache", "answers_one_prefill"]
+__all__ = [
+    "PrefillRecord",
+    "record_prefill",
+    "compressed_cache",
+    "answer_from_cache",
+    "answers_from_caches",
+    "answers_one_prefill",
+]
 
 
 @dataclass
@@ -146,20 +158,91 @@ def answer_from_cache(
 ) -> list[int]:
     """Greedy answer token ids, decoded as kvpress's pipeline decodes (the question at its true positions in one
     step, then one token per step); the cache is extended in place."""
+    return _greedy(model, cache, question_ids, context_length, max_new_tokens)[0]
+
+
+def _signature(cache: Any) -> tuple:
+    """What must agree for two caches to decode as rows of one batch: each layer's class, key and value shapes and,
+    for a sliding-window layer, how many tokens it has seen."""
+    return tuple(
+        (type(layer), tuple(layer.keys.shape), tuple(layer.values.shape), getattr(layer, "cumulative_length", None))
+        for layer in cache.layers
+    )
+
+
+def _stack(caches: Sequence[Any]) -> Any:
+    """One cache whose batch rows are ``caches`` (which have one signature)."""
+    from transformers import DynamicCache
+
+    out = DynamicCache()
+    out.layers = []
+    for layers in zip(*(c.layers for c in caches), strict=True):
+        layer = copy.copy(layers[0])
+        layer.keys = torch.cat([x.keys for x in layers], 0)
+        layer.values = torch.cat([x.values for x in layers], 0)
+        out.layers.append(layer)
+    return out
+
+
+def _greedy(model: Any, cache: Any, question_ids: torch.Tensor, context_length: int, max_new_tokens: int) -> list:
+    """Greedy token ids of every batch row of ``cache`` (question in one step, then one token per step; as in kvpress's
+    pipeline, a row ends with the first stop token decoded after the question's step; the batch when every row has
+    ended)."""
     eos = model.generation_config.eos_token_id
     stop = set(eos if isinstance(eos, list) else [eos])
+    rows = int(cache.layers[0].keys.shape[0])
     q = question_ids.shape[1]
-    pos = torch.arange(context_length, context_length + q).unsqueeze(0)
+    pos = torch.arange(context_length, context_length + q).unsqueeze(0).expand(rows, q)
     with torch.no_grad():
-        out = model(input_ids=question_ids, past_key_values=cache, position_ids=pos, logits_to_keep=1)
-        ids = [int(out.logits[0, -1].argmax())]
+        out = model(input_ids=question_ids.expand(rows, q), past_key_values=cache, position_ids=pos, logits_to_keep=1)
+        ids = [[int(t)] for t in out.logits[:, -1].argmax(-1)]
         nxt = pos[:, -1:] + 1
         for i in range(max_new_tokens - 1):
-            out = model(input_ids=torch.tensor([[ids[-1]]]), past_key_values=cache, position_ids=nxt + i)
-            ids.append(int(out.logits[0, -1].argmax()))
-            if ids[-1] in stop:
+            if all(any(t in stop for t in row[1:]) for row in ids):
                 break
-    return ids
+            last = torch.tensor([[row[-1]] for row in ids])
+            out = model(input_ids=last, past_key_values=cache, position_ids=nxt + i)
+            for row, t in zip(ids, out.logits[:, -1].argmax(-1), strict=True):
+                row.append(int(t))
+    cut = []
+    for row in ids:
+        end = next((j for j, t in enumerate(row) if j and t in stop), len(row) - 1)
+        cut.append(row[: end + 1])
+    return cut
+
+
+def answers_from_caches(
+    model: Any,
+    caches: Sequence[Any],
+    question_ids: torch.Tensor,
+    context_length: int,
+    max_new_tokens: int,
+    *,
+    batch: int = 32,
+) -> list[list[int] | Exception]:
+    """Greedy answer token ids of ``question_ids`` from each cache (as :func:`answer_from_cache` gives them), decoded
+    in batches of at most ``batch`` caches of one signature (module doc). A cache that cannot be decoded gets its
+    exception in place of its answer (a failing batch is retried row by row, so that only the culprit fails). The
+    caches are left as they were."""
+    out: list[Any] = [None] * len(caches)
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(caches):
+        groups.setdefault(_signature(c), []).append(i)
+    for members in groups.values():
+        for s in range(0, len(members), batch):
+            part = members[s : s + batch]
+            try:
+                rows = _greedy(model, _stack([caches[i] for i in part]), question_ids, context_length, max_new_tokens)
+            except Exception:
+                rows = []
+                for i in part:
+                    try:
+                        rows += _greedy(model, _stack([caches[i]]), question_ids, context_length, max_new_tokens)
+                    except Exception as exc:  # (reported per cache: the caller names the method)
+                        rows.append(exc)
+            for i, r in zip(part, rows, strict=True):
+                out[i] = r
+    return out
 
 
 def answers_one_prefill(
@@ -170,13 +253,15 @@ def answers_one_prefill(
     *,
     max_new_tokens: int = 8,
 ) -> dict[str, list[list[int]]]:
-    """Answer token ids of every method (``{name: press or None}``) for every question, from one prefill."""
+    """Answer token ids of every method (``{name: press or None}``) for every question, from one prefill; the
+    methods' answers to a question are decoded in batches (:func:`answers_from_caches`)."""
     rec = record_prefill(model, context_ids)
-    out: dict[str, list[list[int]]] = {}
-    for name, press in presses.items():
-        answers = []
-        for q in question_ids:
-            cache = compressed_cache(rec, press, model)  # afresh per question (the answer extends the cache)
-            answers.append(answer_from_cache(model, cache, q, rec.context_length, max_new_tokens))
-        out[name] = answers
+    names = list(presses)
+    caches = [compressed_cache(rec, presses[n], model) for n in names]
+    out: dict[str, list[list[int]]] = {n: [] for n in names}
+    for q in question_ids:
+        for n, a in zip(names, answers_from_caches(model, caches, q, rec.context_length, max_new_tokens), strict=True):
+            if isinstance(a, Exception):
+                raise a
+            out[n].append(a)
     return out
