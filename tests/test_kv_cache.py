@@ -311,3 +311,12 @@ def test_a_closed_cache_says_so_instead_of_blaming_the_attention(tiny_lm):
         _decode(model, ids[:, :3], cache)
     with pytest.raises(RuntimeError, match="EvictionCache is closed"):  # (it said: load the model eager)
         _decode(model, ids[:, 3:5], cache)
+
+
+def test_the_sv_margin_policy_has_one_name_and_accepts_the_old_spelling():
+    from attsvm.analysis.kv_cache import POLICIES, make_policy
+
+    assert "svm_margin" in POLICIES and "svm" not in POLICIES
+    assert make_policy("svm_margin").name == make_policy("svm").name == "svm_margin"
+    with pytest.raises(ValueError, match="policy"):
+        make_policy("svm_margins")

@@ -8,7 +8,7 @@ kvpress presses of :mod:`attsvm.integrations.kvpress` share (re-exported here).
 
 Policies (each a small class; :func:`make_policy` builds one by name):
 
-* ``"svm"`` — **support-vector margin**: a key's score is the smallest margin
+* ``"svm_margin"`` (also spelt ``"svm"``) — **support-vector margin**: a key's score is the smallest margin
   ``logit_top − logit_t = log p_top − log p_t`` it had over the queries seen since it arrived (docs/spec.md §2:
   keys near the top are the support vectors of the selection); keep the smallest, evict the farthest.
   A recent window (default a quarter of the budget) is protected, since a new key has been scored by

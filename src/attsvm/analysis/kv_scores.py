@@ -17,7 +17,7 @@ presses of :mod:`attsvm.integrations.kvpress` (docs/spec.md §7). Torch only.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ __all__ = [
     "RecentPolicy",
     "RandomPolicy",
     "POLICIES",
+    "POLICY_ALIASES",
     "PolicyName",
     "make_policy",
     "eviction_scores",
@@ -47,8 +48,10 @@ __all__ = [
     "svm_support_scores",
 ]
 
-PolicyName = Literal["svm", "h2o", "tova", "streaming", "recent", "random"]
-POLICIES: tuple[str, ...] = ("svm", "h2o", "tova", "streaming", "recent", "random")
+PolicyName = Literal["svm_margin", "svm", "h2o", "tova", "streaming", "recent", "random"]
+POLICIES: tuple[str, ...] = ("svm_margin", "h2o", "tova", "streaming", "recent", "random")
+# other spellings :func:`make_policy` accepts
+POLICY_ALIASES: dict[str, str] = {"svm": "svm_margin", "svm-margin": "svm_margin"}
 
 
 class EvictionPolicy:
@@ -149,7 +152,7 @@ class SVMarginPolicy(EvictionPolicy):
     Per KV head the statistic is the minimum margin over its group's query heads and over the queries seen.
     """
 
-    name = "svm"
+    name = "svm_margin"
     fresh = math.inf
 
     def __init__(self, *, sinks: int = 0, recent: int | float = 0.25) -> None:
@@ -262,7 +265,9 @@ _CLASSES: dict[str, type[EvictionPolicy]] = {
 
 
 def make_policy(name: PolicyName, **kwargs: Any) -> EvictionPolicy:
-    """Build a policy by name (one of :data:`POLICIES`); keyword arguments go to its constructor."""
+    """Build a policy by name (one of :data:`POLICIES`, or a spelling of :data:`POLICY_ALIASES`); keyword arguments go
+    to its constructor."""
+    name = cast(PolicyName, POLICY_ALIASES.get(name, name)) if isinstance(name, str) else name
     check_choice(name, "policy", POLICIES)
     return _CLASSES[name](**kwargs)
 
