@@ -11,9 +11,9 @@ KVPY    := $(KVVENV)/bin/python
 KVSTAMP := $(KVVENV)/.installed-stamp
 export OMP_NUM_THREADS ?= 1
 export DASK_TEMPORARY_DIRECTORY ?= $(CURDIR)/.dask-tmp
-LINT_PATHS := src tests benchmarks docs/scripts
+LINT_PATHS := src tests benchmarks docs/scripts docs/hooks docs/tutorials
 
-.PHONY: demo install-kvpress test test-core-install test-slow lint format docs docs-serve docs-figures bench install clean
+.PHONY: demo install-kvpress test test-core-install test-slow lint format docs docs-check docs-serve docs-figures bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,11 +46,42 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
 	$(VENV)/bin/ruff format $(LINT_PATHS)
 
+# The site serves the browser libraries it uses itself, so that viewing it fetches nothing from another host: KaTeX
+# typesets the maths, Mermaid draws the diagrams. Their npm packages, pinned and checked, are unpacked into the
+# ignored docs/assets/vendor/ (the only download)
+KATEX_VERSION   := 0.19.1
+KATEX_SHA256    := 24da5a599eb2fcede2e270b99a6ff48bca816beecc95feeb84e8cccbd1bb34fd
+MERMAID_VERSION := 11.17.2
+MERMAID_SHA256  := 6ad2f42c3fc26bbf9e45cbb6d11898972573ea52b33a5f4ff51952899f950ffd
+VENDOR          := docs/assets/vendor
+VENDOR_STAMP    := $(VENDOR)/.katex-$(KATEX_VERSION)-mermaid-$(MERMAID_VERSION)
+$(VENDOR_STAMP):
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/katex $(VENDOR)/mermaid
+	cd $(VENDOR)/katex && npm pack --silent katex@$(KATEX_VERSION) >/dev/null \
+		&& echo "$(KATEX_SHA256)  katex-$(KATEX_VERSION).tgz" | sha256sum --check --quiet \
+		&& tar -xzf katex-$(KATEX_VERSION).tgz --strip-components=1 package/LICENSE \
+		&& tar -xzf katex-$(KATEX_VERSION).tgz --strip-components=2 \
+			package/dist/katex.min.js package/dist/katex.min.css package/dist/fonts \
+		&& rm katex-$(KATEX_VERSION).tgz
+	cd $(VENDOR)/mermaid && npm pack --silent mermaid@$(MERMAID_VERSION) >/dev/null \
+		&& echo "$(MERMAID_SHA256)  mermaid-$(MERMAID_VERSION).tgz" | sha256sum --check --quiet \
+		&& tar -xzf mermaid-$(MERMAID_VERSION).tgz --strip-components=1 package/LICENSE \
+		&& tar -xzf mermaid-$(MERMAID_VERSION).tgz --strip-components=2 package/dist/mermaid.min.js \
+		&& rm mermaid-$(MERMAID_VERSION).tgz
+	touch $@
+
 # the documentation site (mkdocs.yml) into site/; --strict turns every warning into an error
-docs: $(STAMP)
+docs: $(STAMP) $(VENDOR_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
-docs-serve: $(STAMP)
+# the built site in headless Chromium (tests/test_docs_site.py): maths typeset, images loaded, no console errors,
+# no raw Sphinx roles, no broken internal links. Chromium and its driver come from Debian if missing
+docs-check: docs
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { apt-get update -qq \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+	$(PY) -m pytest -q tests/test_docs_site.py
+
+docs-serve: $(STAMP) $(VENDOR_STAMP)
 	$(VENV)/bin/mkdocs serve
 
 # rerun the reproductions at the paper's settings and rewrite docs/guide/reproductions.md with their
@@ -63,14 +94,14 @@ docs-figures: $(STAMP)
 		rc=$$?; [ $$rc -le 1 ] || exit $$rc; done
 	$(PY) docs/scripts/reproductions.py results/docs-figures
 
-test: lint docs $(KVSTAMP)
+test: lint docs docs-check $(KVSTAMP)
 	$(PY) -m pytest -q -m core_install tests/test_packaging.py
 	# kvpress 0.5.5 + transformers 5.2.x: the presses and the cache on the older transformers
 	$(KVPY) -m pytest -q -n 2 --dist loadfile tests/presses tests/test_kvpress_extra.py tests/test_kv_layouts.py
 	# the numba kernels compiled once, here, after an edit of their source: a kernel compiled afresh and one
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
 	$(PY) -m attsvm.svm._warm
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --ignore=tests/test_docs_site.py
 
 # a fresh virtual environment with only the core install fits AttentionSVM and trains
 test-core-install: $(STAMP)
@@ -86,6 +117,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_kv.py
 	$(PY) benchmarks/bench_experiments.py --workers 2
+	# the dated tables of docs/performance.md, from benchmarks/records/ (each full run above writes one)
+	$(PY) docs/scripts/performance.py
 
 clean:
-	rm -rf $(VENV) $(KVVENV) results site .dask-tmp .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KVVENV) results site .dask-tmp .pytest_cache .mypy_cache .ruff_cache $(VENDOR)

@@ -17,6 +17,9 @@ with one BLAS thread.
     .venv/bin/python benchmarks/bench_batch.py            # R = 1000, 500 and 200
     .venv/bin/python benchmarks/bench_batch.py --quick    # R = 200, 100 and 40
     .venv/bin/python benchmarks/bench_batch.py --norm nuc # the nuclear rows only
+
+A full run (no --quick, the default --rounds; either norm) writes its table to benchmarks/records/
+(``--record`` records any run, ``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 from _options import positive_int
+from _record import Recorder, add_option, wanted
 
 from attsvm.datasets import paper_instance
 from attsvm.svm import AttentionSVM
@@ -39,7 +43,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer instances")
     ap.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds (minimum reported)")
     ap.add_argument("--norm", choices=("fro", "nuc", "both"), default="both")
+    add_option(ap, "no --quick, the default --rounds")
     args = ap.parse_args()
+    rec = Recorder("bench_batch", wanted(args, ap, ("quick", "rounds")))
     sizes = []
     if args.norm in ("fro", "both"):
         sizes += [
@@ -63,6 +69,7 @@ def main() -> None:
         + " ".join(f"{name:>13}" for name in routes)
         + f" {'best ×fit':>9} {'max ΔW/‖W‖':>11} {'max Δobj':>9}"
     )
+    rows = []
     for norm, (n, T, d), R in sizes:
         probs = [paper_instance(n, T, d, seed=r) for r in range(R)]
         toks = [p.optimal_tokens(ties="first") for p in probs]
@@ -95,7 +102,24 @@ def main() -> None:
             f"{norm:>4} {(n, T, d)!s:>14} {K:>5} {R:>5} {min(times['fit']) * 1e6:>14.1f} {cells} "
             f"{min(times['fit']) / best:>8.1f}× {dw:>11.1e} {dobj:>9.1e}"
         )
+        rows.append(
+            [norm, str((n, T, d)), K, R, round(min(times["fit"]) * 1e6, 1),
+             *(round(min(times[name]) * 1e6, 1) for name in these), f"{min(times['fit']) / best:.1f}×",
+             f"{dw:.1e}", f"{dobj:.1e}"]
+        )  # fmt: skip
     batch._compiled_module = None
+    rec.table(
+        "fit_many against fit, one instance at a time",
+        ["norm", "(n, T, d)", "K", "instances", "fit", *routes, "best × fit", "max ΔW/‖W‖", "max Δobj"],
+        rows,
+        [
+            "µs per instance, certificates included, the best of the alternating rounds",
+            "numpy: the NumPy route; compiled ×N: the numba route on N threads",
+            "max ΔW/‖W‖, max Δobj: fit_many's answers against fit's, every instance",
+            f"{args.rounds} rounds, alternating fit and each route in one process",
+        ],
+    )
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@
     python benchmarks/bench_cuda.py --out res.json  # also write the numbers as JSON
 
 It needs only the core install (numpy, scipy, torch, tqdm). On a machine without CUDA it says so and exits 0.
+
+A full run (the default --steps and --runs) writes its tables to benchmarks/records/ (``--record`` records any
+run, ``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 import numpy as np
 import torch
 from _options import int_list, positive_int
+from _record import Recorder, add_option, wanted
 
 from attsvm.datasets import paper_instance
 from attsvm.train import train
@@ -76,17 +80,35 @@ def main() -> int:
     ap.add_argument("--steps", type=positive_int, default=500)
     ap.add_argument("--runs", type=int_list, default=[100, 1000, 10000])
     ap.add_argument("--out", default=None)
+    add_option(ap, "the default --steps and --runs")
     args = ap.parse_args()
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         ap.error(f"--out: no folder {os.path.dirname(os.path.abspath(args.out))!r} to write {args.out!r} in")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to compare")
         return 0
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}", flush=True)
+    rec = Recorder("bench_cuda", wanted(args, ap, ("steps", "runs")))
+    device = torch.cuda.get_device_name(0)
+    print(f"torch {torch.__version__} on {device}", flush=True)
     agree = agreement(args.steps)
     for name, d in agree.items():
         print(f"agreement {name:24s} max |ΔW| / max |W| = {d:.1e}", flush=True)
     rows = throughput(args.runs, args.steps)
+    rec.table(
+        "The same runs trained on the CPU and on the GPU",
+        ["case", "max |ΔW| / max |W|"],
+        [[name, f"{d:.0e}"] for name, d in agree.items()],
+        [f"GPU: {device}", f"{args.steps} steps on (6, 8, 10), float64 on both devices"],
+    )
+    rec.table(
+        "Batched training throughput, CPU against CUDA",
+        ["runs R", "CPU (s)", "CUDA (s)", "CUDA run-steps/s", "CUDA speed-up"],
+        [[int(r["R"]), round(r["cpu_s"], 2), round(r["cuda_s"], 2), f"{r['R'] * args.steps / r['cuda_s']:.3g}",
+          f"{r['speedup']:.1f}×"] for r in rows],
+        [f"GPU: {device}; the CPU column: this machine's cores",
+         f"normalized GD on paper_instance(6, 8, 10), {args.steps} steps"],
+    )  # fmt: skip
+    rec.write()
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"agreement": agree, "throughput": rows, "device": torch.cuda.get_device_name(0)}, f, indent=1)

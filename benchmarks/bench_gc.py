@@ -12,6 +12,9 @@ calls the mean depends on whether one falls inside it.
 
     .venv/bin/python benchmarks/bench_gc.py                 # (6, 8, 10), 100 calls, 2 rounds
     .venv/bin/python benchmarks/bench_gc.py --size 15,15,20 --calls 30
+
+A full run (the default --size, --instances, --calls and --rounds) writes its table to benchmarks/records/
+(``--record`` records any run, ``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 
 import numpy as np
 from _options import positive_int, size_triple
+from _record import Recorder, add_option, wanted
 
 
 def main() -> None:
@@ -31,7 +35,9 @@ def main() -> None:
     ap.add_argument("--instances", type=positive_int, default=1000)
     ap.add_argument("--calls", type=positive_int, default=100, help="back-to-back calls per round")
     ap.add_argument("--rounds", type=positive_int, default=2)
+    add_option(ap, "the default --size, --instances, --calls and --rounds")
     args = ap.parse_args()
+    rec = Recorder("bench_gc", wanted(args, ap, ("size", "instances", "calls", "rounds")))
     import torch  # noqa: F401  (a user's process: its objects are what a full collection walks)
 
     from attsvm.datasets import paper_instance
@@ -79,6 +85,19 @@ def main() -> None:
         seen = ", ".join(f"gen {g}: {len(ts)} ({sum(ts) * 1e3:.0f} ms)" for g, ts in collections[how].items())
         print(f"  fit_many, collector {how:<10} {mean * 1e6:8.2f} µs per instance; {calls} calls collected {seen}")
     print(f"  the pause makes fit_many {b / a:.2f}× as fast")
+    rec.table(
+        "fit_many with and without its pause of the garbage collector",
+        ["collector", "µs per instance", "gen 0", "gen 1", "gen 2 (full)"],
+        [
+            [how, round(mean * 1e6, 2)] + [f"{len(ts)} ({sum(ts) * 1e3:.0f} ms)" for ts in collections[how].values()]
+            for how, mean in (("paused", a), ("not paused", b))
+        ],
+        [
+            f"(n, T, d) = {(n, T, d)}, {args.instances} instances, {args.rounds} rounds of {args.calls} calls",
+            f"gen k: the collections of {calls} calls and their time; the pause makes fit_many {b / a:.2f}× as fast",
+        ],
+    )
+    rec.write()
 
 
 if __name__ == "__main__":

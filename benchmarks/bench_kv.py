@@ -15,6 +15,9 @@ order, so load changes on a shared machine hit every cache alike. Each step's ti
 measured in the same run. Timings on a shared machine are still noisy.
 
     .venv/bin/python benchmarks/bench_kv.py [--model gpt2 llama] [--tokens 256] [--batch 1] [--repeats 5]
+
+A full run (the default --model, --tokens and --repeats) writes its table to benchmarks/records/ (``--record``
+records any run, ``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 
 import torch
 from _options import fraction, positive_int
+from _record import Recorder, add_option, wanted
 
 from attsvm.analysis.kv_cache import cache_kwargs, returned_cache
 
@@ -118,8 +122,8 @@ def lockstep(models: dict, ids: torch.Tensor, make_cache: dict, start: int, gen:
     return times
 
 
-def bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
-    """Run one model's lockstep comparison; print its table; return the ratios."""
+def bench(kind: str, args: argparse.Namespace, rows: list | None = None) -> dict[str, float]:
+    """Run one model's lockstep comparison; print its table (and add its rows to ``rows``); return the ratios."""
     from attsvm.analysis.kv_cache import POLICIES, EvictionCache
 
     eager, sdpa = build(kind, "eager"), build(kind, "sdpa")
@@ -150,6 +154,8 @@ def bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
     )
     for k, c in cost.items():
         print(f"{k:>14} {1e3 * c / steps:9.3f} {c / ref:7.3f}")
+        if rows is not None:
+            rows.append([kind, k, round(1e3 * c / steps, 3), round(c / ref, 3), f"{LIMITS[kind]:.2f}"])
     return {k: c / ref for k, c in cost.items()}
 
 
@@ -161,6 +167,7 @@ def main() -> None:
     ap.add_argument("--budget", type=fraction, default=0.25)
     ap.add_argument("--repeats", type=positive_int, default=5)
     ap.add_argument("--threads", type=positive_int, default=1)
+    add_option(ap, "the default --model, --tokens and --repeats")
     args = ap.parse_args()
     budget = max(1, round(args.budget * args.tokens))  # (as bench() computes it)
     if budget >= args.tokens:
@@ -175,9 +182,24 @@ def main() -> None:
         if args.tokens > positions:
             ap.error(f"--tokens must be <= {positions} with --model gpt2 (its position table), got {args.tokens}")
     torch.set_num_threads(args.threads)
+    rec = Recorder("bench_kv", wanted(args, ap, ("model", "tokens", "repeats")))
+    rows: list = []
     for kind in args.model:
-        bench(kind, args)
+        bench(kind, args, rows)
         print()
+    rec.table(
+        "Decoding-step cost of eviction against no eviction",
+        ["model", "cache", "ms per step", "ratio", "limit"],
+        rows,
+        [
+            *(f"{kind}: {TITLES[kind]}" for kind in args.model),
+            f"batch {args.batch}, {args.tokens} tokens, budget {100 * args.budget:g} % of them, "
+            f"{args.threads} thread(s)",
+            f"the steps after the budget is reached, in lockstep, each step the median of {args.repeats} passes",
+            "ratio: against no eviction with eager attention; limit: the ratio each policy should stay under",
+        ],
+    )
+    rec.write()
 
 
 if __name__ == "__main__":

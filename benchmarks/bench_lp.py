@@ -14,6 +14,9 @@ max constraint violation of every answer (ours must be ≤ 1e-8).
     .venv/bin/python benchmarks/bench_lp.py --quick          # (15,15,20) and (50,20,50), p = 1.75, 3
     .venv/bin/python benchmarks/bench_lp.py --cap 300        # adds (100,20,100)
 
+A full run (no --quick, the default --cap) writes its table to benchmarks/records/ (``--record`` records any
+run, ``--no-record`` none; docs/performance.md is generated from the records).
+
 Timings on a shared machine are noisy; the ratios compare runs made back to back.
 """
 
@@ -29,6 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 from _options import positive_float
+from _record import Recorder, add_option, wanted
 
 SIZES = [(15, 15, 20), (50, 20, 50), (100, 20, 100)]
 QUICK_SIZES = SIZES[:2]
@@ -83,7 +87,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the two smaller sizes only")
     ap.add_argument("--cap", type=positive_float, default=120.0, help="seconds per cvxpy solve (default 120)")
+    add_option(ap, "no --quick, the default --cap")
     args = ap.parse_args()
+    rec = Recorder("bench_lp", wanted(args, ap, ("quick", "cap")))
+    rows = []
     sizes = QUICK_SIZES if args.quick else SIZES
     cols = f"{'size':>14} {'p':>5} {'ours':>9} {'loop':>9} {'aux':>9}"
     print(f"{cols} {'× fastest':>10} {'rel obj':>9} {'viol':>8} status")
@@ -109,6 +116,21 @@ def main() -> None:
                 f"{shown:>10} "
                 f"{rel:9.1e} {svm.max_violation_:8.1e} {svm.status_}"
             )
+            rows.append(
+                [str(size), p, f"{t_ours:.3f} s", fmt(times["loop"]), fmt(times["aux"]), shown, f"{rel:.1e}",
+                 f"{svm.max_violation_:.1e}", svm.status_]
+            )  # fmt: skip
+    rec.table(
+        "ℓp: ours against cvxpy pnorm",
+        ["size", "p", "ours", "cvxpy loop", "cvxpy aux", "× fastest", "rel. obj. diff", "violation", "status"],
+        rows,
+        [
+            "cvxpy with Clarabel, modelling included, each solve in a child process killed at the cap",
+            f"cap {args.cap:.0f} s per cvxpy solve; ours: the best of 3 fits, certificate included",
+            "× fastest: the fastest cvxpy formulation's time over ours",
+        ],
+    )
+    rec.write()
 
 
 if __name__ == "__main__":

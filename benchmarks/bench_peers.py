@@ -23,6 +23,9 @@ Every peer's W is compared with ours (relative Frobenius distance); a row says s
     .venv/bin/python benchmarks/bench_peers.py            # K = 42 … 1,900
     .venv/bin/python benchmarks/bench_peers.py --quick    # K = 42 and 210
     .venv/bin/python benchmarks/bench_peers.py --large    # also (200, 32, 128), K = 6,200 (minutes)
+
+A full run (no --quick, the default --repeat) writes its table to benchmarks/records/ (``--record`` records any
+run, ``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 from _options import positive_int
+from _record import Recorder, add_option, wanted
 
 SIZES = [(6, 8, 10), (15, 15, 20), (50, 20, 50), (100, 20, 100)]
 LARGE = (200, 32, 128)
 AGREE = 1e-6  # relative W agreement every peer must reach (else the row says why)
+METHODS = ("fit_many", "fit_stack")
 
 
 def _rows(n: int, T: int, d: int):
@@ -168,7 +173,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="K = 42 and 210 only")
     ap.add_argument("--large", action="store_true", help="also (200, 32, 128), K = 6,200")
     ap.add_argument("--repeat", type=positive_int, default=5)
+    add_option(ap, "no --quick, the default --repeat")
     args = ap.parse_args()
+    rec = Recorder("bench_peers", wanted(args, ap, ("quick", "repeat")))
     warnings.simplefilter("ignore")
     from attsvm._threads import batch_threads
     from attsvm.datasets import paper_instance
@@ -179,6 +186,9 @@ def main() -> None:
     missing = sorted(set(PEERS) - set(avail))
     if missing:
         print(f"not installed, skipped: {', '.join(missing)}")
+    threads = sorted({1, batch_threads()})
+    rows = []
+    route = "compiled" if batch.compiled() is not None else "NumPy"
     for n, T, d in sizes:
         p, tok, Af, Zf = _rows(n, T, d)
         K = Af.shape[0]
@@ -189,18 +199,17 @@ def main() -> None:
         print(f"{head}; building G {t_gram * 1e3:.3f} ms")
         many: dict[tuple[str, int], float] = {}  # (method, threads) → time per instance
         if K <= batch.max_k(AttentionSVM()):
-            R = 1000  # (the issue's measure: the time per instance over 1,000 instances)
+            R = 1000  # (the measure: the time per instance over 1,000 instances)
             probs = [paper_instance(n, T, d, seed=s) for s in range(R)]
             toks = [q.optimal_tokens(ties="first") for q in probs]
             est = AttentionSVM()
-            route = "compiled" if batch.compiled() is not None else "NumPy"
             X = np.stack([q.X for q in probs])  # fit_stack's input: the stacked data of a sweep
             Z = np.stack([q.queries for q in probs])
             A = np.stack(toks)
             stack = est.fit_stack(X, Z, A)
             dW = float(np.linalg.norm(stack.W[0] - W0) / np.linalg.norm(W0))
             print(f"  fit_stack: {int(stack.optimal.sum())}/{R} optimal; instance 0's W against fit's: {dW:.1e}")
-            for th in sorted({1, batch_threads()}):
+            for th in threads:
                 os.environ["ATTSVM_NUM_THREADS"] = str(th)
                 t_many, _ = best(lambda est=est, probs=probs, toks=toks: est.fit_many(probs, toks), args.repeat, 30.0)
                 t_stack, _ = best(lambda est=est, X=X, Z=Z, A=A: est.fit_stack(X, Z, A), args.repeat, 30.0)
@@ -211,17 +220,21 @@ def main() -> None:
                     f"{t_many / R * 1e3:.4f} ms (estimators), fit_stack {t_stack / R * 1e3:.4f} ms (arrays)"
                 )
             os.environ.pop("ATTSVM_NUM_THREADS")
-        fastest = np.inf
+        fastest, fastest_name = np.inf, ""
+        cells: dict[str, str] = {}
         for name, (_, solve) in avail.items():
             try:
                 t_solve, lam = best(lambda solve=solve, G=G: solve(G), args.repeat, 20.0)
             except Exception as exc:  # a peer's failure is a row, never the end of the benchmark
                 print(f"  {name:9s} failed: {type(exc).__name__}: {exc}")
+                cells[name] = f"failed ({type(exc).__name__})"
                 continue
             W = (Af * np.asarray(lam)[:, None]).T @ Zf
             rel = float(np.linalg.norm(W - W0) / np.linalg.norm(W0))
             total = t_solve + t_gram
-            fastest = min(fastest, total)
+            if total < fastest:
+                fastest, fastest_name = total, name
+            cells[name] = f"{total * 1e3:.3f}" + ("" if rel <= AGREE else f" (ΔW {rel:.0e})")
             note = "" if rel <= AGREE else f"  (W differs by {rel:.1e}: the peer stops at its own tolerance)"
             line = f"  {name:9s} {total * 1e3:10.3f} ms (solve {t_solve * 1e3:.3f})  ours ×{total / t_ours:7.1f}"
             print(f"{line}  ΔW {rel:.1e}{note}")
@@ -229,6 +242,35 @@ def main() -> None:
             print(f"  fastest peer {fastest * 1e3:.3f} ms: ours is {fastest / t_ours:.1f}× as fast")
             for (how, th), t in many.items():
                 print(f"  {how} ({th} thread(s)) per instance: {fastest / t:.1f}× as fast as the fastest peer's solve")
+        per = {how: " / ".join(f"{t * 1e3:.4f}" for (h, _), t in many.items() if h == how) for how in METHODS}
+        ratio = ""
+        if np.isfinite(fastest):
+            ratio = f"fit {fastest / t_ours:.2g}×"
+            for how in METHODS if many else ():
+                ratio += f", {how} " + " / ".join(f"{fastest / t:.1f}×" for (h, _), t in many.items() if h == how)
+            ratio += f" ({fastest_name})"
+        rows.append(
+            [str((n, T, d)), K, f"{t_ours * 1e3:.3f}", f"{t_gram * 1e3:.3f}", per["fit_many"], per["fit_stack"],
+             *(cells.get(name, "") for name in avail), ratio]
+        )  # fmt: skip
+    ts = " / ".join(str(th) for th in threads)
+    notes = [
+        "times in ms; each peer's time includes building G (its kernel), also shown alone",
+        f"every peer's W agrees with ours to ≤ {AGREE:.0e} relative, unless its cell gives ΔW".replace("e-0", "e-"),
+        f"fit_many, fit_stack: time per instance over 1,000 instances on {ts} thread(s), {route} route",
+        "libsvm: mirrored data (f_k → +1, −f_k → −1), so b = 0 by symmetry",
+        "× fastest peer: the fastest peer's single solve over ours",
+    ]
+    if missing:
+        notes.append(f"not installed, skipped: {', '.join(missing)}")
+    rec.table(
+        "Ours against dedicated QP and SVM solvers",
+        ["(n, T, d)", "K", "ours fit", "building G", f"ours fit_many ({ts} threads)",
+         f"ours fit_stack ({ts} threads)", *avail, "× fastest peer"],
+        rows,
+        notes,
+    )  # fmt: skip
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ Every row trains a fresh model (seeded) in a temporary folder and scores greedy 
 minutes on 2 cores; ``--only default`` about 5.
 
     .venv/bin/python benchmarks/bench_retrieval_lm.py [--only default no-bias ...] [--samples 25] [--seed 0]
+
+A full run (the default --only, --samples and --tokens) writes its table to benchmarks/records/ (``--record``
+records any run, ``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from _options import positive_int, seed
+from _record import Recorder, add_option, wanted
 
 ABLATIONS = {
     "default": {},
@@ -40,6 +44,7 @@ def main() -> None:
     ap.add_argument("--samples", type=positive_int, default=25, help="contexts per task for the accuracy")
     ap.add_argument("--seed", type=seed, default=0, help="training seed")
     ap.add_argument("--tokens", type=positive_int, default=1024, help="context length of the accuracy tasks")
+    add_option(ap, "the default --only, --samples and --tokens")
     args = ap.parse_args()
     # the accuracy tasks need room for their needles: check --tokens now, not after 15-20 min of training
     from attsvm.analysis.tasks import TASKS, make_rows
@@ -51,6 +56,8 @@ def main() -> None:
             ap.error(f"--tokens {args.tokens} is too short for task {task}: {exc}")
 
     from attsvm.analysis.lm import RETRIEVAL_LM, full_cache_accuracy, load_llama_lm, train_llama_lm
+
+    rec = Recorder("bench_retrieval_lm", wanted(args, ap, ("only", "samples", "tokens")))
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,6 +75,15 @@ def main() -> None:
     for name, secs, ppl, acc in rows:
         cells = " | ".join(f"{acc[t]:.2f}" for t in tasks)
         print(f"| {name} | {secs:.0f} | {ppl:.1f} | {cells} | {min(acc.values()):.2f} |")
+    rec.table(
+        "The retrieval LM's recipe and its ablations",
+        ["recipe", "train s", "held-out ppl", *tasks, "min"],
+        [[name, round(secs), round(ppl, 1), *(f"{acc[t]:.2f}" for t in tasks), f"{min(acc.values()):.2f}"]
+         for name, secs, ppl, acc in rows],
+        [f"full-cache accuracy over {args.samples} contexts per task at {args.tokens} tokens (seed 123)",
+         f"training seed {args.seed}; each row trains a fresh model"],
+    )  # fmt: skip
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ and prints time ratios, objective agreement and the max constraint violation of 
 it solves the large case n·T = 100,000 at d = 256 with our Frobenius solver alone (a child process,
 so its peak resident memory is its own).
 
+    .venv/bin/python benchmarks/bench_svm.py                    # the full tables (recorded)
     .venv/bin/python benchmarks/bench_svm.py --quick            # small sizes, 20 s cap
     .venv/bin/python benchmarks/bench_svm.py --quick --sizes 6,8,10 15,15,20   # just these
-    .venv/bin/python benchmarks/bench_svm.py --cap 300 --write  # the full table -> README_svm_table.md
     .venv/bin/python benchmarks/bench_svm.py --threads          # one BLAS thread against the pool
+
+A full run (no --quick, --sizes, --cap or --skip-large) writes its tables to benchmarks/records/ (``--record``
+records any run, ``--no-record`` none; docs/performance.md is generated from the records).
 
 ``--threads`` times our fits inside the solver's own one-thread limit (attsvm._threads) against the
 same fits with the BLAS library's default pool, alternating in one process.
@@ -28,18 +31,17 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import resource
 import sys
 import time
 import warnings
-from pathlib import Path
 
 if "--threads-child" not in sys.argv:  # (the --threads table measures the library's default pool)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 from _options import positive_float, size_triple
+from _record import Recorder, add_option, wanted
 
 SIZES = [(6, 8, 10), (15, 15, 20), (50, 20, 50), (100, 20, 100), (200, 32, 128)]
 QUICK_SIZES = SIZES[:3]
@@ -228,7 +230,7 @@ def _time_fits(case: tuple, one_thread: bool) -> float:
     return (time.perf_counter() - t0) / reps * 1e3
 
 
-def threads_table() -> int:
+def threads_table(rec: Recorder) -> int:
     """Our fits with one BLAS thread (what the estimator does below attsvm._threads.SMALL_SOLVE_ELEMENTS,
     or SMALL_NUCLEAR_ELEMENTS for the nuclear norm) against the library's default pool, each in a fresh
     Python process started as a user would start a script (a multiprocessing child does not show the
@@ -238,6 +240,7 @@ def threads_table() -> int:
     cases = [((6, 8, 10), 50, "fro"), ((15, 15, 20), 20, "fro"), ((50, 20, 50), 5, "fro"), ((100, 20, 100), 3, "fro")]
     cases += [((15, 5, 10), 20, "nuc"), ((50, 20, 50), 2, "nuc"), ((100, 20, 100), 1, "nuc")]
     print(f"{'(n, T, d)':>14} {'norm':>5} {'pool (ms)':>10} {'1 thread (ms)':>14} {'pool / 1 thread':>16}")
+    rows = []
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     for (n, T, d), reps, norm in cases:
         res = {}
@@ -248,6 +251,17 @@ def threads_table() -> int:
             )
             res[one] = float(out.stdout.strip().splitlines()[-1])
         print(f"{(n, T, d)!s:>14} {norm:>5} {res[False]:>10.2f} {res[True]:>14.2f} {res[False] / res[True]:>15.1f}×")
+        rows.append([str((n, T, d)), norm, round(res[False], 2), round(res[True], 2), f"{res[False] / res[True]:.1f}×"])
+    rec.table(
+        "One BLAS thread against the default pool",
+        ["(n, T, d)", "norm", "pool (ms)", "1 thread (ms)", "pool / 1 thread"],
+        rows,
+        [
+            "ms per fit, each setting in a fresh process without OMP_NUM_THREADS",
+            "1 thread: the estimator's own one-thread limit; pool: the BLAS library's default pool",
+        ],
+    )
+    rec.write()
     return 0
 
 
@@ -267,25 +281,18 @@ def main(argv=None) -> int:
         metavar="n,T,d",
         help="only these sizes (n,T,d triples) instead of the default list (or --quick's)",
     )
-    ap.add_argument(
-        "--write",
-        type=Path,
-        nargs="?",
-        const=Path(__file__).with_name("README_svm_table.md"),
-        default=None,
-        help="write the markdown table (default benchmarks/README_svm_table.md)",
-    )
+    add_option(ap, "no --quick, --sizes, --cap or --skip-large")
     ap.add_argument("--threads", action="store_true", help="only: one BLAS thread vs the default pool, our solvers")
     ap.add_argument("--threads-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.write is not None and not args.write.resolve().parent.is_dir():
-        ap.error(f"--write: no folder {str(args.write.resolve().parent)!r} to write {str(args.write)!r} in")
-    if args.threads:
-        return threads_table()
     if args.threads_child:
         n, T, d, reps, norm, one = args.threads_child.split(",")
         print(_time_fits(((int(n), int(T), int(d)), int(reps), norm), one == "1"))
         return 0
+    full = wanted(args, ap, ("quick", "sizes", "cap", "skip_large"))
+    rec = Recorder("bench_svm", full, argv=None if argv is None else [__file__, *argv])
+    if args.threads:
+        return threads_table(rec)
     sizes = QUICK_SIZES if args.quick else SIZES
     if args.sizes:
         sizes = [tuple(int(v) for v in size.split(",")) for size in args.sizes]
@@ -378,75 +385,107 @@ def main(argv=None) -> int:
                 flush=True,
             )
 
-    if args.write is not None:
-        args.write.write_text(render(rows_fro, rows_nuc, large, cap, args.quick))
-        print(f"wrote {args.write}")
+    record(rec, rows_fro, rows_nuc, large, cap)
+    rec.write()
     return 0
 
 
-NOTES = """
-Notes. "> cap" after a formulation already hit the cap at a smaller size means it was not run again
-(its time only grows with size), so the ratio is a lower bound. The cvxpy SCS runs use
-`eps_abs = eps_rel = 1e-9` (the reference backend's settings, so that its answers are comparable with
-ours); with SCS's loose defaults it is faster but stops at violations around 1e-5. "ours" includes
-building the constraints' certificate (violation, duality gap, support, rank) in `AttentionSVM.fit`.
-Frobenius path used: dense Gram + Cholesky for K ≤ 300, matrix-free Newton-CG above, constraint
-generation (working set) for K > 4000 or a singular Gram matrix.
-"""
+NOTES = [
+    "cvxpy: wall clock per solve, modelling included, each in a child process killed at the cap",
+    '"> cap" after a formulation hit the cap at a smaller size: not run again (a lower bound)',
+    '"ours" includes the certificate (violation, duality gap, support, rank) of AttentionSVM.fit',
+]
+FRO_NOTES = [
+    "loop: the published formulation, one cvxpy constraint per pair; aux: auxiliary variables u_i = W z_i",
+    "ours: dense Gram + Cholesky for K ≤ 300, Newton-CG above, working set for K > 4000 or a singular Gram",
+]
+NUC_NOTES = ["cvxpy SCS at eps_abs = eps_rel = 1e-9 (at its defaults it stops at violations around 1e-5)"]
 
 
 def _e(x):
     return "—" if x is None else f"{x:.0e}"
 
 
-def render(rows_fro, rows_nuc, large, cap, quick) -> str:
-    out = [
-        f"Measured by `benchmarks/bench_svm.py{' --quick' if quick else ''}` (cap {cap:.0f} s per cvxpy solve, "
-        f"wall clock incl. modelling; {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-        f"shared with other jobs, `OMP_NUM_THREADS=1`; timings are noisy, ratios are from back-to-back runs).",
-        "",
-        "**Frobenius** (Att-SVM): ours = exact projected Newton on the dual (certificate included).",
-        "",
-        "| (n, T, d) | K | ours | violation / rel. gap | cvxpy loop (published) | cvxpy aux (Clarabel) | "
-        "× loop | × best cvxpy | obj. diff (aux) |",
-        "|---|---|---|---|---|---|---|---|---|",
+def fro_cells(r, cap) -> list[str]:
+    """One row of the Frobenius table: ours against cvxpy's two formulations."""
+    best = min([t for t in (r["loop"], r["aux"]) if t is not None], default=None)
+    return [
+        str(r["size"]),
+        str(r["K"]),
+        fmt_t(r["ours"]),
+        f"{_e(r['viol'])} / {_e(r['gap'])}",
+        fmt_t(r["loop"]),
+        fmt_t(r["aux"]),
+        fmt_ratio(r["loop"], r["ours"], cap),
+        fmt_ratio(best, r["ours"], cap),
+        _e(r["aux_objdiff"]),
     ]
-    for r in rows_fro:
-        best = min([t for t in (r["loop"], r["aux"]) if t is not None], default=None)
-        out.append(
-            f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} | {_e(r['viol'])} / {_e(r['gap'])} | "
-            f"{fmt_t(r['loop'])} | {fmt_t(r['aux'])} | {fmt_ratio(r['loop'], r['ours'], cap)} | "
-            f"{fmt_ratio(best, r['ours'], cap)} | {_e(r['aux_objdiff'])} |"
-        )
-    out += [
-        "",
-        "**Nuclear** (Att-SVM\\*): ours = augmented Lagrangian on factors (`svm/nuclear.py`).",
-        "",
-        "| (n, T, d) | K | ours | violation / rel. gap | cvxpy SCS (violation) | cvxpy Clarabel (violation) | "
-        "× best cvxpy | obj. diff (Clarabel) |",
-        "|---|---|---|---|---|---|---|---|",
+
+
+def nuc_cells(r, cap) -> list[str]:
+    """One row of the nuclear table: ours against cvxpy with SCS and Clarabel."""
+    if r["ours"] is None:
+        return [str(r["size"]), str(r["K"]), "> cap", "—", "—", "—", "—", "—"]
+    best = min([t for t in (r["scs"], r["clarabel"]) if t is not None], default=None)
+    return [
+        str(r["size"]),
+        str(r["K"]),
+        f"{fmt_t(r['ours'])} ({r['status']})",
+        f"{_e(r['viol'])} / {_e(r['gap'])}",
+        f"{fmt_t(r['scs'])} ({_e(r['scs_viol'])})",
+        f"{fmt_t(r['clarabel'])} ({_e(r['clarabel_viol'])})",
+        fmt_ratio(best, r["ours"], cap),
+        _e(r["clarabel_objdiff"]),
     ]
-    for r in rows_nuc:
-        best = min([t for t in (r["scs"], r["clarabel"]) if t is not None], default=None)
-        if r["ours"] is None:
-            out.append(f"| {r['size']} | {r['K']} | > cap | — | — | — | — | — |")
-            continue
-        out.append(
-            f"| {r['size']} | {r['K']} | {fmt_t(r['ours'])} ({r['status']}) | "
-            f"{_e(r['viol'])} / {_e(r['gap'])} | "
-            f"{fmt_t(r['scs'])} ({_e(r['scs_viol'])}) | {fmt_t(r['clarabel'])} ({_e(r['clarabel_viol'])}) | "
-            f"{fmt_ratio(best, r['ours'], cap)} | {_e(r['clarabel_objdiff'])} |"
-        )
+
+
+FRO_COLUMNS = [
+    "(n, T, d)",
+    "K",
+    "ours",
+    "violation / rel. gap",
+    "cvxpy loop (published)",
+    "cvxpy aux (Clarabel)",
+    "× loop",
+    "× best cvxpy",
+    "obj. diff (aux)",
+]
+NUC_COLUMNS = [
+    "(n, T, d)",
+    "K",
+    "ours",
+    "violation / rel. gap",
+    "cvxpy SCS (violation)",
+    "cvxpy Clarabel (violation)",
+    "× best cvxpy",
+    "obj. diff (Clarabel)",
+]
+LARGE_COLUMNS = [
+    "(n, T, d)",
+    "K",
+    "time (s)",
+    "peak RSS (GB)",
+    "status",
+    "violation",
+    "rel. gap",
+    "support constraints",
+    "working-set rounds",
+]
+
+
+def record(rec: Recorder, rows_fro, rows_nuc, large, cap) -> None:
+    """The run's tables, cell for cell as the tables print them."""
+    notes = [f"cap {cap:.0f} s per cvxpy solve", *NOTES]
+    rec.table("Frobenius: ours against cvxpy", FRO_COLUMNS, [fro_cells(r, cap) for r in rows_fro], notes + FRO_NOTES)
+    rec.table("Nuclear: ours against cvxpy", NUC_COLUMNS, [nuc_cells(r, cap) for r in rows_nuc], notes + NUC_NOTES)
     if large is not None:
-        out += [
-            "",
-            f"**Large case** (our Frobenius solver only): (n, T, d) = {LARGE}, K = {large[7]:,} constraints: "
-            f"{large[0]:.1f} s, peak resident memory {large[1]:.2f} GB, status {large[2]}, violation "
-            f"{large[4]:.0e}, relative gap {large[5]:.0e}, {large[6]:,} support constraints, "
-            f"{large[8]} working-set rounds.",
-        ]
-    out.append(NOTES)
-    return "\n".join(out) + "\n"
+        rec.table(
+            "Large case, our Frobenius solver alone",
+            LARGE_COLUMNS,
+            [[str(LARGE), large[7], round(large[0], 1), round(large[1], 2), large[2], _e(large[4]), _e(large[5]),
+              large[6], str(large[8])]],
+            ["peak RSS: the child process's own peak resident memory"],
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ n, T and d.
 ``--span`` times ``train(space="span")`` against ``train(space="dense")`` (attsvm.training.span) on
 1,000 runs × 200 normalized steps, recorded every 100 steps, for the shapes that set the crossover
 constants of ``space="auto"``; the svm-eq shapes (n=3, T=4, ReLU head) come first.
+
+A full run (no --quick, the default --runs, --steps and --ref-runs) writes its tables to benchmarks/records/
+(``--record`` records any run, ``--no-record`` none; docs/performance.md is generated from the records).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 import numpy as np
 import torch
 from _options import positive_int
+from _record import Recorder, add_option, wanted
 
 from attsvm.datasets import paper_instance
 from attsvm.experiments.svm_eq import relu_instance
@@ -90,6 +94,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10 reference runs, smaller scaling sweep")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--span", action="store_true", help="only the span-form against dense-W comparison")
+    add_option(ap, "no --quick, the default --runs, --steps and --ref-runs")
     args = ap.parse_args()
     try:
         check_device(args.device, "--device")
@@ -98,8 +103,10 @@ def main() -> None:
     if args.ref_runs is not None and args.ref_runs > args.runs:
         ap.error(f"--ref-runs must be <= --runs ({args.runs}), got {args.ref_runs}")
     torch.set_num_threads(1)
+    rec = Recorder("bench_train", wanted(args, ap, ("quick", "runs", "steps", "ref_runs")))
     if args.span:
-        span_table(args.device)
+        span_table(args.device, rec)
+        rec.write()
         return
     n, T, d = 6, 8, 10
     R, steps = args.runs, args.steps
@@ -110,6 +117,7 @@ def main() -> None:
         f"(torch {torch.__version__}, 1 thread, device {args.device}); timings are wall-clock on a "
         "shared machine, so noisy"
     )
+    rows = []
     for param in ("W", "KQ"):
         t0 = time.perf_counter()
         res = train(probs, param=param, steps=steps, seed=list(range(R)), record_W=True, device=args.device)
@@ -129,6 +137,23 @@ def main() -> None:
             f"{t_ref / t_ours:6.1f}x | first {k} steps max|ΔW| {early:.1e} | corr(final W, reference) "
             f"min {agree.min():.4f}"
         )
+        rows.append(
+            ["W" if param == "W" else "(K, Q)", round(t_ours, 2), round(t_ref, 2), f"{t_ref / t_ours:.1f}×",
+             f"{early:.1e}", f"{agree.min():.4f}"]
+        )  # fmt: skip
+    rec.table(
+        "Batched training against the published per-run loop",
+        ["parameterization", "attsvm batched (s)", "published-style loop (s)", "speed-up",
+         f"max |ΔW|, first {min(steps, 50)} steps", "min corr(final W, reference)"],
+        rows,
+        [
+            f"n={n}, T={T}, d={d}; {R} runs × {steps} normalized GD steps, W recorded at every step",
+            "both in this process with one intra-op thread, device " + args.device,
+            "the loop: nn.Linear, autograd, torch.optim.SGD, one run at a time"
+            + ("" if ref_runs == R else f"; timed on {ref_runs} runs, extrapolated to {R}"),
+        ],
+    )  # fmt: skip
+    scaling = []
     print("\nscaling of the batched trainer (normalized GD on W, 200 steps, record every step):")
     print(f"{'R':>6} {'n':>4} {'T':>4} {'d':>4} {'ms/step':>9} {'us/step/run':>12}")
     base = dict(R=100, n=6, T=8, d=10)
@@ -149,9 +174,17 @@ def main() -> None:
             print(
                 f"{cfg['R']:>6} {cfg['n']:>4} {cfg['T']:>4} {cfg['d']:>4} {1e3 * dt:9.3f} {1e6 * dt / cfg['R']:12.2f}"
             )
+            scaling.append([cfg["R"], cfg["n"], cfg["T"], cfg["d"], round(1e3 * dt, 3), round(1e6 * dt / cfg["R"], 2)])
+    rec.table(
+        "Scaling of the batched trainer",
+        ["R", "n", "T", "d", "ms per step", "µs per step and run"],
+        scaling,
+        ["normalized GD on W, 200 steps, recorded every step; one parameter varied at a time"],
+    )
+    rec.write()
 
 
-def span_table(device: str, runs: int = 1000, steps: int = 200) -> None:
+def span_table(device: str, rec: Recorder, runs: int = 1000, steps: int = 200) -> None:
     """Dense W against the span form, same runs, same run: time ratio and agreement."""
     from attsvm.training.span import span_is_cheaper
 
@@ -161,6 +194,7 @@ def span_table(device: str, runs: int = 1000, steps: int = 200) -> None:
     shapes += [
         ("paper", n, T, d) for n, T, d in [(3, 4, 3), (6, 4, 10), (3, 8, 10), (6, 8, 10), (10, 4, 10), (6, 8, 20)]
     ]
+    rows = []
     for kind, n, T, d in shapes:
         if kind == "relu":
             probs = [relu_instance(n, T, d, s) for s in range(1, runs + 1)]
@@ -176,6 +210,14 @@ def span_table(device: str, runs: int = 1000, steps: int = 200) -> None:
             f"{kind:>10} {n:>3} {T:>3} {d:>3} {ts['dense']:8.2f} {ts['span']:8.2f} "
             f"{ts['dense'] / ts['span']:9.2f}x {auto:>6}"
         )
+        ratio = f"{ts['dense'] / ts['span']:.2f}×"
+        rows.append([kind, n, T, d, round(ts["dense"], 2), round(ts["span"], 2), ratio, auto])
+    rec.table(
+        "Span form against dense W",
+        ["instance", "n", "T", "d", "dense (s)", "span (s)", "dense / span", 'space="auto"'],
+        rows,
+        [f"{runs} runs × {steps} normalized steps, recorded every 100, one thread, device {device}"],
+    )
 
 
 if __name__ == "__main__":
