@@ -181,7 +181,7 @@ def test_cli_names_the_missing_llm_extra(
     monkeypatch.setitem(sys.modules, gemma.PACKAGE, None)
     assert main(["analyze", "gemma3-270m", "--quick", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "attsvm[llm]" in err[0]
+    assert len(err) == 1 and '".[llm]"' in err[0]
 
 
 def test_cli_defaults_match_the_library() -> None:

