@@ -244,7 +244,7 @@ def test_optimizer_errors():
     with pytest.raises(TypeError, match="optimizer must be 'gd', 'md' or a Transform"):
         train(p, steps=1, optimizer=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="optimizer must be one of 'gd', 'md'"):
-        train(p, steps=1, optimizer="adam")  # type: ignore[arg-type]
+        train(p, steps=1, optimizer="lion")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="lr must be a positive float, 2 positive floats"):
         train(p, steps=1, n_init=2, optimizer=optim.gd([0.1, 0.2, 0.3]))
     with pytest.raises(ValueError, match="p must be > 1"):

@@ -44,6 +44,8 @@ from ..problem import AttentionProblem, loss_fn
 from .bounds import gradient_bound, smoothness_bound
 from .init import initial_params, run_seeds
 from .optim import (
+    ADAM_EPS,
+    ADAM_LR,
     NORMALIZE_EPS,
     NORMALIZED_LR,
     AddPenalty,
@@ -51,8 +53,12 @@ from .optim import (
     MirrorMap,
     NormalizeByDualNorm,
     NormalizeByNorm,
+    Orthogonalize,
     PolyakStep,
+    ScaleByAdam,
+    SignDirection,
     StepSize,
+    TopSingular,
     Transform,
     chain,
 )
@@ -284,19 +290,84 @@ def _legacy_rule(
                 f"(steps {np.asarray(step)!r}; {values}): pass lr= explicitly, or normalized=True"
             )
     else:
-        arr = np.asarray(lr, dtype=np.float64) if not isinstance(lr, bool) else None
-        if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-            raise ValueError(
-                f"lr must be 'auto', 'polyak', a positive float, {runs} positive floats (one per run) or a "
-                f"callable step -> float; got {lr!r}"
-            )
-        step = np.broadcast_to(arr, (runs,)).copy()
+        step = _explicit_lr(lr, runs)
     parts: list[Transform] = [AddPenalty(lam)] if lam else []
     if normalized:
         parts.append(NormalizeByNorm(eps) if mirror_p is None else NormalizeByDualNorm(mirror_p, eps))
     if mirror_p is None:
         return chain(*parts, StepSize(step))
     return chain(*parts, StepSize(step), MirrorMap(mirror_p))
+
+
+def _explicit_lr(lr: Any, runs: int) -> NDArray[np.float64]:
+    """A positive float or R positive floats as the (R,) steps (ValueError naming lr otherwise)."""
+    arr = np.asarray(lr, dtype=np.float64) if not isinstance(lr, (bool, str)) else None
+    if arr is None or arr.shape not in ((), (runs,)) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(
+            f"lr must be 'auto', 'polyak', a positive float, {runs} positive floats (one per run) or a "
+            f"callable step -> float; got {lr!r}"
+        )
+    return np.broadcast_to(arr, (runs,)).copy()
+
+
+# optimizer= names: the trainer's own rules, and the steepest descents of other norms and Adam
+OPTIMIZERS = ("gd", "md", "sign", "adam", "muon", "nuclear")
+
+
+def _named_rule(
+    name: str,
+    par: Parameterization,
+    *,
+    lr: LrSpec,
+    normalized: bool | None,
+    penalty: float | None,
+    normalize_eps: float | None,
+    runs: int,
+) -> Chain:
+    """The update rule of ``optimizer="sign" | "adam" | "muon" | "nuclear"`` from ``lr``, ``normalized``,
+    ``penalty`` and ``normalize_eps`` (Adam's ε); see :func:`train`."""
+    if name == "adam":
+        if normalized is not None:
+            raise ValueError("normalized does not apply to optimizer='adam' (its step is m̂/(√v̂ + ε)); leave it unset")
+    elif normalize_eps is not None:
+        raise ValueError(f"normalize_eps applies to optimizer='gd', 'md' and 'adam', not {name!r}; leave it unset")
+    if penalty is None:
+        lam = par.published_penalty
+    else:
+        lam = check_finite_scalar(penalty, "penalty")
+        if lam < 0:
+            raise ValueError(f"penalty must be >= 0, got {lam}")
+    unit = True if normalized is None else normalized
+    if not isinstance(unit, (bool, np.bool_)):
+        raise TypeError(f"normalized must be a bool, got {type(unit).__name__}")
+    step: Any
+    if callable(lr):
+        step = lr
+    elif isinstance(lr, str):
+        if lr == "polyak":
+            raise ValueError(f"lr='polyak' is a gradient step; optimizer={name!r} takes 'auto', a float or a schedule")
+        check_choice(lr, "lr", ("auto",))
+        if not unit:
+            raise ValueError(
+                f"lr='auto' needs normalized=True for optimizer={name!r}: pass lr= for the dual-norm-scaled steps"
+            )
+        step = np.full(runs, ADAM_LR if name == "adam" else NORMALIZED_LR)
+    else:
+        step = _explicit_lr(lr, runs)
+    core: Transform
+    if name == "adam":
+        eps = ADAM_EPS if normalize_eps is None else check_finite_scalar(normalize_eps, "normalize_eps")
+        if eps < 0:
+            raise ValueError(f"normalize_eps must be >= 0, got {eps}")
+        core = ScaleByAdam(eps=eps)
+    elif name == "sign":
+        core = SignDirection(bool(unit))
+    elif name == "muon":
+        core = Orthogonalize(normalized=bool(unit))
+    else:
+        core = TopSingular(bool(unit))
+    parts: list[Transform] = [AddPenalty(lam)] if lam else []
+    return chain(*parts, core, StepSize(step))
 
 
 # What lr='auto' is for plain GD per parameterisation (Parameterization.auto_step) and whether it uses
@@ -353,7 +424,7 @@ def train(
     threads: int | None = None,
     progress: bool | None = None,
     dtype: torch.dtype = torch.float64,
-    optimizer: Transform | Literal["gd", "md"] | None = None,
+    optimizer: Transform | Literal["gd", "md", "sign", "adam", "muon", "nuclear"] | None = None,
     record: Recording | None = None,
     p: float | None = None,
     space: Literal["auto", "dense", "span"] = "auto",
@@ -430,6 +501,21 @@ def train(
         ``"gd"`` is the default rule; ``"md"`` is ℓp mirror descent (docs/spec.md §8) with exponent ``p``,
         built from ``lr``, ``normalized`` (by the dual norm ``‖∇L‖_q``), ``penalty`` and ``normalize_eps``
         like the default; it is applied to W, or to each of K and Q.
+        The steepest descents of other norms and Adam, each applied to W or to each of K and Q, built from
+        ``lr`` (``"auto"``: 0.1, or Adam's 1e-3), ``penalty`` (default as above) and:
+
+        * ``"sign"``: sign descent ``−η sign(∇)`` (ℓ∞), :func:`~attsvm.training.optim.sign_descent`;
+        * ``"muon"``: ``−η U Vᵀ``, the exact polar factor of ``∇ = U Σ Vᵀ`` (spectral norm),
+          :func:`~attsvm.training.optim.muon`;
+        * ``"nuclear"``: ``−η u₁v₁ᵀ``, the top singular pair of ∇ (nuclear norm),
+          :func:`~attsvm.training.optim.nuclear_sd`;
+        * ``"adam"``: ``torch.optim.Adam`` with betas (0.9, 0.999) and ``ε = normalize_eps``
+          (default 1e-8; 0 is the ℓ∞-bias variant), :func:`~attsvm.training.optim.adam`.
+
+        For ``"sign"``, ``"muon"`` and ``"nuclear"``, ``normalized=False`` multiplies the step by the
+        dual norm of ∇ (``‖∇‖₁``, ``‖∇‖_*``, ``‖∇‖₂``: Gunasekar et al.'s un-normalised steepest descent,
+        with an explicit ``lr``). Other hyper-parameters (Adam's betas, Newton–Schulz for Muon) are
+        options of those functions, whose chains are passed as ``optimizer=`` directly.
     record : Recording, optional
         What to record and how often; replaces ``record_every`` and ``record_W``.
     p : float, optional
@@ -468,8 +554,21 @@ def train(
         par, init, runs=R, seeds=seeds, init_scale=init_scale, cone_center=cone_center, cone_mu=cone_mu
     )
     mirror_p: float | None = None
+    named: Chain | None = None
     if isinstance(optimizer, str):
-        check_choice(optimizer, "optimizer", ("gd", "md"))
+        check_choice(optimizer, "optimizer", OPTIMIZERS)
+        if p is not None and optimizer != "md":
+            raise ValueError(f"p={p!r} applies to optimizer='md' only")
+        if optimizer not in ("gd", "md"):
+            named = _named_rule(
+                optimizer,
+                par,
+                lr=lr,
+                normalized=normalized,
+                penalty=penalty,
+                normalize_eps=normalize_eps,
+                runs=R,
+            )
         if optimizer == "md":
             if p is None:
                 raise ValueError("optimizer='md' needs p, the exponent of ψ(W) = ‖W‖_p^p/p (1 < p < inf)")
@@ -479,8 +578,10 @@ def train(
         optimizer = None
     elif p is not None:
         raise ValueError(f"p={p!r} applies to optimizer='md' only")
-    if optimizer is None:
-        rule: Transform = _legacy_rule(
+    if named is not None:
+        rule: Transform = named
+    elif optimizer is None:
+        rule = _legacy_rule(
             par,
             lr=lr,
             normalized=normalized,
@@ -496,7 +597,8 @@ def train(
     else:
         if not isinstance(optimizer, Transform):
             raise TypeError(
-                f"optimizer must be 'gd', 'md' or a Transform (attsvm.training.optim), got {type(optimizer).__name__}"
+                f"optimizer must be 'gd', 'md' or a Transform (attsvm.training.optim), or one of 'sign', 'adam', "
+                f"'muon', 'nuclear'; got {type(optimizer).__name__}"
             )
         given = [
             name

@@ -11,9 +11,16 @@ rule receives the gradient of the data risk. The parts:
 * :class:`StepSize` — ``−η u`` with η a constant, one value per run, or a schedule ``η(k)``;
 * :class:`PolyakStep` — ``−η u`` with Polyak's ``η = (L − L*)/‖u‖²`` (docs/spec.md §8);
 * :class:`MirrorMap` — turns a dual step into the ℓp mirror-descent displacement for
-  ``ψ(θ) = ‖θ‖_p^p / p`` (docs/spec.md §8).
+  ``ψ(θ) = ‖θ‖_p^p / p`` (docs/spec.md §8);
+* steepest-descent directions of other norms, each per run and per group: :class:`SignDirection`
+  (entrywise ℓ∞: ``sign(u)``), :class:`Orthogonalize` (spectral norm: the polar factor ``U Vᵀ`` of
+  ``u = U Σ Vᵀ``, by SVD or Newton–Schulz), :class:`TopSingular` (nuclear norm: ``u₁v₁ᵀ`` of the top
+  singular pair); with ``normalized=False`` each is multiplied by the dual norm of ``u`` (``‖u‖₁``,
+  ``‖u‖_*``, ``‖u‖₂``), the un-normalised steepest descent of Gunasekar et al. (2018);
+* :class:`ScaleByAdam` — Adam's ``m̂ / (√v̂ + ε)`` with bias-corrected moments (ε = 0 allowed).
 
-Ready-made rules: :func:`gd`, :func:`normalized_gd`, :func:`mirror_descent`, :func:`polyak`. A transform
+Ready-made rules: :func:`gd`, :func:`normalized_gd`, :func:`mirror_descent`, :func:`polyak`,
+:func:`sign_descent`, :func:`adam`, :func:`muon`, :func:`nuclear_sd`. A transform
 declares its *degree* of positive homogeneity in the incoming updates (``T(c·u) = c^deg·T(u)`` for
 c > 0 per run, None when there is none); a rule of degree 0 depends on the gradient only through its
 direction, and the trainer then feeds it the rescaled gradient ``e^{c}∇L``
@@ -33,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_bool, check_finite_scalar
+from .._validation import check_bool, check_choice, check_finite_scalar, check_positive_int
 
 __all__ = [
     "normalize_per_run",
@@ -47,10 +54,24 @@ __all__ = [
     "StepSize",
     "PolyakStep",
     "MirrorMap",
+    "SignDirection",
+    "Orthogonalize",
+    "TopSingular",
+    "ScaleByAdam",
     "gd",
     "normalized_gd",
     "mirror_descent",
     "polyak",
+    "sign_descent",
+    "adam",
+    "muon",
+    "nuclear_sd",
+    "polar_factor",
+    "NS_CUBIC",
+    "NS_QUINTIC",
+    "ADAM_LR",
+    "ADAM_BETAS",
+    "ADAM_EPS",
     "NORMALIZE_EPS",
     "NORMALIZED_LR",
     "Updates",
@@ -399,6 +420,231 @@ class MirrorMap(Transform):
 
 
 # ---------------------------------------------------------------------------------------------
+# steepest descent in other norms, and Adam
+
+# Newton–Schulz coefficients (a, b, c) of X ← aX + b(XXᵀ)X + c(XXᵀ)²X. The cubic iteration converges
+# to the polar factor (every nonzero singular value → 1, quadratically near 1) for singular values in
+# (0, √3); Muon's quintic (Jordan et al., 2024) drives them into about [0.7, 1.2] in 5 steps, fast but
+# never exactly to 1.
+NS_CUBIC = (1.5, -0.5, 0.0)
+NS_QUINTIC = (3.4445, -4.7750, 2.0315)
+POLAR_METHODS = ("svd", "newton_schulz")
+
+
+def _max_abs(u: Tensor) -> Tensor:
+    """``max|u|`` over the last two axes, keepdim (R, 1, 1)."""
+    return u.abs().amax(dim=(-2, -1), keepdim=True)
+
+
+def _scaled(u: Tensor) -> tuple[Tensor, Tensor]:
+    """``(u / a, a)`` with ``a = max|u|`` per matrix (a = 1 for a zero matrix): entries of u/a lie in
+    [−1, 1], so squares and products neither overflow nor underflow whatever the scale of u."""
+    a = _max_abs(u)
+    a = torch.where(a > 0, a, torch.ones_like(a))
+    return u / a, a
+
+
+def polar_factor(
+    G: Tensor, method: str = "svd", steps: int = 5, coefficients: tuple[float, float, float] = NS_CUBIC
+) -> Tensor:
+    """The polar factor ``U Vᵀ`` of ``G = U Σ Vᵀ`` over the last two axes (batched over the leading ones).
+
+    ``method="svd"``: exact, from the thin SVD; singular values below ``max(rows, cols)·eps·σ₁`` count
+    as zero (the gradients of attention have rank ≤ n), so a rank-deficient G gives the partial isometry
+    on its range, and G = 0 gives 0. ``method="newton_schulz"``: ``steps`` iterations of
+    ``X ← aX + b(XXᵀ)X + c(XXᵀ)²X`` from ``X₀ = G/‖G‖_F`` with ``coefficients`` (a, b, c)
+    (:data:`NS_CUBIC`, the classical iteration, converges to the SVD's answer; :data:`NS_QUINTIC` is
+    Muon's). Zero singular values stay zero, but round-off ones grow by up to ``a`` per step (1.5 for the
+    cubic: after 30 steps a 1e-16 one is ~1e-11), so many steps on a rank-deficient G add that much
+    noise. A matrix with a non-finite entry gives NaN.
+    """
+    check_choice(method, "method", POLAR_METHODS)
+    Gs, _ = _scaled(G)
+    finite = torch.isfinite(Gs).all(dim=-1, keepdim=True).all(dim=-2, keepdim=True)
+    Gs = torch.where(finite, Gs, torch.zeros_like(Gs))
+    if method == "svd":
+        U, S, Vh = torch.linalg.svd(Gs, full_matrices=False)
+        tol = S[..., :1] * (max(G.shape[-2:]) * torch.finfo(G.dtype).eps)
+        keep = (S > tol).to(G.dtype)
+        out = (U * keep[..., None, :]) @ Vh
+    else:
+        a, b, c = (float(x) for x in coefficients)
+        wide = Gs.shape[-2] <= Gs.shape[-1]
+        X = Gs if wide else Gs.mT  # (the Gram matrix X Xᵀ of the smaller side)
+        X = X / _col_fro(X).clamp_min(torch.finfo(G.dtype).tiny)
+        for _ in range(check_positive_int(steps, "steps", minimum=0)):
+            A = X @ X.mT
+            B = b * A + c * (A @ A) if c else b * A
+            X = a * X + B @ X
+        out = X if wide else X.mT
+    return torch.where(finite, out, torch.full_like(out, math.nan))
+
+
+def _col_fro(X: Tensor) -> Tensor:
+    return torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
+
+
+def _check_normalized(value: Any) -> bool:
+    return check_bool(value, "normalized")
+
+
+@dataclass(frozen=True)
+class SignDirection(Transform):
+    """``sign(u_g)`` entrywise: the steepest-descent direction of the entrywise ℓ∞ norm (sign descent).
+
+    With ``normalized=False``: ``‖u_g‖₁ · sign(u_g)`` (the un-normalised steepest descent of
+    Gunasekar et al. 2018, degree 1); the default is scale-free (degree 0). Zero entries stay zero.
+    """
+
+    normalized: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "normalized", _check_normalized(self.normalized))
+
+    @property
+    def degree(self) -> float | None:  # type: ignore[override]
+        return 0.0 if self.normalized else 1.0
+
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
+        if self.normalized:
+            return tuple(torch.sign(u) for u in updates), state
+        return tuple(u.abs().sum(dim=(-2, -1), keepdim=True) * torch.sign(u) for u in updates), state
+
+
+@dataclass(frozen=True)
+class Orthogonalize(Transform):
+    """The polar factor ``U Vᵀ`` of each group's update ``u_g = U Σ Vᵀ``: the steepest-descent direction
+    of the spectral norm (Muon's orthogonalised update); see :func:`polar_factor` for ``method``,
+    ``steps`` and ``coefficients``.
+
+    With ``normalized=False``: ``⟨u_g, U Vᵀ⟩ · U Vᵀ`` (= ``‖u_g‖_* U Vᵀ`` for the exact factor; degree 1);
+    the default is scale-free (degree 0).
+    """
+
+    method: str = "svd"
+    steps: int = 5
+    coefficients: tuple[float, float, float] = NS_CUBIC
+    normalized: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice(self.method, "method", POLAR_METHODS)
+        object.__setattr__(self, "steps", check_positive_int(self.steps, "steps", minimum=1))
+        co = self.coefficients
+        if not isinstance(co, (tuple, list)) or len(co) != 3:
+            raise ValueError(f"coefficients must be three floats (a, b, c), got {co!r}")
+        object.__setattr__(self, "coefficients", tuple(check_finite_scalar(x, "coefficients") for x in co))
+        object.__setattr__(self, "normalized", _check_normalized(self.normalized))
+
+    @property
+    def degree(self) -> float | None:  # type: ignore[override]
+        return 0.0 if self.normalized else 1.0
+
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
+        out = []
+        for u in updates:
+            P = polar_factor(u, self.method, self.steps, self.coefficients)
+            out.append(P if self.normalized else (u * P).sum(dim=(-2, -1), keepdim=True) * P)
+        return tuple(out), state
+
+
+@dataclass(frozen=True)
+class TopSingular(Transform):
+    """``u₁v₁ᵀ`` of the top singular pair of each group's update: the steepest-descent direction of the
+    nuclear norm (a rank-one update; 0 for a zero update; a tied top singular value gives the SVD's pair).
+
+    With ``normalized=False``: ``σ₁ u₁v₁ᵀ`` (σ₁ = ‖u_g‖₂, the dual of the nuclear norm; degree 1); the
+    default is scale-free (degree 0).
+    """
+
+    normalized: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "normalized", _check_normalized(self.normalized))
+
+    @property
+    def degree(self) -> float | None:  # type: ignore[override]
+        return 0.0 if self.normalized else 1.0
+
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
+        out = []
+        for u in updates:
+            us, a = _scaled(u)
+            finite = torch.isfinite(us).all(dim=-1, keepdim=True).all(dim=-2, keepdim=True)
+            U, S, Vh = torch.linalg.svd(torch.where(finite, us, torch.zeros_like(us)), full_matrices=False)
+            s1 = S[..., :1, None]
+            top = torch.where(s1 > 0, U[..., :, :1] @ Vh[..., :1, :], torch.zeros_like(u))
+            if not self.normalized:
+                top = (s1 * a) * top
+            out.append(torch.where(finite, top, torch.full_like(top, math.nan)))
+        return tuple(out), state
+
+
+ADAM_LR = 1e-3  # torch.optim.Adam's default step
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class ScaleByAdam(Transform):
+    """Adam's direction ``m̂ / (√v̂ + ε)`` per entry (Kingma & Ba; torch.optim.Adam without weight decay):
+    ``m ← β₁m + (1 − β₁)u``, ``v ← β₂v + (1 − β₂)u²``, ``m̂ = m/(1 − β₁ᵏ)``, ``v̂ = v/(1 − β₂ᵏ)`` at the
+    k-th update; follow it with :class:`StepSize` for ``−η m̂/(√v̂ + ε)``.
+
+    ``eps = 0`` is the variant of the implicit-bias theory (Adam → the ℓ∞ max-margin direction): an
+    entry with ``v = 0`` (and so ``m = 0``) gets 0, not 0/0. The moments are stored relative to a per-run,
+    per-group scale (``max|u|``, decaying at most like ``√β₂`` per update), so ``u²`` does not underflow
+    while ``u`` is representable; an entry more than ~1e154 times smaller than its group's largest gets
+    0. The rule mixes gradients of several steps, so it is not scale-free (degree None): the trainer
+    feeds it ``∇L`` itself.
+    """
+
+    betas: tuple[float, float] = ADAM_BETAS
+    eps: float = ADAM_EPS
+
+    def __post_init__(self) -> None:
+        b = self.betas
+        if not isinstance(b, (tuple, list)) or len(b) != 2:
+            raise ValueError(f"betas must be two floats in [0, 1), got {b!r}")
+        b1, b2 = (check_finite_scalar(x, "betas") for x in b)
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ValueError(f"betas must be two floats in [0, 1), got {b!r}")
+        object.__setattr__(self, "betas", (b1, b2))
+        eps = check_finite_scalar(self.eps, "eps")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        object.__setattr__(self, "eps", eps)
+
+    degree = None
+
+    def init(self, params: Updates) -> tuple[int, tuple[tuple[Tensor, Tensor, Tensor], ...]]:
+        # per group: m/a, v/a², and the scale a (R, 1, 1); no update seen yet
+        groups = tuple((torch.zeros_like(p), torch.zeros_like(p), torch.zeros_like(p[..., :1, :1])) for p in params)
+        return 0, groups
+
+    def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
+        t, groups = state
+        t += 1
+        b1, b2 = self.betas
+        bc1 = 1.0 - b1**t
+        bc2_sqrt = math.sqrt(1.0 - b2**t)
+        out, new = [], []
+        for u, (m, v, a) in zip(updates, groups):
+            # true moments: a·m and a²·v; the new scale never falls faster than √v can
+            a_new = torch.maximum(a * math.sqrt(b2), _max_abs(u))
+            pos = a_new > 0
+            a_safe = torch.where(pos, a_new, torch.ones_like(a_new))
+            r = torch.where(pos, a / a_safe, torch.zeros_like(a))  # ≤ 1/√β₂
+            g = u / a_safe
+            m = (b1 * r) * m + (1.0 - b1) * g
+            v = (b2 * r * r) * v + (1.0 - b2) * (g * g)
+            denom = v.sqrt() / bc2_sqrt + self.eps / a_safe
+            upd = torch.where(denom > 0, (m / bc1) / torch.where(denom > 0, denom, torch.ones_like(denom)), 0.0)
+            out.append(upd)
+            new.append((m, v, a_new))
+        return tuple(out), (t, tuple(new))
+
+
+# ---------------------------------------------------------------------------------------------
 # ready-made rules
 
 
@@ -435,6 +681,57 @@ def mirror_descent(
 def polyak(*, min_loss: float = 0.0, max_lr: float = math.inf) -> Chain:
     """GD with Polyak's step ``η = (L − L*)/‖∇L‖²`` (docs/spec.md §8)."""
     return chain(PolyakStep(min_loss=min_loss, max_lr=max_lr))
+
+
+def sign_descent(
+    lr: float | Sequence[float] | Callable[[int], Any], *, normalized: bool = True, penalty: float = 0.0
+) -> Chain:
+    """Sign descent, steepest descent in the entrywise ℓ∞ norm: ``θ_g ← θ_g − η sign(g_g)`` per group
+    (``normalized=False``: ``− η ‖g_g‖₁ sign(g_g)``), with ``g = ∇L + 2λθ``. Its implicit bias is the
+    ℓ∞ max-margin direction (Gunasekar et al. 2018; Xie & Li 2024)."""
+    parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
+    return chain(*parts, SignDirection(normalized), StepSize(lr))
+
+
+def adam(
+    lr: float | Sequence[float] | Callable[[int], Any] = ADAM_LR,
+    betas: tuple[float, float] = ADAM_BETAS,
+    eps: float = ADAM_EPS,
+    *,
+    penalty: float = 0.0,
+) -> Chain:
+    """Adam, as ``torch.optim.Adam``: ``θ ← θ − η m̂/(√v̂ + ε)`` (:class:`ScaleByAdam`); ``eps=0`` is the
+    variant whose implicit bias is the ℓ∞ max-margin direction (Xie & Li 2024; Fan, Schmidt &
+    Thrampoulidis 2025). ``penalty`` λ adds ``2λθ`` to the gradient (torch's ``weight_decay = 2λ``)."""
+    parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
+    return chain(*parts, ScaleByAdam(betas, eps), StepSize(lr))
+
+
+def muon(
+    lr: float | Sequence[float] | Callable[[int], Any],
+    method: str = "svd",
+    steps: int = 5,
+    *,
+    coefficients: tuple[float, float, float] = NS_CUBIC,
+    normalized: bool = True,
+    penalty: float = 0.0,
+) -> Chain:
+    """Muon without momentum, steepest descent in the spectral norm: ``θ_g ← θ_g − η U Vᵀ`` per group,
+    ``U Σ Vᵀ`` the SVD of ``g_g = ∇L + 2λθ`` (:class:`Orthogonalize`: exact SVD, or ``steps`` Newton–Schulz
+    iterations with ``coefficients``; ``normalized=False`` multiplies by ``‖g_g‖_*``). Its implicit bias
+    is the spectral-norm max-margin direction."""
+    parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
+    return chain(*parts, Orthogonalize(method, steps, coefficients, normalized), StepSize(lr))
+
+
+def nuclear_sd(
+    lr: float | Sequence[float] | Callable[[int], Any], *, normalized: bool = True, penalty: float = 0.0
+) -> Chain:
+    """Steepest descent in the nuclear norm: ``θ_g ← θ_g − η u₁v₁ᵀ`` per group, the top singular pair of
+    ``g_g = ∇L + 2λθ`` (:class:`TopSingular`, a rank-one step; ``normalized=False`` multiplies by σ₁).
+    Its implicit bias is the nuclear-norm max-margin direction."""
+    parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
+    return chain(*parts, TopSingular(normalized), StepSize(lr))
 
 
 def normalize_per_run(*groups: Tensor) -> tuple[Tensor, ...]:
