@@ -59,6 +59,13 @@ attsvm reproduce all --quick                                         # every exp
     a PNG; `make docs-figures` reruns every experiment at the paper's settings and rewrites this page
     (`docs/scripts/reproductions.py`). The tables are copied from each run's `report.md`; the line
     under each heading gives the command that produced it.
+
+!!! info "Reading the figures"
+    Every figure is drawn in one style (`attsvm._style`): PNGs at 200 dpi here, with a PDF of each in the
+    run's `figures/` folder, and one legend per figure, under the panels. A curve is the mean over runs and
+    its shaded band the 10–90 % quantile over runs. `1 − corr` and other gaps are drawn with a floor of
+    1e-16 (float64 cannot tell smaller values from 0), which the axis label states. A legend entry ending
+    in "(a)" or "(b, c)" belongs to those panels only.
 """
 
 

@@ -12,7 +12,8 @@ goes through two checks before it writes anything:
   an LM is never trained into a reproduction's folder. Folders written before the marker existed
   are recognised by their files.
 
-Only the standard library is used here.
+Only the standard library is used here (:func:`save_figure`, handed a matplotlib figure, imports
+:mod:`attsvm._style` when it is called).
 """
 
 from __future__ import annotations
@@ -77,24 +78,43 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_figure(fig: Any, path: Path, **savefig_kwargs: Any) -> Path:
-    """Render ``fig`` in memory (format from the suffix), then write the bytes through a temporary file and
-    ``os.replace``: a full disk or an unwritable folder raises the OSError itself (matplotlib's PDF writer, failing
-    part-way, raised an AttributeError of its own that hid it), and no half-written figure is left behind."""
+def save_figure(fig: Any, path: Path, *, pdf: bool = True, **savefig_kwargs: Any) -> Path:
+    """Write ``fig`` to ``path`` (format from the suffix) and, for a PNG, a PDF beside it (``pdf=False``: not).
+
+    The figure first gets the finishing pass of :func:`attsvm._style.finish` (plain decimal ticks on log axes
+    that span less than two decades); a PNG is written at :data:`attsvm._style.PNG_DPI` (200) dpi or more, a larger
+    ``dpi`` is kept, and the bounding box is the drawn content (``bbox_inches="tight"``): nothing is clipped.
+
+    Every file is rendered in memory first, then written through a temporary file and ``os.replace``: a full disk
+    or an unwritable folder raises the OSError itself (matplotlib's PDF writer, failing part-way, raised an
+    AttributeError of its own that hid it), and no half-written figure is left behind. Returns ``path``."""
     import io
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **savefig_kwargs)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(buf.getvalue())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+    from ._style import PNG_DPI, finish
+
+    finish(fig)
+    savefig_kwargs["dpi"] = max(float(savefig_kwargs.get("dpi") or PNG_DPI), PNG_DPI)
+    savefig_kwargs.setdefault("bbox_inches", "tight")
+    savefig_kwargs.setdefault("pad_inches", 0.04)
+    targets = [path]
+    if pdf and path.suffix.lower() == ".png":
+        targets.append(path.with_suffix(".pdf"))
+    rendered = []
+    for target in targets:
+        buf = io.BytesIO()
+        fig.savefig(buf, format=target.suffix.lstrip(".") or "png", **savefig_kwargs)
+        rendered.append((target, buf.getvalue()))
+    for target, data in rendered:
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
     return path
 
 

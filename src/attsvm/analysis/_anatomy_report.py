@@ -5,22 +5,33 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .._folders import save_figure
+from .._style import above_floor, figure_legend, panels, style, subplots
 
 __all__ = ["plot_anatomy", "write_anatomy_report"]
 
+SPECTRUM_FLOOR = 1e-12  # singular values below this × the largest are round-off: not drawn
+
 
 def plot_anatomy(out: str | Path) -> list[Path]:
-    """Read ``heads.json``/``summary.json``/``anatomy.npz`` in ``out`` and write the figures there."""
+    """Read ``heads.json``/``summary.json``/``anatomy.npz`` in ``out`` and write the figures there (PNG at 200 dpi
+    and a PDF beside each; the PNGs are returned)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out)
+    with style():
+        return _plot_anatomy(Path(out), plt)
+
+
+def _plot_anatomy(out: Path, plt: Any) -> list[Path]:
+    from matplotlib.lines import Line2D
+
     heads = json.loads((out / "heads.json").read_text())
     summ = json.loads((out / "summary.json").read_text())
     arr = np.load(out / "anatomy.npz")
@@ -38,59 +49,71 @@ def plot_anatomy(out: str | Path) -> list[Path]:
 
     paths = []
     keys = [
-        ("top1_95", "top-1 ≥ 95 % share"),
-        ("top3_95", "top-3 ≥ 95 % share"),
-        ("special_mass", "mass on special tokens"),
-        ("mean_support_keys", f"keys within δ={summ['delta']}"),
-        ("effective_rank", f"effective rank (d_head={dh})"),
-        ("nuc_fro_ratio", f"‖W‖*/‖W‖F (ceiling {math.sqrt(dh):.2f})"),
+        ("top1_95", "top-1 ≥ 95 % share", "share of queries (dimensionless)"),
+        ("top3_95", "top-3 ≥ 95 % share", "share of queries (dimensionless)"),
+        ("special_mass", "mass on special tokens", "mean attention mass (dimensionless)"),
+        ("mean_support_keys", f"keys within δ = {summ['delta']} logits", "mean count of keys"),
+        ("effective_rank", f"effective rank of $W_h$ (d_head = {dh})", "effective rank (dimensionless)"),
+        ("nuc_fro_ratio", rf"$\|W_h\|_*/\|W_h\|_F$ (ceiling {math.sqrt(dh):.2f})", "ratio (dimensionless)"),
     ]
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
-    for ax, (k, title) in zip(axes.ravel(), keys):
-        im = ax.imshow(grid(k), aspect="auto", cmap="viridis")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        fig.colorbar(im, ax=ax)
+    fig, axes = subplots(3, 2, width=3.6, height=2.9)
+    for ax, (k, title, unit) in zip(axes.ravel(), keys):
+        im = ax.imshow(grid(k), aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set(title=title, xlabel="head (index)", ylabel="layer (index)")
+        fig.colorbar(im, ax=ax, label=unit)
     fig.suptitle(f"{summ['model']}: head anatomy over {summ['n_windows']} windows ({summ['n_queries']} queries)")
-    fig.tight_layout()
     paths.append(out / "heatmaps.png")
-    save_figure(fig, paths[-1], dpi=110)
+    save_figure(fig, paths[-1])
     plt.close(fig)
 
-    sv = arr["singular_values"][..., : 2 * dh]
-    fig, axes = plt.subplots(1, L, figsize=(3 * L, 3), sharey=True)
-    for layer, ax in enumerate(np.atleast_1d(axes)):
+    sv = np.asarray(arr["singular_values"][..., : 2 * dh], dtype=float)
+    fig, sp_axes, spare = panels(L, ncols=min(L, 4), width=2.7, height=2.4, sharey=True)
+    for layer, ax in enumerate(sp_axes):
         for h in range(H):
             s = sv[layer, h]
-            ax.semilogy(np.arange(1, s.size + 1), np.maximum(s / s[0], 1e-18), lw=0.8)
+            rel = above_floor(s / s[0] if s[0] > 0 else s, SPECTRUM_FLOOR)  # (the floor: round-off, not data)
+            ax.semilogy(np.arange(1, s.size + 1), rel, lw=0.8, color=plt.get_cmap("viridis")(h / max(H - 1, 1)))
         ax.axvline(dh, color="k", ls=":", lw=0.8)
-        ax.set_title(name(layer))
-        ax.set_xlabel("index")
-    np.atleast_1d(axes)[0].set_ylabel("σ_i / σ_1 of W_h")
-    fig.tight_layout()
+        ax.set(title=name(layer), xlabel="index i", ylabel=r"$\sigma_i/\sigma_1$ of $W_h$")
+    figure_legend(
+        fig,
+        host=spare,
+        ncol=1 if spare is not None else 3,
+        extra=(
+            (
+                Line2D([], [], color=plt.get_cmap("viridis")(0.5), lw=0.8),
+                f"one line per head (colour: head 0 to {H - 1})",
+            ),
+            (Line2D([], [], color="k", ls=":", lw=0.8), f"i = d_head = {dh}"),
+            (Line2D([], [], ls="none"), f"values below {SPECTRUM_FLOOR:g} σ_1 (round-off) not drawn"),
+        ),
+    )
     paths.append(out / "spectra.png")
-    save_figure(fig, paths[-1], dpi=110)
+    save_figure(fig, paths[-1])
     plt.close(fig)
 
     edges, hist = arr["margin_edges"], arr["margin_hist"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+    fig, axes = subplots(2, width=3.8, height=3.0)
     centers = 0.5 * (edges[:-2] + edges[1:-1])
     for layer in range(L):
         hl = hist[layer].sum(0)
-        axes[0].plot(centers, hl[:-1] / max(hl.sum(), 1), label=name(layer))
-    axes[0].set_xlabel("margin logit_top − logit_t")
-    axes[0].set_ylabel("share of (query, key) pairs")
-    axes[0].legend(fontsize=7)
+        axes[0, 0].plot(centers, hl[:-1] / max(hl.sum(), 1), label=name(layer))
+    axes[0, 0].set(
+        title="(a) margins of the keys",
+        xlabel="margin logit_top − logit_t (logits)",
+        ylabel="share of (query, key) pairs\n(dimensionless)",
+    )
     ranks, agree = arr["ranks"], arr["top1_agreement"]
     for layer in range(L):
-        axes[1].plot(ranks, agree[layer].mean(0), marker="o", label=name(layer))
-    axes[1].set_xlabel("rank r of truncated W_h")
-    axes[1].set_ylabel("top-1 agreement (mean over heads)")
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
+        axes[0, 1].plot(ranks, agree[layer].mean(0), marker="o", label=name(layer))
+    axes[0, 1].set(
+        title="(b) compression of $W_h$",
+        xlabel="rank r of the truncated $W_h$",
+        ylabel="top-1 agreement, mean over heads\n(dimensionless)",
+    )
+    figure_legend(fig, ncol=min(L, 6))
     paths.append(out / "margins_compression.png")
-    save_figure(fig, paths[-1], dpi=110)
+    save_figure(fig, paths[-1])
     plt.close(fig)
     return paths
 

@@ -1,4 +1,8 @@
-"""Figure helpers shared by the experiments (they only ever read saved data)."""
+"""Figure helpers shared by the experiments (they only ever read saved data).
+
+The style itself — fonts, notation, constrained layout, the one figure-level legend, the quantile bands,
+log ticks, 200 dpi PNG + PDF — lives in :mod:`attsvm._style`; this module re-exports what the experiments use.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +12,55 @@ from typing import Any
 import numpy as np
 
 from .._folders import save_figure
+from .._style import (
+    DIMENSIONLESS,
+    W_EQ,
+    W_EQ_NUC,
+    W_FIN,
+    W_MM,
+    W_MM_NUC,
+    W_SVM,
+    band,
+    figure_legend,
+    panels,
+    style,
+    subplots,
+)
 
-__all__ = ["save", "band", "subplots"]
+__all__ = [
+    "save",
+    "band",
+    "subplots",
+    "panels",
+    "figure_legend",
+    "style",
+    "one_minus_corr",
+    "W_MM",
+    "W_MM_NUC",
+    "W_EQ",
+    "W_EQ_NUC",
+    "W_FIN",
+    "W_SVM",
+    "DIMENSIONLESS",
+    "FLOOR",
+]
+
+FLOOR = 1e-16  # 1 − corr (and other gaps) below this are drawn at it: float64 cannot tell them from 0
 
 
-def subplots(ncols: int, nrows: int = 1, width: float = 4.2, height: float = 3.4) -> tuple[Any, Any]:
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
-    return fig, axes
+def one_minus_corr(what: str = "corr") -> str:
+    """The y label of a ``1 − corr`` panel: dimensionless, floored at :data:`FLOOR`."""
+    return f"1 − {what}\n(dimensionless, floor 1e-16)"
 
 
 def save(fig: Any, outdir: Path, name: str) -> list[Path]:
-    """Write ``name.png`` and ``name.pdf`` into ``outdir``; return both paths."""
+    """Write ``name.png`` (200 dpi) and ``name.pdf`` into ``outdir``; return both paths."""
     import matplotlib.pyplot as plt
 
     for ax in fig.axes:
         _linear_without_positive_data(ax)
-    fig.tight_layout()
     paths = [outdir / f"{name}.png", outdir / f"{name}.pdf"]
-    save_figure(fig, paths[0], dpi=130)
-    save_figure(fig, paths[1])
+    save_figure(fig, paths[0])  # (the PDF beside it too)
     plt.close(fig)
     return paths
 
@@ -50,14 +82,3 @@ def _linear_without_positive_data(ax: Any) -> None:
                 fontsize="small",
                 color="0.4",
             )
-
-
-def band(ax: Any, x: np.ndarray, Y: np.ndarray, label: str, color: str | None = None, log: bool = False) -> None:
-    """Mean curve of the rows of ``Y`` (runs × points) with a 10–90% quantile band."""
-    Y = np.asarray(Y, dtype=float)
-    mean = np.nanmean(Y, axis=0)
-    lo, hi = np.nanquantile(Y, 0.1, axis=0), np.nanquantile(Y, 0.9, axis=0)
-    (line,) = ax.plot(x, mean, label=label, color=color)
-    ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    if log:
-        ax.set_yscale("log")

@@ -437,7 +437,7 @@ def reproduce(
                 fingerprint_of=fp,
             )
             figures = _draw(exp, settings, data, results, out)
-            report = write_report(exp, settings, results, figures, out)
+            report = write_report(exp, settings, results, figures, out, quick=quick)
         except BaseException:
             if closing is not None:
                 closing.join(reraise=False)  # (the error of writing the results is the one to see)
@@ -565,8 +565,11 @@ def _draw_locked(
 
     figdir = out / "figures"
     figdir.mkdir(exist_ok=True)
+    from .._style import style
+
     try:
-        return exp.plot(settings, data, results, figdir)
+        with style():  # (one style for every figure: attsvm._style)
+            return exp.plot(settings, data, results, figdir)
     except Exception as exc:  # a partial run may not have what a figure needs
         if results.get("complete", True):
             raise
@@ -588,14 +591,29 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+SMOKE_TEST = (
+    "**Smoke test (`--quick`)**: the settings are shrunk to check that the pipeline runs; the checks below are "
+    "not evidence for or against the paper. Run without `--quick` for the paper's settings."
+)
+
+
 def write_report(
-    exp: Experiment, settings: dict[str, Any], results: dict[str, Any], figures: list[Path], out: Path
+    exp: Experiment,
+    settings: dict[str, Any],
+    results: dict[str, Any],
+    figures: list[Path],
+    out: Path,
+    *,
+    quick: bool = False,
 ) -> Path:
-    """``report.md``: the paper's claims, the measured numbers with pass/fail, and the figures."""
+    """``report.md``: the paper's claims, the measured numbers with pass/fail, and the figures; a ``quick`` run's
+    report opens with :data:`SMOKE_TEST`."""
     hl = results["headlines"]
     complete = results.get("complete", True)
     failed = [h for h in hl if h["passed"] is False]
     lines = [f"# {exp.name}: {exp.title}", ""]
+    if quick:
+        lines += [SMOKE_TEST, ""]
     if not complete:
         lines += [
             f"**Incomplete run: {results['n_trials_done']} of {results['n_trials']} trials finished. "
@@ -750,7 +768,7 @@ def plot_run(directory: str | Path) -> RunOutput:
                 fingerprint_of=config.get("fingerprint"),
             )
         figures = _draw(exp, settings, data, results, out)
-        report = write_report(exp, settings, results, figures, out)
+        report = write_report(exp, settings, results, figures, out, quick=bool(config.get("quick", False)))
     return RunOutput(exp.name, out, results, figures, report, results.get("n_trials", 0), 0, 0.0)
 
 
@@ -802,7 +820,7 @@ def _reproduce_all(
 
     def finished(r: RunOutput) -> None:
         done[r.name] = r
-        write_index(root, [done[n] for n in order if n in done])
+        write_index(root, [done[n] for n in order if n in done], quick=bool(kwargs.get("quick", False)))
         if on_done is not None:
             on_done(r)
 
@@ -832,11 +850,13 @@ def _reproduce_all(
     return [done[n] for n in order if n in done]
 
 
-def write_index(root: Path, runs: list[RunOutput]) -> Path:
-    """The index report over experiments: verdicts, headline counts, links."""
+def write_index(root: Path, runs: list[RunOutput], *, quick: bool = False) -> Path:
+    """The index report over experiments: verdicts, headline counts, links (a ``quick`` run's opens with
+    :data:`SMOKE_TEST`)."""
     lines = [
         "# attsvm: reproduction of Tarzanagh, Li, Thrampoulidis, Oymak (2023)",
         "",
+        *([SMOKE_TEST, ""] if quick else []),
         "| experiment | verdict | headlines passed | time (s) | report |",
         "|---|---|---|---|---|",
     ]

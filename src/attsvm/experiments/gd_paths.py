@@ -19,7 +19,7 @@ from .._linalg import correlation
 from ..datasets import gd_paths_instance
 from ._base import Experiment, Headline, Trial, headline
 from ._common import fit_svm, train_batch
-from ._plotting import save, subplots
+from ._plotting import W_MM, W_MM_NUC, figure_legend, save, subplots
 
 __all__ = ["GDPaths", "EXPERIMENT"]
 
@@ -125,8 +125,10 @@ class GDPaths(Experiment):
         return hl, {}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
+        from matplotlib.lines import Line2D
+
         Ts = sorted(df["T"].unique())
-        fig, ax = subplots(2, len(Ts), width=4.0, height=3.8)
+        fig, ax = subplots(2, len(Ts), width=3.3, height=3.3)
         for r, T in enumerate(Ts):
             X = gd_paths_instance(
                 cast("Literal[3, 5]", int(T))
@@ -135,7 +137,6 @@ class GDPaths(Experiment):
                 a = ax[r, c]
                 g = df[(df["T"] == T) & (df.param == param)]
                 nm = "fro" if param == "W" else "nuc"
-                lab = "W(k)" if param == "W" else "KQ^T(k)"
                 for i, gi in g.groupby("seq"):
                     col = f"C{i}"
                     a.scatter(
@@ -150,19 +151,29 @@ class GDPaths(Experiment):
                     v = np.stack([gi.x.to_numpy(), gi.y.to_numpy()], 1)
                     nv = np.linalg.norm(v, axis=1, keepdims=True)
                     u = (v / np.where(nv > 0, nv, 1.0) * 1.6)[nv[:, 0] > 0]  # W(0) = 0 has no direction
-                    a.plot(u[:, 0], u[:, 1], "-", color=col, lw=1, label=f"${lab} z_{i + 1}$ / norm (GD path)")
+                    a.plot(u[:, 0], u[:, 1], "-", color=col, lw=1.2)
                     dv = np.array([gi[f"{nm}_dir_x"].iloc[-1], gi[f"{nm}_dir_y"].iloc[-1]])
                     dv = 1.6 * dv / max(float(np.linalg.norm(dv)), 1e-300)
                     a.annotate("", xy=dv, xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": col, "ls": "--"})
-                a.plot([], [], "k--", label=("$W_{mm}$" if nm == "fro" else "$W^*_{mm}$") + " z (SVM direction)")
+                svm = f"Frobenius SVM {W_MM}" if nm == "fro" else f"nuclear SVM {W_MM_NUC}"
                 a.set(
-                    title=f"T={T}, {'W' if param == 'W' else '(K,Q)'} vs "
-                    f"{'Frobenius' if nm == 'fro' else 'nuclear'} SVM",
+                    title=f"T = {T}: {'$W$' if param == 'W' else '$(K, Q)$'} vs {svm}",
                     xlim=(-2, 2),
                     ylim=(-2, 2),
                     aspect="equal",
+                    xlabel="coordinate 1 (dimensionless)",
+                    ylabel="coordinate 2 (dimensionless)",
                 )
-                a.legend(fontsize=5, loc="lower left")
+        paths = Line2D([], [], color="0.2", lw=1.2)
+        arrow = Line2D([], [], color="0.2", ls="--", lw=1.2)
+        figure_legend(
+            fig,
+            ncol=2,
+            extra=(
+                (paths, r"GD path of $W(k)z_i$ (left) / $K(k)Q(k)^{\mathsf{T}}z_i$ (right), rescaled to length 1.6"),
+                (arrow, f"SVM direction {W_MM}$z_i$ (left) / {W_MM_NUC}$z_i$ (right)"),
+            ),
+        )
         return save(fig, outdir, "gd_paths")
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, band, figure_legend, one_minus_corr, panels, save
 
 __all__ = ["Hierarchy", "EXPERIMENT"]
 
@@ -269,33 +269,45 @@ class Hierarchy(Experiment):
         return hl, {"notes": notes}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
+        from matplotlib.lines import Line2D
+
         tr = df[(df.kind == "traj") & (df.layers > 1)]
         cfgs = [(p, int(L)) for p, L in s["configs"] if int(L) > 1 and ((tr.param == p) & (tr.layers == L)).any()]
-        fig, ax = subplots(max(1, len(cfgs)) + 1, width=4.0)
+        fig, axs, spare = panels(max(1, len(cfgs)) + 1, ncols=2 if len(cfgs) == 3 else 3, width=3.6)
+        ax = np.array([axs])  # (one row in reading order)
         for j, (p, L) in enumerate(cfgs):
             a = ax[0, j]
             for ell in range(1, L + 1):
                 g = tr[(tr.param == p) & (tr.layers == L) & (tr.layer == ell)]
                 piv = g.pivot_table(index="run", columns="step", values="corr_final")
                 x = piv.columns.to_numpy()
-                band(a, x[x > 0], np.maximum(1 - piv.to_numpy()[:, x > 0], 1e-16), f"layer {ell}", f"C{ell - 1}")
+                band(a, x[x > 0], np.maximum(1 - piv.to_numpy()[:, x > 0], FLOOR), f"layer {ell}", f"C{ell - 1}")
                 lay = df[(df.kind == "layer") & (df.param == p) & (df.layers == L) & (df.layer == ell)]
                 if len(lay):
                     a.axvline(float(lay.selection_settled.median()), color=f"C{ell - 1}", ls=":", lw=1)
             a.set(
-                title=f"{p}, {L} layers: 1 − corr with each layer's SVM\n(dotted: median step its selection settles)",
+                title=f"{'$W$' if p == 'W' else '$(K, Q)$'}, {L} layers:\n1 − corr with each layer's SVM",
                 xlabel="iteration",
+                ylabel=one_minus_corr(),
+                xscale="log",
+                yscale="log",
             )
-            a.set(xscale="log", yscale="log")
-            a.title.set_fontsize(8)
-            a.legend(fontsize=7)
         a = ax[0, -1]
         runs = df[df.kind == "run"]
-        lab = [f"{p}×{int(L)}" for (p, L), _ in runs.groupby(["param", "layers"])]
+        lab = [f"{'W' if p == 'W' else 'KQ'}×{int(L)}" for (p, L), _ in runs.groupby(["param", "layers"])]
         vals = [g.answer_last.to_numpy() for _, g in runs.groupby(["param", "layers"])]
-        a.boxplot(vals, tick_labels=lab)
-        a.set(title="last layer selects the answer (share of sequences)", ylim=(-0.05, 1.05))
-        a.title.set_fontsize(8)
+        a.boxplot(vals, tick_labels=lab, medianprops={"color": "k"})
+        a.set(
+            title="last layer selects the answer",
+            xlabel="parametrisation × layers",
+            ylabel="share of sequences (dimensionless)",
+            ylim=(-0.05, 1.05),
+        )
+        figure_legend(
+            fig,
+            host=spare,
+            extra=((Line2D([], [], color="0.3", ls=":", lw=1), "dotted: median step the layer's selection settles"),),
+        )
         return save(fig, outdir, "hierarchy")
 
 

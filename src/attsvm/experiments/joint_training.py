@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ._base import Experiment, Headline, Trial, chunks, headline
-from ._plotting import save, subplots
+from ._plotting import figure_legend, panels, save
 
 __all__ = ["JointTraining", "EXPERIMENT"]
 
@@ -364,10 +364,14 @@ class JointTraining(Experiment):
         return hl, {"steps_to_p_mm": reach_table, "notes": notes}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
+        import matplotlib as mpl
+        from matplotlib.lines import Line2D
+
         from ..prompt import paper_joint_problem
         from ..svm.prompt import joint_svm
 
-        fig, ax = subplots(4, width=4.0, height=3.6)
+        fig, axs, _ = panels(4, ncols=2, width=3.6, height=3.3)
+        ax = np.array([axs])  # (one row in reading order)
         Jd = df[(df.part == "joint") & (df.loss == "logistic")]
         for k, inst in enumerate(("tight", "non-tight")):
             a = ax[0, k]
@@ -375,40 +379,73 @@ class JointTraining(Experiment):
             js = joint_svm(q, [1, 1, 1])
             d = Jd[Jd.instance == inst].sort_values("step")
             d = d[d.step <= 200]
-            a.plot(d.p0, d.p1, color="C3", lw=2, label="p_t")
-            a.plot(d.v0, d.v1, color="C0", lw=2, label="v_t")
+            a.plot(d.p0, d.p1, color="C3", lw=2, label="$p_t$ (a, b)")
+            a.plot(d.v0, d.v1, color="C0", lw=2, label="$v_t$ (a, b)")
             x = np.linspace(0, 20, 2)
             for vec, style, lab in (
-                (js.p, "C3--", "p-SVM" if inst == "tight" else "relaxed p-SVM"),
-                (js.v, "C0--", "v_mm"),
+                (js.p, "C3--" if inst == "tight" else "C3-.", "p-SVM (a)" if inst == "tight" else "relaxed p-SVM (b)"),
+                (js.v, "C0--", r"$v_{\mathrm{mm}}$ (a, b)"),
             ):
                 if vec is not None:
                     a.plot(vec[0] / np.linalg.norm(vec) * x, vec[1] / np.linalg.norm(vec) * x, style, lw=1, label=lab)
             if inst == "non-tight" and js.p_full is not None:
                 pf = js.p_full / np.linalg.norm(js.p_full)
-                a.plot(pf[0] * x, pf[1] * x, "--", color="0.5", lw=1, label="full p-SVM")
+                a.plot(pf[0] * x, pf[1] * x, "--", color="0.5", lw=1, label="full p-SVM (b)")
             for i, mk in enumerate("o^s"):
-                a.scatter(*q.X[i, 1], marker=mk, color="k", s=30, zorder=3)
-            a.set(title=f"({'ab'[k]}) {inst}: first 200 steps", xlim=(-2, 20), ylim=(-3, 20))
-            a.legend(fontsize=6)
+                a.scatter(*q.X[i, 1], marker=mk, color="k", s=30, zorder=3, label=f"token 2 of sequence {i + 1}")
+            a.set(
+                title=f"({'ab'[k]}) {inst}: first 200 steps",
+                xlim=(-2, 20),
+                ylim=(-3, 20),
+                xlabel="coordinate 1 (dimensionless)",
+                ylabel="coordinate 2 (dimensionless)",
+            )
         a = ax[0, 2]
         for loss, ls in (("logistic", "-"), ("correlation", ":")):
             d = df[(df.part == "joint") & (df.loss == loss)]
             for inst, color in (("tight", "C2"), ("non-tight", "C4")):
                 e = d[(d.instance == inst) & (d.step > 0)].sort_values("step")
-                a.plot(e.step, np.maximum(1 - e.corr_p, 1e-16), ls, color=color, label=f"{inst}, {LOSS_LABEL[loss]}")
-        a.set(title="(c) joint: 1 − corr(p, relaxed p-SVM)", xlabel="iteration", yscale="log", xscale="log")
-        a.legend(fontsize=6)
+                a.plot(
+                    e.step,
+                    np.maximum(1 - e.corr_p, 1e-16),
+                    ls,
+                    color=color,
+                    label=f"{inst} instance (c)" if loss == "logistic" else None,
+                )
+        a.set(
+            title="(c) joint training",
+            xlabel="iteration",
+            ylabel="1 − corr(p, relaxed p-SVM)\n(dimensionless, floor 1e-16)",
+            yscale="log",
+            xscale="log",
+        )
         a = ax[0, 3]
         L = df[df.part == "loss"]
+        Cs = sorted(L.C.unique())
+        norm = mpl.colors.LogNorm(vmin=min(Cs), vmax=max(Cs)) if min(Cs) > 0 and len(Cs) > 1 else None
+        cmap = mpl.colormaps["viridis"]
         for loss, ls in (("correlation", ":"), ("logistic", "-")):
-            for j_, C in enumerate(sorted(L.C.unique())):
+            for j_, C in enumerate(Cs):
                 e = L[(L.loss == loss) & (L.C == C) & (L.step > 0)].sort_values("step")
-                a.plot(
-                    e.step, e.corr_p_mm, ls, color=f"C{j_ % 10}", lw=1, label=f"C={C:g}" if loss == "logistic" else None
-                )
-        a.set(title="(d) v fixed: corr(p, p_mm)\n(solid: logistic, dotted: −x)", xlabel="iteration", xscale="log")
-        a.legend(fontsize=6, ncol=2)
+                col = cmap(0.9 * float(norm(C))) if norm is not None else f"C{j_ % 10}"
+                a.plot(e.step, e.corr_p_mm, ls, color=col, lw=1)
+        a.set(
+            title="(d) v fixed: p against the loss",
+            xlabel="iteration",
+            ylabel=r"corr$(p, p_{\mathrm{mm}})$ (dimensionless)",
+            xscale="log",
+        )
+        if norm is not None:
+            sm = mpl.cm.ScalarMappable(norm=norm, cmap=mpl.colors.ListedColormap(cmap(np.linspace(0, 0.9, 256))))
+            fig.colorbar(sm, ax=a, label="C, score of sequence 1 (d)")
+        figure_legend(
+            fig,
+            ncol=4,
+            extra=(
+                (Line2D([], [], color="0.3", ls="-"), "solid: logistic loss (c, d)"),
+                (Line2D([], [], color="0.3", ls=":"), f"dotted: {LOSS_LABEL['correlation']} (c, d)"),
+            ),
+        )
         return save(fig, outdir, "joint_training")
 
 

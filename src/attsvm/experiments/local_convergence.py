@@ -22,7 +22,7 @@ import pandas as pd
 
 from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import corr_or_nan, fit_svms, num, optimal_or_none, paper_problems, train_batch
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, W_MM, W_MM_NUC, band, figure_legend, one_minus_corr, save, subplots
 
 __all__ = ["LocalConvergence", "EXPERIMENT"]
 
@@ -174,20 +174,30 @@ class LocalConvergence(Experiment):
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         fig, ax = subplots(3)
-        for j, (param, color) in enumerate((("W", "C0"), ("KQ", "C1"))):
+        svms = (
+            ("corr_fro", f"corr with Frobenius {W_MM} (b, c)", "C0"),
+            ("corr_nuc", f"corr with nuclear {W_MM_NUC} (b, c)", "C1"),
+        )
+        for j, (param, name, color) in enumerate((("W", "$W$", "C2"), ("KQ", "$(K, Q)$", "C4"))):
             d = df[df.param == param]
             piv = d.pivot_table(index="run", columns="step", values="sfx")
-            band(ax[0, 0], piv.columns.to_numpy(), piv.to_numpy(), f"{param}-parametrisation", color)
-            for col, lab, _ls in (("corr_fro", "Frobenius $W_{mm}$", "-"), ("corr_nuc", "nuclear $W^*_{mm}$", "--")):
+            band(ax[0, 0], piv.columns.to_numpy(), piv.to_numpy(), f"{name}-parametrisation (a)", color)
+            for col, lab, c in svms:
                 piv = d.pivot_table(index="run", columns="step", values=col)
-                band(ax[0, 1 + j], piv.columns.to_numpy(), 1 - piv.to_numpy(), lab)
-        ax[0, 0].set(title="(a) top softmax probability", xlabel="iteration", ylabel="mean over sequences")
-        ax[0, 0].legend()
-        for j, param in enumerate(("W", "(K,Q)")):
+                band(ax[0, 1 + j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), FLOOR), lab, c)
+        ax[0, 0].set(
+            title="(a) selection of one token\nper sequence",
+            xlabel="iteration",
+            ylabel="top softmax probability,\nmean over sequences (dimensionless)",
+        )
+        for j, param in enumerate(("$W$", "$(K, Q)$")):
             ax[0, 1 + j].set(
-                title=f"({'bc'[j]}) {param}: 1 − corr(·, SVM of selected)", xlabel="iteration", yscale="log"
+                title=f"({'bc'[j]}) {param}-parametrisation vs\nthe SVMs of the selected tokens",
+                xlabel="iteration",
+                ylabel=one_minus_corr(),
+                yscale="log",
             )
-            ax[0, 1 + j].legend()
+        figure_legend(fig)
         return save(fig, outdir, "local_convergence")
 
 

@@ -26,7 +26,7 @@ import pandas as pd
 from .._linalg import correlation, matrix_rank
 from ._base import Experiment, Headline, Trial, diverged_headline, headline
 from ._common import fit_svms, num, paper_problems, train_batch
-from ._plotting import save, subplots
+from ._plotting import W_MM_NUC, figure_legend, save, subplots
 
 __all__ = ["LowRank", "EXPERIMENT"]
 
@@ -174,16 +174,32 @@ class LowRank(Experiment):
             g.m.first(),
             (df.obj_convex / df.obj_m).groupby(df.m).mean(),
             "-o",
-            label="margin ratio 1/‖W_m‖_* ÷ 1/‖W*_mm‖_*",
+            color="C0",
+            label=r"margin ratio $(1/\|W_m\|_*) \,/\, (1/\|W^{*}_{\mathrm{mm}}\|_*)$ (a)",
         )
-        a.axvline(df[df.rank_convex >= 0].rank_convex.mean(), color="gray", ls=":", label="mean rank(W*_mm)")
-        a.set(xlabel="m (inner dimension of K, Q)", ylabel="relative margin", title="(a) margin kept as m shrinks")
-        a.legend(fontsize=7)
+        a.axvline(
+            df[df.rank_convex >= 0].rank_convex.mean(), color="gray", ls=":", label=f"mean rank of {W_MM_NUC} (a)"
+        )
+        a.set(
+            xlabel="m (inner dimension of K, Q)",
+            ylabel="relative margin (dimensionless)",
+            title="(a) margin kept as m shrinks",
+        )
         b = ax[0, 1]
-        b.plot(g.m.first(), g.corr_m.mean(), "-o", label="corr(KQᵀ, rank-m Att-SVM*)")
-        b.plot(g.m.first(), g.corr_convex.mean(), "--s", label="corr(KQᵀ, convex W*_mm)")
-        b.set(xlabel="m", ylabel="mean final correlation", title="(b) GD direction with a rank-m bottleneck")
-        b.legend(fontsize=7)
+        b.plot(g.m.first(), g.corr_m.mean(), "-o", color="C1", label=r"corr($KQ^{\mathsf{T}}$, rank-m Att-SVM*) (b)")
+        b.plot(
+            g.m.first(),
+            g.corr_convex.mean(),
+            "--s",
+            color="C2",
+            label=rf"corr($KQ^{{\mathsf{{T}}}}$, convex {W_MM_NUC}) (b)",
+        )
+        b.set(
+            xlabel="m (inner dimension of K, Q)",
+            ylabel="mean final correlation (dimensionless)",
+            title="(b) GD direction with a rank-m bottleneck",
+        )
+        figure_legend(fig, ncol=2)
         return save(fig, outdir, "low_rank")
 
 

@@ -32,7 +32,7 @@ from ..training import train
 from ..training.joint import head_svm_constraints, train_joint
 from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import num, paper_problems
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, band, figure_legend, one_minus_corr, save, subplots
 
 __all__ = ["LpConvergence", "EXPERIMENT"]
 
@@ -240,18 +240,40 @@ class LpConvergence(Experiment):
         return hl, extra
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
+        from matplotlib.lines import Line2D
+
         ps = [float(x) for x in s["ps"]]
+        colours = {q: f"C{k % 10}" for k, q in enumerate(ps)}
         fig, ax = subplots(3)
         md = df[df.kind == "md"]
         for j, p in enumerate(ps):
             d = md[md.p == p]
             for q in ps:
                 piv = d.pivot_table(index="run", columns="step", values=f"corr_p{q:g}")
-                band(ax[0, j], piv.columns.to_numpy(), 1 - piv.to_numpy(), f"ℓ{q:g}-AttSVM", None if q != p else "k")
+                own = q == p
+                band(
+                    ax[0, j],
+                    piv.columns.to_numpy(),
+                    np.maximum(1 - piv.to_numpy(), FLOOR),
+                    None,
+                    colours[q],
+                    lw=2.2 if own else 1.0,
+                    ls="-" if own else "--",
+                )
             piv = d.pivot_table(index="run", columns="step", values="bregman_own")
-            band(ax[0, j], piv.columns.to_numpy(), 1 - piv.to_numpy(), "Bregman (own)", "C3")
-            ax[0, j].set(title=f"ℓ{p:g}-MD: 1 − corr", xlabel="iteration", yscale="log")
-            ax[0, j].legend(fontsize=7)
+            band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), FLOOR), None, "0.35", lw=1.0, ls=":")
+            ax[0, j].set(
+                title=f"$\\ell_{{{p:g}}}$ mirror descent",
+                xlabel="iteration",
+                ylabel=one_minus_corr(),
+                yscale="log",
+            )
+        extra = [(Line2D([], [], color=colours[q], lw=1.6), f"corr with the $\\ell_{{{q:g}}}$ Att-SVM") for q in ps]
+        extra += [
+            (Line2D([], [], color="0.2", lw=2.2), "thick solid: the panel's own p (the claimed limit)"),
+            (Line2D([], [], color="0.35", lw=1.0, ls=":"), "Bregman alignment with the own-p SVM (as 1 − alignment)"),
+        ]
+        figure_legend(fig, ncol=3, extra=extra)
         return save(fig, outdir, "lp_convergence")
 
 

@@ -24,7 +24,7 @@ from ..datasets import random_instance
 from ..svm.equivalence import equivalence_constraints, optimal_mixture
 from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import fit_svm, num, train_batch
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, W_EQ, W_MM, band, figure_legend, one_minus_corr, save, subplots
 
 __all__ = ["Multiclass", "EXPERIMENT"]
 
@@ -155,14 +155,22 @@ class Multiclass(Experiment):
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         tr = df[df.kind == "traj"]
-        fig, ax = subplots(1)
+        fig, ax = subplots(1, width=4.2, height=3.2)
         a = ax[0, 0]
-        for col, lab in (("corr_single", "single-token $W_{mm}$"), ("corr_eq", "$W^{eq}$")):
+        for col, lab, c, kw in (
+            ("corr_single", f"corr with the single-token {W_MM}", "C0", {"lw": 2.6}),
+            ("corr_eq", f"corr with {W_EQ}", "C1", {"ls": "--"}),  # (dashed: visible where the two coincide)
+        ):
             piv = tr.pivot_table(index="seed", columns="step", values=col)
             if len(piv):
-                band(a, piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), 1e-16), lab)
-        a.set(yscale="log", xlabel="iteration", ylabel="1 − corr", title=f"multiclass head (C={s['C']}), clean runs")
-        a.legend(fontsize=7)
+                band(a, piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), FLOOR), lab, c, **kw)
+        a.set(
+            yscale="log",
+            xlabel="iteration",
+            ylabel=one_minus_corr(),
+            title=f"multiclass head (C = {s['C']}), clean runs",
+        )
+        figure_legend(fig, ncol=1)
         return save(fig, outdir, "multiclass")
 
 

@@ -35,7 +35,7 @@ from ..svm.graph import fin_basis, graph_svm, graph_svm_constraints, ntp_decompo
 from ..training.ntp import ntp_w_fin, train_ntp
 from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import num
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, W_SVM, band, figure_legend, one_minus_corr, panels, save
 
 __all__ = ["NTPConvergence", "EXPERIMENT"]
 
@@ -265,7 +265,8 @@ class NTPConvergence(Experiment):
         return hl, extra
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
-        fig, ax = subplots(4)
+        fig, axs, _ = panels(4, ncols=2, width=3.6)
+        ax = np.array([axs])  # (one row in reading order)
         gd = df[df.kind == "gd"]
 
         def piv(col: str) -> tuple[np.ndarray, np.ndarray]:
@@ -273,22 +274,34 @@ class NTPConvergence(Experiment):
             return t.columns.to_numpy(), t.to_numpy()
 
         x, y = piv("corr_perp")
-        band(ax[0, 0], x, 1 - y, "1 − corr(W − Π_fin W, W_svm)")
+        band(ax[0, 0], x, np.maximum(1 - y, FLOOR), rf"corr($W - \Pi_{{\mathrm{{fin}}}}W$, {W_SVM}) (a)", "C0", lw=2.6)
         x, y = piv("corr_svm")
-        band(ax[0, 0], x, 1 - y, "1 − corr(W, W_svm)")
-        ax[0, 0].set(title="direction: graph-SVM", xlabel="iteration", yscale="log")
-        ax[0, 0].legend(fontsize=7)
+        # (dashed over the thick line: both visible where they coincide)
+        band(ax[0, 0], x, np.maximum(1 - y, FLOOR), f"corr($W$, {W_SVM}) (a)", "C1", ls="--")
+        ax[0, 0].set(title="(a) direction: graph-SVM", xlabel="iteration", ylabel=one_minus_corr(), yscale="log")
         x, y = piv("fin_distance")
-        band(ax[0, 1], x, y, "‖Π_fin W − W_fin‖_F")
-        ax[0, 1].set(title="finite component", xlabel="iteration", yscale="log")
+        band(ax[0, 1], x, y, None, "C2")
+        ax[0, 1].set(
+            title="(b) finite component",
+            xlabel="iteration",
+            ylabel=r"$\|\Pi_{\mathrm{fin}}W - W_{\mathrm{fin}}\|_F$ (dimensionless)",
+            yscale="log",
+        )
         x, y = piv("scc_mass")
-        band(ax[0, 2], x, 1 - y, "1 − softmax mass on label's SCC")
-        ax[0, 2].set(title="hard retrieval", xlabel="iteration", yscale="log")
+        band(ax[0, 2], x, np.maximum(1 - y, FLOOR), None, "C3")
+        ax[0, 2].set(
+            title="(c) hard retrieval",
+            xlabel="iteration",
+            ylabel="1 − softmax mass on the label's SCC\n(dimensionless, floor 1e-16)",
+            yscale="log",
+        )
         sc = df[df.kind == "scc"].groupby("N")[["scc_per_graph", "cyclic_share"]].mean()
-        ax[0, 3].plot(sc.index, sc.scc_per_graph, "o-", label="SCCs per graph")
-        ax[0, 3].plot(sc.index, sc.cyclic_share * s["V"], "s--", label=f"cyclic share × {s['V']}")
-        ax[0, 3].set(title="SCCs against N", xlabel="N (samples)", xscale="log")
-        ax[0, 3].legend(fontsize=7)
+        ax[0, 3].plot(sc.index, sc.scc_per_graph, "o-", color="C4", label="SCCs per graph (d)")
+        ax[0, 3].plot(sc.index, sc.cyclic_share * s["V"], "s--", color="C5", label=f"cyclic share × {s['V']} (d)")
+        ax[0, 3].set(
+            title="(d) SCCs against N", xlabel="N (samples)", ylabel="mean over random instances", xscale="log"
+        )
+        figure_legend(fig)
         return save(fig, outdir, "ntp_convergence")
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ._base import Experiment, Headline, Trial, headline
-from ._plotting import save, subplots
+from ._plotting import figure_legend, save, subplots
 
 __all__ = ["NuclearIdentity", "EXPERIMENT"]
 
@@ -154,20 +154,27 @@ class NuclearIdentity(Experiment):
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         fig, ax = subplots(2)
         a = ax[0, 0]
-        a.scatter(df.nuc, df.balanced, s=8, label="balanced factors")
-        a.scatter(df.nuc, df.minimised, s=12, marker="x", label="numerical min over factorisations")
-        a.scatter(df.nuc, df.min_random, s=8, marker=".", label="best random factorisation")
-        lim = [0, float(df[["nuc", "min_random"]].to_numpy().max()) * 1.05]
-        a.plot(lim, lim, "k:", lw=1, label="y = ‖W‖_*")
-        a.set(xlabel="$\\|W\\|_*$", ylabel="$\\frac{1}{2}(\\|K\\|_F^2+\\|Q\\|_F^2)$", title="(a) the identity")
-        a.legend(fontsize=7)
+        a.scatter(df.nuc, df.balanced, s=8, color="C0", label="balanced factors (a)")
+        a.scatter(df.nuc, df.minimised, s=12, marker="x", color="C1", label="numerical min over factorisations (a)")
+        a.scatter(df.nuc, df.min_random, s=8, marker=".", color="C2", label="best random factorisation (a)")
+        lim = [0, float(df.nuc.max()) * 1.05]  # (the diagonal over the range of ‖W‖_*)
+        a.plot(lim, lim, "k:", lw=1, label=r"$y = \|W\|_*$ (a), ratio 1 (b)")
+        a.set(
+            xlabel=r"$\|W\|_*$ (dimensionless)",
+            ylabel=r"$\frac{1}{2}(\|K\|_F^2+\|Q\|_F^2)$ (dimensionless)",
+            title="(a) the identity",
+        )
         b = ax[0, 1]
         rel = df.min_random / df.nuc
-        b.hist(rel, bins=40)
+        b.hist(rel, bins=40, color="C2", alpha=0.8, label="random factorisations (b)")
         b.axvline(1.0, color="k", ls=":")
         b.set(
-            xlabel="½(‖K‖²+‖Q‖²)/‖W‖_* (random factorisations)", ylabel="count", title="(b) never below 1", yscale="log"
+            xlabel=r"$\frac{1}{2}(\|K\|_F^2+\|Q\|_F^2)\,/\,\|W\|_*$ (dimensionless)",
+            ylabel="count of instances",
+            title="(b) never below 1",
+            yscale="log",
         )
+        figure_legend(fig, ncol=3, markerscale=2)
         return save(fig, outdir, "nuclear_identity")
 
 

@@ -25,7 +25,7 @@ from ..diagnostics import convergence_type
 from ..tokens import margins, support_tokens
 from ._base import Experiment, Headline, Trial, chunks, headline
 from ._common import fit_svms, optimal_or_none, paper_problems, train_W_reduced
-from ._plotting import save, subplots
+from ._plotting import figure_legend, save, subplots
 
 __all__ = ["Overparam", "EXPERIMENT"]
 
@@ -172,16 +172,17 @@ class Overparam(Experiment):
         fig, ax = subplots(2)
         a = ax[0, 0]
         for t, c in zip(TYPES, ("C0", "C1", "C3")):
-            a.plot(tab.d, 100 * tab[t], "-o", color=c, label=t)
-        a.set_xscale("log")
-        a.set(title="(a) convergence type of GD", xlabel="d", ylabel="% of runs")
+            a.plot(tab.d, 100 * tab[t], "-o", color=c, label=f"GD limit: {t} (a)")
+        a.set(title="(a) convergence type of GD", xlabel="d (token dimension)", ylabel="runs (%)", xscale="log")
         a2 = ax[0, 1]
-        a2.plot(tab.d, 100 * tab.feasible, "-o", label="Att-SVM(opt) feasible")
-        a2.plot(tab.d, 100 * tab.all_support, "-s", label="every token a support vector")
-        a2.set(title="(b) SVM of the optimal tokens", xlabel="d", ylabel="% of instances", xscale="log")
+        a2.plot(tab.d, 100 * tab.feasible, "-o", color="C2", label="Att-SVM(opt) feasible (b)")
+        a2.plot(tab.d, 100 * tab.all_support, "-s", color="C4", label="every token a support vector (b)")
+        a2.set(
+            title="(b) SVM of the optimal tokens", xlabel="d (token dimension)", ylabel="instances (%)", xscale="log"
+        )
         for x in (a, a2):
-            x.axvline(max(s["T"] - 1, s["n"]), color="gray", ls=":", label="max(T−1, n)")
-            x.legend(fontsize=7)
+            x.axvline(max(s["T"] - 1, s["n"]), color="gray", ls=":", label="d = max(T − 1, n)")
+        figure_legend(fig, ncol=3)
         return save(fig, outdir, "overparam")
 
 

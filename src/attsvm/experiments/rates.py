@@ -24,7 +24,7 @@ import pandas as pd
 
 from ._base import MIN_FIT_POINTS, Experiment, Headline, Trial, chunks, headline
 from ._common import fit_svms, paper_problems
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, W_MM, band, figure_legend, one_minus_corr, save, subplots
 
 __all__ = ["Rates", "EXPERIMENT"]
 
@@ -260,12 +260,23 @@ class Rates(Experiment):
                 piv = d.pivot_table(index="run", columns="step", values=col)
                 x = piv.columns.to_numpy()
                 keep = x > 0
-                band(ax[0, j], x[keep], np.maximum(piv.to_numpy()[:, keep], 1e-16), LABELS[rule], color)
-        ax[0, 0].set(title="(a) 1 − corr(W_t, W_mm)", xlabel="iteration", xscale="log", yscale="log")
-        ax[0, 1].set(title="(b) non-selected softmax mass (floor 1e-16)", xlabel="iteration")
-        ax[0, 1].set(xscale="log", yscale="log")
-        ax[0, 0].axhline(s["target"], color="0.6", lw=0.8, ls=":")
-        ax[0, 0].legend(fontsize=7)
+                band(ax[0, j], x[keep], np.maximum(piv.to_numpy()[:, keep], FLOOR), LABELS[rule], color)
+        ax[0, 0].set(
+            title=f"(a) direction: 1 − corr($W_t$, {W_MM})",
+            xlabel="iteration",
+            ylabel=one_minus_corr(),
+            xscale="log",
+            yscale="log",
+        )
+        ax[0, 1].set(
+            title="(b) sparsification of the attention",
+            xlabel="iteration",
+            ylabel="non-selected softmax mass\n(dimensionless, floor 1e-16)",
+            xscale="log",
+            yscale="log",
+        )
+        ax[0, 0].axhline(s["target"], color="0.6", lw=0.8, ls=":", label=f"target 1 − corr = {s['target']:g} (a)")
+        figure_legend(fig, ncol=3)
         return save(fig, outdir, "rates")
 
 

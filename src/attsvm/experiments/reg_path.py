@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..datasets import paper_instance
 from ._base import MIN_FIT_POINTS, Experiment, Headline, Trial, diverged_headline, headline
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, W_MM, W_MM_NUC, band, figure_legend, one_minus_corr, save, subplots
 
 __all__ = ["RegPath", "EXPERIMENT"]
 
@@ -191,17 +191,22 @@ class RegPath(Experiment):
         fig, ax = subplots(2)
         for j, param in enumerate(("W", "KQ")):
             g = df[df.param == param]
-            for col, lab in (("corr_fro", "Frobenius $W_{mm}$"), ("corr_nuc", "nuclear $W^*_{mm}$")):
+            for col, lab, c in (
+                ("corr_fro", f"corr with Frobenius {W_MM}", "C0"),
+                ("corr_nuc", f"corr with nuclear {W_MM_NUC}", "C1"),
+            ):
                 piv = g.pivot_table(index="seed", columns="R", values=col)
-                band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), 1e-16), lab)
+                band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), FLOOR), lab, c)
             ax[0, j].set(
                 xscale="log",
                 yscale="log",
-                xlabel="R",
-                ylabel="1 − corr",
-                title=f"({'ab'[j]}) {'W̄_R' if param == 'W' else 'K̄_R Q̄_Rᵀ'} vs SVM directions",
+                xlabel="R, radius of the norm ball (dimensionless)",
+                ylabel=one_minus_corr(),
+                title=f"({'ab'[j]}) "
+                + (r"$\bar W_R$" if param == "W" else r"$\bar K_R \bar Q_R^{\mathsf{T}}$")
+                + " vs the SVM directions",
             )
-            ax[0, j].legend(fontsize=7)
+        figure_legend(fig)
         return save(fig, outdir, "reg_path")
 
 

@@ -38,7 +38,7 @@ from ..problem import AttentionProblem, Head
 from ..svm.equivalence import equivalence_constraints
 from ._base import Experiment, Headline, Trial, diverged_headline, headline
 from ._common import fit_constraint_svms, fit_svms, num, train_batch
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, W_EQ, W_MM, band, figure_legend, one_minus_corr, panels, save
 
 __all__ = ["SVMEq", "EXPERIMENT", "relu_instance", "svm_eq_draw", "equivalence_runs", "DROP_REASONS"]
 
@@ -365,31 +365,40 @@ class SVMEq(Experiment):
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         acc, _, tr = self._accepted(s, df)
         ds = sorted(tr.d.unique())
-        fig, ax = subplots(len(ds) + 1, width=3.6)
+        fig, axs, spare = panels(len(ds) + 1, ncols=3, width=3.3)
+        ax = np.array([axs])  # (one row in reading order)
         for j, d in enumerate(ds):
             g = tr[tr.d == d]
-            for col, lab in (
-                ("corr_single", "single-token $W_{mm}$"),
-                ("corr_eq", "$W^{eq}$"),
-                ("corr_full", "$W_{fin} + R W^{eq}$"),
+            for col, lab, c in (
+                ("corr_single", f"corr with the single-token {W_MM}", "C0"),
+                ("corr_eq", f"corr with {W_EQ}", "C1"),
+                ("corr_full", r"corr with $W_{\mathrm{fin}} + R\,W^{\mathrm{eq}}$", "C2"),
             ):
                 piv = g.pivot_table(index="seed", columns="step", values=col)
-                band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), 1e-16), lab)
-            ax[0, j].set(title=f"d = {d}", xlabel="iteration", yscale="log", ylabel="1 − corr" if j == 0 else None)
-            ax[0, j].legend(fontsize=7)
+                band(ax[0, j], piv.columns.to_numpy(), np.maximum(1 - piv.to_numpy(), FLOOR), lab, c)
+            ax[0, j].set(title=f"d = {d}", xlabel="iteration", yscale="log", ylabel=one_minus_corr())
         last = tr[tr.step == tr.step.max()].merge(acc[["d", "seed", "zero_max"]], on=["d", "seed"])
         a = ax[0, -1]
-        for d in ds:
+        shades = [f"C{3 + k % 7}" for k in range(len(ds))]  # (C0–C2 are the curves' colours)
+        for d, shade in zip(ds, shades):
             l = last[last.d == d]
-            a.scatter(np.maximum(l.zero_max, 1e-300), np.maximum(1 - l.corr_eq, 1e-16), s=6, label=f"d={d}")
+            a.scatter(
+                np.maximum(l.zero_max, 1e-300),
+                np.maximum(1 - l.corr_eq, FLOOR),
+                s=5,
+                alpha=0.6,
+                color=shade,
+                marker="o",
+                label=f"final iterate, d = {d} (scatter)",
+            )
         a.set(
             xscale="log",
             yscale="log",
-            xlabel="largest unselected softmax prob.",
-            ylabel="1 − corr(W, $W^{eq}$)",
-            title="final correlation vs masked prob.",
+            xlabel="largest unselected softmax\nprobability (dimensionless)",
+            ylabel=one_minus_corr(f"corr(W, {W_EQ})"),
+            title="final correlation vs\nmasked probability",
         )
-        a.legend(fontsize=7)
+        figure_legend(fig, host=spare, loc="outside lower center", ncol=1 if spare is not None else 3, markerscale=3)
         return save(fig, outdir, "svm_eq")
 
 

@@ -29,7 +29,7 @@ import pandas as pd
 
 from ..problem import ACTIVATIONS, AttentionProblem, Head
 from ._base import Experiment, Headline, Trial, check_names, headline
-from ._plotting import band, save, subplots
+from ._plotting import FLOOR, W_EQ, W_EQ_NUC, band, figure_legend, one_minus_corr, save, subplots
 from .svm_eq import DROP_REASONS, equivalence_runs, svm_eq_draw
 
 __all__ = ["SVMEqMLP", "EXPERIMENT", "mlp_instance"]
@@ -270,7 +270,12 @@ class SVMEqMLP(Experiment):
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
         tr = df[df.kind == "traj"]
         params = [p for p in [*s["params"], "W+head"] if (tr.param == p).any()]
-        fig, ax = subplots(max(1, len(params)), width=4.6)
+        fig, ax = subplots(max(1, len(params)), width=3.4)
+        titles = {
+            "W": f"$W$ vs Frobenius {W_EQ}",
+            "KQ": f"$(K, Q)$ vs nuclear {W_EQ_NUC}",
+            "W+head": f"$W$, head trained jointly, vs {W_EQ}",
+        }
         for j, param in enumerate(params):
             a = ax[0, j]
             for k, (act, depth) in enumerate(
@@ -283,18 +288,15 @@ class SVMEqMLP(Experiment):
                 band(
                     a,
                     piv.columns.to_numpy(),
-                    np.maximum(1 - piv.to_numpy(), 1e-16),
-                    f"{act}, {depth} layer{'s' if depth > 1 else ''}",
+                    np.maximum(1 - piv.to_numpy(), FLOOR),
+                    f"{act} head, {depth} layer{'s' if depth > 1 else ''}",
                     f"C{k % 10}",
                 )
-            a.axhline(1 - float(s["threshold"]), color="0.5", ls=":", lw=0.8)
-            a.set(
-                title={"W": "W (Frobenius W^eq)", "KQ": "(K,Q) (nuclear W*^eq)"}.get(param, "W, head trained jointly"),
-                xlabel="iteration",
-                ylabel="1 − corr with W^eq",
-                yscale="log",
+            a.axhline(
+                1 - float(s["threshold"]), color="0.5", ls=":", lw=0.8, label=f"1 − threshold ({s['threshold']:g})"
             )
-            a.legend(fontsize=6)
+            a.set(title=titles[param], xlabel="iteration", ylabel=one_minus_corr(), yscale="log")
+        figure_legend(fig, ncol=4)
         return save(fig, outdir, "svm_eq_mlp")
 
 

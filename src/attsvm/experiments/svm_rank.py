@@ -22,7 +22,7 @@ from .._linalg import matrix_rank
 from ..datasets import paper_instance
 from ._base import Experiment, Headline, Trial, headline
 from ._common import fit_svms, num, optimal_or_none
-from ._plotting import save, subplots
+from ._plotting import W_MM, W_MM_NUC, figure_legend, save, subplots
 
 __all__ = ["SVMRank", "EXPERIMENT"]
 
@@ -182,20 +182,34 @@ class SVMRank(Experiment):
         return hl, {"table": tab.to_dict(orient="records"), "notes": notes}
 
     def plot(self, s: dict[str, Any], df: pd.DataFrame, results: dict[str, Any], outdir: Path) -> list[Path]:
+        from matplotlib.lines import Line2D
+
         tab = self._table(df)
         tab = tab[tab.feasible > 0]
         n0, T0 = min(n for n, _ in s["nT"]), min(T for _, T in s["nT"])
         panels = (("(a) varying n", tab[tab["T"] == T0], "n"), ("(b) varying T", tab[tab.n == n0], "T"))
         fig, ax = subplots(2)
+        colours: dict[tuple[int, int], str] = {}
         for a, (title, sub, key) in zip(ax[0], panels):
-            for k, (_val, g) in enumerate(sub.groupby(key)):
+            for _val, g in sub.groupby(key):
                 g = g.sort_values("d")
-                lab = f"n={int(g.n.iloc[0])}, T={int(g['T'].iloc[0])}"
-                a.plot(g.d, g.rank_fro, "-o", color=f"C{k}", label=f"{lab}: $W_{{mm}}$ (Frobenius)")
-                a.plot(g.d, g.rank_nuc, "--s", color=f"C{k}", label=f"{lab}: $W^*_{{mm}}$ (nuclear)")
-            a.set(title=f"{title}: mean rank at tol {s['rank_tol']:g}", xlabel="d", ylabel="mean rank")
-            if a.lines:
-                a.legend(fontsize=6)
+                nT = (int(g.n.iloc[0]), int(g["T"].iloc[0]))
+                col = colours.setdefault(nT, f"C{len(colours) % 10}")
+                a.plot(g.d, g.rank_fro, "-o", color=col, label=f"n = {nT[0]}, T = {nT[1]}")
+                a.plot(g.d, g.rank_nuc, "--s", color=col)
+            a.set(
+                title=f"{title} (rank tolerance {s['rank_tol']:g})",
+                xlabel="d (token dimension)",
+                ylabel="mean rank of the SVM solution",
+            )
+        figure_legend(
+            fig,
+            ncol=4,
+            extra=(
+                (Line2D([], [], color="0.3", ls="-", marker="o"), f"Frobenius {W_MM}"),
+                (Line2D([], [], color="0.3", ls="--", marker="s"), f"nuclear {W_MM_NUC}"),
+            ),
+        )
         return save(fig, outdir, "svm_rank")
 
 
