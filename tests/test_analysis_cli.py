@@ -54,7 +54,7 @@ def test_kv_bench_quick_runs_end_to_end(tmp_path):
     assert main(["kv-bench", "--quick", "--lm", str(lm), "--out", str(out), "--budgets", "0.1,0.5"]) == 0
     data = json.loads((out / "kv_bench.json").read_text())
     rows = data["lm"]["rows"]
-    assert {r["policy"] for r in rows} == {"full", "svm", "h2o", "tova", "streaming", "recent", "random"}
+    assert {r["policy"] for r in rows} == {"full", "svm_margin", "h2o", "tova", "streaming", "recent", "random"}
     # decoding through the cache at full budget = one parallel forward
     assert abs(data["lm"]["ppl_full_cache"] - data["lm"]["ppl_parallel"]) < 1e-3 * data["lm"]["ppl_parallel"]
     assert all(np.isfinite(r["ppl"]) for r in rows)
@@ -62,7 +62,9 @@ def test_kv_bench_quick_runs_end_to_end(tmp_path):
     assert len(m) == 6 * 2 and all(-1.0 <= r["cosine_mean"] <= 1.0 + 1e-6 for r in m)
     for name in ("report.md", "kv_bench.png", "lm_perplexity.csv", "minilm_fidelity.csv"):
         assert (out / name).stat().st_size > 0, name
-    assert "Who wins where" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()  # --quick: a smoke test, no winners
+    assert data["smoke_test"] is True and "smoke test: settings too small for a verdict" in report
+    assert "Who wins where" not in report and "→ **" not in report
 
 
 def test_encoder_forward_matches_the_model_and_prunes_per_head():

@@ -120,8 +120,9 @@ def test_claims_command_quick(tmp_path, monkeypatch):
     assert any("minilm" in x for x in res["not_measured"])  # (no serving simulation: not causal)
     lr = next(r for r in recs if r["model"] == "llama-tiny" and r["claim"] == "low-rank")
     assert "mla_latent_perplexity" in lr["details"]
+    assert res["smoke_test"] is True  # --quick: numbers, no verdicts
     for r in recs:
-        assert r["verdict"] in ("supported", "not supported", "mixed")
+        assert r["verdict"] == "smoke test: settings too small for a verdict"
         assert r["ci"][0] <= r["value"] <= r["ci"][1] and r["citation"] and r["definition"]
     assert "random-init" in res["models"]["llama-tiny"]
     report = (out / "report.md").read_text()

@@ -180,8 +180,10 @@ def test_verdicts_need_enough_contexts_and_separated_intervals():
         }
 
     n = MIN_VERDICT_CONTEXTS
-    assert _verdicts([cell("svm_cache", 1, 1, 1, n), cell("knorm", 0, 0, 0, n)])[0]["verdict"] == "win"
-    assert _verdicts([cell("svm_cache", 0, 0, 0, n), cell("knorm", 1, 1, 1, n)])[0]["verdict"] == "lose"
-    assert _verdicts([cell("svm_cache", 0.6, 0.2, 0.9, n), cell("knorm", 0.5, 0.1, 0.8, n)])[0]["verdict"] == "tie"
-    one = _verdicts([cell("svm_cache", 1, 1, 1, 1), cell("knorm", 0, 0, 0, 1)])
+    assert _verdicts([cell("svm_margin_cache", 1, 1, 1, n), cell("knorm", 0, 0, 0, n)])[0]["verdict"] == "win"
+    assert _verdicts([cell("svm_margin_cache", 0, 0, 0, n), cell("knorm", 1, 1, 1, n)])[0]["verdict"] == "lose"
+    assert (
+        _verdicts([cell("svm_margin_cache", 0.6, 0.2, 0.9, n), cell("knorm", 0.5, 0.1, 0.8, n)])[0]["verdict"] == "tie"
+    )
+    one = _verdicts([cell("svm_margin_cache", 1, 1, 1, 1), cell("knorm", 0, 0, 0, 1)])
     assert one[0]["verdict"] == "too few contexts"

@@ -87,6 +87,6 @@ def test_kv_compare_runs_kvpress_presses_beside_attsvm(tiny, tmp_path):
     res = kv_compare(config, lm_dir=folder)
     out = res.save(tmp_path / "cmp")
     data = json.loads((out / "results.json").read_text())
-    assert {s["method"] for s in data["results"]} >= set(KVPRESS_METHODS) | set(ATTSVM_PRESSES) | {"svm_cache"}
+    assert {s["method"] for s in data["results"]} >= set(KVPRESS_METHODS) | set(ATTSVM_PRESSES) | {"svm_margin_cache"}
     assert not data["meta"]["skipped_methods"]
     assert "attsvm's methods only" not in write_compare_report(out).read_text()

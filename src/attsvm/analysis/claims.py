@@ -21,6 +21,10 @@ Every number is a mean over sequences (corpus windows) with a 95 % percentile-bo
 sequences. Causal models count queries that see at least ``MIN_KEYS`` keys. The low-rank / MLA and
 serving-constraint measurements (:func:`lowrank_metrics`, :func:`mla_perplexity`, :func:`serving_metrics`)
 apply to BERT/GPT-2 weights and to causal models respectively; the report lists what was not measured.
+
+A ``quick`` run (a few short windows, barely trained or random-init models) is a smoke test: its records keep
+the measured numbers, but their verdict reads :data:`SMOKE_TEST`, and ``results.json`` says
+``"smoke_test": true``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._folders import save_figure
+from .._style import figure_legend, panels, style
 from .._validation import as_float_array, check_bool, check_positive_int, check_seed
 
 __all__ = [
@@ -53,6 +58,7 @@ __all__ = [
     "SINK_EPS",
     "MASS",
     "CONFIDENT",
+    "SMOKE_TEST",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +72,8 @@ LENGTH_EDGES = (4, 16, 64, 256, 1 << 30)  # context-length buckets (visible keys
 BOOTSTRAP = 1000
 FEW = 3.0  # "1–3 tokens"
 LOW_RANKS = (1, 2, 4, 8, 12, 16, 24, 32)  # ranks of the per-head truncation
+# the verdict of every claim of a quick run (and what kv-bench's quick report says in place of winners)
+SMOKE_TEST = "smoke test: settings too small for a verdict"
 
 
 @dataclass
@@ -575,7 +583,7 @@ def serving_verdict(
         claim="serving",
         model=model,
         text="tokens with negligible margin can be pruned in serving engines (vLLM, SGLang, FlashInfer) without harm",
-        metric="perplexity of the next 16 tokens with the cache cut to half by SV-margin eviction under "
+        metric="perplexity of the next 16 tokens with the cache cut to half by SV-margin (`svm_margin`) eviction under "
         "page-granular (16), layer-shared and window-scored eviction together, over the uncompressed perplexity",
         definition="the first N − 16 keys are cached and scored by their smallest margin log p_top − log p_t; the "
         "next 16 tokens are predicted through per-layer, per-head masks that hide the evicted keys (on the pydoc "
@@ -594,7 +602,8 @@ def serving_verdict(
 @dataclass
 class ClaimRecord:
     """One claim on one model: the text, the metric (definition and citation), the measured mean with its
-    bootstrap interval, the criterion and the verdict ("supported", "not supported" or "mixed")."""
+    bootstrap interval, the criterion and the verdict ("supported", "not supported" or "mixed"; a smoke test's
+    records say :data:`SMOKE_TEST` instead)."""
 
     claim: str
     model: str
@@ -642,7 +651,7 @@ def verdicts(model: str, seqs: list[SequenceMetrics], *, seed: int = 0) -> list[
             text="trained heads put over 95% of their probability on 1–3 tokens",
             metric="share of (query, head) pairs with top-3 mass ≥ 0.95, special tokens and punctuation removed",
             definition="top-3 mass = sum of the 3 largest attention weights of a query; 'removed' renormalises "
-            "the rest; the claim counts as supported when most pairs (≥ 0.5) qualify",
+            "the rest; the claim holds when most pairs (≥ 0.5) qualify",
             citation="the source texts; head confidence after Voita et al., ACL 2019",
             value=pairs_ex[0],
             ci=(pairs_ex[1], pairs_ex[2]),
@@ -672,7 +681,7 @@ def verdicts(model: str, seqs: list[SequenceMetrics], *, seed: int = 0) -> list[
             text="attention sinks appear",
             metric="Sink^ε (ε = 0.3): share of heads whose mean attention to the first token exceeds ε",
             definition="per sequence, the share of (layer, head) whose attention to position 0, averaged over "
-            "queries, is > 0.3; supported when at least a tenth of the heads are sinks",
+            "queries, is > 0.3; the claim holds when at least a tenth of the heads are sinks",
             citation="Gu et al., arXiv 2410.10781",
             value=sink[0],
             ci=(sink[1], sink[2]),
@@ -695,8 +704,8 @@ def verdicts(model: str, seqs: list[SequenceMetrics], *, seed: int = 0) -> list[
             model=model,
             text="few keys are support vectors: within a small margin of the top key",
             metric="mean number of support keys per (query, head): keys with logit_top − logit_t ≤ 1",
-            definition="margins read off the attention as log(s_top / s_t); the top key counts; supported when "
-            "the mean is at most 3",
+            definition="margins read off the attention as log(s_top / s_t); the top key counts; the claim holds "
+            "when the mean is at most 3",
             citation="the source texts (docs/spec.md §2 margins)",
             value=sup[0],
             ci=(sup[1], sup[2]),
@@ -751,7 +760,7 @@ def lowrank_verdict(
         text="low-rank key–query compression (as in MLA) keeps the max-margin geometry",
         metric=f"top-1 agreement of every head's attention with W_h truncated to rank d_head/2 = {half}",
         definition="W_h = s·W_kᵀW_q truncated by SVD (biases kept); agreement = share of queries whose argmax "
-        "key is unchanged; supported only if the margins survive well below the head dimension (agreement ≥ "
+        "key is unchanged; the claim holds only if the margins survive well below the head dimension (agreement ≥ "
         "0.99 at d_head/2); MLA: one shared rank-c latent for all heads' keys and values, perplexity on "
         "held-out text",
         citation="the source texts; MLA after DeepSeek-V2 (arXiv 2405.04434)",
@@ -877,7 +886,7 @@ def run_claims(
     Gemma 3 models (``"gemma3-270m"`` or a Gemma 3 folder) are measured by :mod:`attsvm.analysis.claims_gemma`
     on windows of 512–4096 tokens (``max_windows`` caps the windows per length, ``max_length`` the longest
     length), per layer type; ``progress`` shows a bar over their windows (default: when stderr is a
-    terminal)."""
+    terminal). ``quick`` runs are smoke tests: every verdict reads :data:`SMOKE_TEST` (the numbers are kept)."""
     import datetime
     import platform
 
@@ -975,7 +984,11 @@ def run_claims(
         log.info("claims: %s measured on %d windows", name, len(seqs))
     import torch
 
+    if quick:  # too few, too short windows on barely trained models: numbers, no verdicts
+        for r in records:
+            r.verdict = SMOKE_TEST
     results = {
+        "smoke_test": bool(quick),
         "models": labels,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}",
@@ -992,53 +1005,83 @@ def run_claims(
 
 
 def _plot(records: list[ClaimRecord], outp: Path) -> list[Path]:
+    """``claims.png`` (200 dpi) and ``claims.pdf``: one panel per claim, one legend (the models)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    with style():
+        return _plot_styled(records, outp, plt)
+
+
+def _plot_styled(records: list[ClaimRecord], outp: Path, plt: Any) -> list[Path]:
+    from matplotlib.lines import Line2D
+
     models = list(dict.fromkeys(r.model for r in records))
-    paths = []
-    fig, ax = plt.subplots(1, 5, figsize=(21, 3.6))
+    fig, ax, spare = panels(5, ncols=3, width=3.5, height=2.9)
+    modes = list(SERVING_MODES)
     for k, m in enumerate(models):
+        colour = f"C{k % 10}"
         conc = next(r for r in records if r.model == m and r.claim == "concentration")
         sink = next(r for r in records if r.model == m and r.claim == "sinks")
         sup = next(r for r in records if r.model == m and r.claim == "support")
         part = ":" in m  # a layer-type subset (Gemma 3): its heads and layers are already in the whole model's
         if not part:
             hc = np.asarray(conc.details["head_confidence"]).ravel()
-            ax[0].hist(hc, bins=np.linspace(0, 1, 21), alpha=0.5, label=m)
+            ax[0].hist(hc, bins=np.linspace(0, 1, 21), alpha=0.5, color=colour)
         pl = sup.details["mean_support_keys_per_delta"]
-        ax[1].plot(sup.details["deltas"], pl, "o-", label=m)
+        ax[1].plot(sup.details["deltas"], pl, "o-", color=colour)
         if not part:
             layers = sink.details["per_layer_sink_share"]
-            ax[2].plot(np.arange(1, len(layers) + 1), layers, "s-", label=m, color=f"C{k}")
+            ax[2].plot(np.arange(1, len(layers) + 1), layers, "s-", color=colour)
         low = next((r for r in records if r.model == m and r.claim == "low-rank"), None)
         if low is not None:
             rr = np.asarray(low.details["ranks"], dtype=float) / low.details["d_head"]
-            ax[3].plot(rr, low.details["top1_agreement"], "o-", label=m, color=f"C{k}")
+            ax[3].plot(rr, low.details["top1_agreement"], "o-", color=colour)
         srv = next((r for r in records if r.model == m and r.claim == "serving"), None)
         if srv is not None:
-            modes = list(SERVING_MODES)
             val = [srv.details[f"perplexity_ratio_{md}_at_half"][0] for md in modes]
-            ax[4].bar(np.arange(len(modes)) + 0.25 * k, val, width=0.25, label=m, color=f"C{k}")
-            ax[4].set_xticks(np.arange(len(modes)) + 0.25, modes, fontsize=7)
-    ax[3].axhline(0.99, color="0.5", ls=":")
-    ax[3].set(title="top-1 agreement vs rank (per head)", xlabel="rank / d_head", ylabel="agreement")
-    ax[4].axhline(1.05, color="0.5", ls=":")
-    ax[4].set(title="perplexity ratio, half the cache, by constraint", ylabel="ppl / ppl(full cache)")
+            ax[4].bar(np.arange(len(modes)) + 0.25 * k, val, width=0.25, color=colour)
     ax[0].axvline(CONFIDENT, color="0.5", ls=":")
-    ax[0].set(title="head confidence (Voita): mean max weight", xlabel="confidence", ylabel="heads")
-    ax[1].set(title="support keys per (query, head)", xlabel="margin δ (logits)", ylabel="mean count", yscale="log")
+    ax[0].set(
+        title="(a) head confidence (Voita et al.)",
+        xlabel="mean max attention weight (dimensionless)",
+        ylabel="count of heads",
+    )
+    ax[1].set(
+        title="(b) support keys per (query, head)",
+        xlabel="margin δ (logits)",
+        ylabel="mean count of keys",
+        yscale="log",
+    )
     ax[2].axhline(0.1, color="0.5", ls=":")
-    ax[2].set(title="Sink^0.3 per layer (Gu et al.)", xlabel="layer", ylabel="share of heads", ylim=(-0.05, 1.05))
-    for a in ax:
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    for ext in ("png", "pdf"):
-        p = outp / f"claims.{ext}"
-        save_figure(fig, p, dpi=130)
-        paths.append(p)
+    ax[2].set(
+        title=r"(c) Sink$^{0.3}$ per layer (Gu et al.)",
+        xlabel="layer (index, from 1)",
+        ylabel="share of heads (dimensionless)",
+        ylim=(-0.05, 1.05),
+    )
+    ax[3].axhline(0.99, color="0.5", ls=":")
+    ax[3].set(
+        title="(d) top-1 agreement vs rank",
+        xlabel="rank / d_head (dimensionless)",
+        ylabel="top-1 agreement, per head\n(dimensionless)",
+    )
+    ax[4].axhline(1.05, color="0.5", ls=":")
+    ax[4].set_xticks(np.arange(len(modes)) + 0.25 * max(len(models) - 1, 0) / 2, modes, rotation=30, ha="right")
+    ax[4].set(
+        title="(e) perplexity, half the cache",
+        xlabel="cache constraint",
+        ylabel="ppl / ppl(full cache)\n(dimensionless)",
+    )
+    extra = [(Line2D([], [], color=f"C{k % 10}", marker="o", lw=1.4), m) for k, m in enumerate(models)]
+    extra.append((Line2D([], [], color="0.5", ls=":"), "dotted: the claim's threshold"))
+    figure_legend(fig, host=spare, extra=extra, title="models")
+    if records and all(r.verdict == SMOKE_TEST for r in records):
+        fig.suptitle(SMOKE_TEST)
+    paths = [outp / "claims.png", outp / "claims.pdf"]
+    save_figure(fig, paths[0])  # (and the PDF beside it)
     plt.close(fig)
     return paths
 
@@ -1049,10 +1092,11 @@ def _report(results: dict[str, Any], records: list[ClaimRecord], figures: list[P
     lines.append("")
     lines.append(f"Measured {results['date']} on {results['machine']}.")
     lines.append("")
-    if results["settings"]["quick"]:
+    if results.get("smoke_test", results["settings"]["quick"]):
         lines += [
-            "**A smoke run (`--quick`): a few short windows and barely trained in-repo models. The verdicts below "
-            "test the machinery; they are not evidence about the models.**",
+            f"**{SMOKE_TEST[0].upper()}{SMOKE_TEST[1:]}** (`--quick`: a few short windows, barely trained in-repo "
+            "or random-init models). The numbers below test the machinery; they are not evidence about the "
+            "models, and no claim is judged.",
             "",
         ]
     lines.append(

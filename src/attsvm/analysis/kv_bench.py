@@ -4,11 +4,15 @@ a) **Causal LM** (:mod:`attsvm.analysis.lm`): held-out perplexity when decoding 
    :class:`~attsvm.analysis.kv_cache.EvictionCache` holding ``budget`` keys per layer and head.
 b) **MiniLM** (encoder): in every layer, each head keeps ``budget`` keys chosen by the policy from
    that layer's own (unpruned) attention, all queries at once (H2O: accumulated attention over all
-   queries; TOVA: the last query, [SEP]; svm: smallest margin over all queries; recent/streaming by
+   queries; TOVA: the last query, [SEP]; ``svm_margin``: smallest margin over all queries; recent/streaming by
    position); the other keys are masked out of the layer's attention. Measured: cosine similarity of
    the mean-pooled sentence embeddings of the topic texts to the unpruned ones, and retrieval
    accuracy — the first sentence of a topic (unpruned) must retrieve its own topic's text (pruned)
    among all topics.
+
+Outputs name the policies as the rest of attsvm does: the SV-margin policy is ``svm_margin`` (:func:`policy_name`;
+``"svm"`` and ``"svm-margin"`` are accepted for it). A ``quick`` run is a smoke test: its results say so
+(``"smoke_test": true``) and its report names no winners.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, cast
 
 from .._folders import save_figure
 from .._validation import check_positive_int
+from .claims import SMOKE_TEST  # (what a quick run says in place of verdicts and winners)
 from .kv_cache import (
     POLICIES,
     EvictionCache,
@@ -37,6 +42,9 @@ from .kv_cache import (
 
 __all__ = [
     "BUDGETS",
+    "POLICY_NAMES",
+    "SMOKE_TEST",
+    "policy_name",
     "lm_perplexity",
     "encoder_forward",
     "minilm_fidelity",
@@ -49,6 +57,28 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BUDGETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
+
+
+_SVM_SPELLINGS = ("svm", "svm-margin", "svm_margin")
+
+
+def policy_name(name: str) -> str:
+    """The name outputs give an eviction policy: ``svm_margin`` for the SV-margin policy (also spelt ``"svm"``
+    or ``"svm-margin"``), every other policy's own name."""
+    return "svm_margin" if name in _SVM_SPELLINGS else name
+
+
+def _policy_key(name: str) -> str:
+    """The name :func:`~attsvm.analysis.kv_cache.make_policy` knows a policy by."""
+    if name in _SVM_SPELLINGS:
+        for spelling in _SVM_SPELLINGS:
+            if spelling in POLICIES:
+                return spelling
+    return name
+
+
+# the policies of kv_cache.POLICIES under their output names (svm_margin, h2o, tova, streaming, recent, random)
+POLICY_NAMES: tuple[str, ...] = tuple(policy_name(p) for p in POLICIES)
 
 
 def _budget(frac: float, length: int) -> int:
@@ -175,7 +205,7 @@ def minilm_fidelity(
         acc_full = float((torch.argmax(qemb @ full.T, dim=1) == torch.arange(len(docs))).float().mean())
         rows = []
         for pol in policies:
-            name = cast(PolicyName, pol)  # make_policy checks the name
+            name = cast(PolicyName, _policy_key(pol))  # make_policy checks the name
             for frac in budgets:
                 policy = make_policy(name, seed=seed) if name == "random" else make_policy(name)
                 emb = embed_docs(policy, frac)
@@ -183,7 +213,7 @@ def minilm_fidelity(
                 acc = float((torch.argmax(qemb @ emb.T, dim=1) == torch.arange(len(docs))).float().mean())
                 rows.append(
                     {
-                        "policy": pol,
+                        "policy": policy_name(pol),
                         "budget": frac,
                         "cosine_mean": float(cos.mean()),
                         "cosine_min": float(cos.min()),
@@ -199,13 +229,13 @@ class KVBenchResult:
     lm: dict[str, Any]
     minilm: dict[str, Any]
     seconds: float
+    smoke_test: bool = False  # a quick run: too small for a verdict (the report names no winners)
 
     def save(self, out: str | Path) -> Path:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "kv_bench.json").write_text(
-            json.dumps({"lm": self.lm, "minilm": self.minilm, "seconds": self.seconds}, indent=1)
-        )
+        data = {"smoke_test": self.smoke_test, "lm": self.lm, "minilm": self.minilm, "seconds": self.seconds}
+        (out / "kv_bench.json").write_text(json.dumps(data, indent=1))
         import pandas as pd
 
         pd.DataFrame(self.lm["rows"]).to_csv(out / "lm_perplexity.csv", index=False)
@@ -226,6 +256,8 @@ def kv_bench(
 ) -> KVBenchResult:
     """Run (a) and (b). The LM is trained on first use (``attsvm lm-train`` settings) and cached.
 
+    ``policies`` are names of :data:`POLICY_NAMES` (``"svm"`` is accepted for ``"svm_margin"``). ``quick``
+    (a smoke test: 2 sequences of 64 tokens, the quick LM, 12 topics) is recorded in the result.
     ``seq_len`` defaults to the LM's training context: beyond it, position embeddings were never
     trained and evicting old keys would *help* perplexity for the wrong reason.
     """
@@ -239,8 +271,8 @@ def kv_bench(
     for frac in budgets:
         _budget(frac, 1)  # every budget a fraction in (0, 1], checked before any work
     for p in policies:
-        if p not in POLICIES:
-            raise ValueError(f"policies must be among {POLICIES}; got {p!r}")
+        if _policy_key(p) not in POLICIES:
+            raise ValueError(f"policies must be among {POLICY_NAMES}; got {p!r}")
     config = QUICK_LM if quick else LMConfig()
     if quick:
         n_seq, seq_len = 2, 64
@@ -267,9 +299,11 @@ def kv_bench(
     rows = [{"policy": "full", "budget": 1.0, "budget_tokens": ids.shape[1], "ppl": ppl_full}]
     jobs = [(p, f) for p in policies for f in budgets]
     for pol, frac in tqdm(jobs, desc="kv-bench lm", disable=not progress, leave=False):
-        policy = make_policy(pol, seed=seed) if pol == "random" else make_policy(pol)
+        key = cast(PolicyName, _policy_key(pol))
+        policy = make_policy(key, seed=seed) if key == "random" else make_policy(key)
         b = _budget(frac, ids.shape[1])
-        rows.append({"policy": pol, "budget": frac, "budget_tokens": b, "ppl": lm_perplexity(model, ids, policy, b)})
+        ppl = lm_perplexity(model, ids, policy, b)
+        rows.append({"policy": policy_name(pol), "budget": frac, "budget_tokens": b, "ppl": ppl})
     lm = {
         "folder": str(folder),
         "n_seq": int(ids.shape[0]),
@@ -290,7 +324,7 @@ def kv_bench(
         n_topics=12 if quick else None,
         seed=seed,
     )
-    return KVBenchResult(lm, minilm, time.perf_counter() - t0)
+    return KVBenchResult(lm, minilm, time.perf_counter() - t0, smoke_test=bool(quick))
 
 
 # ---------------------------------------------------------------------------------------- outputs
@@ -308,7 +342,7 @@ def plot_kv_bench(out: str | Path) -> list[Path]:
     full = next(r["ppl"] for r in lm_rows if r["policy"] == "full")
     for pol in dict.fromkeys(r["policy"] for r in lm_rows if r["policy"] != "full"):
         rs = [r for r in lm_rows if r["policy"] == pol]
-        axes[0].plot([100 * r["budget"] for r in rs], [r["ppl"] for r in rs], marker="o", label=pol)
+        axes[0].plot([100 * r["budget"] for r in rs], [r["ppl"] for r in rs], marker="o", label=policy_name(pol))
     axes[0].axhline(full, color="k", ls=":", label="full cache")
     axes[0].set_yscale("log")
     axes[0].set_xlabel("cache budget (% of context)")
@@ -317,8 +351,9 @@ def plot_kv_bench(out: str | Path) -> list[Path]:
     mrows = data["minilm"]["rows"]
     for pol in dict.fromkeys(r["policy"] for r in mrows):
         rs = [r for r in mrows if r["policy"] == pol]
-        axes[1].plot([100 * r["budget"] for r in rs], [r["cosine_mean"] for r in rs], marker="o", label=pol)
-        axes[2].plot([100 * r["budget"] for r in rs], [r["retrieval_acc"] for r in rs], marker="o", label=pol)
+        label = policy_name(pol)
+        axes[1].plot([100 * r["budget"] for r in rs], [r["cosine_mean"] for r in rs], marker="o", label=label)
+        axes[2].plot([100 * r["budget"] for r in rs], [r["retrieval_acc"] for r in rs], marker="o", label=label)
     axes[2].axhline(data["minilm"]["retrieval_acc_full"], color="k", ls=":", label="unpruned")
     axes[1].set_title("MiniLM: cosine to unpruned embedding")
     axes[2].set_title("MiniLM: first-sentence → topic retrieval")
@@ -326,6 +361,8 @@ def plot_kv_bench(out: str | Path) -> list[Path]:
         ax.set_xlabel("keys kept per layer (% of tokens)")
     for ax in axes:
         ax.legend(fontsize=7)
+    if data.get("smoke_test"):
+        fig.suptitle(SMOKE_TEST, fontsize=10)
     fig.tight_layout()
     path = out / "kv_bench.png"
     save_figure(fig, path, dpi=110)
@@ -334,31 +371,42 @@ def plot_kv_bench(out: str | Path) -> list[Path]:
 
 
 def write_kv_report(out: str | Path) -> Path:
-    """``report.md`` with the tables and, per budget, the winning policy of each measure."""
+    """``report.md`` with the tables and, per budget, the best policy of each measure; a smoke test's report
+    (``quick``) keeps the tables and says :data:`SMOKE_TEST` in place of the winners and their reading."""
     out = Path(out)
     data = json.loads((out / "kv_bench.json").read_text())
     lm, mn = data["lm"], data["minilm"]
-    lines = [
-        "# KV-cache eviction: fidelity against the budget",
+    smoke = bool(data.get("smoke_test", False))
+    lm_rows = [dict(r, policy=policy_name(r["policy"])) for r in lm["rows"]]
+    mn_rows = [dict(r, policy=policy_name(r["policy"])) for r in mn["rows"]]
+    budgets = sorted({r["budget"] for r in lm_rows if r["policy"] != "full"})
+    pols = list(dict.fromkeys(r["policy"] for r in lm_rows if r["policy"] != "full"))
+    get = {(r["policy"], r["budget"]): r for r in lm_rows}
+    mget = {(r["policy"], r["budget"]): r for r in mn_rows}
+    mpols = list(dict.fromkeys(r["policy"] for r in mn_rows))
+    lines = ["# KV-cache eviction: fidelity against the budget", ""]
+    if smoke:
+        lines += [
+            f"**{SMOKE_TEST[0].upper()}{SMOKE_TEST[1:]}** (`--quick`: {lm['n_seq']} sequences × {lm['seq_len']} "
+            f"tokens, {mn['n_topics']} topics). The numbers below test the machinery; they name no winner.",
+            "",
+        ]
+    lines += [
+        "Policies: " + ", ".join(_POLICY_WORDS.get(p, f"`{p}`") for p in dict.fromkeys([*pols, *mpols])) + ".",
         "",
-        f"Causal LM `{lm['folder']}`: {lm['n_seq']} held-out sequences × {lm['seq_len']} tokens, decoded one "
-        f"token at a time. Perplexity with the full cache {lm['ppl_full_cache']:.3f} (one parallel forward: "
-        f"{lm['ppl_parallel']:.3f}).",
+        f"Causal LM `{lm['folder']}`: {_count(lm['n_seq'], 'held-out sequence')} × {_count(lm['seq_len'], 'token')}, "
+        f"decoded one token at a time. Perplexity with the full cache {lm['ppl_full_cache']:.3f} (one parallel "
+        f"forward: {lm['ppl_parallel']:.3f}).",
         "",
-        "| policy | "
-        + " | ".join(f"{100 * b:g} %" for b in sorted({r["budget"] for r in lm["rows"] if r["policy"] != "full"}))
-        + " |",
+        "| policy | " + " | ".join(f"{100 * b:g} %" for b in budgets) + " |",
+        "|---|" + "---|" * len(budgets),
     ]
-    budgets = sorted({r["budget"] for r in lm["rows"] if r["policy"] != "full"})
-    lines.append("|---|" + "---|" * len(budgets))
-    pols = list(dict.fromkeys(r["policy"] for r in lm["rows"] if r["policy"] != "full"))
-    get = {(r["policy"], r["budget"]): r for r in lm["rows"]}
     for p in pols:
         lines.append(f"| {p} | " + " | ".join(f"{get[(p, b)]['ppl']:.2f}" for b in budgets) + " |")
     lines += [
         "",
-        f"MiniLM: {mn['n_topics']} topics, documents of ≤ {mn['doc_length']} tokens; unpruned retrieval "
-        f"accuracy {mn['retrieval_acc_full']:.3f}.",
+        f"MiniLM: {_count(mn['n_topics'], 'topic')}, documents of ≤ {_count(mn['doc_length'], 'token')}; unpruned "
+        f"retrieval accuracy {mn['retrieval_acc_full']:.3f}.",
         "",
         "| policy | "
         + " | ".join(f"cos {100 * b:g} %" for b in budgets)
@@ -367,8 +415,6 @@ def write_kv_report(out: str | Path) -> Path:
         + " |",
         "|---|" + "---|" * (2 * len(budgets)),
     ]
-    mget = {(r["policy"], r["budget"]): r for r in mn["rows"]}
-    mpols = list(dict.fromkeys(r["policy"] for r in mn["rows"]))
     for p in mpols:
         lines.append(
             f"| {p} | "
@@ -377,33 +423,39 @@ def write_kv_report(out: str | Path) -> Path:
             + " | ".join(f"{mget[(p, b)]['retrieval_acc']:.3f}" for b in budgets)
             + " |"
         )
-    lines += ["", "## Who wins where", ""]
-    for b in budgets:
-        best_lm = min(pols, key=lambda p: get[(p, b)]["ppl"])
-        best_cos = max(mpols, key=lambda p: mget[(p, b)]["cosine_mean"])
-        best_acc = max(mpols, key=lambda p: mget[(p, b)]["retrieval_acc"])
-        svm_rank = sorted(pols, key=lambda p: get[(p, b)]["ppl"]).index("svm") + 1 if "svm" in pols else None
-        lines.append(
-            f"* budget {100 * b:g} %: LM perplexity → **{best_lm}** ({get[(best_lm, b)]['ppl']:.2f}"
-            + (f"; svm-margin ranks {svm_rank}/{len(pols)} at {get[('svm', b)]['ppl']:.2f}" if svm_rank else "")
-            + f"); MiniLM cosine → **{best_cos}** ({mget[(best_cos, b)]['cosine_mean']:.4f}); retrieval → "
-            f"**{best_acc}** ({mget[(best_acc, b)]['retrieval_acc']:.3f})."
-        )
-    full = lm["ppl_full_cache"]
-    lines += ["", "## Reading", ""]
-    for b in budgets:
-        vals = [get[(p, b)]["ppl"] for p in pols]
-        below = [p for p in pols if get[(p, b)]["ppl"] < full]
-        lines.append(
-            f"* LM at {100 * b:g} %: policies span {min(vals):.2f}–{max(vals):.2f} "
-            f"({100 * (max(vals) - min(vals)) / full:.1f} % of the full-cache perplexity)"
-            + (
-                f"; {', '.join(below)} beat the full cache, so this small LM uses little long-range "
-                "context and the LM comparison discriminates weakly at this budget."
-                if below
-                else "."
+    if smoke:
+        lines += ["", "## Verdict", "", f"{SMOKE_TEST}. Rerun without `--quick` for the best policy per budget."]
+    else:
+        lines += ["", "## Who wins where", ""]
+        for b in budgets:
+            best_lm = min(pols, key=lambda p: get[(p, b)]["ppl"])
+            best_cos = max(mpols, key=lambda p: mget[(p, b)]["cosine_mean"])
+            best_acc = max(mpols, key=lambda p: mget[(p, b)]["retrieval_acc"])
+            ranked = sorted(pols, key=lambda p: get[(p, b)]["ppl"])
+            svm = ""
+            if "svm_margin" in pols:
+                rank, ppl = ranked.index("svm_margin") + 1, get[("svm_margin", b)]["ppl"]
+                svm = f"; svm_margin ranks {rank}/{len(pols)} at {ppl:.2f}"
+            lines.append(
+                f"* budget {100 * b:g} %: LM perplexity → **{best_lm}** ({get[(best_lm, b)]['ppl']:.2f}{svm}); "
+                f"MiniLM cosine → **{best_cos}** ({mget[(best_cos, b)]['cosine_mean']:.4f}); retrieval → "
+                f"**{best_acc}** ({mget[(best_acc, b)]['retrieval_acc']:.3f})."
             )
-        )
+        full = lm["ppl_full_cache"]
+        lines += ["", "## Reading", ""]
+        for b in budgets:
+            vals = [get[(p, b)]["ppl"] for p in pols]
+            below = [p for p in pols if get[(p, b)]["ppl"] < full]
+            lines.append(
+                f"* LM at {100 * b:g} %: policies span {min(vals):.2f}–{max(vals):.2f} "
+                f"({100 * (max(vals) - min(vals)) / full:.1f} % of the full-cache perplexity)"
+                + (
+                    f"; {', '.join(below)} {'beats' if len(below) == 1 else 'beat'} the full cache, so this small LM "
+                    "uses little long-range context and the LM comparison discriminates weakly at this budget."
+                    if below
+                    else "."
+                )
+            )
     lines += [
         "",
         f"Total time {data['seconds']:.0f} s. Figure: `kv_bench.png`; tables: `lm_perplexity.csv`, "
@@ -413,3 +465,19 @@ def write_kv_report(out: str | Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+# the policies in words, for the report (the SV-margin name introduced once)
+_POLICY_WORDS = {
+    "svm_margin": "SV-margin (`svm_margin`: keys with the smallest support-vector margin over the queries so far)",
+    "h2o": "H2O's heavy hitters (`h2o`)",
+    "tova": "TOVA (`tova`)",
+    "streaming": "StreamingLLM's sinks and recent window (`streaming`)",
+    "recent": "the most recent keys (`recent`)",
+    "random": "a seeded random choice (`random`)",
+}
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 topic"``, ``"12 topics"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -13,11 +13,11 @@ kvpress presses (family ``kvpress``, kind ``prefill``)
 attsvm presses (family ``attsvm``, kind ``prefill``)
     ``svm_margin_press`` and ``h2o_press`` from :mod:`attsvm.integrations.kvpress` (kvpress ``ScorerPress``es).
 attsvm decode-time caches (family ``attsvm``, kind ``decode``)
-    ``svm_cache, h2o_cache, tova_cache, streaming_cache, random_cache``: an
+    ``svm_margin_cache, h2o_cache, tova_cache, streaming_cache, random_cache``: an
     :class:`~attsvm.analysis.kv_cache.EvictionCache` holding ``n_kept`` keys per layer and KV head while the
     context streams in by chunks of ``chunk`` tokens (and while the question and answer are decoded).
 attsvm one-pass caches (family ``attsvm``, kind ``oneshot``)
-    ``svm_oneshot, h2o_oneshot``: the same cache fed the whole context in one pass (it evicts once, after seeing
+    ``svm_margin_oneshot, h2o_oneshot``: the same cache fed the whole context in one pass (it evicts once, after seeing
     every context query: a prefill press without kvpress).
 
 Budgets. At compression ratio ``r`` every method keeps ``n_kept = max(1, int(n * (1 - r)))`` keys of an
@@ -29,6 +29,11 @@ Query-agnostic runs compress the context alone; query-aware runs (kvpress's ``qu
 to the context before compression. Without kvpress installed (the main environment) only attsvm's own methods
 run, and the report says so; ``attsvm[kvpress]`` (kvpress 0.5.5, transformers 5.2.x) adds the presses. kvpress
 is imported lazily: importing it patches transformers' attention functions for the whole process.
+
+Names. The SV-margin policy is ``svm_margin`` in all three forms: ``svm_margin_press``, ``svm_margin_cache`` and
+``svm_margin_oneshot``; ``attsvm kv-compare --methods`` also accepts the spellings ``svm_cache`` and ``svm_oneshot``
+(:data:`METHOD_ALIASES`). A run
+whose ``meta`` says ``"smoke_test": true`` (``attsvm kv-compare --quick``) is reported without verdicts.
 
 Accuracy is kvpress's RULER string match (:func:`attsvm.analysis.tasks.score_row`), with percentile bootstrap
 confidence intervals over contexts (rows of one context are resampled together). Held-out perplexity: pydoc
@@ -54,6 +59,7 @@ import numpy as np
 from .._extras import require
 from .._folders import save_figure
 from .._validation import check_choice, check_finite_scalar, check_positive_int, check_seed
+from .claims import SMOKE_TEST
 from .lm import (
     QUICK_RETRIEVAL_LM,
     RETRIEVAL_LM,
@@ -75,6 +81,7 @@ __all__ = [
     "KVPRESS_METHODS",
     "ATTSVM_METHODS",
     "SVM_METHODS",
+    "METHOD_ALIASES",
     "BudgetMismatch",
     "compute_n_kept",
     "available_methods",
@@ -102,17 +109,19 @@ KVPRESS_METHODS: tuple[str, ...] = (
 )
 ATTSVM_PRESSES: tuple[str, ...] = ("svm_margin_press", "h2o_press")
 ATTSVM_CACHES: tuple[str, ...] = (
-    "svm_cache",
+    "svm_margin_cache",
     "h2o_cache",
     "tova_cache",
     "streaming_cache",
     "random_cache",
-    "svm_oneshot",
+    "svm_margin_oneshot",
     "h2o_oneshot",
 )
 ATTSVM_METHODS: tuple[str, ...] = ATTSVM_PRESSES + ATTSVM_CACHES
-SVM_METHODS: tuple[str, ...] = ("svm_margin_press", "svm_cache", "svm_oneshot")
+SVM_METHODS: tuple[str, ...] = ("svm_margin_press", "svm_margin_cache", "svm_margin_oneshot")
 METHODS: tuple[str, ...] = ("full", *KVPRESS_METHODS, *ATTSVM_METHODS)
+# other spellings ``--methods`` accepts (module doc)
+METHOD_ALIASES: dict[str, str] = {"svm_cache": "svm_margin_cache", "svm_oneshot": "svm_margin_oneshot"}
 
 
 class BudgetMismatch(AssertionError):
@@ -710,7 +719,8 @@ def plot_kv_compare(out: str | Path) -> list[Path]:
         if m == "full":
             ax.axhline(p[0], color="k", ls="--", lw=1, label="full cache")
         else:
-            ax.plot(r_ppl, p, marker="o", ms=3, color=cmap(k % 20), ls="-" if m in SVM_METHODS else "-.", label=m)
+            ls = "-" if m in SVM_METHODS else "-."
+            ax.plot(r_ppl, p, marker="o", ms=3, color=cmap(k % 20), ls=ls, label=m)
     ax.set_xlabel("compression ratio")
     ax.set_ylabel("held-out perplexity")
     ax.set_yscale("log")
@@ -767,11 +777,19 @@ def _verdicts(summ: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_compare_report(out: str | Path) -> Path:
-    """``report.md``: the setting, the full-cache gate, the verdict table, the accuracy and perplexity tables."""
+    """``report.md``: the setting, the full-cache gate, the verdict table, the accuracy and perplexity tables (a
+    smoke test's report, ``meta["smoke_test"]``, says :data:`SMOKE_TEST` in place of the verdict table)."""
     out = Path(out)
     res = _load(out)
     meta, summ = res["meta"], res["results"]
+    smoke = bool(meta.get("smoke_test", False))
     lines = ["# kv-compare: KV-cache compression on retrieval tasks", ""]
+    if smoke:
+        lines += [
+            f"**{SMOKE_TEST[0].upper()}{SMOKE_TEST[1:]}** (`--quick`: short contexts, one seed, the quick model). "
+            "The numbers below test the machinery; no method is judged against another.",
+            "",
+        ]
     if meta["void"]:
         lines += [
             "**COMPARISON VOID**: the full-cache model is below the required accuracy "
@@ -800,26 +818,35 @@ def write_compare_report(out: str | Path) -> Path:
         "",
         "Full-cache accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(meta["full_cache_accuracy"].items())),
         "",
-        "## Verdict: SV-margin against the best other method (95% bootstrap CIs; win/lose = no overlap)",
-        "",
-        "| mode | task | ratio | SV-margin method | acc | best other | acc | verdict |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    verdicts = _verdicts(summ)
-    for v in verdicts:
-        lines.append(
-            f"| {v['mode']} | {v['task']} | {v['ratio']} | {v['svm_method']} | {v['svm']:.2f} | "
-            f"{v['best_other']} | {v['other']:.2f} | {v['verdict']} |"
-        )
-    counts = {k: sum(v["verdict"] == k for v in verdicts) for k in ("win", "tie", "lose", "too few contexts")}
-    lines += [
-        "",
-        f"Totals: {counts['win']} wins, {counts['tie']} ties, {counts['lose']} losses, "
-        f"{counts['too few contexts']} cells with fewer than {MIN_VERDICT_CONTEXTS} contexts (no verdict).",
-        "",
-        "## Accuracy (mean [95% CI], n_kept keys per layer and KV head)",
+        "SV-margin (`svm_margin`): keys with the smallest support-vector margin are kept, as a kvpress press "
+        "(`svm_margin_press`), a decode-time cache (`svm_margin_cache`) or a cache fed the context in one pass "
+        "(`svm_margin_oneshot`); `h2o` likewise; the other names are kvpress's presses.",
         "",
     ]
+    if smoke:
+        lines += ["## Verdict", "", f"{SMOKE_TEST}. Rerun without `--quick` for the verdicts.", ""]
+    else:
+        lines += [
+            "## Verdict: svm_margin against the best other method (95% bootstrap CIs; win/lose = no overlap)",
+            "",
+            "| mode | task | ratio | svm_margin method | acc | best other | acc | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        verdicts = _verdicts(summ)
+        for v in verdicts:
+            lines.append(
+                f"| {v['mode']} | {v['task']} | {v['ratio']} | {v['svm_method']} | {v['svm']:.2f} | "
+                f"{v['best_other']} | {v['other']:.2f} | {v['verdict']} |"
+            )
+        counts = {k: sum(v["verdict"] == k for v in verdicts) for k in ("win", "tie", "lose", "too few contexts")}
+        lines += [
+            "",
+            f"Totals: {_count(counts['win'], 'win')}, {_count(counts['tie'], 'tie')}, "
+            f"{_count(counts['lose'], 'loss', 'losses')}, {_count(counts['too few contexts'], 'cell')} with fewer "
+            f"than {MIN_VERDICT_CONTEXTS} contexts (no verdict).",
+            "",
+        ]
+    lines += ["## Accuracy (mean [95% CI], n_kept keys per layer and KV head)", ""]
     modes = sorted({s["mode"] for s in summ})
     ratios = sorted({s["ratio"] for s in summ if s["method"] != "full"})
     for mode in modes:
@@ -865,7 +892,12 @@ def write_compare_report(out: str | Path) -> Path:
             lines.append(
                 f"| {meth} | " + " | ".join(f"{cells.get(r, cells.get(0.0, float('nan'))):.2f}" for r in ratios) + " |"
             )
-    lines += ["", "Seconds by method: " + ", ".join(f"{k} {v:.0f}" for k, v in meta["seconds_by_method"].items()), ""]
+    seconds = ", ".join(f"{k} {v:.0f}" for k, v in meta["seconds_by_method"].items())
+    lines += ["", f"Seconds by method: {seconds}", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"

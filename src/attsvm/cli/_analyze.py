@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ._args import int_at_least
+from ._text import count
 
 HELP = "head anatomy of a real transformer (rank, sparsity, margins, low-rank compression, SVM view)"
 
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="4 windows of 128 tokens, 2 for compression (CI smoke run), and an SVM view of at most 12 pairs "
+        help="a smoke test: 4 windows of 128 tokens, 2 for compression, and an SVM view of at most 12 pairs "
         f"of 6 keys (Gemma 3: {ROPE_QUICK[0]} windows of {ROPE_QUICK[1]} tokens, {ROPE_QUICK[2]} for compression); "
         "not combinable with --max-windows, --max-length or --compression-windows",
     )
@@ -142,10 +143,13 @@ def run(args: argparse.Namespace) -> int:
             )
             view.save(out)
         report = write_anatomy_report(out)
+    from attsvm.analysis.claims import SMOKE_TEST
+
     s = res.summary()
+    smoke = f" ({SMOKE_TEST})" if args.quick else ""
     print(
-        f"{s['model']}: {s['n_layers']}x{s['n_heads']} heads over {s['n_windows']} windows; max rank "
+        f"{s['model']}: {s['n_layers']}x{s['n_heads']} heads over {count(s['n_windows'], 'window')}; max rank "
         f"{s['max_rank']} (d_head {s['d_head']}); top-1>=95% share {s['overall_top1_95']:.3f}, top-3 "
-        f"{s['overall_top3_95']:.3f}; {s['seconds']:.0f} s -> {report}"
+        f"{s['overall_top3_95']:.3f}; {s['seconds']:.0f} s{smoke} -> {report}"
     )
     return 0

@@ -1,4 +1,8 @@
-"""``attsvm claims``: the theory's claims about real models, each measured with a verdict (docs/spec.md §7)."""
+"""``attsvm claims``: the theory's claims about real models, each measured with a verdict (docs/spec.md §7).
+
+``--quick`` is a smoke test: the numbers are measured and written, every verdict reads "smoke test: settings too
+small for a verdict", and ``results.json`` says ``"smoke_test": true``.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run, not evidence: 4 short windows per model, barely trained LMs; gemma3-270m: 2 x 512 "
-        "and 2 x 1024 tokens (about 1 minute)",
+        help="a smoke test, not evidence (no verdicts): 4 short windows per model, barely trained LMs; gemma3-270m: "
+        "2 x 512 and 2 x 1024 tokens (about 1 minute)",
     )
     parser.add_argument("--out", default="results/claims", help="output folder (default: %(default)s)")
     parser.add_argument(

@@ -42,6 +42,7 @@ __all__ = [
     "exit_code_for",
     "message_for",
     "EPILOG",
+    "COMMAND_EPILOG",
 ]
 
 EXIT_OK = 0
@@ -68,6 +69,9 @@ EPILOG = """exit codes:
   70   internal error (a bug; rerun with -vv for the traceback and report it)
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM): finished trials are kept, rerun to resume
 every error is one line on stderr; -vv shows its traceback too (same exit code)."""
+
+# each command's --help: the list above is given once, in `attsvm --help`
+COMMAND_EPILOG = "exit codes: see attsvm --help"
 
 
 class CLIError(Exception):

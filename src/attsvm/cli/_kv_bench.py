@@ -1,7 +1,8 @@
 """``attsvm kv-bench``: KV-cache eviction policies against the budget on the LM and MiniLM (docs/spec.md §7).
 
 ``--quick`` fixes the LM evaluation to 2 sequences of 64 tokens; combining it with ``--n-seq`` or
-``--seq-len`` is a usage error rather than a silent override.
+``--seq-len`` is a usage error rather than a silent override. Such a run is a smoke test: its report and
+``kv_bench.json`` say so and name no winners.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import logging
 from pathlib import Path
 
 from ._args import int_at_least
+from ._text import count
 
-HELP = "compare KV-cache eviction policies (svm margin, H2O, TOVA, StreamingLLM, recent, random) vs budget"
+HELP = "compare KV-cache eviction policies (svm_margin, h2o, tova, streaming, recent, random) against the budget"
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +22,22 @@ N_SEQ = 16  # held-out LM sequences by default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="tiny LM, short sequences, 12 topics (CI)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test, not evidence: tiny LM, short sequences, 12 topics; the report names no winners",
+    )
     parser.add_argument("--out", default="results/kv-bench", help="output folder (default: %(default)s)")
     parser.add_argument("--lm", default=None, help="LM checkpoint folder (default: train/reuse the cached one)")
     parser.add_argument(
         "--budgets", default="0.05,0.1,0.25,0.5", help="fractions of the context (default: %(default)s)"
     )
-    parser.add_argument("--policies", default=None, help="comma-separated subset of the policies (default: all)")
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help="comma-separated subset of svm_margin, h2o, tova, streaming, recent, random (default: all; svm and "
+        "svm-margin are accepted for svm_margin)",
+    )
     parser.add_argument(
         "--n-seq",
         type=int_at_least(1),
@@ -72,11 +83,17 @@ def run(args: argparse.Namespace) -> int:
         refuse_foreign(args.out, "kv-bench")
     import torch
 
-    from attsvm.analysis.kv_bench import kv_bench, plot_kv_bench, write_kv_report
-    from attsvm.analysis.kv_cache import POLICIES
+    from attsvm.analysis.kv_bench import POLICY_NAMES, SMOKE_TEST, kv_bench, plot_kv_bench, policy_name, write_kv_report
 
+    policies = POLICY_NAMES
+    if args.policies is not None:
+        policies = tuple(dict.fromkeys(policy_name(p.strip()) for p in args.policies.split(",") if p.strip()))
+        unknown = [p for p in policies if p not in POLICY_NAMES]
+        if unknown or not policies:
+            raise UsageError(
+                f"--policies must be a comma-separated subset of {', '.join(POLICY_NAMES)}, got {args.policies!r}"
+            )
     torch.set_num_threads(args.threads)
-    policies = POLICIES if args.policies is None else tuple(p.strip() for p in args.policies.split(","))
     res = kv_bench(
         quick=args.quick,
         lm_dir=args.lm,
@@ -91,5 +108,7 @@ def run(args: argparse.Namespace) -> int:
         out = res.save(out)
         plot_kv_bench(out)
         report = write_kv_report(out)
-    print(f"kv-bench: {len(policies)} policies x {len(budgets)} budgets in {res.seconds:.0f} s -> {report}")
+    sizes = f"{count(len(policies), 'policy', 'policies')} x {count(len(budgets), 'budget')}"
+    smoke = f" ({SMOKE_TEST})" if res.smoke_test else ""
+    print(f"kv-bench: {sizes} in {res.seconds:.0f} s{smoke} -> {report}")
     return 0
