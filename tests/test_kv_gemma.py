@@ -105,3 +105,31 @@ def test_a_quote_question_quotes_the_context_once_and_asks_for_the_next_two_word
         passage = tok.decode(q).split('Quote from the text above: "', 1)[1]
         assert text.count(passage) == 1 and f"{passage} {expected}" in text
         assert len(expected.split()) == 2 and expected.replace(" ", "").isalpha()
+
+
+def test_the_figure_has_one_legend_labelled_panels_and_says_which_cells_missed_the_gate(tmp_path: Path, monkeypatch):
+    """Every task × length gets a panel; a cell whose full cache missed the gate says so; one legend per figure."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    figs = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda self, *a, **k: (figs.append(self), real(self, *a, **k))[1]
+    )
+    cfg = kv_gemma.GemmaCompareConfig(lengths=(1024, 2048), tasks=("niah_single", "quote"), ratios=(0.5,), contexts=3)
+    table = [
+        {"task": "niah_single", "n": n, "ratio": 0.5, "method": m, "acc": 1.0, "ci": [1.0, 1.0]}
+        for n in (1024, 2048)
+        for m in ("snapkv", "svm_support")
+    ]
+    gates = {"niah_single|1024": 1.0, "niah_single|2048": 1.0, "quote|1024": 0.67, "quote|2048": 0.33}
+    results = {"table": table, "verdicts": [], "full_cache_accuracy": gates, "errors": {}}
+    kv_gemma.write_report(tmp_path, results, cfg)
+    fig = figs[0]
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == 4 and all(ax.get_xlabel() for ax in panels if ax.get_subplotspec().rowspan.start == 1)
+    assert sum(ax.get_legend() is not None for ax in fig.axes) + len(fig.legends) == 1
+    said = " ".join(t.get_text() for ax in panels for t in ax.texts)
+    assert said.count("not compared") == 2 and "0.67 < 0.90" in said
+    assert {ax.get_ylabel() for ax in panels if ax.get_subplotspec().colspan.start == 0} == {"accuracy (RULER match)"}

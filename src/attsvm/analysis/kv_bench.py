@@ -335,9 +335,12 @@ def plot_kv_bench(out: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .._style import figure_legend, subplots
+
     out = Path(out)
     data = json.loads((out / "kv_bench.json").read_text())
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, grid = subplots(3, 1, width=4.2, height=3.4)
+    axes = grid[0]
     lm_rows = data["lm"]["rows"]
     full = next(r["ppl"] for r in lm_rows if r["policy"] == "full")
     for pol in dict.fromkeys(r["policy"] for r in lm_rows if r["policy"] != "full"):
@@ -356,16 +359,16 @@ def plot_kv_bench(out: str | Path) -> list[Path]:
         axes[2].plot([100 * r["budget"] for r in rs], [r["retrieval_acc"] for r in rs], marker="o", label=label)
     axes[2].axhline(data["minilm"]["retrieval_acc_full"], color="k", ls=":", label="unpruned")
     axes[1].set_title("MiniLM: cosine to unpruned embedding")
+    axes[1].set_ylabel("mean cosine similarity (dimensionless)")
+    axes[2].set_ylabel("retrieval accuracy (share of topics)")
     axes[2].set_title("MiniLM: first-sentence → topic retrieval")
     for ax in axes[1:]:
         ax.set_xlabel("keys kept per layer (% of tokens)")
-    for ax in axes:
-        ax.legend(fontsize=7)
+    figure_legend(fig)
     if data.get("smoke_test"):
         fig.suptitle(SMOKE_TEST, fontsize=10)
-    fig.tight_layout()
     path = out / "kv_bench.png"
-    save_figure(fig, path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return [path]
 

@@ -452,7 +452,6 @@ def write_report(outp: Path, results: dict[str, Any], config: GemmaCompareConfig
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     lines = [
         "# KV-cache compression on Gemma 3 270M (sliding layers keep their window; global layers compressed)",
@@ -495,35 +494,50 @@ def write_report(outp: Path, results: dict[str, Any], config: GemmaCompareConfig
     lines += ["", "## Presses that could not run", ""]
     lines += [f"- {k}: {e}" for k, e in results["errors"].items()] or ["- none"]
     (outp / "report.md").write_text("\n".join(lines) + "\n")
-    panels = sorted({(r["task"], r["n"]) for r in results["table"]})
-    cols = max(1, len({n for _, n in panels}))
-    rows = max(1, len({t for t, _ in panels}))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 1.8, 2.8 * rows), squeeze=False, sharey=True)
-    tasks = sorted({t for t, _ in panels})
-    lengths = sorted({n for _, n in panels})
-    for a in axes.ravel():
-        a.set_visible(False)
-    methods = sorted({r["method"] for r in results["table"]})
-    colour = {m: plt.get_cmap("tab20")(k % 20) for k, m in enumerate(methods)}  # (up to 20 distinct methods)
-    for task, n in panels:
-        ax = axes[tasks.index(task), lengths.index(n)]
-        ax.set_visible(True)
-        for m in methods:
-            pts = sorted(
-                (r["ratio"], r["acc"]) for r in results["table"] if (r["task"], r["n"], r["method"]) == (task, n, m)
-            )
-            if pts:
-                mine = m in ATTSVM_PRESSES
-                ax.plot(*zip(*pts), "o-" if mine else ".--", color=colour[m], lw=2 if mine else 1, label=m)
-        ax.set(title=f"{task}, {n} tokens", xlabel="compression ratio (global layers)", ylim=(-0.05, 1.05))
-        ax.set_ylabel("accuracy")
-    handles, labels = (
-        next(a for a in axes.ravel() if a.get_visible()).get_legend_handles_labels() if panels else ([], [])
-    )
-    if handles:
-        fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle("Gemma 3 270M: accuracy against compression, per task and context length")
-    fig.tight_layout(rect=(0, 0, 1 - 1.6 / (3.6 * cols + 1.8), 0.95))
-    save_figure(fig, outp / "kv_gemma.png", dpi=150)
-    plt.close(fig)
+    _plot(results, config, outp / "kv_gemma.png")
     return outp / "report.md"
+
+
+def _plot(results: dict[str, Any], config: GemmaCompareConfig, path: Path) -> None:
+    """Accuracy against compression ratio: one panel per task (rows) and context length (columns), attsvm's presses
+    bold, one legend for the figure; a cell whose full cache misses the gate says so instead of a plot."""
+    import matplotlib.pyplot as plt
+
+    from .._style import figure_legend, style, subplots
+
+    tasks = [t for t in config.tasks if any(k.startswith(f"{t}|") for k in results["full_cache_accuracy"])]
+    lengths = list(config.lengths)
+    methods = sorted({r["method"] for r in results["table"]})
+    others = [m for m in methods if m not in ATTSVM_PRESSES]
+    colour = {m: plt.get_cmap("tab20")(k % 20) for k, m in enumerate(others)}  # (up to 20 distinct presses)
+    colour.update({"svm_support": "black", "svm_margin": "crimson", "h2o": "darkgreen"})  # (attsvm's: fixed)
+    with style():
+        fig, axes = subplots(len(lengths), max(1, len(tasks)), width=3.0, height=2.3, sharex=True, sharey=True)
+        for a, task in enumerate(tasks):
+            for b, n in enumerate(lengths):
+                ax = axes[a, b]
+                ax.set_title(f"{task}, {n:,} tokens")
+                ax.set_ylim(-0.05, 1.05)
+                gate = results["full_cache_accuracy"].get(f"{task}|{n}")
+                rows = [r for r in results["table"] if (r["task"], r["n"]) == (task, n)]
+                if not rows:
+                    why = (
+                        "not run"
+                        if gate is None
+                        else f"full cache {gate:.2f} < {config.min_accuracy:.2f}:\nnot compared"
+                    )
+                    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="0.4")
+                for m in methods:
+                    pts = sorted((r["ratio"], r["acc"]) for r in rows if r["method"] == m)
+                    if pts:
+                        mine = m in ATTSVM_PRESSES
+                        style_ = "o-" if mine else ".--"
+                        ax.plot(*zip(*pts), style_, color=colour[m], lw=2 if mine else 0.9, ms=4, label=m)
+                if b == 0:
+                    ax.set_ylabel("accuracy (RULER match)")
+                if a == len(tasks) - 1:
+                    ax.set_xlabel("compression ratio, global layers")
+        figure_legend(fig, ncol=6)
+        fig.suptitle("Gemma 3 270M: accuracy against compression (attsvm's presses bold; one prefill per context)")
+        save_figure(fig, path)
+    plt.close(fig)
