@@ -38,7 +38,9 @@ def test_analyze_minilm_quick_writes_heads_report_and_figures(tmp_path):
     assert view["fro_certificate"]["rank"] <= view["n_pairs"]  # rank(W_mm) <= n (docs/spec.md §3)
     assert view["margin_efficiency"] <= 1.0 + 1e-9  # W_mm has the largest normalized margin
     assert view["margin_efficiency"] > 0  # the head separates its own selection
-    assert "What the numbers show" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "What the numbers show" in report and "Smoke test (`--quick`)" in report  # (a quick run says it is one)
+    assert json.loads((out / "summary.json").read_text())["smoke_test"] is True
 
 
 def test_analyze_rejects_a_missing_model_folder(tmp_path, capsys):

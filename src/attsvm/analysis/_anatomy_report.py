@@ -140,6 +140,11 @@ def write_anatomy_report(out: str | Path) -> Path:
     lines = [
         f"# Head anatomy of `{s['model']}`",
         "",
+        *(
+            ["**Smoke test (`--quick`)**: a few short windows check that the pipeline runs; not findings.", ""]
+            if s.get("smoke_test")
+            else []
+        ),
         f"{s['n_layers']} layers × {s['n_heads']} heads, d = {s['d']}, d_head = {dh}; corpus: "
         f"{s['n_windows']} windows of ≤ {s['max_length']} tokens from `pydoc_data.topics` "
         f"({s['n_queries']} query positions per head); {s['seconds']:.0f} s.",

@@ -399,6 +399,7 @@ class HeadAnatomy:
     seconds: float
     layer_types: tuple[str, ...] = ()  # RoPE models with sliding/global layers (empty: not reported)
     svm_heads: list[dict[str, Any]] = field(default_factory=list)  # RoPE models: the SVM section
+    smoke_test: bool = False  # a quick run: too few, too short windows for findings (the report says so)
 
     def records(self) -> list[dict[str, Any]]:
         sp, at, cp = self.spectrum, self.attention, self.compression
@@ -483,6 +484,7 @@ class HeadAnatomy:
             "max_rank": int(self.spectrum.rank.max()),
             "compression_ranks": list(self.compression.ranks),
             "compression_queries": self.compression.n_queries,
+            "smoke_test": self.smoke_test,
         } | (
             {
                 "layer_types": [_type_label(t) for t in self.layer_types],
@@ -569,6 +571,7 @@ def analyze(
             length,
             time.perf_counter() - t0,
             **more,
+            smoke_test=quick,
         )
 
     if not is_rope_model(net):
