@@ -509,7 +509,7 @@ def _plot(results: dict[str, Any], config: GemmaCompareConfig, path: Path) -> No
     lengths = list(config.lengths)
     methods = sorted({r["method"] for r in results["table"]})
     others = [m for m in methods if m not in ATTSVM_PRESSES]
-    colour = {m: plt.get_cmap("tab20")(k % 20) for k, m in enumerate(others)}  # (up to 20 distinct presses)
+    colour: dict[str, Any] = {m: plt.get_cmap("tab20")(k % 20) for k, m in enumerate(others)}  # (≤ 20 distinct)
     colour.update({"svm_support": "black", "svm_margin": "crimson", "h2o": "darkgreen"})  # (attsvm's: fixed)
     with style():
         fig, axes = subplots(len(lengths), max(1, len(tasks)), width=3.0, height=2.3, sharex=True, sharey=True)
