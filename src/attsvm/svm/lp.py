@@ -344,18 +344,21 @@ def _kkt_newton(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Newton's method on the KKT system of ``min ½‖w‖_p² s.t. F_S w = b_S`` (the rows S held tight):
     ``∇½‖w‖_p² = F_Sᵀ λ_S``, ``F_S w = b_S``; the Hessian of ½‖w‖_p² is ``(p−1)N^{2−p} diag(|w|^{p−2}) +
-    (2−p)N^{2−2p} u uᵀ`` (N = ‖w‖_p, u = sign(w)|w|^{p−1}), finite for p ≥ 2. Quadratic from SLSQP's point;
-    returns the last iterate whose residual did not grow."""
+    (2−p)N^{2−2p} u uᵀ`` (N = ‖w‖_p, u = sign(w)|w|^{p−1}). For p ≥ 2 it is finite everywhere; for p < 2 it is
+    infinite at zero entries, so the entries SLSQP left at zero (below 1e-9 of the largest) stay zero and Newton
+    runs on the others. Quadratic from SLSQP's point; returns the last iterate whose residual did not grow."""
     FS, bS = F[S], b[S]
     lS = lam[S].copy()
-    if p < 2:
+    on = np.abs(w) > (0.0 if p >= 2 else 1e-9 * float(np.abs(w).max(initial=0.0)))
+    if not on.any():
         return w, lam
+    Fon = FS[:, on]
 
     def residual(w_: NDArray[np.float64], l_: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
         a = np.abs(w_)
         N = float((a**p).sum()) ** (1.0 / p)
         g = N ** (2.0 - p) * np.sign(w_) * a ** (p - 1.0) if N > 0 else np.zeros_like(w_)
-        r = np.concatenate([g - FS.T @ l_, FS @ w_ - bS])
+        r = np.concatenate([(g - FS.T @ l_)[on], FS @ w_ - bS])
         return r, float(np.linalg.norm(r))
 
     r, norm_r = residual(w, lS)
@@ -364,15 +367,18 @@ def _kkt_newton(
         N = float((a**p).sum()) ** (1.0 / p)
         if N == 0.0 or norm_r == 0.0:
             break
-        u = np.sign(w) * a ** (p - 1.0)
-        H = (p - 1.0) * N ** (2.0 - p) * np.diag(a ** (p - 2.0)) + (2.0 - p) * N ** (2.0 - 2.0 * p) * np.outer(u, u)
+        ao = a[on]
+        u = np.sign(w[on]) * ao ** (p - 1.0)
+        H = (p - 1.0) * N ** (2.0 - p) * np.diag(ao ** (p - 2.0)) + (2.0 - p) * N ** (2.0 - 2.0 * p) * np.outer(u, u)
         k = FS.shape[0]
-        J = np.block([[H, -FS.T], [FS, np.zeros((k, k))]])
+        J = np.block([[H, -Fon.T], [Fon, np.zeros((k, k))]])
         try:
             step = np.linalg.lstsq(J, -r, rcond=None)[0]
         except np.linalg.LinAlgError:
             break
-        w_new, l_new = w + step[: w.size], lS + step[w.size :]
+        w_new = w.copy()
+        w_new[on] += step[: int(on.sum())]
+        l_new = lS + step[int(on.sum()) :]
         r_new, n_new = residual(w_new, l_new)
         if not n_new < norm_r:
             break
