@@ -24,7 +24,7 @@ def problem():
 @pytest.mark.parametrize(
     "kwargs,exc,match",
     [
-        (dict(norm="l3"), ValueError, r"norm must be one of 'fro', 'nuc', 'lp', 'l1', 'linf'; got 'l3'"),
+        (dict(norm="l3"), ValueError, r"norm must be one of 'fro', 'nuc', 'lp', 'l1', 'linf', 'spectral'; got 'l3'"),
         (dict(norm=True), ValueError, r"norm must be one of"),
         (dict(backend="scs"), ValueError, r"backend must be one of 'auto', 'cvxpy'; got 'scs'"),
         (dict(on_infeasible="ignore"), ValueError, r"on_infeasible must be one of 'status', 'raise'"),
@@ -93,7 +93,7 @@ def test_tied_optimal_tokens_are_reported():
 
 def test_backend_arguments():
     cs = att_svm_constraints(paper_instance(3, 4, 5, seed=0))
-    with pytest.raises(ValueError, match="norm must be one of 'fro', 'nuc'; got 'inf'"):
+    with pytest.raises(ValueError, match="norm must be one of 'fro', 'nuc', 'spectral'; got 'inf'"):
         solve_cvxpy(cs, "inf")
     with pytest.raises(ValueError, match="formulation must be one of 'aux', 'loop'; got 'fast'"):
         solve_cvxpy(cs, "fro", formulation="fast")

@@ -41,7 +41,7 @@ def test_grid_search_style_set_params():
 @pytest.mark.parametrize(
     "params,exc,match",
     [
-        ({"norm": "l3"}, ValueError, "norm must be one of 'fro', 'nuc', 'lp', 'l1', 'linf'; got 'l3'"),
+        ({"norm": "l3"}, ValueError, "norm must be one of 'fro', 'nuc', 'lp', 'l1', 'linf', 'spectral'; got 'l3'"),
         ({"tol": "small"}, TypeError, "tol must be a finite number > 0; got 'small'"),
         ({"rank": 0}, ValueError, "rank must be None or an integer >= 1; got 0"),
         ({"max_iter": 2.5}, TypeError, "max_iter must be None or an integer >= 1; got 2.5"),

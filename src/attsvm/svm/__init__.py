@@ -2,8 +2,9 @@
 
 One path from problem to answer: a :class:`ConstraintSet` goes through the one reduction
 (:mod:`.reduction`: row normalisation, subspaces, global scale), a solver (:mod:`.frobenius`:
-exact projected Newton; :mod:`.nuclear`: augmented Lagrangian on factors; :mod:`.cvxpy_backend`:
-the vectorised cvxpy reference), the lift back, and the one certificate check (:mod:`.certificate`).
+exact projected Newton; :mod:`.nuclear`: augmented Lagrangian on factors; :mod:`.spectral`: interior
+point on the SDP form; :mod:`.cvxpy_backend`: the vectorised cvxpy reference), the lift back, and the
+one certificate check (:mod:`.certificate`).
 Norm-specific pieces live in :mod:`.norms`, statuses in :mod:`.status`.
 
 Public entry points: :class:`AttentionSVM` (the estimator over every backend),
@@ -41,6 +42,7 @@ from .norms import FROBENIUS, NUCLEAR, Norm, get_norm
 from .nuclear import NuclearOptions, balanced_factors, solve_nuclear, solve_nuclear_rank
 from .prompt import HeadSVM, JointSVM, PromptSVM, head_svm_constraints, joint_svm, p_svm_constraints
 from .reduction import Reduction, reduce
+from .spectral import SpectralOptions, solve_spectral
 from .stack import SVMStack
 from .status import (
     ALL_STATUSES,
@@ -73,6 +75,8 @@ __all__ = [
     "solve_cvxpy",
     "solve_nuclear",
     "solve_nuclear_rank",
+    "solve_spectral",
+    "SpectralOptions",
     "NuclearOptions",
     "balanced_factors",
     "selected_sets",

@@ -15,7 +15,7 @@ verdict never depends on the units of X or Z:
   a sequence or of the whole instance.
 * dual feasibility: λ is clipped to λ_I ≥ 0 before use, and the norm's dual objective
   (:class:`~attsvm.svm.norms.Norm.dual_objective`) is a valid lower bound at any λ; for a norm objective
-  (degree 1: nuclear, ℓ1, ℓ∞) that bound is attained at ``λ / max(1, ‖𝒜*(λ)‖°)``, which is dual feasible,
+  (degree 1: nuclear, spectral, ℓ1, ℓ∞) that bound is attained at ``λ / max(1, ‖𝒜*(λ)‖°)``, which is dual feasible,
   and that scaled λ is the one the certificate reports (``lam``, and the estimator's ``dual_coef_``);
 * duality gap ``primal − dual`` with ``relative_gap = |gap| / (|primal| + |dual|)`` (never an
   absolute test below an objective of 1);
@@ -90,7 +90,7 @@ class OptimalityCertificate(NamedTuple):
     violation: float  # max_k v_k, absolute
     relative_violation: float  # max_k v_k / σ_k
     complementarity: float  # max_k |λ_k (m_k − b_k)|
-    dual_norm: float  # ‖𝒜*(λ)‖° of the reported λ (≤ 1 for the norms of degree 1: nuclear, ℓ1, ℓ∞)
+    dual_norm: float  # ‖𝒜*(λ)‖° of the reported λ (≤ 1 for the norms of degree 1: nuclear, spectral, ℓ1, ℓ∞)
     lam: NDArray[np.float64]  # λ made sign-feasible (λ_I ≥ 0, 0 where masked)
     margins: NDArray[np.float64]  # m_k (0 where masked)
     support: NDArray[np.bool_]  # tight rows (equalities included)
@@ -155,8 +155,8 @@ def optimality_certificate(
     m = cs.apply(W)
     b = cs.rhs
     Y = cs.adjoint(lam)
-    # (the SVD only where the norm reads it: the nuclear value and its rank come together)
-    svals = (np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)) if nm.name == "nuc" else None
+    # (the SVD only where the norm reads it: the nuclear or spectral value and its rank come together)
+    svals = (np.linalg.svd(W, compute_uv=False) if W.size else np.zeros(0)) if nm.name in ("nuc", "spectral") else None
     bl = float((b * lam).sum())
     primal = nm.objective(W, svals)
     dn = nm.dual_norm(Y)

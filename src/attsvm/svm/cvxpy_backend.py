@@ -10,7 +10,8 @@ Two formulations of the same problem ``min ‖W‖ s.t. a_kᵀ W z_k (≥ | =) b
 
 Frobenius: ``min ½‖W‖_F²`` (a QP; Clarabel by default), whose multipliers are exactly the λ of
 docs/spec.md §3 (``W = Σ λ_k a_k z_kᵀ``). Nuclear: ``min ‖W‖_*`` (an SDP; Clarabel by default, SCS on
-request), whose multipliers satisfy ``‖Σ λ_k a_k z_kᵀ‖₂ ≤ 1``. Duals come back in the (n, T) layout,
+request), whose multipliers satisfy ``‖Σ λ_k a_k z_kᵀ‖₂ ≤ 1``. Spectral: ``min ‖W‖₂`` (cvxpy's ``sigma_max``, an
+SDP), whose multipliers satisfy ``‖Σ λ_k a_k z_kᵀ‖_* ≤ 1``. Duals come back in the (n, T) layout,
 ``λ ≥ 0`` on inequalities and free on equalities, with the sign fixed so that stationarity reads
 ``∂‖W‖ ∋ 𝒜*(λ)``. The solver status is mapped, never swallowed (see :data:`STATUS_MAP`).
 """
@@ -34,10 +35,10 @@ __all__ = ["solve_cvxpy", "NORMS", "FORMULATIONS", "STATUS_MAP"]
 
 log = logging.getLogger(__name__)
 
-NORMS: tuple[str, ...] = ("fro", "nuc")
+NORMS: tuple[str, ...] = ("fro", "nuc", "spectral")
 FORMULATIONS: tuple[str, ...] = ("aux", "loop")
 SOLVERS: tuple[str, ...] = ("CLARABEL", "SCS")
-DEFAULT_SOLVER: dict[str, str] = {"fro": "CLARABEL", "nuc": "CLARABEL"}
+DEFAULT_SOLVER: dict[str, str] = {"fro": "CLARABEL", "nuc": "CLARABEL", "spectral": "CLARABEL"}
 
 # cvxpy status -> ours ("optimal" | "optimal_inaccurate" | "infeasible" | "max_iter" | "error")
 STATUS_MAP: dict[str, Status] = {
@@ -93,7 +94,7 @@ def _solver_options(solver: str, time_limit: float | None, verbose: bool) -> dic
 
 def solve_cvxpy(
     cs: ConstraintSet,
-    norm: Literal["fro", "nuc"] = "fro",
+    norm: Literal["fro", "nuc", "spectral"] = "fro",
     *,
     solver: str | None = None,
     formulation: Literal["aux", "loop"] = "aux",
@@ -107,8 +108,8 @@ def solve_cvxpy(
     ----------
     cs : ConstraintSet
         The constraints (inequalities and equality rows, any right-hand sides).
-    norm : {"fro", "nuc"}
-        Frobenius (as the QP ``min ½‖W‖_F²``) or nuclear norm.
+    norm : {"fro", "nuc", "spectral"}
+        Frobenius (as the QP ``min ½‖W‖_F²``), nuclear norm or spectral norm (largest singular value).
     solver : {"CLARABEL", "SCS"}, optional
         Default Clarabel (interior point, accurate). SCS is first order (fast, ~1e-5 accurate).
     formulation : {"aux", "loop"}
@@ -165,7 +166,10 @@ def solve_cvxpy(
             else:
                 cons_ineq.append(expr >= work.rhs[i, t])
         constraints = cons_ineq + cons_eq
-    objective = 0.5 * cp.sum_squares(W) if norm == "fro" else cp.normNuc(W)
+    if norm == "fro":
+        objective = 0.5 * cp.sum_squares(W)
+    else:
+        objective = cp.normNuc(W) if norm == "nuc" else cp.sigma_max(W)
     prob = cp.Problem(cp.Minimize(objective), constraints)
     info: dict = {"backend": "cvxpy", "solver": solver, "formulation": formulation, "reduce": reduce}
     if red.unattainable.any():  # 0 ≥ b > 0 on a zero row: nothing for the solver to do

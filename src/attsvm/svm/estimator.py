@@ -86,7 +86,7 @@ class _Exponent(ParamSpec):
 
 
 _PARAMETERS: dict[str, ParamSpec] = {
-    "norm": Choice(("fro", "nuc", "lp", "l1", "linf")),
+    "norm": Choice(("fro", "nuc", "lp", "l1", "linf", "spectral")),
     "p": _Exponent(),
     "rank": Integer(1, optional=True),
     "backend": Choice(("auto", "cvxpy")),
@@ -98,7 +98,31 @@ _PARAMETERS: dict[str, ParamSpec] = {
 }
 
 # Names of the norms in summaries.
-_NORM_NAMES = {"fro": "Frobenius", "nuc": "nuclear", "lp": "l{p:g}", "l1": "l1", "linf": "l-inf"}
+_NORM_NAMES = {
+    "fro": "Frobenius",
+    "nuc": "nuclear",
+    "lp": "l{p:g}",
+    "l1": "l1",
+    "linf": "l-inf",
+    "spectral": "spectral",
+}
+# the solvers of backend_ in words, for summary()
+_BACKEND_NAMES = {
+    "frobenius": "the Frobenius solver",
+    "nuclear": "the nuclear-norm solver",
+    "nuclear-rank": "the rank-constrained nuclear-norm solver",
+    "lp": "the lp solver",
+    "highs": "HiGHS",
+    "spectral": "the spectral-norm solver",
+}
+
+
+def _backend_words(backend: str) -> str:
+    """``backend_`` in words: ``"frobenius"`` → "the Frobenius solver", ``"cvxpy:CLARABEL"`` → "cvxpy (CLARABEL)"."""
+    if backend.startswith("cvxpy:"):
+        return f"cvxpy ({backend.split(':', 1)[1]})"
+    return _BACKEND_NAMES.get(backend, backend)
+
 
 _EPS = float(np.finfo(np.float64).eps)
 # the attributes of a solution and its certificate (None when there is no solution), in this order
@@ -187,9 +211,10 @@ class AttentionSVM:
 
     Parameters
     ----------
-    norm : {"fro", "nuc", "lp", "l1", "linf"}
+    norm : {"fro", "nuc", "lp", "l1", "linf", "spectral"}
         Frobenius (GD on W), nuclear (GD on (K, Q)), entrywise ℓp (ℓp mirror descent,
-        docs/spec.md §8; needs ``p``), or its LP limits ℓ1 / ℓ∞.
+        docs/spec.md §8; needs ``p``), its LP limits ℓ1 / ℓ∞ (ℓ∞: the entrywise max-norm margin of sign
+        descent), or spectral ‖W‖₂ (the margin of Muon-type steepest descent, docs/spec.md §3).
     p : float, optional
         The exponent of ``norm="lp"``, 1 < p < ∞ (p = 2 is the Frobenius problem).
         Frobenius (Att-SVM, the limit of GD on W) or nuclear (Att-SVM*, the limit of GD on (K, Q)).
@@ -198,7 +223,8 @@ class AttentionSVM:
         columns); non-convex, ``reached_convex_optimum_`` says whether the convex optimum was hit.
     backend : {"auto", "cvxpy"}
         "auto": our solvers (Frobenius: projected Newton on the dual, :mod:`.frobenius`; nuclear:
-        augmented Lagrangian on factors, :mod:`.nuclear`). "cvxpy": the vectorised reference.
+        augmented Lagrangian on factors, :mod:`.nuclear`; spectral: interior point on the SDP form,
+        :mod:`.spectral`). "cvxpy": the vectorised reference.
     tol : float
         Certificate tolerance: maximal relative constraint violation and relative duality gap for
         status "optimal" (both scale-free; defined in :mod:`attsvm.svm.certificate`).
@@ -214,7 +240,8 @@ class AttentionSVM:
 
     Attributes (after fit)
     ----------------------
-    W_ : (d, d) solution (None when infeasible). ``objective_``: ‖W‖_F or ‖W‖_*.
+    W_ : (d, d) solution (None when infeasible). ``objective_``: ‖W‖ in the chosen norm (``‖W‖_F``, ``‖W‖_*``,
+        ``‖W‖_2``, ...).
     dual_coef_ : (n, T) multipliers λ (0 at α_i; ≥ 0 on inequalities).
     margins_ : (n, T) ``a_itᵀ W z_i``; ``+inf`` at α_i (where no constraint exists).
     support_ : (n, T) bool, the tight constraints (support tokens, docs/spec.md §2; equality rows included).
@@ -233,7 +260,7 @@ class AttentionSVM:
 
     def __init__(
         self,
-        norm: Literal["fro", "nuc", "lp", "l1", "linf"] = "fro",
+        norm: Literal["fro", "nuc", "lp", "l1", "linf", "spectral"] = "fro",
         *,
         p: float | None = None,
         rank: int | None = None,
@@ -342,7 +369,8 @@ class AttentionSVM:
         constraint rows by a compiled dual active set, which also proves infeasibility with its own Farkas
         certificate (verified and accepted as fit's; Farkas certificates are not unique, so it may differ
         from fit's); otherwise those of full rank with at most ``BATCH_MAX_K`` rows, as one vectorised
-        NumPy program. Nuclear instances (``rank=None``, ``backend="auto"``, ``max_iter=None``) whose
+        NumPy program. Spectral instances go through :meth:`fit` one at a time. Nuclear instances (``rank=None``,
+        ``backend="auto"``, ``max_iter=None``) whose
         reduced programs share a shape are solved together by a batched interior-point method
         (:mod:`attsvm.svm.batch_nuclear`) and certified one by one as :meth:`fit` certifies. Every other
         instance, and any that leaves a batch (a duplicate token, an unsettled active set, a certificate
@@ -506,7 +534,8 @@ class AttentionSVM:
 
                     raw = solve_cvxpy_lp(cs, self._exponent(), solver=self.solver)
                 else:
-                    raw = solve_cvxpy(cs, "fro" if self.norm == "fro" else "nuc", solver=self.solver)
+                    which = self.norm if self.norm in ("fro", "spectral") else "nuc"
+                    raw = solve_cvxpy(cs, which, solver=self.solver)
             except Exception as exc:  # a solver failure is a status with info, never an escaping exception
                 raw = RawSolution(
                     None,
@@ -520,6 +549,11 @@ class AttentionSVM:
             from .lp import solve_lp
 
             return solve_lp(cs, self._exponent(), tol=float(self.tol), **kw), "lp"
+        if self.norm == "spectral":
+            from .spectral import solve_spectral
+
+            # (the interior point stops at a quarter of tol, so the certificate recomputed here passes it)
+            return solve_spectral(cs, tol=float(self.tol), **kw), "spectral"
         if self.norm in ("l1", "linf"):
             from .lp import solve_lp_limit
 
@@ -922,7 +956,7 @@ class AttentionSVM:
         cs = self.constraints_
         head = (
             f"Att-SVM ({_NORM_NAMES.get(self.norm, self.norm).format(p=self.p)} norm"
-            f"{'' if self.rank is None else f', rank <= {self.rank}'}) via {self.backend_}: "
+            f"{'' if self.rank is None else f', rank <= {self.rank}'}) via {_backend_words(self.backend_)}: "
             f"status {self.status_}"
         )
         lines = [head, f"  constraints   {cs.n_constraints} (n={cs.n}, T={cs.T}, d={cs.d})"]
@@ -948,7 +982,8 @@ class AttentionSVM:
                     f"  in data units {miss.size} sequence(s) miss a margin by more than 1e-8 (sequence: by how "
                     f"much) {worst}{' ...' if miss.size > 5 else ''}"
                 )
-        lines.append(f"  time          {self.solve_time_:.3f} s ({self.n_iter_} iterations)")
+        its = f"{self.n_iter_} iteration{'' if self.n_iter_ == 1 else 's'}"
+        lines.append(f"  time          {self.solve_time_:.3f} s ({its})")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

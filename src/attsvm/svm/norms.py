@@ -6,7 +6,7 @@ subgradient. The certificate (:mod:`.certificate`) and the reduction (:mod:`.red
 these pieces, so adding a norm (an ℓp or Schatten-p norm) means writing one more :class:`Norm`.
 
 Conventions (docs/spec.md §3): the primal is ``min φ(W) s.t. 𝒜(W) (≥ | =) b`` where ``φ`` is the
-solver objective (``½‖W‖_F²`` for Frobenius, ``‖W‖_*`` for nuclear), of homogeneity ``degree``;
+solver objective (``½‖W‖_F²`` for Frobenius, ``‖W‖_*`` for nuclear, ``‖W‖₂`` for spectral), of homogeneity ``degree``;
 for multipliers λ (λ_I ≥ 0) the dual value is ``dual_objective(bᵀλ, 𝒜*(λ))`` ≤ the primal optimum.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Norm", "LpNorm", "FROBENIUS", "NUCLEAR", "L1", "LINF", "NORMS", "get_norm", "lp_norm"]
+__all__ = ["Norm", "LpNorm", "FROBENIUS", "NUCLEAR", "L1", "LINF", "SPECTRAL", "NORMS", "get_norm", "lp_norm"]
 
 
 @dataclass(frozen=True)
@@ -212,11 +212,62 @@ class _Linf(Norm):
         return np.where(top, np.sign(W) / max(k, 1), 0.0) if a.max(initial=0.0) > 0 else np.zeros_like(W)
 
 
+def _simplex_threshold(s: NDArray[np.floating], radius: float) -> float:
+    """θ ≥ 0 with ``Σ max(s_i − θ, 0) = radius`` for ``s ≥ 0`` with ``Σ s > radius`` (the projection of s onto
+    the ℓ1 ball of that radius is ``max(s − θ, 0)``)."""
+    u = np.sort(np.asarray(s, dtype=np.float64))[::-1]
+    css = np.cumsum(u)
+    k = np.arange(1, u.size + 1)
+    rho = int(np.flatnonzero(u - (css - radius) / k > 0)[-1])
+    return float(max((css[rho] - radius) / (rho + 1), 0.0))
+
+
+@dataclass(frozen=True)
+class _Spectral(Norm):
+    """Spectral norm ‖W‖₂ (the largest singular value, docs/spec.md §3); dual norm the nuclear norm."""
+
+    name: str = "spectral"
+    degree: int = 1
+
+    def value(self, W, svals=None) -> float:
+        if W.size == 0:
+            return 0.0
+        s = np.linalg.svd(W, compute_uv=False) if svals is None else svals
+        return float(s.max(initial=0.0))
+
+    def dual_norm(self, Y) -> float:
+        return float(np.linalg.svd(Y, compute_uv=False).sum()) if Y.size else 0.0
+
+    def objective(self, W, svals=None) -> float:
+        return self.value(W, svals)
+
+    def dual_objective(self, bl, Y) -> float:
+        # λ / max(1, ‖Y‖_*) is dual feasible (‖𝒜*(·)‖_* ≤ 1): weak duality gives this bound
+        return float(bl) / max(1.0, self.dual_norm(Y))
+
+    def prox(self, Y, t) -> NDArray[np.float64]:
+        # Moreau: prox_{t‖·‖₂}(Y) = Y − Proj_{‖·‖_* ≤ t}(Y); on the singular values s that is s − Proj_{ℓ1 ≤ t}(s),
+        # i.e. min(s, θ) with Σ max(s − θ, 0) = t (0 when Σ s ≤ t)
+        U, s, Vt = np.linalg.svd(Y, full_matrices=False)
+        if float(s.sum()) <= t:
+            return np.zeros_like(Y)
+        return (U * np.minimum(s, _simplex_threshold(s, t))) @ Vt
+
+    def subgradient(self, W) -> NDArray[np.float64]:
+        if W.size == 0:
+            return np.zeros_like(W)
+        U, s, Vt = np.linalg.svd(W, full_matrices=False)
+        if not s[0] > 0:
+            return np.zeros_like(W)
+        return np.outer(U[:, 0], Vt[0])
+
+
 FROBENIUS: Norm = _Frobenius()
 NUCLEAR: Norm = _Nuclear()
 L1: Norm = _L1()
 LINF: Norm = _Linf()
-NORMS: dict[str, Norm] = {"fro": FROBENIUS, "nuc": NUCLEAR, "l1": L1, "linf": LINF}
+SPECTRAL: Norm = _Spectral()
+NORMS: dict[str, Norm] = {"fro": FROBENIUS, "nuc": NUCLEAR, "l1": L1, "linf": LINF, "spectral": SPECTRAL}
 
 
 def lp_norm(p: float) -> LpNorm:
@@ -230,7 +281,8 @@ def lp_norm(p: float) -> LpNorm:
 
 
 def get_norm(norm: str | Norm) -> Norm:
-    """The :class:`Norm` named ``norm`` ("fro", "nuc", "l1" or "linf"), or ``norm`` itself (e.g. :func:`lp_norm`)."""
+    """The :class:`Norm` named ``norm`` ("fro", "nuc", "l1", "linf" or "spectral"), or ``norm`` itself (e.g.
+    :func:`lp_norm`)."""
     if isinstance(norm, Norm):
         return norm
     if norm not in NORMS:

@@ -182,7 +182,7 @@ class SVMStack:
         tally = "".join(
             f"{', ' if j else ': '}{c} {k}" for j, (k, c) in enumerate(zip(kinds.tolist(), counts.tolist()))
         )
-        return f"SVMStack({len(self)} instances{tally}; {self.solve_time:.3g} s)"
+        return f"SVMStack({len(self)} instance{'' if len(self) == 1 else 's'}{tally}; {self.solve_time:.3g} s)"
 
 
 def _check_stack(
