@@ -34,6 +34,7 @@ ORDER = (
     "joint-training",
     "svm-eq-mlp",
     "hierarchy",
+    "optimizer-bias",
 )
 
 INTRO = """# Reproductions

@@ -25,6 +25,7 @@ EXPERIMENTS: dict[str, str] = {
     "ntp-convergence": "attsvm.experiments.ntp_convergence",
     "joint-training": "attsvm.experiments.joint_training",
     "hierarchy": "attsvm.experiments.hierarchy",
+    "optimizer-bias": "attsvm.experiments.optimizer_bias",
 }
 
 
