@@ -113,3 +113,26 @@ def test_methods_of_one_cache_shape_decode_as_one_batch(setup):
     assert got[:3] == alone
     assert isinstance(got[3], Exception)
     assert len(calls) <= 6 + 2  # one batch of three (≤ 6 steps), then the broken cache alone (fails at once, twice)
+
+
+def test_a_seeded_cache_of_a_randomised_press_does_not_depend_on_what_ran_before(setup):
+    """kvpress's LeverageScorePress sketches with torch's global generator: with ``seed`` its cache is the same
+    whatever drew from the generator before; without it, it changes."""
+    from kvpress import LeverageScorePress
+
+    from attsvm.analysis.kv_oneprefill import compressed_cache
+
+    net, tok, _ = setup
+    ctx = torch.randint(0, len(tok) - 1, (1, 70), generator=torch.Generator().manual_seed(11))
+    rec = record_prefill(net, ctx)
+    press = HybridPress(LeverageScorePress(compression_ratio=0.5))
+
+    def kept(seed):
+        torch.randn(17)  # (another method's draw)
+        cache = compressed_cache(rec, press, net, seed=seed)
+        return [layer.keys.clone() for layer in cache.layers]
+
+    a, b = kept(0), kept(0)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    c, d = kept(None), kept(None)
+    assert not all(torch.equal(x, y) for x, y in zip(c, d, strict=True))

@@ -286,7 +286,7 @@ def context_scores(
                 if key[0] in errors:
                     continue
                 try:
-                    caches.append(compressed_cache(rec, press, model))
+                    caches.append(compressed_cache(rec, press, model, seed=config.seed))
                     keys.append(key)
                 except Exception as exc:
                     fail(key, exc)

@@ -122,10 +122,15 @@ def record_prefill(model: Any, context_ids: torch.Tensor, *, cache: Any = None) 
     return rec
 
 
-def compressed_cache(rec: PrefillRecord, press: Any, model: Any) -> Any:
+def compressed_cache(rec: PrefillRecord, press: Any, model: Any, *, seed: int | None = None) -> Any:
     """The cache ``press`` would have left after the recorded prefill: sliding layers keep their window, every other
-    layer holds what ``press.compress`` returns on the recorded tensors (``None``: the full cache)."""
+    layer holds what ``press.compress`` returns on the recorded tensors (``None``: the full cache). ``seed`` seeds
+    torch's global generator first: randomised presses (kvpress's LeverageScore and Compactor sketch with
+    ``torch.randn``) then give the same cache whichever methods ran before (``None``: the generator as it is)."""
     from transformers import DynamicCache
+
+    if seed is not None:
+        torch.manual_seed(seed)
 
     from ..integrations.kvpress import is_sliding_layer, keep_window, track_positions  # (no kvpress import)
 
