@@ -4,7 +4,8 @@ One path from problem to answer: a :class:`ConstraintSet` goes through the one r
 (:mod:`.reduction`: row normalisation, subspaces, global scale), a solver (:mod:`.frobenius`:
 exact projected Newton; :mod:`.nuclear`: augmented Lagrangian on factors; :mod:`.spectral`: interior
 point on the SDP form; :mod:`.cvxpy_backend`: the vectorised cvxpy reference), the lift back, and the
-one certificate check (:mod:`.certificate`).
+one certificate check (:mod:`.certificate`). Any other norm (a :class:`Norm` with a value, a dual norm and a
+prox, by instance or by a name given to :func:`register_norm`) goes to :mod:`.generic` (PDHG).
 Norm-specific pieces live in :mod:`.norms`, statuses in :mod:`.status`.
 
 Public entry points: :class:`AttentionSVM` (the estimator over every backend),
@@ -37,8 +38,9 @@ from .equivalence import (
 from .estimator import AttentionSVM, InfeasibleSVMError, NotFittedError
 from .feasibility import FeasibilityReport, feasible, feasible_constraints
 from .frobenius import FrobeniusOptions, solve_frobenius
+from .generic import GenericOptions, solve_generic
 from .local import locally_optimal
-from .norms import FROBENIUS, NUCLEAR, Norm, get_norm
+from .norms import FROBENIUS, NUCLEAR, Norm, get_norm, register_norm, registered_norms, unregister_norm
 from .nuclear import NuclearOptions, balanced_factors, solve_nuclear, solve_nuclear_rank
 from .prompt import HeadSVM, JointSVM, PromptSVM, head_svm_constraints, joint_svm, p_svm_constraints
 from .reduction import Reduction, reduce
@@ -99,6 +101,11 @@ __all__ = [
     "FROBENIUS",
     "NUCLEAR",
     "get_norm",
+    "register_norm",
+    "unregister_norm",
+    "registered_norms",
+    "solve_generic",
+    "GenericOptions",
     "Status",
     "OPTIMAL",
     "OPTIMAL_INACCURATE",

@@ -31,7 +31,17 @@ from .._validation import SEED_MAX, Choice, Integer, ParamSpec, Real, check_para
 from ..problem import AttentionProblem
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .certificate import FARKAS_RTOL, feasible_point, find_farkas, numerical_rank, optimality_certificate
-from .norms import Norm, get_norm, lp_norm
+from .norms import (
+    BUILTIN_NAMES,
+    BUILTIN_TYPES,
+    REQUIRED_METHODS,
+    LpNorm,
+    Norm,
+    get_norm,
+    lp_norm,
+    missing_methods,
+    registered_norms,
+)
 from .reduction import prescale
 from .status import ERROR, ILL_CONDITIONED, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
 
@@ -85,8 +95,39 @@ class _Exponent(ParamSpec):
         return bool(1.0 < float(value) < np.inf)
 
 
+@dataclass(frozen=True)
+class _NormSpec(ParamSpec):
+    """A built-in norm's name, a name given to :func:`~attsvm.svm.norms.register_norm`, or a
+    :class:`~attsvm.svm.norms.Norm` instance (:func:`_check_norm` raises the message)."""
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return "one of " + ", ".join(repr(o) for o in (*BUILTIN_NAMES, *registered_norms()))
+
+    def ok(self, value: Any) -> bool:
+        if isinstance(value, Norm):
+            return not missing_methods(value)
+        return type(value) is str and (value in BUILTIN_NAMES or value in registered_norms())
+
+
+def _check_norm(value: Any) -> None:
+    """Raise the one-line ValueError naming ``norm`` unless it is a name :class:`_NormSpec` accepts or a
+    :class:`~attsvm.svm.norms.Norm` that implements value, dual_norm and prox."""
+    if _NormSpec().ok(value):
+        return
+    if isinstance(value, Norm):
+        raise ValueError(
+            f"norm must implement {', '.join(REQUIRED_METHODS)}; {type(value).__name__} lacks "
+            f"{', '.join(missing_methods(value))}"
+        )
+    raise ValueError(
+        f"norm must be {_NormSpec().expected}; got {value!r} (or an attsvm.svm.norms.Norm instance, or a name "
+        "given to register_norm)"
+    )
+
+
 _PARAMETERS: dict[str, ParamSpec] = {
-    "norm": Choice(("fro", "nuc", "lp", "l1", "linf", "spectral")),
+    "norm": _NormSpec(),
     "p": _Exponent(),
     "rank": Integer(1, optional=True),
     "backend": Choice(("auto", "cvxpy")),
@@ -114,6 +155,7 @@ _BACKEND_NAMES = {
     "lp": "the lp solver",
     "highs": "HiGHS",
     "spectral": "the spectral-norm solver",
+    "generic": "the generic norm solver (PDHG)",
 }
 
 
@@ -211,10 +253,13 @@ class AttentionSVM:
 
     Parameters
     ----------
-    norm : {"fro", "nuc", "lp", "l1", "linf", "spectral"}
+    norm : {"fro", "nuc", "lp", "l1", "linf", "spectral"}, a registered name, or a Norm
         Frobenius (GD on W), nuclear (GD on (K, Q)), entrywise ℓp (ℓp mirror descent,
         docs/spec.md §8; needs ``p``), its LP limits ℓ1 / ℓ∞ (ℓ∞: the entrywise max-norm margin of sign
-        descent), or spectral ‖W‖₂ (the margin of Muon-type steepest descent, docs/spec.md §3).
+        descent), or spectral ‖W‖₂ (the margin of Muon-type steepest descent, docs/spec.md §3). Or any norm:
+        an instance of :class:`~attsvm.svm.norms.Norm` implementing ``value``, ``dual_norm`` and ``prox``, or the
+        name it was given by :func:`~attsvm.svm.norms.register_norm`; it is solved by the generic solver
+        (:mod:`.generic`) and certified as the others (an instance of a built-in norm keeps its own solver).
     p : float, optional
         The exponent of ``norm="lp"``, 1 < p < ∞ (p = 2 is the Frobenius problem).
         Frobenius (Att-SVM, the limit of GD on W) or nuclear (Att-SVM*, the limit of GD on (K, Q)).
@@ -260,7 +305,7 @@ class AttentionSVM:
 
     def __init__(
         self,
-        norm: Literal["fro", "nuc", "lp", "l1", "linf", "spectral"] = "fro",
+        norm: Literal["fro", "nuc", "lp", "l1", "linf", "spectral"] | Norm = "fro",
         *,
         p: float | None = None,
         rank: int | None = None,
@@ -295,6 +340,8 @@ class AttentionSVM:
                 raise ValueError(
                     f"invalid parameter {name!r} for AttentionSVM; valid parameters are {', '.join(_PARAMETERS)}"
                 )
+            if name == "norm":
+                _check_norm(value)
             check_param(value, name, _PARAMETERS[name])
         for name, value in params.items():
             setattr(self, name, value)
@@ -315,15 +362,22 @@ class AttentionSVM:
         last = self.__dict__.get("_validated_params")
         if last is not None and all(a is b for a, b in zip(values, last)):
             return
+        _check_norm(self.norm)
         for name, spec in _PARAMETERS.items():
             check_param(getattr(self, name), name, spec)
+        kind = self._norm_kind()
+        if kind == "generic" and self.backend == "cvxpy":
+            raise ValueError(
+                f"backend='cvxpy' has no formulation of the norm {self._norm_words()!r}; use backend='auto' "
+                "(the generic solver)"
+            )
         if self.norm == "lp" and self.p is None:
             raise ValueError("p is required for norm='lp' (an exponent with 1 < p < inf), got p=None")
         if self.p is not None and self.norm != "lp":
             raise ValueError(f"p={self.p!r} applies to norm='lp' only; got norm={self.norm!r}")
-        if self.norm in ("lp", "l1", "linf") and self.backend == "cvxpy" and self.norm != "lp":
-            raise ValueError(f"backend='cvxpy' has no {self.norm!r} formulation; use backend='auto' (HiGHS)")
-        if self.rank is not None and self.norm != "nuc":
+        if kind in ("l1", "linf") and self.backend == "cvxpy":
+            raise ValueError(f"backend='cvxpy' has no {kind!r} formulation; use backend='auto' (HiGHS)")
+        if self.rank is not None and kind != "nuc":
             raise ValueError(
                 f"rank={self.rank} is only defined for norm='nuc' (the rank-constrained "
                 f"Att-SVM*); got norm={self.norm!r}"
@@ -338,8 +392,34 @@ class AttentionSVM:
         """The :class:`~attsvm.svm.norms.Norm` object of ``norm`` (and ``p``)."""
         return lp_norm(self._exponent()) if self.norm == "lp" else get_norm(self.norm)
 
+    def _norm_kind(self) -> str:
+        """Which solver ``norm`` goes to: a built-in name ("fro", "nuc", "lp", "l1", "linf", "spectral") for a
+        built-in norm (named, or an instance of a built-in type), "generic" for any other norm (a registered
+        name, or an instance of a user's :class:`~attsvm.svm.norms.Norm`). A registered name of a built-in
+        norm's instance keeps that norm's solver."""
+        norm = self.norm
+        if isinstance(norm, str):
+            if norm in BUILTIN_NAMES:
+                return norm
+            norm = get_norm(norm)
+        if type(norm) in BUILTIN_TYPES:
+            return "lp" if isinstance(norm, LpNorm) else str(norm.name)
+        return "generic"
+
+    def _norm_words(self) -> str:
+        """The norm's name for messages and summaries."""
+        if isinstance(self.norm, str):
+            return _NORM_NAMES[self.norm].format(p=self.p) if self.norm in _NORM_NAMES else self.norm
+        kind = self._norm_kind()
+        if kind == "lp":
+            return _NORM_NAMES["lp"].format(p=self._exponent())
+        return _NORM_NAMES[kind] if kind != "generic" else f"{self.norm.name} ({type(self.norm).__name__})"
+
     def _exponent(self) -> float:
-        """``p`` of ``norm="lp"`` (checked by ``_validate_params`` before any solve)."""
+        """``p`` of ``norm="lp"`` (checked by ``_validate_params`` before any solve), or of an ℓp instance."""
+        nm = self.norm if isinstance(self.norm, Norm) or self.norm == "lp" else get_norm(self.norm)
+        if isinstance(nm, LpNorm):
+            return float(nm.p)
         if self.p is None:
             raise ValueError("p is required for norm='lp' (an exponent with 1 < p < inf), got p=None")
         return float(self.p)
@@ -525,16 +605,23 @@ class AttentionSVM:
 
     def _solve(self, cs: ConstraintSet) -> tuple[RawSolution, str]:
         kw: dict[str, Any] = {} if self.max_iter is None else {"max_iter": int(self.max_iter)}
+        kind = self._norm_kind()
+        if kind == "generic":
+            from .generic import solve_generic
+
+            return solve_generic(cs, self._norm_object(), tol=float(self.tol), seed=int(self.seed), **kw), "generic"
         if self.backend == "cvxpy":
             from .cvxpy_backend import solve_cvxpy
 
             try:
-                if self.norm == "lp":
+                if kind == "lp":
                     from .cvxpy_backend import solve_cvxpy_lp
 
                     raw = solve_cvxpy_lp(cs, self._exponent(), solver=self.solver)
                 else:
-                    which = self.norm if self.norm in ("fro", "spectral") else "nuc"
+                    which: Literal["fro", "nuc", "spectral"] = (
+                        "fro" if kind == "fro" else "spectral" if kind == "spectral" else "nuc"
+                    )
                     raw = solve_cvxpy(cs, which, solver=self.solver)
             except Exception as exc:  # a solver failure is a status with info, never an escaping exception
                 raw = RawSolution(
@@ -545,20 +632,20 @@ class AttentionSVM:
                     {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"},
                 )
             return raw, f"cvxpy:{raw.info.get('solver', '?')}"
-        if self.norm == "lp":
+        if kind == "lp":
             from .lp import solve_lp
 
             return solve_lp(cs, self._exponent(), tol=float(self.tol), **kw), "lp"
-        if self.norm == "spectral":
+        if kind == "spectral":
             from .spectral import solve_spectral
 
             # (the interior point stops at a quarter of tol, so the certificate recomputed here passes it)
             return solve_spectral(cs, tol=float(self.tol), **kw), "spectral"
-        if self.norm in ("l1", "linf"):
+        if kind in ("l1", "linf"):
             from .lp import solve_lp_limit
 
-            return solve_lp_limit(cs, self.norm), "highs"
-        if self.norm == "fro":
+            return solve_lp_limit(cs, "l1" if kind == "l1" else "linf"), "highs"
+        if kind == "fro":
             from .frobenius import solve_frobenius
 
             # the Frobenius solver is exact: ask it for a margin below the certificate tolerance
@@ -572,7 +659,7 @@ class AttentionSVM:
 
     def _ours_nuc(self) -> bool:
         """Whether this fit runs our convex nuclear solver (which has a BLAS-thread limit of its own)."""
-        return self.norm == "nuc" and self.rank is None and self.backend != "cvxpy"
+        return self._norm_kind() == "nuc" and self.rank is None and self.backend != "cvxpy"
 
     def _fit(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
         # small solves run with one BLAS thread (attsvm._threads: several only wait for each other)
@@ -925,8 +1012,11 @@ class AttentionSVM:
             for k, v in self.info_.items()
             if isinstance(v, (int, float, str, bool, type(None)))
         }
+        params = self.get_params()
+        if isinstance(params["norm"], Norm):  # (JSON-ready: a norm object by its name)
+            params["norm"] = str(params["norm"].name)
         return {
-            "params": self.get_params(),
+            "params": params,
             "status": self.status_,
             "backend": self.backend_,
             "objective": finite_or_none(self.objective_),
@@ -955,7 +1045,7 @@ class AttentionSVM:
         self._check_fitted()
         cs = self.constraints_
         head = (
-            f"Att-SVM ({_NORM_NAMES.get(self.norm, self.norm).format(p=self.p)} norm"
+            f"Att-SVM ({self._norm_words()} norm"
             f"{'' if self.rank is None else f', rank <= {self.rank}'}) via {_backend_words(self.backend_)}: "
             f"status {self.status_}"
         )

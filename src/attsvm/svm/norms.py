@@ -5,6 +5,13 @@ A norm knows its value ``‖W‖``, its dual norm ``‖Y‖°`` (which bounds th
 subgradient. The certificate (:mod:`.certificate`) and the reduction (:mod:`.reduction`) use only
 these pieces, so adding a norm (an ℓp or Schatten-p norm) means writing one more :class:`Norm`.
 
+Plugging in a norm (docs/spec.md §3): a subclass of :class:`Norm` that implements :meth:`Norm.value`,
+:meth:`Norm.dual_norm` and :meth:`Norm.prox` is enough; ``AttentionSVM(norm=MyNorm())`` then solves
+``min ‖W‖`` with the generic solver of :mod:`.generic` and certifies it here. :func:`register_norm` gives
+it a name (``AttentionSVM(norm="myname")``); the built-in names keep their own solvers. A norm that is
+unitarily invariant (``‖U W Vᵀ‖ = ‖W‖`` for orthonormal U, V, at any shape) may say so
+(:attr:`Norm.unitarily_invariant`): only then is the subspace reduction ``W = U M Vᵀ`` applied to it.
+
 Conventions (docs/spec.md §3): the primal is ``min φ(W) s.t. 𝒜(W) (≥ | =) b`` where ``φ`` is the
 solver objective (``½‖W‖_F²`` for Frobenius, ``‖W‖_*`` for nuclear, ``‖W‖₂`` for spectral), of homogeneity ``degree``;
 for multipliers λ (λ_I ≥ 0) the dual value is ``dual_objective(bᵀλ, 𝒜*(λ))`` ≤ the primal optimum.
@@ -14,19 +21,48 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Norm", "LpNorm", "FROBENIUS", "NUCLEAR", "L1", "LINF", "SPECTRAL", "NORMS", "get_norm", "lp_norm"]
+__all__ = [
+    "Norm",
+    "LpNorm",
+    "FROBENIUS",
+    "NUCLEAR",
+    "L1",
+    "LINF",
+    "SPECTRAL",
+    "NORMS",
+    "BUILTIN_NAMES",
+    "get_norm",
+    "lp_norm",
+    "register_norm",
+    "unregister_norm",
+    "registered_norms",
+]
 
 
 @dataclass(frozen=True)
 class Norm:
-    """Base class: subclasses implement the five pieces below."""
+    """Base class of the norms. A norm written by a user implements at least :meth:`value`,
+    :meth:`dual_norm` and :meth:`prox`; :meth:`objective` and :meth:`dual_objective` default to the
+    forms of ``degree`` (1: ``φ = ‖W‖`` with dual bound ``bᵀλ / max(1, ‖𝒜*(λ)‖°)``; 2: ``φ = ½‖W‖²`` with
+    dual ``bᵀλ − ½‖𝒜*(λ)‖°²``), and :meth:`subgradient` is optional (the generic solver does not use it).
 
-    name: str
-    degree: int  # homogeneity of the solver objective φ
+    ``unitarily_invariant`` (a class attribute, default False): set it True only for a norm with
+    ``‖U M Vᵀ‖ = ‖M‖`` for every M and orthonormal-column U, V (its methods must then accept matrices of any
+    shape); the solvers then work in the reduced coordinates ``W = U M Vᵀ`` (:mod:`.reduction`).
+    """
+
+    name: str = "custom"
+    degree: int = 1  # homogeneity of the solver objective φ (1: ‖W‖, 2: ½‖W‖²)
+    unitarily_invariant: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.degree, bool) or self.degree not in (1, 2):
+            raise ValueError(f"degree must be 1 (objective ‖W‖) or 2 (objective ½‖W‖²), got {self.degree!r}")
 
     def value(self, W: NDArray[np.float64], svals: NDArray[np.floating] | None = None) -> float:
         """``‖W‖`` (``svals``: the singular values of W, when already at hand)."""
@@ -37,12 +73,16 @@ class Norm:
         raise NotImplementedError
 
     def objective(self, W: NDArray[np.float64], svals: NDArray[np.floating] | None = None) -> float:
-        """The solver objective ``φ(W)``."""
-        raise NotImplementedError
+        """The solver objective ``φ(W)``: ``‖W‖`` (degree 1) or ``½‖W‖²`` (degree 2) by default."""
+        v = self.value(W, svals)
+        return v if self.degree == 1 else 0.5 * v * v
 
     def dual_objective(self, bl: float, Y: NDArray[np.float64]) -> float:
-        """Lagrange dual of ``min φ`` at multipliers with ``bᵀλ = bl`` and ``𝒜*(λ) = Y``."""
-        raise NotImplementedError
+        """Lagrange dual of ``min φ`` at multipliers with ``bᵀλ = bl`` and ``𝒜*(λ) = Y``. By default, degree 1:
+        ``bl / max(1, ‖Y‖°)`` (``λ / max(1, ‖Y‖°)`` is dual feasible, ``‖𝒜*(·)‖° ≤ 1``, so weak duality gives this
+        bound); degree 2: ``bl − ½‖Y‖°²`` (``min_W ½‖W‖² − ⟨Y, W⟩ = −½‖Y‖°²``)."""
+        dn = self.dual_norm(Y)
+        return float(bl) / max(1.0, dn) if self.degree == 1 else float(bl) - 0.5 * dn * dn
 
     def prox(self, Y: NDArray[np.float64], t: float) -> NDArray[np.float64]:
         """``argmin_W t‖W‖ + ½‖W − Y‖_F²``."""
@@ -57,6 +97,7 @@ class Norm:
 class _Frobenius(Norm):
     name: str = "fro"
     degree: int = 2
+    unitarily_invariant: ClassVar[bool] = True
 
     # (np.vdot: one BLAS call, no temporary; the certificate of a tiny fit calls these four)
     def value(self, W, svals=None) -> float:
@@ -85,6 +126,7 @@ class _Frobenius(Norm):
 class _Nuclear(Norm):
     name: str = "nuc"
     degree: int = 1
+    unitarily_invariant: ClassVar[bool] = True
 
     def value(self, W, svals=None) -> float:
         if W.size == 0:
@@ -205,6 +247,14 @@ class _Linf(Norm):
     def dual_objective(self, bl, Y) -> float:
         return float(bl) / max(1.0, self.dual_norm(Y))
 
+    def prox(self, Y, t) -> NDArray[np.float64]:
+        # Moreau: prox_{t‖·‖∞}(Y) = Y − Proj_{‖·‖₁ ≤ t}(Y) = clip(Y, −θ, θ) with Σ max(|Y| − θ, 0) = t (0 when Σ|Y| ≤ t)
+        a = np.abs(Y)
+        if float(a.sum()) <= t:
+            return np.zeros_like(Y)
+        theta = _simplex_threshold(a.ravel(), t)
+        return np.clip(Y, -theta, theta)
+
     def subgradient(self, W) -> NDArray[np.float64]:
         a = np.abs(W)
         top = a >= a.max(initial=0.0) * (1 - 1e-12)
@@ -228,6 +278,7 @@ class _Spectral(Norm):
 
     name: str = "spectral"
     degree: int = 1
+    unitarily_invariant: ClassVar[bool] = True
 
     def value(self, W, svals=None) -> float:
         if W.size == 0:
@@ -268,6 +319,54 @@ L1: Norm = _L1()
 LINF: Norm = _Linf()
 SPECTRAL: Norm = _Spectral()
 NORMS: dict[str, Norm] = {"fro": FROBENIUS, "nuc": NUCLEAR, "l1": L1, "linf": LINF, "spectral": SPECTRAL}
+# the names of the built-in norms (each with a solver of its own; "lp" needs its exponent p)
+BUILTIN_NAMES: tuple[str, ...] = ("fro", "nuc", "lp", "l1", "linf", "spectral")
+# the types of the built-in norms: an instance of one of them keeps its own solver
+BUILTIN_TYPES: tuple[type[Norm], ...] = (_Frobenius, _Nuclear, LpNorm, _L1, _Linf, _Spectral)
+# the norms given names by register_norm
+_REGISTRY: dict[str, Norm] = {}
+# what a norm must implement itself (the base class's methods raise NotImplementedError)
+REQUIRED_METHODS: tuple[str, ...] = ("value", "dual_norm", "prox")
+
+
+def missing_methods(norm: Norm) -> list[str]:
+    """The methods of :data:`REQUIRED_METHODS` that ``norm``'s class does not implement (left to :class:`Norm`)."""
+    return [m for m in REQUIRED_METHODS if getattr(type(norm), m) is getattr(Norm, m)]
+
+
+def register_norm(name: str, norm: Norm, *, replace: bool = False) -> Norm:
+    """Give ``norm`` (a :class:`Norm` implementing at least ``value``, ``dual_norm`` and ``prox``) the name
+    ``name``, so that ``AttentionSVM(norm=name)`` solves with it (the generic solver, :mod:`.generic`). A built-in
+    name is refused, and so is a registered name unless ``replace``. Returns ``norm``."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if name in BUILTIN_NAMES:
+        raise ValueError(
+            f"name {name!r} is a built-in norm (one of {', '.join(map(repr, BUILTIN_NAMES))}); choose another"
+        )
+    if not isinstance(norm, Norm):
+        raise ValueError(f"norm must be an instance of attsvm.svm.norms.Norm, got {type(norm).__name__}")
+    missing = missing_methods(norm)
+    if missing:
+        raise ValueError(
+            f"norm must implement {', '.join(REQUIRED_METHODS)}; {type(norm).__name__} lacks {', '.join(missing)}"
+        )
+    if name in _REGISTRY and not replace and _REGISTRY[name] is not norm:
+        raise ValueError(f"name {name!r} is already registered (pass replace=True to replace it)")
+    _REGISTRY[name] = norm
+    return norm
+
+
+def unregister_norm(name: str) -> None:
+    """Remove the name ``name`` given by :func:`register_norm` (a ValueError naming it if there is none)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"name {name!r} is not a registered norm")
+    del _REGISTRY[name]
+
+
+def registered_norms() -> dict[str, Norm]:
+    """A copy of the names given by :func:`register_norm` and their norms."""
+    return dict(_REGISTRY)
 
 
 def lp_norm(p: float) -> LpNorm:
@@ -281,10 +380,14 @@ def lp_norm(p: float) -> LpNorm:
 
 
 def get_norm(norm: str | Norm) -> Norm:
-    """The :class:`Norm` named ``norm`` ("fro", "nuc", "l1", "linf" or "spectral"), or ``norm`` itself (e.g.
-    :func:`lp_norm`)."""
+    """The :class:`Norm` named ``norm`` ("fro", "nuc", "l1", "linf", "spectral" or a name given to
+    :func:`register_norm`), or ``norm`` itself (e.g. :func:`lp_norm`)."""
     if isinstance(norm, Norm):
         return norm
-    if norm not in NORMS:
-        raise ValueError(f"norm must be one of {', '.join(repr(k) for k in NORMS)}; got {norm!r}")
-    return NORMS[norm]
+    if isinstance(norm, str):
+        if norm in NORMS:
+            return NORMS[norm]
+        if norm in _REGISTRY:
+            return _REGISTRY[norm]
+    extra = "".join(f", {k!r}" for k in _REGISTRY)
+    raise ValueError(f"norm must be one of {', '.join(repr(k) for k in NORMS)}{extra}; got {norm!r}")
