@@ -27,7 +27,7 @@ tokens displace context keys; a prefill press keeps ``n_kept`` context keys plus
 
 Query-agnostic runs compress the context alone; query-aware runs (kvpress's ``query_aware``) append the question
 to the context before compression. Without kvpress installed (the main environment) only attsvm's own methods
-run, and the report says so; ``attsvm[kvpress]`` (kvpress 0.5.5, transformers 5.2.x) adds the presses. kvpress
+run, and the report says so; the ``kvpress`` extra (kvpress 0.5.5, transformers 5.2.x) adds the presses. kvpress
 is imported lazily: importing it patches transformers' attention functions for the whole process.
 
 Names. The SV-margin policy is ``svm_margin`` in all three forms: ``svm_margin_press``, ``svm_margin_cache`` and
@@ -508,7 +508,8 @@ def kv_compare(
     if skipped:
         log.warning(
             "kvpress is not installed: running attsvm's methods only (skipped: %s); "
-            'install "attsvm[kvpress]" for kvpress\'s presses',
+            "build the kvpress environment for kvpress's presses (make install-kvpress in a clone; kvpress 0.5.5 "
+            "needs transformers < 5.3)",
             ", ".join(skipped),
         )
     methods = [_method(n, config.window_size) for n in names]
@@ -803,7 +804,8 @@ def write_compare_report(out: str | Path) -> Path:
             "**attsvm's methods only**: kvpress is not installed in this environment, so its presses (and "
             "attsvm's kvpress presses) did not run: "
             + ", ".join(meta["skipped_methods"])
-            + ". Install `attsvm[kvpress]` (kvpress 0.5.5, transformers 5.2.x) for the full comparison.",
+            + ". Run it in the kvpress environment (`make install-kvpress` in a clone: kvpress 0.5.5, transformers "
+            "5.2.x) for the full comparison.",
             "",
         ]
     m = meta["model"]

@@ -1,7 +1,8 @@
 """``attsvm kv-compare``: kvpress's presses beside attsvm's policies on retrieval tasks (docs/spec.md §7).
 
 Without kvpress installed the command runs attsvm's own methods only and its report says so in bold at the top;
-``pip install "attsvm[kvpress]"`` (kvpress 0.5.5, transformers 5.2.x) adds kvpress's presses.
+the kvpress environment (``make install-kvpress`` in a clone: kvpress 0.5.5, transformers 5.2.x) adds kvpress's
+presses.
 
 Method names: the SV-margin methods are ``svm_margin_press``, ``svm_margin_cache`` and ``svm_margin_oneshot``
 (retrieval-llama; ``svm_cache`` and ``svm_oneshot`` are accepted too) and ``svm_margin`` (gemma3-270m; ``svm``
