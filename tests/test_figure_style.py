@@ -246,3 +246,22 @@ def test_claims_figure_follows_the_style(tmp_path: Path, caught: Caught) -> None
     (fig,) = caught.figures()
     assert not style_problems(fig), style_problems(fig)
     assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine), "no clipped title: constrained layout"
+
+
+def test_a_saved_png_is_a_palette_image_at_200_dpi(tmp_path):
+    """save_figure writes an opaque figure as a 256-colour palette PNG (a quarter of the bytes) with its dpi."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from attsvm._folders import save_figure
+
+    fig, ax = plt.subplots()
+    ax.imshow(np.random.default_rng(0).random((40, 40)))
+    ax.set(xlabel="x", ylabel="y")
+    save_figure(fig, tmp_path / "f.png")
+    plt.close(fig)
+    im = Image.open(tmp_path / "f.png")
+    assert im.mode == "P" and round(im.info["dpi"][0]) >= 200

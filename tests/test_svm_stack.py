@@ -146,7 +146,7 @@ def test_fit_stack_validates_its_arrays_and_names_them():
     with pytest.raises(ValueError, match="T >= 2"):
         est.fit_stack(X[:, :, :1], Z, np.zeros_like(A))
     with pytest.raises(ValueError, match="norm"):
-        AttentionSVM(norm="spectral").fit_stack(X, Z, A)
+        AttentionSVM(norm="l3").fit_stack(X, Z, A)
     stack = est.fit_stack(X, Z, A.astype(float))  # integral floats are token indices
     with pytest.raises(IndexError, match="instance 3 out of range for a stack of 3"):
         stack[3]

@@ -103,7 +103,10 @@ def save_figure(fig: Any, path: Path, *, pdf: bool = True, **savefig_kwargs: Any
     for target in targets:
         buf = io.BytesIO()
         fig.savefig(buf, format=target.suffix.lstrip(".") or "png", **savefig_kwargs)
-        rendered.append((target, buf.getvalue()))
+        data = buf.getvalue()
+        if target.suffix.lower() == ".png":
+            data = _palette_png(data, savefig_kwargs["dpi"])
+        rendered.append((target, data))
     for target, data in rendered:
         tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
         try:
@@ -116,6 +119,26 @@ def save_figure(fig: Any, path: Path, *, pdf: bool = True, **savefig_kwargs: Any
             tmp.unlink(missing_ok=True)
             raise
     return path
+
+
+def _palette_png(data: bytes, dpi: float) -> bytes:
+    """An opaque PNG as a 256-colour palette PNG (no dithering): a figure's flat colours and anti-aliased edges
+    survive, the file is a quarter of the size. Left as it is when it has transparency (or Pillow is missing)."""
+    import io
+
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - Pillow comes with matplotlib
+        return data
+    im = Image.open(io.BytesIO(data))
+    if im.mode == "RGBA":
+        low = im.getchannel("A").getextrema()[0]
+        if not isinstance(low, int | float) or low < 255:
+            return data
+    pal = im.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    pal.save(out, format="png", optimize=True, dpi=(dpi, dpi))
+    return out.getvalue()
 
 
 def check_output_folder(folder: str | Path, what: str = "--out") -> Path:

@@ -427,7 +427,7 @@ class OptimizerBias(Experiment):
         p = float(s["md_p"])
         nl, rl = _norm_labels(p), _row_labels(p)
         rows = [r for r in ROWS + EXTRA_ROWS if (df.row == r).any()]
-        fig, ax = subplots(3, width=4.4, height=4.2)
+        fig, ax = subplots(3, width=4.0, height=3.7)
         for j, (what, title, label) in enumerate(
             (
                 ("corr", "(a) mean final corr(W, $W^N_{\\mathrm{mm}}$)", "correlation (dimensionless)"),
