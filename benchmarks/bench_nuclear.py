@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
-from _options import positive_float, positive_int, seed, size_triple
+from _options import MIN_TOTAL_S, REPEAT_BELOW_S, positive_float, positive_int, seed, size_triple, timed
 from _record import Recorder, add_option, wanted
 
 from attsvm.datasets import paper_instance
@@ -39,11 +38,6 @@ from attsvm.svm.cvxpy_backend import SOLVERS
 from attsvm.svm.nuclear import solve_nuclear
 
 DEFAULT_SIZES = ["6,8,10", "15,15,20", "50,20,50", "100,20,100", "200,32,128"]
-# Solves faster than this many seconds are repeated (--repeat times) and the best time is kept:
-# single millisecond timings on a shared machine are mostly noise.
-REPEAT_BELOW_S = 2.0
-# ... and repeated until this much time was spent on them (millisecond solves: dozens of runs).
-MIN_TOTAL_S = 0.5
 # Clarabel's SDP at (100, 20, 100) took > 20 GB of memory on the development machine: only run it
 # where n·d is at most this (override with --clarabel-max-nd).
 CLARABEL_MAX_ND = 2500
@@ -51,22 +45,6 @@ CLARABEL_MAX_ND = 2500
 
 def _nuc(W: np.ndarray) -> float:
     return float(np.linalg.svd(W, compute_uv=False).sum())
-
-
-def _timed(fn, repeat: int):
-    """(best wall time, result of the first run); solves under REPEAT_BELOW_S are repeated at least
-    ``repeat`` times and until MIN_TOTAL_S was spent on them (the same rule for both sides)."""
-    t0 = time.perf_counter()
-    out = fn()
-    best = spent = time.perf_counter() - t0
-    runs = 1
-    if best < REPEAT_BELOW_S:
-        while runs < repeat or spent < MIN_TOTAL_S:
-            t0 = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t0
-            best, spent, runs = min(best, dt), spent + dt, runs + 1
-    return best, out
 
 
 def main() -> None:
@@ -123,7 +101,7 @@ def main() -> None:
         n, T, d = (int(v) for v in size.split(","))
         p = paper_instance(n, T, d, seed=args.seed)
         cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
-        t_ours, raw = _timed(lambda cs=cs: solve_nuclear(cs), args.repeat)
+        t_ours, raw = timed(lambda cs=cs: solve_nuclear(cs), args.repeat)
         f_ours = _nuc(raw.W) if raw.W is not None else float("nan")
         print(
             f"{size:>12} {'ours':>10} {t_ours:9.4f} {1.0:8.1f} {f_ours:16.10f} {0.0:9.1e} "
@@ -140,7 +118,7 @@ def main() -> None:
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                t_ref, ref = _timed(
+                t_ref, ref = timed(
                     lambda cs=cs, solver=solver: solve_cvxpy(cs, "nuc", solver=solver, time_limit=args.cap), args.repeat
                 )
             if ref.W is None:

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
-from _options import positive_float, positive_int, seed, size_triple
+from _options import REPEAT_BELOW_S, positive_float, positive_int, seed, size_triple, timed
 from _record import Recorder, add_option, wanted
 
 from attsvm.datasets import paper_instance
@@ -40,26 +39,6 @@ from attsvm.svm.cvxpy_backend import SOLVERS
 from attsvm.svm.spectral import solve_spectral
 
 DEFAULT_SIZES = ["6,8,10", "15,15,20", "50,20,50"]
-# solves faster than this many seconds are repeated (--repeat times) and the best time is kept
-REPEAT_BELOW_S = 2.0
-# ... and repeated until this much time was spent on them
-MIN_TOTAL_S = 0.5
-
-
-def _timed(fn, repeat: int):
-    """(best wall time, result of the first run); solves under REPEAT_BELOW_S are repeated at least ``repeat``
-    times and until MIN_TOTAL_S was spent on them (the same rule for both sides)."""
-    t0 = time.perf_counter()
-    out = fn()
-    best = spent = time.perf_counter() - t0
-    runs = 1
-    if best < REPEAT_BELOW_S:
-        while runs < repeat or spent < MIN_TOTAL_S:
-            t0 = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t0
-            best, spent, runs = min(best, dt), spent + dt, runs + 1
-    return best, out
 
 
 def main() -> None:
@@ -108,14 +87,14 @@ def main() -> None:
         n, T, d = (int(v) for v in size.split(","))
         p = paper_instance(n, T, d, seed=args.seed)
         cs = att_svm_constraints(p, p.optimal_tokens(ties="first"))
-        t_ours, raw = _timed(lambda cs=cs: solve_spectral(cs), args.repeat)
+        t_ours, raw = timed(lambda cs=cs: solve_spectral(cs), args.repeat)
         cert = optimality_certificate(cs, raw.W, raw.dual, "spectral")
         f_ours = cert.objective
         results = [("ours", t_ours, raw, cert)]
         for solver in solvers:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                t_ref, ref = _timed(
+                t_ref, ref = timed(
                     lambda cs=cs, solver=solver: solve_cvxpy(cs, "spectral", solver=solver, time_limit=args.cap),
                     args.repeat,
                 )

@@ -136,3 +136,20 @@ def test_a_seeded_cache_of_a_randomised_press_does_not_depend_on_what_ran_before
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     c, d = kept(None), kept(None)
     assert not all(torch.equal(x, y) for x, y in zip(c, d, strict=True))
+
+
+def test_a_seeded_cache_leaves_the_callers_generator_alone_and_bad_input_is_named(setup):
+    from attsvm.analysis.kv_oneprefill import answers_from_caches, compressed_cache
+
+    net, tok, _ = setup
+    rec = record_prefill(net, torch.randint(0, len(tok) - 1, (1, 40), generator=torch.Generator().manual_seed(5)))
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    compressed_cache(rec, HybridPress(KnormPress(0.5)), net, seed=7)
+    assert torch.equal(torch.rand(3), expected)  # (the press ran under its own seed; the caller's draws go on)
+    with pytest.raises(ValueError, match="seed"):
+        compressed_cache(rec, None, net, seed=-1)
+    cache = compressed_cache(rec, None, net)
+    with pytest.raises(ValueError, match=r"^batch must be"):
+        answers_from_caches(net, [cache], torch.tensor([[1, 2]]), rec.context_length, 3, batch=0)

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from .._validation import check_positive_int, check_seed
+
 __all__ = [
     "PrefillRecord",
     "record_prefill",
@@ -124,13 +126,20 @@ def record_prefill(model: Any, context_ids: torch.Tensor, *, cache: Any = None) 
 
 def compressed_cache(rec: PrefillRecord, press: Any, model: Any, *, seed: int | None = None) -> Any:
     """The cache ``press`` would have left after the recorded prefill: sliding layers keep their window, every other
-    layer holds what ``press.compress`` returns on the recorded tensors (``None``: the full cache). ``seed`` seeds
-    torch's global generator first: randomised presses (kvpress's LeverageScore and Compactor sketch with
-    ``torch.randn``) then give the same cache whichever methods ran before (``None``: the generator as it is)."""
-    from transformers import DynamicCache
-
-    if seed is not None:
+    layer holds what ``press.compress`` returns on the recorded tensors (``None``: the full cache). With ``seed``
+    the press compresses under torch's generator seeded so (the caller's generator state is restored after):
+    randomised presses (kvpress's LeverageScore and Compactor sketch with ``torch.randn``) then give the same
+    cache whichever methods ran before (``None``: the generator as it is)."""
+    if seed is None:
+        return _compressed_cache(rec, press, model)
+    seed = check_seed(seed, "seed")
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        return _compressed_cache(rec, press, model)
+
+
+def _compressed_cache(rec: PrefillRecord, press: Any, model: Any) -> Any:
+    from transformers import DynamicCache
 
     from ..integrations.kvpress import is_sliding_layer, keep_window, track_positions  # (no kvpress import)
 
@@ -229,6 +238,7 @@ def answers_from_caches(
     in batches of at most ``batch`` caches of one signature (module doc). A cache that cannot be decoded gets its
     exception in place of its answer (a failing batch is retried row by row, so that only the culprit fails). The
     caches are left as they were."""
+    batch = check_positive_int(batch, "batch")
     out: list[Any] = [None] * len(caches)
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(caches):

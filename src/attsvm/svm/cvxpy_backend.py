@@ -173,9 +173,8 @@ def solve_cvxpy(
     prob = cp.Problem(cp.Minimize(objective), constraints)
     info: dict = {"backend": "cvxpy", "solver": solver, "formulation": formulation, "reduce": reduce}
     if red.unattainable.any():  # 0 ≥ b > 0 on a zero row: nothing for the solver to do
-        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
         info.update(cvxpy_status="infeasible", time=time.perf_counter() - t0, reason="zero feature row")
-        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info)
+        return RawSolution(None, red.zero_row_farkas(), INFEASIBLE, 0, info)
     try:
         prob.solve(solver=solver, **_solver_options(solver, time_limit, verbose))
     except Exception as exc:  # SolverError and anything else: a status with info, never an escaping exception
@@ -247,9 +246,8 @@ def solve_cvxpy_lp(
     ineq, eq = work.inequality, work.equality
     info: dict = {"backend": "cvxpy", "solver": solver, "formulation": formulation, "p": p}
     if red.unattainable.any():
-        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
         info.update(cvxpy_status="infeasible", reason="zero feature row")
-        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info)
+        return RawSolution(None, red.zero_row_farkas(), INFEASIBLE, 0, info)
     cons_ineq: list = []
     cons_eq: list = []
     if formulation == "aux":

@@ -34,9 +34,9 @@ from .certificate import FARKAS_RTOL, feasible_point, find_farkas, numerical_ran
 from .norms import (
     BUILTIN_NAMES,
     BUILTIN_TYPES,
-    REQUIRED_METHODS,
     LpNorm,
     Norm,
+    check_methods,
     get_norm,
     lp_norm,
     missing_methods,
@@ -116,10 +116,7 @@ def _check_norm(value: Any) -> None:
     if _NormSpec().ok(value):
         return
     if isinstance(value, Norm):
-        raise ValueError(
-            f"norm must implement {', '.join(REQUIRED_METHODS)}; {type(value).__name__} lacks "
-            f"{', '.join(missing_methods(value))}"
-        )
+        check_methods(value)
     raise ValueError(
         f"norm must be {_NormSpec().expected}; got {value!r} (or an attsvm.svm.norms.Norm instance, or a name "
         "given to register_norm)"

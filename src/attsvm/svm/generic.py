@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from .._validation import check_positive_int
 from ._base import ConstraintSet, RawSolution
-from .norms import Norm, missing_methods
+from .norms import Norm, check_methods
 from .reduction import reduce
 from .status import INFEASIBLE, OPTIMAL, OPTIMAL_INACCURATE
 
@@ -257,11 +257,7 @@ def solve_generic(
         raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
     if not isinstance(norm, Norm):
         raise TypeError(f"norm must be an attsvm.svm.norms.Norm, got {type(norm).__name__}")
-    missing = missing_methods(norm)
-    if missing:
-        raise ValueError(
-            f"norm must implement value, dual_norm, prox; {type(norm).__name__} lacks {', '.join(missing)}"
-        )
+    check_methods(norm)
     if options is not None and not isinstance(options, GenericOptions):
         raise TypeError(f"options must be a GenericOptions, got {type(options).__name__}")
     opt = replace(options or GenericOptions(), **overrides)
@@ -272,8 +268,7 @@ def solve_generic(
     work = red.problem
     info: dict[str, Any] = {"solver": "generic-pdhg", "norm": norm.name}
     if red.unattainable.any():  # 0 ≥ b > 0 on a zero row
-        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
-        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
+        return RawSolution(None, red.zero_row_farkas(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
     ra, rz = work.A.shape[2], work.Z.shape[1]
     if not work.mask.any() or ra == 0 or rz == 0:
         return RawSolution(np.zeros((cs.d, cs.Z.shape[1])), np.zeros(cs.mask.shape), OPTIMAL, 0, info)

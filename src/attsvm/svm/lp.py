@@ -218,8 +218,7 @@ def solve_lp(
     work = red.problem
     info: dict = {"backend": "lp", "p": p}
     if red.unattainable.any():
-        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
-        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
+        return RawSolution(None, red.zero_row_farkas(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
     if not work.mask.any():  # no constraint: W = 0
         d = cs.A.shape[2]
         return RawSolution(np.zeros((d, cs.Z.shape[1])), np.zeros(cs.mask.shape), OPTIMAL, 0, info)
@@ -404,8 +403,7 @@ def solve_lp_limit(cs: ConstraintSet, norm: Literal["l1", "linf"]) -> RawSolutio
     work = red.problem
     info: dict = {"backend": "highs", "norm": norm}
     if red.unattainable.any():
-        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
-        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
+        return RawSolution(None, red.zero_row_farkas(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
     d, rz = work.A.shape[2], work.Z.shape[1]
     if not work.mask.any():
         return RawSolution(np.zeros((d, rz)), np.zeros(cs.mask.shape), OPTIMAL, 0, info)

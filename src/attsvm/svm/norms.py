@@ -137,13 +137,6 @@ class _Nuclear(Norm):
     def dual_norm(self, Y) -> float:
         return float(np.linalg.norm(Y, 2)) if Y.size else 0.0
 
-    def objective(self, W, svals=None) -> float:
-        return self.value(W, svals)
-
-    def dual_objective(self, bl, Y) -> float:
-        # λ / max(1, ‖Y‖₂) is dual feasible (‖𝒜*(·)‖₂ ≤ 1): weak duality gives this bound
-        return float(bl) / max(1.0, self.dual_norm(Y))
-
     def prox(self, Y, t) -> NDArray[np.float64]:
         U, s, Vt = np.linalg.svd(Y, full_matrices=False)
         return (U * np.maximum(s - t, 0.0)) @ Vt
@@ -188,12 +181,6 @@ class LpNorm(Norm):
     def dual_norm(self, Y) -> float:
         return _entry_norm(Y, self.q)
 
-    def objective(self, W, svals=None) -> float:
-        return 0.5 * self.value(W) ** 2
-
-    def dual_objective(self, bl, Y) -> float:
-        return float(bl) - 0.5 * self.dual_norm(Y) ** 2
-
     def subgradient(self, W) -> NDArray[np.float64]:
         nrm = self.value(W)
         if nrm == 0:
@@ -214,13 +201,6 @@ class _L1(Norm):
     def dual_norm(self, Y) -> float:
         return float(np.abs(Y).max(initial=0.0))
 
-    def objective(self, W, svals=None) -> float:
-        return self.value(W)
-
-    def dual_objective(self, bl, Y) -> float:
-        # λ / max(1, ‖Y‖_∞) is dual feasible: weak duality gives this bound
-        return float(bl) / max(1.0, self.dual_norm(Y))
-
     def prox(self, Y, t) -> NDArray[np.float64]:
         return np.sign(Y) * np.maximum(np.abs(Y) - t, 0.0)
 
@@ -240,12 +220,6 @@ class _Linf(Norm):
 
     def dual_norm(self, Y) -> float:
         return float(np.abs(Y).sum())
-
-    def objective(self, W, svals=None) -> float:
-        return self.value(W)
-
-    def dual_objective(self, bl, Y) -> float:
-        return float(bl) / max(1.0, self.dual_norm(Y))
 
     def prox(self, Y, t) -> NDArray[np.float64]:
         # Moreau: prox_{t‖·‖∞}(Y) = Y − Proj_{‖·‖₁ ≤ t}(Y) = clip(Y, −θ, θ) with Σ max(|Y| − θ, 0) = t (0 when Σ|Y| ≤ t)
@@ -287,14 +261,7 @@ class _Spectral(Norm):
         return float(s.max(initial=0.0))
 
     def dual_norm(self, Y) -> float:
-        return float(np.linalg.svd(Y, compute_uv=False).sum()) if Y.size else 0.0
-
-    def objective(self, W, svals=None) -> float:
-        return self.value(W, svals)
-
-    def dual_objective(self, bl, Y) -> float:
-        # λ / max(1, ‖Y‖_*) is dual feasible (‖𝒜*(·)‖_* ≤ 1): weak duality gives this bound
-        return float(bl) / max(1.0, self.dual_norm(Y))
+        return NUCLEAR.value(Y)
 
     def prox(self, Y, t) -> NDArray[np.float64]:
         # Moreau: prox_{t‖·‖₂}(Y) = Y − Proj_{‖·‖_* ≤ t}(Y); on the singular values s that is s − Proj_{ℓ1 ≤ t}(s),
@@ -334,6 +301,16 @@ def missing_methods(norm: Norm) -> list[str]:
     return [m for m in REQUIRED_METHODS if getattr(type(norm), m) is getattr(Norm, m)]
 
 
+def check_methods(norm: Norm) -> Norm:
+    """``norm``, or the one-line ValueError naming the methods of :data:`REQUIRED_METHODS` it lacks."""
+    missing = missing_methods(norm)
+    if missing:
+        raise ValueError(
+            f"norm must implement {', '.join(REQUIRED_METHODS)}; {type(norm).__name__} lacks {', '.join(missing)}"
+        )
+    return norm
+
+
 def register_norm(name: str, norm: Norm, *, replace: bool = False) -> Norm:
     """Give ``norm`` (a :class:`Norm` implementing at least ``value``, ``dual_norm`` and ``prox``) the name
     ``name``, so that ``AttentionSVM(norm=name)`` solves with it (the generic solver, :mod:`.generic`). A built-in
@@ -346,11 +323,7 @@ def register_norm(name: str, norm: Norm, *, replace: bool = False) -> Norm:
         )
     if not isinstance(norm, Norm):
         raise ValueError(f"norm must be an instance of attsvm.svm.norms.Norm, got {type(norm).__name__}")
-    missing = missing_methods(norm)
-    if missing:
-        raise ValueError(
-            f"norm must implement {', '.join(REQUIRED_METHODS)}; {type(norm).__name__} lacks {', '.join(missing)}"
-        )
+    check_methods(norm)
     if name in _REGISTRY and not replace and _REGISTRY[name] is not norm:
         raise ValueError(f"name {name!r} is already registered (pass replace=True to replace it)")
     _REGISTRY[name] = norm

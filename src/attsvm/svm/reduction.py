@@ -94,6 +94,13 @@ class Reduction:
         cs = self.original
         return self.zero & ((cs.inequality & (cs.rhs > 0)) | (cs.equality & (cs.rhs != 0)))
 
+    def zero_row_farkas(self) -> NDArray[np.float64]:
+        """The Farkas candidate of the unattainable zero rows (call it when :attr:`unattainable` has one): λ on
+        those rows with the sign of their right-hand side, summing to 1 in absolute value (the estimator
+        verifies it like any certificate)."""
+        lam = np.where(self.unattainable, np.sign(self.original.rhs), 0.0)
+        return lam / np.abs(lam).sum()
+
     def lift_W(self, M: NDArray[np.float64]) -> NDArray[np.float64]:
         """``W = g · U M Vᵀ`` (d, d) from a reduced solution M (r_a, r_z)."""
         return self.global_scale * (M if self.identity_sub else self.sub.lift(M))

@@ -500,8 +500,7 @@ def solve_spectral(cs: ConstraintSet, options: SpectralOptions | None = None, **
     work = red.problem
     info: dict[str, Any] = {"solver": "spectral-ipm"}
     if red.unattainable.any():  # 0 ≥ b > 0 on a zero row
-        lam = np.where(red.unattainable, np.sign(cs.rhs), 0.0)
-        return RawSolution(None, lam / np.abs(lam).sum(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
+        return RawSolution(None, red.zero_row_farkas(), INFEASIBLE, 0, info | {"reason": "zero feature row"})
     ra, rz = work.A.shape[2], work.Z.shape[1]
     if not work.mask.any() or ra == 0 or rz == 0:
         return RawSolution(np.zeros((cs.d, cs.Z.shape[1])), np.zeros(cs.mask.shape), OPTIMAL, 0, info)

@@ -267,12 +267,7 @@ def _legacy_rule(
     normalized = True if normalized is None else normalized
     if not isinstance(normalized, (bool, np.bool_)):
         raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
-    if penalty is None:
-        lam = par.published_penalty
-    else:
-        lam = check_finite_scalar(penalty, "penalty")
-        if lam < 0:
-            raise ValueError(f"penalty must be >= 0, got {lam}")
+    lam = _penalty(par, penalty)
     eps = NORMALIZE_EPS if normalize_eps is None else check_finite_scalar(normalize_eps, "normalize_eps")
     if eps < 0:
         raise ValueError(f"normalize_eps must be >= 0, got {eps}")
@@ -297,6 +292,16 @@ def _legacy_rule(
     if mirror_p is None:
         return chain(*parts, StepSize(step))
     return chain(*parts, StepSize(step), MirrorMap(mirror_p))
+
+
+def _penalty(par: Parameterization, penalty: float | None) -> float:
+    """The ridge coefficient: the parameterisation's published one when ``penalty`` is None, else a float >= 0."""
+    if penalty is None:
+        return par.published_penalty
+    lam = check_finite_scalar(penalty, "penalty")
+    if lam < 0:
+        raise ValueError(f"penalty must be >= 0, got {lam}")
+    return lam
 
 
 def _explicit_lr(lr: Any, runs: int) -> NDArray[np.float64]:
@@ -331,12 +336,7 @@ def _named_rule(
             raise ValueError("normalized does not apply to optimizer='adam' (its step is m̂/(√v̂ + ε)); leave it unset")
     elif normalize_eps is not None:
         raise ValueError(f"normalize_eps applies to optimizer='gd', 'md' and 'adam', not {name!r}; leave it unset")
-    if penalty is None:
-        lam = par.published_penalty
-    else:
-        lam = check_finite_scalar(penalty, "penalty")
-        if lam < 0:
-            raise ValueError(f"penalty must be >= 0, got {lam}")
+    lam = _penalty(par, penalty)
     unit = True if normalized is None else normalized
     if not isinstance(unit, (bool, np.bool_)):
         raise TypeError(f"normalized must be a bool, got {type(unit).__name__}")
@@ -361,11 +361,11 @@ def _named_rule(
             raise ValueError(f"normalize_eps must be >= 0, got {eps}")
         core = ScaleByAdam(eps=eps)
     elif name == "sign":
-        core = SignDirection(bool(unit))
+        core = SignDirection(normalized=bool(unit))
     elif name == "muon":
         core = Orthogonalize(normalized=bool(unit))
     else:
-        core = TopSingular(bool(unit))
+        core = TopSingular(normalized=bool(unit))
     parts: list[Transform] = [AddPenalty(lam)] if lam else []
     return chain(*parts, core, StepSize(step))
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -484,26 +484,28 @@ def _col_fro(X: Tensor) -> Tensor:
     return torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
 
 
-def _check_normalized(value: Any) -> bool:
-    return check_bool(value, "normalized")
+@dataclass(frozen=True)
+class _SteepestDirection(Transform):
+    """A norm's steepest-descent direction of each group's update: scale-free by default (degree 0);
+    ``normalized=False`` multiplies it by the update's dual norm (degree 1, un-normalised steepest descent)."""
+
+    normalized: bool = field(default=True, kw_only=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "normalized", check_bool(self.normalized, "normalized"))
+
+    @property
+    def degree(self) -> float | None:  # type: ignore[override]
+        return 0.0 if self.normalized else 1.0
 
 
 @dataclass(frozen=True)
-class SignDirection(Transform):
+class SignDirection(_SteepestDirection):
     """``sign(u_g)`` entrywise: the steepest-descent direction of the entrywise ℓ∞ norm (sign descent).
 
     With ``normalized=False``: ``‖u_g‖₁ · sign(u_g)`` (the un-normalised steepest descent of
     Gunasekar et al. 2018, degree 1); the default is scale-free (degree 0). Zero entries stay zero.
     """
-
-    normalized: bool = True
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "normalized", _check_normalized(self.normalized))
-
-    @property
-    def degree(self) -> float | None:  # type: ignore[override]
-        return 0.0 if self.normalized else 1.0
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         if self.normalized:
@@ -512,7 +514,7 @@ class SignDirection(Transform):
 
 
 @dataclass(frozen=True)
-class Orthogonalize(Transform):
+class Orthogonalize(_SteepestDirection):
     """The polar factor ``U Vᵀ`` of each group's update ``u_g = U Σ Vᵀ``: the steepest-descent direction
     of the spectral norm (Muon's orthogonalised update); see :func:`polar_factor` for ``method``,
     ``steps`` and ``coefficients``.
@@ -524,20 +526,15 @@ class Orthogonalize(Transform):
     method: str = "svd"
     steps: int = 5
     coefficients: tuple[float, float, float] = NS_CUBIC
-    normalized: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice(self.method, "method", POLAR_METHODS)
         object.__setattr__(self, "steps", check_positive_int(self.steps, "steps", minimum=1))
         co = self.coefficients
         if not isinstance(co, (tuple, list)) or len(co) != 3:
             raise ValueError(f"coefficients must be three floats (a, b, c), got {co!r}")
         object.__setattr__(self, "coefficients", tuple(check_finite_scalar(x, "coefficients") for x in co))
-        object.__setattr__(self, "normalized", _check_normalized(self.normalized))
-
-    @property
-    def degree(self) -> float | None:  # type: ignore[override]
-        return 0.0 if self.normalized else 1.0
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         out = []
@@ -548,22 +545,13 @@ class Orthogonalize(Transform):
 
 
 @dataclass(frozen=True)
-class TopSingular(Transform):
+class TopSingular(_SteepestDirection):
     """``u₁v₁ᵀ`` of the top singular pair of each group's update: the steepest-descent direction of the
     nuclear norm (a rank-one update; 0 for a zero update; a tied top singular value gives the SVD's pair).
 
     With ``normalized=False``: ``σ₁ u₁v₁ᵀ`` (σ₁ = ‖u_g‖₂, the dual of the nuclear norm; degree 1); the
     default is scale-free (degree 0).
     """
-
-    normalized: bool = True
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "normalized", _check_normalized(self.normalized))
-
-    @property
-    def degree(self) -> float | None:  # type: ignore[override]
-        return 0.0 if self.normalized else 1.0
 
     def update(self, updates: Updates, state: Any, params: Updates, *, loss: Tensor, step: int) -> tuple[Updates, Any]:
         out = []
@@ -690,7 +678,7 @@ def sign_descent(
     (``normalized=False``: ``− η ‖g_g‖₁ sign(g_g)``), with ``g = ∇L + 2λθ``. Its implicit bias is the
     ℓ∞ max-margin direction (Gunasekar et al. 2018; Xie & Li 2024)."""
     parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
-    return chain(*parts, SignDirection(normalized), StepSize(lr))
+    return chain(*parts, SignDirection(normalized=normalized), StepSize(lr))
 
 
 def adam(
@@ -721,7 +709,7 @@ def muon(
     iterations with ``coefficients``; ``normalized=False`` multiplies by ``‖g_g‖_*``). Its implicit bias
     is the spectral-norm max-margin direction."""
     parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
-    return chain(*parts, Orthogonalize(method, steps, coefficients, normalized), StepSize(lr))
+    return chain(*parts, Orthogonalize(method, steps, coefficients, normalized=normalized), StepSize(lr))
 
 
 def nuclear_sd(
@@ -731,7 +719,7 @@ def nuclear_sd(
     ``g_g = ∇L + 2λθ`` (:class:`TopSingular`, a rank-one step; ``normalized=False`` multiplies by σ₁).
     Its implicit bias is the nuclear-norm max-margin direction."""
     parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
-    return chain(*parts, TopSingular(normalized), StepSize(lr))
+    return chain(*parts, TopSingular(normalized=normalized), StepSize(lr))
 
 
 def normalize_per_run(*groups: Tensor) -> tuple[Tensor, ...]:
