@@ -199,15 +199,3 @@ def test_reproductions_page_is_written_from_the_runs_reports(tmp_path):
     assert "**Notes**" in text and "## Notes" not in text and "## Figures" not in text
     assert "](../assets/figures/local_convergence.png)" in text
     assert (figures / "local_convergence.png").read_bytes().startswith(PNG_MAGIC)
-
-
-def test_the_api_reference_documents_public_modules_only():
-    """The reference pages render public objects; internal modules (a leading underscore) stay out, except the
-    optional-dependencies page, whose MissingExtraError is public as attsvm.MissingExtraError."""
-    private = []
-    for page in sorted((DOCS / "api").glob("*.md")):
-        for line in page.read_text(encoding="utf-8").splitlines():
-            m = re.match(r":::\s*(\S+)", line)
-            if m and any(part.startswith("_") for part in m.group(1).split(".")) and m.group(1) != "attsvm._extras":
-                private.append(f"{page.name}: {m.group(1)}")
-    assert not private, private
