@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attsvm.experiments import experiment_names, get_experiment
 
-    names = [args.name] if args.name else experiment_names()
+    names = [args.name] if args.name else experiment_names(studies=True)
     exps = [get_experiment(n) for n in names]
     if args.json:
         print(

@@ -6,7 +6,7 @@ import importlib
 
 from ._base import Experiment
 
-__all__ = ["EXPERIMENTS", "get_experiment", "experiment_names"]
+__all__ = ["EXPERIMENTS", "STUDIES", "get_experiment", "experiment_names"]
 
 # CLI name -> module (each module defines EXPERIMENT, an Experiment subclass instance), in docs/spec.md §6 order
 EXPERIMENTS: dict[str, str] = {
@@ -26,11 +26,17 @@ EXPERIMENTS: dict[str, str] = {
     "joint-training": "attsvm.experiments.joint_training",
     "hierarchy": "attsvm.experiments.hierarchy",
     "optimizer-bias": "attsvm.experiments.optimizer_bias",
+    "phase": "attsvm.experiments.phase",
 }
 
 
-def experiment_names() -> list[str]:
-    return list(EXPERIMENTS)
+# experiments run by name only, not by `reproduce all`: studies of their own whose full run takes many minutes
+STUDIES: frozenset[str] = frozenset({"phase"})
+
+
+def experiment_names(studies: bool = False) -> list[str]:
+    """The experiments of `reproduce all` (with ``studies=True``: every registered experiment)."""
+    return [n for n in EXPERIMENTS if studies or n not in STUDIES]
 
 
 def get_experiment(name: str) -> Experiment:

@@ -334,8 +334,13 @@ def feasible_point(cs: ConstraintSet, lam: NDArray[np.float64], tol: float) -> N
     In normalised units (each row ``vec(a_k z_kᵀ)/‖a_k‖‖z_k‖``, as the relative violation reads them), start from
     the rows the certificate combines and the equality rows, take the least-norm solution of those rows held as
     equalities (by SVD: conditioned as the rows, not as their Gram matrix), and add the most violated row until
-    every row holds. Each system is small; the Gram route of the solvers loses such a point to round-off. None
-    too when ``cs`` has more than ``FEASIBLE_POINT_MAX_ENTRIES`` row entries."""
+    every row holds. Each system is small; the Gram route of the solvers loses such a point to round-off. The
+    search stops (None) as soon as the rows it holds as equalities have no common solution (their least-squares
+    solution misses one of them by more than ``tol``, relative as the violation is read): adding rows cannot make
+    them consistent. An exact certificate (``Σ λ_k a_k z_kᵀ = 0`` with ``λᵀb > 0``) makes its own rows
+    inconsistent, so the search ends at its first step; a near-Farkas λ of a feasible instance leaves them
+    consistent, with the huge-norm solution. None too when ``cs`` has more than ``FEASIBLE_POINT_MAX_ENTRIES`` row
+    entries."""
     n, T = cs.mask.shape
     d, dz = cs.A.shape[-1], cs.Z.shape[-1]
     idx = np.flatnonzero(cs.mask.ravel())
@@ -359,7 +364,12 @@ def feasible_point(cs: ConstraintSet, lam: NDArray[np.float64], tol: float) -> N
         W = w.reshape(d, dz)
         if relative_violation(cs, W) <= tol:
             return W
-        v = np.where(eq, np.abs(F @ w - b), b - F @ w)
+        Fw = F @ w
+        # the rows held as equalities, each relative to max(|b_k|, ROW_FLOOR‖w‖) (unit rows, as the violation reads)
+        miss = np.abs(Fw[active] - b[active]) / np.maximum(np.abs(b[active]), ROW_FLOOR * np.linalg.norm(w))
+        if not miss.max() <= tol:
+            return None
+        v = np.where(eq, np.abs(Fw - b), b - Fw)
         v[active] = -np.inf
         k = int(np.argmax(v))
         if not v[k] > 0:
