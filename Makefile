@@ -87,7 +87,7 @@ docs-serve: $(STAMP) $(VENDOR_STAMP)
 # rerun the reproductions at the paper's settings and rewrite docs/guide/reproductions.md with their
 # figures and measured-claims tables (the PNGs are committed; `make docs` does not run experiments)
 DOCS_FIGURES := gd-paths local-convergence overparam svm-rank svm-eq reg-path multiclass nuclear-identity low-rank \
-	lp-convergence rates ntp-convergence joint-training svm-eq-mlp hierarchy optimizer-bias
+	lp-convergence rates ntp-convergence joint-training svm-eq-mlp hierarchy optimizer-bias phase
 docs-figures: $(STAMP)
 	# exit 1 is a measured disagreement with the paper (svm-eq-mlp, hierarchy): a result the page reports
 	for e in $(DOCS_FIGURES); do $(VENV)/bin/attsvm reproduce $$e --out results/docs-figures/$$e; \

@@ -35,7 +35,9 @@ ORDER = (
     "svm-eq-mlp",
     "hierarchy",
     "optimizer-bias",
+    "phase",
 )
+STUDIES = ("phase",)  # studies of their own (not one of the papers' figures): their settings are ours
 
 INTRO = """# Reproductions
 
@@ -89,7 +91,8 @@ def _section(name: str, run: Path, spec_rows: dict[str, tuple[str, str]], figure
     out = [f"## {name}", "", f"**{title}.**", ""]
     if name in spec_rows:
         settings, shows = spec_rows[name]
-        out += [f"Paper settings: {settings}. The figure shows {shows}.", ""]
+        lead = "Settings" if name in STUDIES else "Paper settings"
+        out += [f"{lead}: {settings}. The figure shows {shows}.", ""]
     out += [f"*Run: `attsvm reproduce {name}{' --quick' if quick else ''}`.*", ""]
     pngs = sorted((run / "figures").glob("*.png"))
     if not pngs:
