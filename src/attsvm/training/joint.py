@@ -27,6 +27,7 @@ from ..problem import AttentionProblem
 from ..svm._base import ConstraintSet
 from .init import run_seeds
 from .optim import NORMALIZE_EPS, MirrorMap, NormalizeByDualNorm, StepSize, chain
+from .recording import Trajectory
 
 __all__ = ["JointResult", "train_joint", "head_svm_constraints"]
 
@@ -129,19 +130,12 @@ def train_joint(
     parts = [NormalizeByDualNorm(p, eps)] if normalized else []
     rule = chain(*parts, StepSize(np.full(R, lr)), MirrorMap(p))
     state = rule.init(params)
-    rec = sorted(set(range(0, steps + 1, record_every)) | {steps})
-    hist_W = np.zeros((R, len(rec), d, d))
-    hist_v = np.zeros((R, len(rec), d))
-    hist_loss = np.zeros((R, len(rec)))
-    j = 0
+    recorder = Trajectory(steps, record_every, R)
     for k in range(steps + 1):
         W, v = (t.detach().requires_grad_(True) for t in params)
         loss = _risk(X, Z, y, W, v[..., 0])
-        if j < len(rec) and rec[j] == k:
-            hist_W[:, j] = W.detach().numpy()
-            hist_v[:, j] = v.detach().numpy()[..., 0]
-            hist_loss[:, j] = loss.detach().numpy()
-            j += 1
+        if k == recorder.next_step:
+            recorder.record(loss=loss.detach().numpy(), W=W.detach().numpy(), v=v.detach().numpy()[..., 0])
         if k == steps:
             break
         gW, gv = torch.autograd.grad(loss.sum(), (W, v))
@@ -149,14 +143,15 @@ def train_joint(
             upd, state = rule.update((gW, gv), state, params, loss=loss.detach(), step=k)
             params = tuple(t + u for t, u in zip(params, upd))
     Wf, vf = (t.detach() for t in params)
+    history = recorder.history()
     # (p close to 1: the mirror map's exponent 1/(p − 1) sends the iterate past the float64 range)
-    warn_nonfinite(f"train_joint(p={p})", Wf.numpy(), vf.numpy(), hist_loss)
+    warn_nonfinite(f"train_joint(p={p})", Wf.numpy(), vf.numpy(), history["loss"])
     logits = torch.einsum("rntd,rde,rne->rnt", X, Wf, Z)
     return JointResult(
         W=Wf.numpy(),
         v=vf.numpy()[..., 0],
         selected=logits.argmax(dim=-1).numpy().astype(np.int64),
-        history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W, "v": hist_v},
+        history=history,
         problems=plist,
         seeds=np.asarray(seeds, dtype=np.int64),
         p=p,
