@@ -30,7 +30,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int, warn_nonfinite
-from ..model import Batch, _as_problem_list, head_outputs, parameterization, sequence_losses
+from ..model import Batch, as_problem_list, head_outputs, parameterization, sequence_losses
 from ..problem import AttentionProblem
 from .init import run_seeds
 from .optim import normalized_gd
@@ -144,7 +144,7 @@ def train_deep(
     init_scale : scale of the initial draw.
     init : {layer index: initial W (d, d) or (R, d, d)} for param "W" (other layers are drawn).
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     L = check_positive_int(layers, "layers")
     param = check_choice(param, "param", ("W", "KQ"))
     steps = check_positive_int(steps, "steps", minimum=0)

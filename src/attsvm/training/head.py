@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from .._validation import check_finite_scalar, check_positive_int, warn_nonfinite
 from ..model import (
     Batch,
-    _as_problem_list,
+    as_problem_list,
     head_outputs,
     parameterization,
     risk_and_scaled_grad,
@@ -95,7 +95,7 @@ def train_with_head(
     record_every : stride of the recorded W and loss (the final step is always recorded).
     loss : "logistic" (default: the problems' loss), "exponential" or "correlation".
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     kind = plist[0].head.kind
     if kind not in ("linear", "mlp"):
         raise ValueError(

@@ -22,7 +22,7 @@ import torch
 from numpy.typing import NDArray
 
 from .._validation import check_bool, check_finite_scalar, check_positive_int, warn_nonfinite
-from ..model import _as_problem_list
+from ..model import as_problem_list
 from ..problem import AttentionProblem
 from ..svm._base import ConstraintSet
 from .init import run_seeds
@@ -98,7 +98,7 @@ def train_joint(
     seed : per-run generator seeds (an int s gives s, s+1, …).
     record_every : stride of the recorded trajectory (the final step is always recorded).
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     p = check_finite_scalar(p, "p")
     if p <= 1:
         raise ValueError(f"p must be > 1 (ψ = ‖θ‖_p^p/p), got {p}")

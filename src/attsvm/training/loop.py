@@ -33,7 +33,7 @@ from ..model import (
     Batch,
     Param,
     Parameterization,
-    _as_problem_list,
+    as_problem_list,
     check_device,
     check_gradient_scale,
     excess_risk_scaled,
@@ -532,7 +532,7 @@ def train(
     -------
     TrainResult
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     if isinstance(param, str):
         check_choice(param, "param", ("W", "KQ"))
     check_choice(space, "space", ("auto", "dense", "span"))
