@@ -24,12 +24,12 @@ from numpy.typing import NDArray
 from .._validation import check_bool, check_finite_scalar, check_positive_int, warn_nonfinite
 from ..model import as_problem_list
 from ..problem import AttentionProblem
-from ..svm._base import ConstraintSet
+from ..svm import ConstraintSet
 from .init import run_seeds
 from .optim import NORMALIZE_EPS, MirrorMap, NormalizeByDualNorm, StepSize, chain
 from .recording import Trajectory
 
-__all__ = ["JointResult", "train_joint", "head_svm_constraints"]
+__all__ = ["JointResult", "train_joint", "joint_risk", "head_svm_constraints"]
 
 
 @dataclass
@@ -67,7 +67,9 @@ def head_svm_constraints(problem: AttentionProblem, tokens: Sequence[int] | NDAr
     return ConstraintSet(A, np.ones((n, 1)), np.ones((n, 1), dtype=bool))
 
 
-def _risk(X: torch.Tensor, Z: torch.Tensor, y: torch.Tensor, W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def joint_risk(X: torch.Tensor, Z: torch.Tensor, y: torch.Tensor, W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The logistic risks (R,) of batched tokens X (R, n, T, d), queries Z (R, n, d), labels y (R, n),
+    attention weights W (R, d, d) and heads v (R, d) (module doc), differentiable by autograd."""
     logits = torch.einsum("rntd,rde,rne->rnt", X, W, Z)
     s = torch.softmax(logits, dim=-1)
     out = torch.einsum("rnt,rntd,rd->rn", s, X, v)
@@ -133,7 +135,7 @@ def train_joint(
     recorder = Trajectory(steps, record_every, R)
     for k in range(steps + 1):
         W, v = (t.detach().requires_grad_(True) for t in params)
-        loss = _risk(X, Z, y, W, v[..., 0])
+        loss = joint_risk(X, Z, y, W, v[..., 0])
         if k == recorder.next_step:
             recorder.record(loss=loss.detach().numpy(), W=W.detach().numpy(), v=v.detach().numpy()[..., 0])
         if k == steps:

@@ -234,7 +234,7 @@ def _min_risk(problems: list[AttentionProblem], loss: str) -> NDArray[np.float64
     return np.asarray(out)
 
 
-def _legacy_rule(
+def _keyword_rule(
     par: Parameterization,
     *,
     lr: LrSpec,
@@ -581,7 +581,7 @@ def train(
     if named is not None:
         rule: Transform = named
     elif optimizer is None:
-        rule = _legacy_rule(
+        rule = _keyword_rule(
             par,
             lr=lr,
             normalized=normalized,
