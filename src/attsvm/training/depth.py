@@ -209,7 +209,7 @@ def train_deep(
             )
         if grads is None:
             continue
-        # (autograd may return a gradient transposed in memory; the norms then sum in row-major order)
+        # (a gradient may come transposed in memory; contiguous, the norms sum in row-major order)
         grads = tuple(g.contiguous() for g in grads)
         updates, state = rule.update(grads, state, params, loss=risk.detach(), step=k)
         params = tuple(t + u for t, u in zip(params, updates))

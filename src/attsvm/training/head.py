@@ -5,8 +5,8 @@
 layer V (for SwiGLU ``[up | gate]``), the later hidden layers and the output weights — is a trained
 group too. Each step is normalised GD per run and per group (``g/‖g‖_F``, ε = 0), the attention groups
 with step ``lr`` and the head groups with ``lr_head``: two update rules of the chain
-(:func:`attsvm.training.optim.normalized_gd`), one per set of groups. The attention gradient is the trainer's
-round-off-stable one (:func:`attsvm.model.risk_and_scaled_grad`, the head's current weights in the
+(:func:`attsvm.training.optim.normalized_gd`), one per set of groups. The attention gradient is the
+trainer's round-off-stable one (:func:`attsvm.model.risk_and_scaled_grad`, the head's current weights in the
 batch); the head gradient is autograd's with the attention probabilities held fixed (they enter the
 head's loss only as weights, with no cancellation). All runs train as one batched program.
 """
@@ -154,8 +154,8 @@ def train_with_head(
             o = (s.detach().unsqueeze(-1) * batch.X).sum(-2)  # (R, n, d) attention outputs
             risk = sequence_losses(hb, head_outputs(hb, o)).mean(-1).sum()
             g_head = torch.autograd.grad(risk, hv)
-        # (autograd may return a gradient transposed in memory; the norms then sum in row-major order)
-        g_head = tuple(g.contiguous() for g in g_head)
+        # (a gradient may come transposed in memory; contiguous, the norms sum in row-major order)
+        g_att, g_head = tuple(g.contiguous() for g in g_att), tuple(g.contiguous() for g in g_head)
         u_att, state_att = rule_att.update(g_att, state_att, att_params, loss=L, step=k)
         u_head, state_head = rule_head.update(g_head, state_head, head_params, loss=L, step=k)
         att_params = tuple(a + u for a, u in zip(att_params, u_att))
