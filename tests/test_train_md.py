@@ -142,7 +142,7 @@ def test_bregman_errors():
 def test_joint_step_matches_fd_gradients_and_batch():
     import torch
 
-    from attsvm.training.joint import _risk, train_joint
+    from attsvm.training.joint import joint_risk, train_joint
 
     probs = [paper_instance(3, 4, 5, seed=s) for s in range(2)]
     one = train_joint(probs[1], p=3.0, steps=1, lr=0.2, normalized=False, seed=1)
@@ -174,7 +174,7 @@ def test_joint_step_matches_fd_gradients_and_batch():
         assert np.abs(new - expect).max() <= FD_RTOL * 10 * np.abs(expect).max()
     # the torch risk equals the numpy one
     t = lambda a: torch.tensor(np.array(a)[None], dtype=torch.float64)  # noqa: E731
-    r = _risk(t(prob.X), t(prob.queries), t(prob.y), t(W0), t(v0))
+    r = joint_risk(t(prob.X), t(prob.queries), t(prob.y), t(W0), t(v0))
     assert float(r[0]) == pytest.approx(risk_np(W0, v0), rel=1e-12)
 
 

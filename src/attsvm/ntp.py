@@ -71,10 +71,6 @@ class TokenPriorityGraph:
         return int(np.unique(self.scc[self.nodes]).size)
 
     @property
-    def n_edges(self) -> int:
-        return int(self.adjacency.nnz)
-
-    @property
     def cyclic(self) -> bool:
         """True when some SCC has more than one token (the graph has a cycle)."""
         return self.n_scc < int(self.nodes.sum())

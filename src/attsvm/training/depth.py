@@ -1,5 +1,5 @@
 """Several attention layers: a residual query stream through L layers, trained by batched normalised GD
-(docs/spec.md §8, "Depth").
+(docs/spec.md §8, "Depth") on the update-rule chain (:func:`attsvm.training.optim.normalized_gd`).
 
 The model extends the paper's ``f(X) = h(Xᵀ softmax(X W z))`` (docs/spec.md §1) to L layers that read
 the same tokens X_i with a query that each layer updates::
@@ -15,7 +15,8 @@ fixed head of :class:`attsvm.problem.Head`.
 The softmax is :class:`StableSoftmax`: its backward pass writes the top token's logit-gradient as minus
 the sum of the others, each carrying its own probability, so the gradient keeps its direction after
 the attention saturates (autograd's ``s(g − sᵀg)`` cancels there). Every run trains from its own seed
-(per-layer ``nn.Linear`` draws) as one batched program; layers can be frozen at given weights.
+(per-layer ``nn.Linear`` draws) as one batched program; layers can be frozen at given weights. The
+trained groups of all layers form one parameter tuple for the rule, each group normalised on its own.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from .._validation import as_float_array, check_choice, check_finite_scalar, check_positive_int, warn_nonfinite
-from ..model import Batch, _as_problem_list, head_outputs, parameterization, sequence_losses
+from ..model import Batch, as_problem_list, head_outputs, parameterization, sequence_losses
 from ..problem import AttentionProblem
 from .init import run_seeds
-from .optim import normalize_per_run
+from .optim import normalized_gd
+from .recording import Trajectory
 
 __all__ = ["StableSoftmax", "DeepResult", "deep_forward", "train_deep"]
 
@@ -142,7 +144,7 @@ def train_deep(
     init_scale : scale of the initial draw.
     init : {layer index: initial W (d, d) or (R, d, d)} for param "W" (other layers are drawn).
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     L = check_positive_int(layers, "layers")
     param = check_choice(param, "param", ("W", "KQ"))
     steps = check_positive_int(steps, "steps", minimum=0)
@@ -181,41 +183,44 @@ def train_deep(
             g = torch.Generator().manual_seed(int(s) * 1009 + ell)
             draws.append(par.draw("pytorch", g, init_scale))
         groups.append([torch.as_tensor(np.stack([x[j] for x in draws])) for j in range(len(par.groups))])
-    rec = sorted(set(range(0, steps + 1, record_every)) | {steps})
-    S = len(rec)
-    hist_W = np.zeros((R, S, L, d, d))
-    hist_loss = np.zeros((R, S))
-    hist_sel = np.zeros((R, S, L, batch.n), dtype=np.int64)
-    j = 0
+    rule = normalized_gd(lr, eps=0.0)
+    params = tuple(t for grp in groups for t in grp)
+    sizes = [len(grp) for grp in groups]
+    state = rule.init(params) if params else None
+    recorder = Trajectory(steps, record_every, R)
     probs: list[torch.Tensor] = []
     queries: list[torch.Tensor] = []
     Ws: list[torch.Tensor] = []
     for k in range(steps + 1):
-        leaves = [[t.detach().requires_grad_(True) for t in grp] for grp in groups]
+        leaves = [t.detach().requires_grad_(True) for t in params]
         with torch.enable_grad():
-            Ws = [fixed[ell] if ell in fixed else par.weights(leaves[ell]) for ell in range(L)]
+            Ws, pos = [], 0
+            for ell in range(L):
+                Ws.append(fixed[ell] if ell in fixed else par.weights(leaves[pos : pos + sizes[ell]]))
+                pos += sizes[ell]
             o, probs, queries = deep_forward(batch.X, batch.Z, Ws)
             risk = sequence_losses(batch, head_outputs(batch, o)).mean(-1)  # (R,)
-            train_leaves = [t for grp in leaves for t in grp]
-            grads = torch.autograd.grad(risk.sum(), train_leaves) if train_leaves and k < steps else None
-        if j < S and rec[j] == k:
-            hist_W[:, j] = np.stack([W.detach().numpy() for W in Ws], axis=1)
-            hist_loss[:, j] = risk.detach().numpy()
-            hist_sel[:, j] = np.stack([p.detach().argmax(-1).numpy() for p in probs], axis=1)
-            j += 1
+            grads = torch.autograd.grad(risk.sum(), leaves) if leaves and k < steps else None
+        if k == recorder.next_step:
+            recorder.record(
+                loss=risk.detach().numpy(),
+                W=np.stack([W.detach().numpy() for W in Ws], axis=1),
+                selected=np.stack([p.detach().argmax(-1).numpy() for p in probs], axis=1),
+            )
         if grads is None:
-            if k == steps:
-                break
             continue
-        it = iter(normalize_per_run(*grads))
-        groups = [[t - lr * next(it) for t in grp] for grp in groups]
+        # (a gradient may come transposed in memory; contiguous, the norms sum in row-major order)
+        grads = tuple(g.contiguous() for g in grads)
+        updates, state = rule.update(grads, state, params, loss=risk.detach(), step=k)
+        params = tuple(t + u for t, u in zip(params, updates))
     W_final = np.stack([W.detach().numpy() for W in Ws], axis=1)
-    warn_nonfinite("train_deep", W_final, hist_loss)
+    history = recorder.history()
+    warn_nonfinite("train_deep", W_final, history["loss"])
     return DeepResult(
         W=W_final,
         probs=np.stack([p.detach().numpy() for p in probs], axis=1),
         queries=np.stack([q.detach().numpy() for q in queries], axis=1),
-        history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W, "selected": hist_sel},
+        history=history,
         problems=plist,
         layers=L,
         param=param,

@@ -4,8 +4,9 @@
 :func:`attsvm.train.train` keeps the head fixed, as the paper does. Here every head weight — the first
 layer V (for SwiGLU ``[up | gate]``), the later hidden layers and the output weights — is a trained
 group too. Each step is normalised GD per run and per group (``g/‖g‖_F``, ε = 0), the attention groups
-with step ``lr`` and the head groups with ``lr_head``. The attention gradient is the trainer's
-round-off-stable one (:func:`attsvm.model.risk_and_scaled_grad`, the head's current weights in the
+with step ``lr`` and the head groups with ``lr_head``: two update rules of the chain
+(:func:`attsvm.training.optim.normalized_gd`), one per set of groups. The attention gradient is the
+trainer's round-off-stable one (:func:`attsvm.model.risk_and_scaled_grad`, the head's current weights in the
 batch); the head gradient is autograd's with the attention probabilities held fixed (they enter the
 head's loss only as weights, with no cancellation). All runs train as one batched program.
 """
@@ -23,7 +24,7 @@ from numpy.typing import NDArray
 from .._validation import check_finite_scalar, check_positive_int, warn_nonfinite
 from ..model import (
     Batch,
-    _as_problem_list,
+    as_problem_list,
     head_outputs,
     parameterization,
     risk_and_scaled_grad,
@@ -31,7 +32,8 @@ from ..model import (
 )
 from ..problem import AttentionProblem, Head
 from .init import run_seeds
-from .optim import normalize_per_run
+from .optim import normalized_gd
+from .recording import Trajectory
 
 __all__ = ["HeadTrainResult", "train_with_head"]
 
@@ -93,7 +95,7 @@ def train_with_head(
     record_every : stride of the recorded W and loss (the final step is always recorded).
     loss : "logistic" (default: the problems' loss), "exponential" or "correlation".
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     kind = plist[0].head.kind
     if kind not in ("linear", "mlp"):
         raise ValueError(
@@ -122,58 +124,58 @@ def train_with_head(
         init.append(par.draw("pytorch", g, 1.0))
     att = [torch.as_tensor(np.stack([x[j] for x in init])) for j in range(len(par.groups))]
     head = [batch.V.clone(), *[H.clone() for H in batch.mlp_hidden]]
-    if batch.mlp_out is not None:
-        head.append(batch.mlp_out.clone())
     n_hidden = len(batch.mlp_hidden)
-    rec = sorted(set(range(0, steps + 1, record_every)) | {steps})
-    hist_W = np.zeros((R, len(rec), d, d))
-    hist_loss = np.zeros((R, len(rec)))
-    j = 0
+    has_out = batch.mlp_out is not None
+    if batch.mlp_out is not None:
+        head.append(batch.mlp_out.clone()[..., None])  # (R, k, 1): every group of a rule is (R, ·, ·)
+    rule_att, rule_head = normalized_gd(lr, eps=0.0), normalized_gd(lr_head, eps=0.0)
+    att_params, head_params = tuple(att), tuple(head)
+    state_att, state_head = rule_att.init(att_params), rule_head.init(head_params)
+    recorder = Trajectory(steps, record_every, R)
     s = None
-    for k in range(steps + 1):
-        cur = dataclasses.replace(
-            batch,
-            V=head[0],
-            mlp_hidden=tuple(head[1 : 1 + n_hidden]),
-            mlp_out=head[-1] if batch.mlp_out is not None else None,
+
+    def with_head(hs: Sequence[torch.Tensor]) -> Batch:
+        return dataclasses.replace(
+            batch, V=hs[0], mlp_hidden=tuple(hs[1 : 1 + n_hidden]), mlp_out=hs[-1][..., 0] if has_out else None
         )
-        W = par.weights(att)
+
+    for k in range(steps + 1):
+        cur = with_head(head_params)
+        W = par.weights(att_params)
         L, G, s, _ = risk_and_scaled_grad(cur, W)
-        if j < len(rec) and rec[j] == k:
-            hist_W[:, j] = W.numpy()
-            hist_loss[:, j] = L.numpy()
-            j += 1
+        if k == recorder.next_step:
+            recorder.record(loss=L.numpy(), W=W.numpy())
         if k == steps:
             break
-        g_att = par.grads(G, att)
+        g_att = par.grads(G, att_params)
         with torch.enable_grad():
-            hv = [h.detach().requires_grad_(True) for h in head]
-            hb = dataclasses.replace(
-                cur,
-                V=hv[0],
-                mlp_hidden=tuple(hv[1 : 1 + n_hidden]),
-                mlp_out=hv[-1] if batch.mlp_out is not None else None,
-            )
+            hv = [h.detach().requires_grad_(True) for h in head_params]
+            hb = with_head(hv)
             o = (s.detach().unsqueeze(-1) * batch.X).sum(-2)  # (R, n, d) attention outputs
             risk = sequence_losses(hb, head_outputs(hb, o)).mean(-1).sum()
             g_head = torch.autograd.grad(risk, hv)
-        att = [a - lr * u for a, u in zip(att, normalize_per_run(*g_att))]
-        head = [h.detach() - lr_head * u for h, u in zip(head, normalize_per_run(*g_head))]
+        # (a gradient may come transposed in memory; contiguous, the norms sum in row-major order)
+        g_att, g_head = tuple(g.contiguous() for g in g_att), tuple(g.contiguous() for g in g_head)
+        u_att, state_att = rule_att.update(g_att, state_att, att_params, loss=L, step=k)
+        u_head, state_head = rule_head.update(g_head, state_head, head_params, loss=L, step=k)
+        att_params = tuple(a + u for a, u in zip(att_params, u_att))
+        head_params = tuple(h + u for h, u in zip(head_params, u_head))
     assert s is not None
-    Vf = head[0].numpy()
-    hid = [h.numpy() for h in head[1 : 1 + n_hidden]]
-    outf = head[-1].numpy() if batch.mlp_out is not None else None
+    Vf = head_params[0].numpy()
+    hid = [h.numpy() for h in head_params[1 : 1 + n_hidden]]
+    outf = head_params[-1][..., 0].numpy() if has_out else None
     heads = [
         _rebuild(plist[min(r, len(plist) - 1)].head, Vf[r], [h[r] for h in hid], None if outf is None else outf[r])
         for r in range(R)
     ]
-    Wf = par.weights(att).numpy()
-    warn_nonfinite("train_with_head", Wf, Vf, hist_loss)
+    Wf = par.weights(att_params).numpy()
+    history = recorder.history()
+    warn_nonfinite("train_with_head", Wf, Vf, history["loss"])
     return HeadTrainResult(
         W=Wf,
         heads=heads,
         probs=s.numpy(),
-        history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W},
+        history=history,
         param=par.name,
         steps=steps,
         lr=lr,

@@ -22,13 +22,14 @@ import torch
 from numpy.typing import NDArray
 
 from .._validation import check_bool, check_finite_scalar, check_positive_int, warn_nonfinite
-from ..model import _as_problem_list
+from ..model import as_problem_list
 from ..problem import AttentionProblem
-from ..svm._base import ConstraintSet
+from ..svm import ConstraintSet
 from .init import run_seeds
 from .optim import NORMALIZE_EPS, MirrorMap, NormalizeByDualNorm, StepSize, chain
+from .recording import Trajectory
 
-__all__ = ["JointResult", "train_joint", "head_svm_constraints"]
+__all__ = ["JointResult", "train_joint", "joint_risk", "head_svm_constraints"]
 
 
 @dataclass
@@ -66,7 +67,9 @@ def head_svm_constraints(problem: AttentionProblem, tokens: Sequence[int] | NDAr
     return ConstraintSet(A, np.ones((n, 1)), np.ones((n, 1), dtype=bool))
 
 
-def _risk(X: torch.Tensor, Z: torch.Tensor, y: torch.Tensor, W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def joint_risk(X: torch.Tensor, Z: torch.Tensor, y: torch.Tensor, W: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The logistic risks (R,) of batched tokens X (R, n, T, d), queries Z (R, n, d), labels y (R, n),
+    attention weights W (R, d, d) and heads v (R, d) (module doc), differentiable by autograd."""
     logits = torch.einsum("rntd,rde,rne->rnt", X, W, Z)
     s = torch.softmax(logits, dim=-1)
     out = torch.einsum("rnt,rntd,rd->rn", s, X, v)
@@ -97,7 +100,7 @@ def train_joint(
     seed : per-run generator seeds (an int s gives s, s+1, …).
     record_every : stride of the recorded trajectory (the final step is always recorded).
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     p = check_finite_scalar(p, "p")
     if p <= 1:
         raise ValueError(f"p must be > 1 (ψ = ‖θ‖_p^p/p), got {p}")
@@ -129,19 +132,12 @@ def train_joint(
     parts = [NormalizeByDualNorm(p, eps)] if normalized else []
     rule = chain(*parts, StepSize(np.full(R, lr)), MirrorMap(p))
     state = rule.init(params)
-    rec = sorted(set(range(0, steps + 1, record_every)) | {steps})
-    hist_W = np.zeros((R, len(rec), d, d))
-    hist_v = np.zeros((R, len(rec), d))
-    hist_loss = np.zeros((R, len(rec)))
-    j = 0
+    recorder = Trajectory(steps, record_every, R)
     for k in range(steps + 1):
         W, v = (t.detach().requires_grad_(True) for t in params)
-        loss = _risk(X, Z, y, W, v[..., 0])
-        if j < len(rec) and rec[j] == k:
-            hist_W[:, j] = W.detach().numpy()
-            hist_v[:, j] = v.detach().numpy()[..., 0]
-            hist_loss[:, j] = loss.detach().numpy()
-            j += 1
+        loss = joint_risk(X, Z, y, W, v[..., 0])
+        if k == recorder.next_step:
+            recorder.record(loss=loss.detach().numpy(), W=W.detach().numpy(), v=v.detach().numpy()[..., 0])
         if k == steps:
             break
         gW, gv = torch.autograd.grad(loss.sum(), (W, v))
@@ -149,14 +145,15 @@ def train_joint(
             upd, state = rule.update((gW, gv), state, params, loss=loss.detach(), step=k)
             params = tuple(t + u for t, u in zip(params, upd))
     Wf, vf = (t.detach() for t in params)
+    history = recorder.history()
     # (p close to 1: the mirror map's exponent 1/(p − 1) sends the iterate past the float64 range)
-    warn_nonfinite(f"train_joint(p={p})", Wf.numpy(), vf.numpy(), hist_loss)
+    warn_nonfinite(f"train_joint(p={p})", Wf.numpy(), vf.numpy(), history["loss"])
     logits = torch.einsum("rntd,rde,rne->rnt", X, Wf, Z)
     return JointResult(
         W=Wf.numpy(),
         v=vf.numpy()[..., 0],
         selected=logits.argmax(dim=-1).numpy().astype(np.int64),
-        history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W, "v": hist_v},
+        history=history,
         problems=plist,
         seeds=np.asarray(seeds, dtype=np.int64),
         p=p,

@@ -33,7 +33,7 @@ from ..model import (
     Batch,
     Param,
     Parameterization,
-    _as_problem_list,
+    as_problem_list,
     check_device,
     check_gradient_scale,
     excess_risk_scaled,
@@ -234,7 +234,7 @@ def _min_risk(problems: list[AttentionProblem], loss: str) -> NDArray[np.float64
     return np.asarray(out)
 
 
-def _legacy_rule(
+def _keyword_rule(
     par: Parameterization,
     *,
     lr: LrSpec,
@@ -532,7 +532,7 @@ def train(
     -------
     TrainResult
     """
-    plist = _as_problem_list(problems)
+    plist = as_problem_list(problems)
     if isinstance(param, str):
         check_choice(param, "param", ("W", "KQ"))
     check_choice(space, "space", ("auto", "dense", "span"))
@@ -581,7 +581,7 @@ def train(
     if named is not None:
         rule: Transform = named
     elif optimizer is None:
-        rule = _legacy_rule(
+        rule = _keyword_rule(
             par,
             lr=lr,
             normalized=normalized,

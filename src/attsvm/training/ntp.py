@@ -17,6 +17,9 @@ differences in the tests. R problems (any n, T, V; equal d) train as one float64
 sequences are padded and weighted ``1/n_r``, and each run's gradient only touches its own data, so a
 run never depends on its batch.
 
+Not on the update-rule chain (:mod:`.optim`): its numpy step ``v/(‖v‖_F + ε/a)``, v = ∇/max|∇|, rounds
+differently from the chain's torch ``∇/(‖∇‖_F + ε)``.
+
 :func:`ntp_w_fin` computes the finite component ``W_fin`` of docs/spec.md §8 (see
 :mod:`attsvm.svm.graph`): the minimiser over ``S_fin`` of the log-loss on the reduced sequences (the
 tokens in the label's SCC), a strictly convex problem on ``S_fin`` solved by damped Newton.
@@ -42,6 +45,7 @@ from .._validation import (
 from ..ntp import NextTokenProblem
 from .init import run_seeds
 from .optim import NORMALIZE_EPS
+from .recording import Trajectory
 
 __all__ = [
     "NTPBatch",
@@ -250,16 +254,11 @@ def train_ntp(
         elif W.shape != (R, d, d):
             raise ValueError(f"W0 must have shape (d, d) = ({d}, {d}) or (R, d, d) = ({R}, {d}, {d}), got {W.shape}")
     batch = ntp_batch(plist)
-    rec = sorted(set(range(0, steps + 1, record_every)) | {steps})
-    hist_W = np.zeros((R, len(rec), d, d))
-    hist_loss = np.zeros((R, len(rec)))
-    j = 0
+    recorder = Trajectory(steps, record_every, R)
     for k in range(steps + 1):
         risk, grad = ntp_loss_and_grad(batch, W, loss)
-        if j < len(rec) and rec[j] == k:
-            hist_W[:, j] = W
-            hist_loss[:, j] = risk
-            j += 1
+        if k == recorder.next_step:
+            recorder.record(loss=risk, W=W)
         if k == steps:
             break
         if normalized:  # ∇/(‖∇‖ + ε) = v/(‖v‖ + ε/a), v = ∇/a, a = max|∇|: no overflow of ‖∇‖²
@@ -267,10 +266,11 @@ def train_ntp(
             v = grad / a
             grad = v / (np.linalg.norm(v, axis=(1, 2), keepdims=True) + eps / a)
         W = W - lr * grad
-    warn_nonfinite("train_ntp", W, hist_loss)
+    history = recorder.history()
+    warn_nonfinite("train_ntp", W, history["loss"])
     return NTPTrainResult(
         W=W,
-        history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "W": hist_W},
+        history=history,
         seeds=np.asarray(seeds, dtype=np.int64),
         loss=str(loss),
         lr=lr,

@@ -43,7 +43,6 @@ from torch import Tensor
 from .._validation import check_bool, check_choice, check_finite_scalar, check_positive_int
 
 __all__ = [
-    "normalize_per_run",
     "fro_norm",
     "Transform",
     "Chain",
@@ -720,11 +719,3 @@ def nuclear_sd(
     Its implicit bias is the nuclear-norm max-margin direction."""
     parts: list[Transform] = [AddPenalty(penalty)] if penalty else []
     return chain(*parts, TopSingular(normalized=normalized), StepSize(lr))
-
-
-def normalize_per_run(*groups: Tensor) -> tuple[Tensor, ...]:
-    """``g/‖g‖_F`` per run (leading axis) for each group of any shape (R, ...): :class:`NormalizeByNorm` with
-    ε = 0 (exact for tiny g, 0 for g = 0), for trainers that step outside a :func:`chain`."""
-    flat = tuple(g.reshape(g.shape[0], 1, -1) for g in groups)
-    out, _ = NormalizeByNorm(0.0).update(flat, None, flat, loss=torch.zeros(()), step=0)
-    return tuple(u.reshape(g.shape) for u, g in zip(out, groups))

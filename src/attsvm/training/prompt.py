@@ -37,6 +37,7 @@ from ..problem import LOSSES
 from ..prompt import PromptProblem
 from .init import run_seeds
 from .optim import NormalizeByNorm, StepSize, chain
+from .recording import Trajectory
 
 __all__ = ["PromptResult", "train_prompt", "prompt_risk", "prompt_risk_and_scaled_grads"]
 
@@ -233,18 +234,11 @@ def train_prompt(
     rule_v = chain(*parts, StepSize(lr_v))
     st_p = rule_p.init((p[..., None],))
     st_v = rule_v.init((v[..., None],))
-    rec = sorted(set(range(0, steps + 1, record_every)) | {steps})
-    hist_p = np.zeros((R, len(rec), q0.m))
-    hist_v = np.zeros((R, len(rec), q0.d))
-    hist_loss = np.zeros((R, len(rec)))
-    j = 0
+    recorder = Trajectory(steps, record_every, R)
     for k in range(steps + 1):
         risk, gp, cp, gv, cv = prompt_risk_and_scaled_grads(X, K, y, p, v, loss)
-        if j < len(rec) and rec[j] == k:
-            hist_p[:, j] = p.numpy()
-            hist_v[:, j] = v.numpy()
-            hist_loss[:, j] = risk.numpy()
-            j += 1
+        if k == recorder.next_step:
+            recorder.record(loss=risk.numpy(), p=p.numpy(), v=v.numpy())
         if k == steps:
             break
         if not normalized:  # the gradients themselves (they underflow to 0 once the risk does)
@@ -256,12 +250,13 @@ def train_prompt(
             (uv,), st_v = rule_v.update((gv[..., None],), st_v, (v[..., None],), loss=risk, step=k)
             v = v + uv[..., 0]
     logits = torch.einsum("rntm,rm->rnt", K, p)
-    warn_nonfinite("train_prompt", p.numpy(), v.numpy(), hist_loss)
+    history = recorder.history()
+    warn_nonfinite("train_prompt", p.numpy(), v.numpy(), history["loss"])
     return PromptResult(
         p=p.numpy().copy(),
         v=v.numpy().copy(),
         selected=logits.argmax(dim=-1).numpy().astype(np.int64),
-        history={"step": np.asarray(rec, dtype=np.int64), "loss": hist_loss, "p": hist_p, "v": hist_v},
+        history=history,
         problems=plist,
         seeds=np.asarray(seeds, dtype=np.int64),
         loss_name=loss,

@@ -1,4 +1,13 @@
-"""What :func:`attsvm.train` records along the way: one options object and the buffers it fills."""
+"""What the trainers record along the way: the record steps, the options of :func:`attsvm.train`, and
+the buffers they fill.
+
+Every trainer records the same way: the states after ``k = 0, e, 2e, …`` updates and the final one
+(:func:`record_steps`), checked by ``k == recorder.next_step`` in its loop, and returns a ``history``
+dict whose ``"step"`` entry (S,) lists those k and whose other entries are arrays (R, S, …), one row
+per run. :func:`attsvm.train` fills a :class:`Recorder` (its buffers live on the training device and
+its quantities are chosen by :class:`Recording`); the other trainers fill a :class:`Trajectory` with
+the arrays they name.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +23,7 @@ from .._validation import check_positive_int
 from ..model import Parameterization
 from .optim import fro_norm as _fro
 
-__all__ = ["Recording", "QUANTITIES", "record_steps"]
+__all__ = ["Recording", "QUANTITIES", "record_steps", "Recorder", "Trajectory"]
 
 # Per-record summaries, each (R, S) or (R, S, n); see TrainResult.history.
 QUANTITIES: tuple[str, ...] = ("loss", "W_norm", "grad_norm", "max_prob", "selected", "group_norms")
@@ -76,8 +85,57 @@ def _group_norm(grads: tuple[Tensor, ...]) -> Tensor:
     return gn
 
 
-class Recorder:
-    """The history buffers of one training (on the training device; copied to numpy once at the end)."""
+class _Schedule:
+    """The record steps of one training and the position in them: ``next_step`` is the update count of
+    the next record (−1 after the last)."""
+
+    def _start(self, steps: NDArray[np.int64]) -> None:
+        self.steps = steps
+        self.j = 0
+        self._steps_list = [int(k) for k in steps]
+        self.next_step = self._steps_list[0]
+
+    def _advance(self) -> None:
+        self.j += 1
+        self.next_step = self._steps_list[self.j] if self.j < len(self._steps_list) else -1
+
+
+class Trajectory(_Schedule):
+    """The history of a trainer that records named numpy arrays: ``record(name=array (R, …), …)`` stores
+    each array as row ``j`` of a buffer (R, S, …) of its dtype, created at the first record.
+
+    Parameters
+    ----------
+    steps : int
+        The number of updates of the training.
+    every : int
+        The record stride e (:func:`record_steps`).
+    runs : int
+        R, the leading axis of every recorded array.
+    """
+
+    def __init__(self, steps: int, every: int, runs: int) -> None:
+        self._start(record_steps(check_positive_int(steps, "steps", minimum=0), check_positive_int(every, "every")))
+        self.runs = check_positive_int(runs, "runs")
+        self.H: dict[str, NDArray] = {}
+
+    def record(self, **values: NDArray) -> None:
+        """Store the state after ``self.next_step`` updates."""
+        for key, value in values.items():
+            buf = self.H.get(key)
+            if buf is None:
+                buf = self.H[key] = np.zeros((self.runs, len(self.steps), *value.shape[1:]), dtype=value.dtype)
+            buf[:, self.j] = value
+        self._advance()
+
+    def history(self) -> dict[str, NDArray]:
+        """``{"step": (S,), name: (R, S, …), …}`` in the order the names were first recorded."""
+        return {"step": self.steps, **self.H}
+
+
+class Recorder(_Schedule):
+    """The history buffers of one :func:`attsvm.train` (on the training device; copied to numpy once at
+    the end)."""
 
     def __init__(
         self,
@@ -99,7 +157,7 @@ class Recorder:
             )
 
         try:
-            self.steps = record_steps(steps, options.every)
+            self._start(record_steps(steps, options.every))
         except MemoryError:
             raise too_big() from None
         S = len(self.steps)
@@ -136,9 +194,6 @@ class Recorder:
             H["probs"] = buf(n, T)
         self.groups = param.groups
         self.H = H
-        self.j = 0
-        self._steps_list = [int(k) for k in self.steps]
-        self.next_step = self._steps_list[0]
         self._prob_stats = "max_prob" in H or "selected" in H
         # what each buffer stores, as functions of (loss, W, grads, params, s)
         direct: list[tuple[str, Any]] = []
@@ -171,8 +226,7 @@ class Recorder:
                 H["max_prob"][:, j] = pm
             if "selected" in H:
                 H["selected"][:, j] = sel
-        self.j = j + 1
-        self.next_step = self._steps_list[self.j] if self.j < len(self._steps_list) else -1
+        self._advance()
 
     def history(self) -> dict[str, NDArray]:
         out: dict[str, NDArray] = {"step": self.steps}

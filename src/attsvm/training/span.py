@@ -21,7 +21,8 @@ float64, an update rule that is plain or normalized GD with a step size (no pena
 Polyak step), a kernel that is cheaper than the dense step, and a well-conditioned kernel on every instance
 (β is not unique when K is singular, and a normalized step along a direction K nearly annihilates
 would be long in β while short in W, so the logits ``Kβ`` would lose digits). The two paths agree to
-round-off (tests/test_train_span.py).
+round-off (tests/test_train_span.py). This path does not run the rule's transforms, as it steps the
+coefficients β rather than W: :func:`span_plan` takes from the rule only its ε and its step size.
 """
 
 from __future__ import annotations
