@@ -175,7 +175,12 @@ class DaskExecutor(Executor):
             except ValueError:
                 raise ValueError(f"--scheduler local:N needs a positive worker count N, got {scheduler!r}") from None
             self._cluster = LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+                n_workers=n,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.ERROR,  # (its workers' shutdown warnings are no news to the user)
             )
             self._client = Client(self._cluster)
             self.description = f"Dask LocalCluster ({n} worker processes, loopback)"

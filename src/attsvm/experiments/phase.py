@@ -9,8 +9,8 @@ a cell's instances do not depend on how the cell is chunked), and selects token 
 i.i.d. tokens every selection has the same law). Each instance is solved by ``fit_stack`` (the batched
 Frobenius route): its answer is ``W_mm`` with its optimality certificate, or a verified Farkas certificate of
 infeasibility, whose scale-free residual ``‖Σ λ_k a_k z_kᵀ‖ / Σ λ_k ‖a_k‖‖z_k‖`` is stored. On the first
-``nuclear_runs`` instances of the cells with at most ``nuclear_max_rows`` constraints, the nuclear-norm SVM
-``W*_mm`` is solved too (the batched interior point) and its rank recorded.
+``nuclear_runs`` instances of the cells with d in ``nuclear_ds`` and at most ``nuclear_max_rows`` constraints, the
+nuclear-norm SVM ``W*_mm`` is solved too (the batched interior point) and its rank recorded.
 
 Per cell: the share of feasible instances, the share (among the feasible) whose non-selected tokens are all
 support vectors, the rank of ``W_mm`` against its generic value min(n, d), and the rank of ``W*_mm``, each
@@ -128,7 +128,8 @@ class Phase(Experiment):
         "chunk": 200,
         "seed": 0,
         "max_rows": 400,
-        "nuclear_runs": 4,
+        "nuclear_runs": 16,
+        "nuclear_ds": [2, 4, 8, 16, 32, 64],
         "nuclear_max_rows": 160,
         "rank_tol": 1e-7,
     }
@@ -139,6 +140,7 @@ class Phase(Experiment):
         "runs": 24,
         "chunk": 24,
         "nuclear_runs": 2,
+        "nuclear_ds": [4, 16],
         "nuclear_max_rows": 32,
     }
 
@@ -198,7 +200,7 @@ class Phase(Experiment):
         rank_nuc = np.full(b - a, -1, dtype=np.int64)
         status_nuc = np.full(b - a, "", dtype=object)
         m = min(b, s["nuclear_runs"]) - a
-        if m > 0 and n * (T - 1) <= s["nuclear_max_rows"]:
+        if m > 0 and d in s["nuclear_ds"] and n * (T - 1) <= s["nuclear_max_rows"]:
             sel = np.flatnonzero(feas[:m])
             if sel.size:
                 nuc = AttentionSVM(norm="nuc").fit_stack(X[sel], Z[sel], tokens[sel])
