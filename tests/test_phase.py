@@ -177,3 +177,29 @@ def test_a_resumed_run_computes_only_the_missing_trials(serial_run: Path, tmp_pa
     run = reproduce("phase", quick=True, overrides=SMALL, out=out, progress=False, command=["test"])
     assert run.n_computed == len(files[::5]) and run.n_trials == len(files)
     pd.testing.assert_frame_equal(_frames(out), _frames(serial_run), check_exact=True)
+
+
+def test_the_command_line_runs_phase_on_a_local_dask_cluster_by_default(monkeypatch, tmp_path: Path) -> None:
+    """Full settings with neither --workers nor --scheduler: a LocalCluster of the usable cores."""
+    import attsvm.experiments as experiments
+    from attsvm.cli import main
+
+    seen = {}
+
+    def fake(name, **kw):
+        seen.update(kw, name=name)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(experiments, "reproduce", fake)
+    monkeypatch.setattr("attsvm.cli._reproduce.usable_cores", lambda: 2)
+    with pytest.raises(SystemExit):
+        main(["reproduce", "phase", "--out", str(tmp_path / "p")])
+    assert seen["name"] == "phase" and seen["scheduler"] == "local:2"
+    seen.clear()
+    with pytest.raises(SystemExit):
+        main(["reproduce", "phase", "--workers", "1", "--out", str(tmp_path / "q")])
+    assert seen["scheduler"] is None and seen["workers"] == 1
+    seen.clear()
+    with pytest.raises(SystemExit):
+        main(["reproduce", "overparam", "--out", str(tmp_path / "r")])
+    assert seen["scheduler"] is None

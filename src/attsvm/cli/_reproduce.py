@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="ADDR|local:N",
         help="run the trials on Dask: a running scheduler at [tcp://]HOST:PORT, or local:N for a loopback "
-        "LocalCluster of N workers (which replace --workers)",
+        "LocalCluster of N workers (which replace --workers); `phase` runs on a LocalCluster of one worker per "
+        "usable core unless told otherwise",
     )
     parser.add_argument(
         "--set",
@@ -96,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK if all(r.passed for r in outs) else EXIT_DISAGREES
     exp = get_experiment(args.name)
     overrides = apply_overrides(exp.settings(quick=args.quick), raw)
+    if exp.dask_default and args.scheduler is None and args.workers is None and not args.quick:
+        args.scheduler = f"local:{workers('auto', quick=False)}"  # (its own default: a Dask LocalCluster)
+        common.update(scheduler=args.scheduler, workers=1)
     with _dask_logging(args):
         r = reproduce(exp.name, out=args.out, overrides=overrides, **common)
     _say(r, quick=args.quick)

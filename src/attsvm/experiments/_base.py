@@ -103,6 +103,9 @@ class Experiment:
     # seconds of one core at the default settings (measured, README); only orders the experiments of an
     # overlapped `reproduce all`, longest first, so the long ones do not finish last
     cost_hint: ClassVar[float] = 10.0
+    # whether `attsvm reproduce NAME` (full settings, no --workers or --scheduler) runs on a Dask LocalCluster of
+    # one worker per usable core rather than a process pool: for sweeps of many thousands of trials
+    dask_default: ClassVar[bool] = False
 
     # ---------------------------------------------------------------- settings
     def settings(self, quick: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -113,6 +113,7 @@ def _fmt(v: list[float] | None) -> str:
 class Phase(Experiment):
     name = "phase"
     cost_hint = 900.0
+    dask_default = True
     title = "Phase diagram of Att-SVM feasibility and all-support-vector solutions over (n, T, d)"
     claims = {
         "P1": "for d ≥ max(T−1, n) the Att-SVM is feasible for almost every input",
