@@ -48,7 +48,8 @@ measured, the criterion and a verdict. Runs are resumable (every finished trial 
 in a process pool of one worker per usable core (`--workers auto`, the default for full runs;
 `--quick` runs in-process), on N workers (`--workers N`, `1` in-process) or on Dask
 (`--scheduler ADDR`). `reproduce all` on workers runs two experiments at once, so the next one's
-trials fill the workers while one finishes. `attsvm list` shows the
+trials fill the workers while one finishes. `phase`, a study of its own (960,000 certified solves), is not part
+of `all` and runs on a Dask LocalCluster by default. `attsvm list` shows the
 settings and their `--quick` variants; `attsvm plot DIR` redraws the figures from saved data.
 This needs the `[experiments]` extra.
 
