@@ -29,7 +29,9 @@ from numpy.typing import ArrayLike, NDArray
 from .._threads import SMALL_NUCLEAR_ELEMENTS, SMALL_SOLVE_ELEMENTS, blas_threads
 from .._validation import SEED_MAX, Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
+from . import backends
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
+from .backends import SolveRequest
 from .certificate import (
     FARKAS_RTOL,
     OptimalityCertificate,
@@ -570,58 +572,23 @@ class AttentionSVM:
         return [e for e in out if e is not None]
 
     def _solve(self, cs: ConstraintSet) -> tuple[RawSolution, str]:
-        kw: dict[str, Any] = {} if self.max_iter is None else {"max_iter": int(self.max_iter)}
+        """The raw solution of ``cs`` by the backend registered for these parameters (:mod:`.backends`)."""
+        return backends.solve(cs, self._request())
+
+    def _request(self) -> SolveRequest:
+        """These parameters as a backend reads them (:class:`~attsvm.svm.backends.SolveRequest`)."""
         kind = self._norm_kind()
-        if kind == "generic":
-            from .generic import solve_generic
-
-            return solve_generic(cs, self._norm_object(), tol=float(self.tol), seed=int(self.seed), **kw), "generic"
-        if self.backend == "cvxpy":
-            from .cvxpy_backend import solve_cvxpy
-
-            try:
-                if kind == "lp":
-                    from .cvxpy_backend import solve_cvxpy_lp
-
-                    raw = solve_cvxpy_lp(cs, self._exponent(), solver=self.solver)
-                else:
-                    which: Literal["fro", "nuc", "spectral"] = (
-                        "fro" if kind == "fro" else "spectral" if kind == "spectral" else "nuc"
-                    )
-                    raw = solve_cvxpy(cs, which, solver=self.solver)
-            except Exception as exc:  # a solver failure is a status with info, never an escaping exception
-                raw = RawSolution(
-                    None,
-                    np.zeros(cs.mask.shape),
-                    ERROR,
-                    0,
-                    {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"},
-                )
-            return raw, f"cvxpy:{raw.info.get('solver', '?')}"
-        if kind == "lp":
-            from .lp import solve_lp
-
-            return solve_lp(cs, self._exponent(), tol=float(self.tol), **kw), "lp"
-        if kind == "spectral":
-            from .spectral import solve_spectral
-
-            # (the interior point stops at a quarter of tol, so the certificate recomputed here passes it)
-            return solve_spectral(cs, tol=float(self.tol), **kw), "spectral"
-        if kind in ("l1", "linf"):
-            from .lp import solve_lp_limit
-
-            return solve_lp_limit(cs, "l1" if kind == "l1" else "linf"), "highs"
-        if kind == "fro":
-            from .frobenius import solve_frobenius
-
-            # the Frobenius solver is exact: ask it for a margin below the certificate tolerance
-            return solve_frobenius(cs, tol=min(float(self.tol), 1e-10), **kw), "frobenius"
-        from . import nuclear
-
-        if self.rank is not None:
-            raw = nuclear.solve_nuclear_rank(cs, rank=int(self.rank), tol=float(self.tol), seed=int(self.seed), **kw)
-            return raw, "nuclear-rank"
-        return nuclear.solve_nuclear(cs, tol=float(self.tol), seed=int(self.seed), **kw), "nuclear"
+        return SolveRequest(
+            kind,
+            self._norm_object() if kind == "generic" else None,
+            self._exponent() if kind == "lp" else None,
+            self.rank,
+            self.tol,
+            self.max_iter,
+            self.seed,
+            self.solver,
+            self.backend == "cvxpy",
+        )
 
     def _ours_nuc(self) -> bool:
         """Whether this fit runs our convex nuclear solver (which has a BLAS-thread limit of its own)."""
