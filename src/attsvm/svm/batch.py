@@ -49,9 +49,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._threads import batch_threads
-from ..tokens import SUPPORT_TOL, _differences
+from ..tokens import _differences
 from ._base import ConstraintSet, FitSettings
-from .certificate import ROW_FLOOR, FarkasCertificate, farkas_certificate
+from .certificate import FarkasCertificate, certify_stack, farkas_certificate
 from .frobenius import FrobeniusOptions
 from .reduction import ZERO_ROW_RTOL
 from .status import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
@@ -498,42 +498,23 @@ def _solve_chunk(
     ridge = opt.ridge * np.maximum(np.trace(G, axis1=1, axis2=2) / K, 1e-300)
     lam_hat, settled, iters = _pdas_many(G, bh, ridge, max(1, min(opt.pdas_max_iter, opt.max_iter - 1)))
     ok &= settled
-    # 4. lift and certify (docs/spec.md §3; the certificate of attsvm.svm.certificate, vectorised)
+    # 4. lift and certify (docs/spec.md §3; the certificate of attsvm.svm.certificate.certify_stack)
     lam = lam_hat * g[:, None] / s  # multipliers of the user's rows (degree 2)
     W = (Af * lam[:, :, None]).transpose(0, 2, 1) @ Zf  # (B, d, d_z)
-    lam_c = np.maximum(lam, 0.0)
-    Y = (Af * lam_c[:, :, None]).transpose(0, 2, 1) @ Zf  # 𝒜*(λ) of the sign-feasible λ
-    m = np.matmul(A, np.matmul(Zq, W.transpose(0, 2, 1))[:, :, :, None])[..., 0]  # (B, n, T), 0 off the mask
-    rhs = mask.astype(np.float64)
-    r = m - rhs
-    v = np.maximum(-r, 0.0)
-    wsq = np.einsum("bde,bde->b", W, W)
-    fn = np.sqrt(np.einsum("bntd,bntd->bnt", A, A)) * np.sqrt(np.einsum("bnd,bnd->bn", Zq, Zq))[:, :, None]
-    sigma = np.maximum(rhs, (ROW_FLOOR * np.sqrt(wsq))[:, None, None] * fn)
-    rel_viol = np.where(v > 0, v / np.where(sigma > 0, sigma, 1.0), 0.0).reshape(B, -1).max(axis=1)
-    rel_viol = np.where(((v > 0) & (sigma <= 0)).reshape(B, -1).any(axis=1), np.inf, rel_viol)
-    lam_nt = np.zeros((B, n * T))
-    lam_nt[rows, idx] = lam_c
-    lam_nt = lam_nt.reshape(B, n, T)
-    primal = 0.5 * wsq
-    dual = lam_c.sum(axis=1) - 0.5 * np.einsum("bde,bde->b", Y, Y)
-    gap = primal - dual
-    den = np.abs(primal) + np.abs(dual)
-    rel_gap = np.where(den > 0, np.abs(gap) / np.where(den > 0, den, 1.0), np.where(gap == 0, 0.0, np.inf))
-    ok &= (rel_viol <= tol) & (rel_gap <= tol) & np.isfinite(wsq)
-    support = mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
-    viol = v.reshape(B, -1).max(axis=1) + 0.0
-    compl = np.abs(lam_nt * r).reshape(B, -1).max(axis=1)
-    stats = np.stack([viol, rel_viol, gap, rel_gap, compl, g], axis=1)
+    cert = certify_stack(A, Zq, mask, W, lam, rows=(Af, Zf, idx))
+    ok &= (cert.relative_violation <= tol) & (cert.relative_gap <= tol) & np.isfinite(cert.primal)
+    stats = np.stack(
+        [cert.violation, cert.relative_violation, cert.gap, cert.relative_gap, cert.complementarity, g], axis=1
+    )
     return Stacked(
         A,
         Zq,
         mask,
         alpha,
         W,
-        lam_nt,
-        np.where(mask, m, np.inf),
-        support,
+        cert.lam,
+        cert.margins,
+        cert.support,
         stats,
         np.where(ok, iters, LEAVE_TIED),
         path="batched-dense",
