@@ -1,6 +1,8 @@
-"""Many certified Frobenius attention SVMs as one program (docs/spec.md §3).
+"""Many certified Frobenius attention SVMs as one program (docs/spec.md §3), arrays in and arrays out.
 
-:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` hands the Frobenius instances here.
+:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` and ``fit_stack`` hand the Frobenius
+instances here (through :mod:`attsvm.svm._fitted`, which turns the answer, a :class:`Stacked`, into
+estimators); the fit's parameters come as a :class:`~attsvm.svm._base.FitSettings`.
 Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of two routes
 (:func:`uses_compiled`):
 
@@ -8,9 +10,10 @@ Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of
   included): the Goldfarb–Idnani dual active set of :mod:`._active_set` solves and certifies each instance
   in one compiled pass, with the same reduction and certificate as below; an instance it proves
   infeasible comes back with its Farkas certificate once :func:`~attsvm.svm.certificate.farkas_certificate`
-  verifies it. :meth:`AttentionSVM.fit_many` overlaps its Python with the kernel
-  (:func:`_solve_group_compiled`): the pool's threads start solving while this one builds the estimators
-  around views of the answer's arrays, then gives them their numbers chunk by chunk as they are solved.
+  verifies it. :func:`solve_problems` lets its caller overlap its Python with the kernel
+  (:func:`_solve_problems_compiled`): the pool's threads start solving while this one runs the caller's
+  callbacks (``fit_many`` builds the estimators around views of the answer's arrays, then gives them
+  their numbers run by run as they are solved).
 - **NumPy** (up to ``BATCH_MAX_K`` rows of full rank), each step a batched NumPy/LAPACK call over the stack:
 
 1. **Constraints** ``a_it = x_{iα_i} − x_it`` and their K = n(T − 1) flat rows, for the whole stack.
@@ -23,7 +26,7 @@ Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of
    instances of the batch — until each instance's active set repeats.
 4. **Lift and certify** in the user's units: ``λ_k = g λ̂_k / s_k``, ``W = Σ_k λ_k a_k z_kᵀ``, and the
    certificate of :mod:`.certificate` (relative violation, duality gap, complementarity, support)
-   computed for the whole stack.
+   computed for the whole stack (:func:`~attsvm.svm.certificate.certify_stack`).
 
 An instance leaves the batch for :meth:`AttentionSVM.fit` — the one-at-a-time route with all its
 fallbacks (constraint generation, LDP, the Farkas LP) — when a feature vanishes (a duplicate token:
