@@ -11,7 +11,7 @@ pytest.importorskip("numba")
 
 from attsvm.datasets import paper_instance
 from attsvm.problem import AttentionProblem
-from attsvm.svm import AttentionSVM, batch
+from attsvm.svm import AttentionSVM, _fitted, batch
 from attsvm.svm import _active_set as gi
 from attsvm.svm.certificate import ROW_FLOOR
 from attsvm.svm.frobenius import FrobeniusOptions
@@ -165,7 +165,7 @@ def test_certified_needs_a_code_both_tolerances_and_a_finite_w():
 
 
 def test_a_candidate_that_does_not_verify_goes_to_fit():
-    # pins batch.infeasible's verification: the kernel's Farkas candidate is accepted only when it
+    # pins _fitted.infeasible's verification (batch.farkas_of): the kernel's Farkas candidate is accepted only when it
     # verifies; a corrupted one gives None (the instance then goes through fit)
     rng = np.random.default_rng(0)
     probs = [paper_instance(10, 5, 4, seed=s) for s in range(10)]
@@ -173,10 +173,10 @@ def test_a_candidate_that_does_not_verify_goes_to_fit():
     est = AttentionSVM()
     st = batch.solve_arrays(est, X, Z, a, FrobeniusOptions())
     proved = np.flatnonzero(st.code == batch.LEAVE_INFEASIBLE).tolist()
-    assert proved and batch.infeasible(est, st, proved[0]).status_ == "infeasible"
+    assert proved and _fitted.infeasible(est, st, proved[0]).status_ == "infeasible"
     st.lam[proved[0]] = np.where(st.mask[proved[0]], 1.0, 0.0)  # λ > 0 on every row: Σ λ a zᵀ ≠ 0
-    assert batch.infeasible(est, st, proved[0]) is None
-    assert proved[0] not in batch.proved_infeasible(est, st)
+    assert _fitted.infeasible(est, st, proved[0]) is None
+    assert proved[0] not in _fitted.proved_infeasible(est, st)
 
 
 def test_the_rank_deficient_boundary_is_strict():

@@ -8,7 +8,7 @@ import pytest
 
 from attsvm.datasets import paper_instance, random_instance
 from attsvm.problem import AttentionProblem
-from attsvm.svm import AttentionSVM, batch
+from attsvm.svm import AttentionSVM, _fitted, batch
 from attsvm.svm.batch import BATCH_MAX_K, COMPILED_MAX_K
 from attsvm.svm.certificate import FARKAS_RTOL, farkas_certificate
 
@@ -355,15 +355,15 @@ def test_the_overlapped_compiled_group_returns_what_its_stack_and_estimators_giv
     st = batch.solve_arrays(est, X, Zq, alpha, opt)
     ref: list[AttentionSVM | None] = [None] * len(probs)
     keep = np.flatnonzero(st.certified(est.tol))
-    for i, e in zip(keep.tolist(), batch.estimators(AttentionSVM, est.get_params(), st, keep)):
+    for i, e in zip(keep.tolist(), _fitted.estimators(AttentionSVM, est.get_params(), st, keep)):
         ref[i] = e
-    for i, e in batch.proved_infeasible(est, st).items():
+    for i, e in _fitted.proved_infeasible(est, st).items():
         ref[i] = e
     kinds = {e.status_ if e is not None else None for e in ref}
     assert kinds == {"optimal", "infeasible", None}
     for threads in ("1", "2"):
         monkeypatch.setenv("ATTSVM_NUM_THREADS", threads)
-        got = batch.solve_group(est, probs, alpha, opt)
+        got = _fitted.solve_group(est, probs, alpha, opt)
         assert [e is None for e in got] == [e is None for e in ref]
         for a, b in zip(got, ref):
             if a is None:

@@ -45,9 +45,9 @@ from numpy.typing import NDArray
 
 from .._threads import start_helpers, wait_started
 from ..tokens import SUPPORT_TOL, TIE_ULPS
-from .batch import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
 from .certificate import ROW_FLOOR
 from .reduction import ZERO_ROW_RTOL
+from .status import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
 
 __all__ = ["CHUNK", "GI_TOL", "StackJob", "max_iterations", "solve_stack"]
 

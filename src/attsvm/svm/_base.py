@@ -17,7 +17,7 @@ vectorised (cost O(n·T·d + n·d²)), so matrix-free solvers never form the K �
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,7 +26,15 @@ from .._validation import as_float_array
 from ..problem import AttentionProblem, check_problem
 from ..tokens import _pair_differences
 
-__all__ = ["ConstraintSet", "Operator", "att_svm_constraints", "Subspaces", "RawSolution", "SolverStatus"]
+__all__ = [
+    "ConstraintSet",
+    "Operator",
+    "att_svm_constraints",
+    "Subspaces",
+    "RawSolution",
+    "SolverStatus",
+    "FitSettings",
+]
 
 
 # ---------------------------------------------------------------- the one operator implementation
@@ -332,6 +340,20 @@ class RawSolution:
     status: SolverStatus
     n_iter: int = 0
     info: dict = field(default_factory=dict)
+
+
+class FitSettings(NamedTuple):
+    """The parameters of a fit that the batched routes (:mod:`.batch`, :mod:`.batch_nuclear`) read, as plain
+    values: the norm's name (or object), the rank constraint, the backend, the certificate tolerance, the
+    explicit iteration limit (None: the solver's own) and what an infeasible instance does. An object
+    with these attributes (an :class:`~attsvm.svm.AttentionSVM`) is read the same way."""
+
+    norm: Any = "fro"
+    rank: int | None = None
+    backend: str = "auto"
+    tol: float = 1e-9
+    max_iter: int | None = None
+    on_infeasible: str = "status"
 
 
 def att_svm_constraints(problem: AttentionProblem, tokens: NDArray[np.int64] | None = None) -> ConstraintSet:

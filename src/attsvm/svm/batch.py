@@ -1,6 +1,8 @@
-"""Many certified Frobenius attention SVMs as one program (docs/spec.md §3).
+"""Many certified Frobenius attention SVMs as one program (docs/spec.md §3), arrays in and arrays out.
 
-:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` hands the Frobenius instances here.
+:meth:`AttentionSVM.fit_many <attsvm.svm.AttentionSVM.fit_many>` and ``fit_stack`` hand the Frobenius
+instances here (through :mod:`attsvm.svm._fitted`, which turns the answer, a :class:`Stacked`, into
+estimators); the fit's parameters come as a :class:`~attsvm.svm._base.FitSettings`.
 Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of two routes
 (:func:`uses_compiled`):
 
@@ -8,9 +10,10 @@ Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of
   included): the Goldfarb–Idnani dual active set of :mod:`._active_set` solves and certifies each instance
   in one compiled pass, with the same reduction and certificate as below; an instance it proves
   infeasible comes back with its Farkas certificate once :func:`~attsvm.svm.certificate.farkas_certificate`
-  verifies it. :meth:`AttentionSVM.fit_many` overlaps its Python with the kernel
-  (:func:`_solve_group_compiled`): the pool's threads start solving while this one builds the estimators
-  around views of the answer's arrays, then gives them their numbers chunk by chunk as they are solved.
+  verifies it. :func:`solve_problems` lets its caller overlap its Python with the kernel
+  (:func:`_solve_problems_compiled`): the pool's threads start solving while this one runs the caller's
+  callbacks (``fit_many`` builds the estimators around views of the answer's arrays, then gives them
+  their numbers run by run as they are solved).
 - **NumPy** (up to ``BATCH_MAX_K`` rows of full rank), each step a batched NumPy/LAPACK call over the stack:
 
 1. **Constraints** ``a_it = x_{iα_i} − x_it`` and their K = n(T − 1) flat rows, for the whole stack.
@@ -23,7 +26,7 @@ Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of
    instances of the batch — until each instance's active set repeats.
 4. **Lift and certify** in the user's units: ``λ_k = g λ̂_k / s_k``, ``W = Σ_k λ_k a_k z_kᵀ``, and the
    certificate of :mod:`.certificate` (relative violation, duality gap, complementarity, support)
-   computed for the whole stack.
+   computed for the whole stack (:func:`~attsvm.svm.certificate.certify_stack`).
 
 An instance leaves the batch for :meth:`AttentionSVM.fit` — the one-at-a-time route with all its
 fallbacks (constraint generation, LDP, the Farkas LP) — when a feature vanishes (a duplicate token:
@@ -41,24 +44,23 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .._threads import batch_threads
-from ..tokens import SUPPORT_TOL, _differences
-from ._base import ConstraintSet, RawSolution
-from .certificate import ROW_FLOOR, farkas_certificate
+from ..tokens import _differences
+from ._base import ConstraintSet, FitSettings
+from .certificate import FarkasCertificate, certify_stack, farkas_certificate
 from .frobenius import FrobeniusOptions
 from .reduction import ZERO_ROW_RTOL
-from .status import INFEASIBLE
+from .status import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
 
 if TYPE_CHECKING:
     from ..problem import AttentionProblem
-    from .estimator import AttentionSVM
 
 __all__ = [
     "BATCH_MAX_K",
@@ -70,12 +72,14 @@ __all__ = [
     "rank_deficient",
     "ready",
     "Stacked",
-    "estimators",
+    "LEAVE_TIED",
+    "LEAVE_MAX_ITER",
+    "LEAVE_INFEASIBLE",
+    "LEAVE_SINGULAR",
     "gc_paused",
-    "infeasible",
-    "proved_infeasible",
+    "farkas_of",
     "solve_arrays",
-    "solve_group",
+    "solve_problems",
     "uses_compiled",
 ]
 
@@ -88,13 +92,7 @@ BATCH_MAX_K = 80
 # set, so it stays ahead of one-at-a-time fits further: one thread, per instance, 0.27 against 1.05 ms at
 # K = 210 and 1.4 against 6.9 ms at K = 380, (20, 20, 30) (benchmarks/bench_batch.py); larger K untested
 COMPILED_MAX_K = 400
-# Codes of the instances of a stack (a non-negative code is the iteration count; the others leave for
-# AttentionSVM.fit, except LEAVE_INFEASIBLE with a certificate that verifies)
-LEAVE_TIED = -1  # a zero or vanishing row (tied tokens): possibly infeasible; also the NumPy route's "not ok"
-LEAVE_MAX_ITER = -2  # iteration budget spent
-LEAVE_INFEASIBLE = -3  # a violated row dependent on active rows whose multipliers cannot be released: λ holds
-# the candidate Farkas certificate, which _fitted verifies (else the instance goes to fit)
-LEAVE_SINGULAR = -4  # the working set's Gram matrix lost positive definiteness, or outgrew W's entries
+# (the codes of a stack's instances, LEAVE_*, are those of attsvm.svm.status: the compiled kernel sets them too)
 # Gram entries per chunk of the stack (16 MiB of float64): large enough that the per-round NumPy calls
 # are few per instance, small enough to bound memory (benchmarks/bench_batch.py)
 CHUNK_FLOATS = 2_097_152
@@ -179,18 +177,20 @@ _compiled_module: ModuleType | bool | None = None  # None: not chosen yet; False
 _compiled_lock = threading.Lock()
 
 
-def uses_compiled(est: AttentionSVM) -> bool:
-    """Whether ``est``'s instances take the compiled route: numba is there and ``max_iter`` is None (an
+def uses_compiled(settings: FitSettings) -> bool:
+    """Whether the instances of a fit with these ``settings`` (an :class:`~attsvm.svm._base.FitSettings`, or
+    any object with its attributes) take the compiled route: numba is there and ``max_iter`` is None (an
     explicit iteration limit is honoured by the NumPy route and ``fit``). On it, instances of up to
     ``COMPILED_MAX_K`` rows enter the batch, rank-deficient shapes (:func:`rank_deficient`) included: its
     active set keeps its rows independent and proves infeasibility with a Farkas certificate. The NumPy
     route takes up to ``BATCH_MAX_K`` rows of full rank."""
-    return est.max_iter is None and compiled() is not None
+    return settings.max_iter is None and compiled() is not None
 
 
-def max_k(est: AttentionSVM) -> int:
-    """The most constraint rows an instance may have to enter ``est``'s batch (:func:`uses_compiled`)."""
-    return COMPILED_MAX_K if uses_compiled(est) else BATCH_MAX_K
+def max_k(settings: FitSettings) -> int:
+    """The most constraint rows an instance may have to enter the batch of a fit with these ``settings``
+    (:func:`uses_compiled`)."""
+    return COMPILED_MAX_K if uses_compiled(settings) else BATCH_MAX_K
 
 
 class Stacked(NamedTuple):
@@ -230,35 +230,31 @@ def _certified(
     return (code >= 0) & (stats[:, 1] <= tol) & (stats[:, 3] <= tol) & np.isfinite(W).all(axis=(1, 2))
 
 
-def solve_group(
-    est: AttentionSVM,
+def solve_problems(
+    settings: FitSettings,
     problems: list[AttentionProblem],
     alpha: NDArray[np.int64],
     opt: FrobeniusOptions,
-) -> list[AttentionSVM | None]:
-    """Fit the Frobenius SVMs of ``problems`` (one shape, :func:`group_key`) at the selections ``alpha``
-    (B, n) as one program (module doc).
+    on_stack: Callable[[Stacked], None] | None = None,
+    on_solved: Callable[[Stacked, list[int]], None] | None = None,
+) -> Stacked:
+    """Solve the Frobenius SVMs of ``problems`` (one shape, :func:`group_key`) at the selections ``alpha``
+    (B, n) as one program (module doc): :func:`solve_arrays` of their stacked tokens and queries.
 
-    Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
-    must go through ``fit`` (a vanishing feature, an unsettled or singular face, a certificate that
-    misses ``est.tol``)."""
+    On the compiled route the caller may work while the pool's threads solve
+    (:func:`_solve_problems_compiled`): ``on_stack(st)`` is called once the stack's arrays exist (not yet
+    solved), then ``on_solved(st, idx)`` with the instances ``idx`` that the batch certified at
+    ``settings.tol``, run of solved instances by run, in order; the returned stack's ``per`` is then the
+    group's wall time per instance, the callbacks included. The NumPy route calls neither."""
     B = len(problems)
     n, T, d, dz = group_key(problems[0])
     kernel = compiled()
-    if kernel is not None and uses_compiled(est):
-        return _solve_group_compiled(est, problems, alpha, kernel)
+    if kernel is not None and uses_compiled(settings):
+        return _solve_problems_compiled(float(settings.tol), problems, alpha, kernel, on_stack, on_solved)
     X = np.empty((B, n, T, d))  # (ours: the compiled route writes A over it)
     Zq = np.empty((B, n, dz))
     _stack_into(problems, X, Zq, 0, B)
-    st = solve_arrays(est, X, Zq, alpha, opt, overwrite_x=True)
-    out: list[AttentionSVM | None] = [None] * len(problems)
-    for i, e in proved_infeasible(est, st).items():
-        out[i] = e
-    keep = np.flatnonzero(st.certified(est.tol))
-    with gc_paused():
-        for i, e in zip(keep.tolist(), estimators(type(est), est.get_params(), st, keep)):
-            out[i] = e
-    return out
+    return solve_arrays(settings, X, Zq, alpha, opt, overwrite_x=True)
 
 
 def _stack_into(
@@ -276,18 +272,21 @@ def _stack_into(
         Zq[lo:hi] = X[lo:hi][np.arange(hi - lo), :, np.asarray(q, dtype=np.int64)]
 
 
-def _solve_group_compiled(
-    est: AttentionSVM, problems: list[AttentionProblem], alpha: NDArray[np.int64], kernel: ModuleType
-) -> list[AttentionSVM | None]:
-    """:func:`solve_group` by the compiled dual active set, on this thread and the pool's at once
+def _solve_problems_compiled(
+    tol: float,
+    problems: list[AttentionProblem],
+    alpha: NDArray[np.int64],
+    kernel: ModuleType,
+    on_stack: Callable[[Stacked], None] | None,
+    on_solved: Callable[[Stacked, list[int]], None] | None,
+) -> Stacked:
+    """:func:`solve_problems` by the compiled dual active set, on this thread and the pool's at once
     (:class:`~attsvm.svm._active_set.StackJob`). This thread stacks the problems' arrays in parts
     (``STACK_FIRST`` instances, then ``STACK_PART`` at a time), and the pool's threads solve each part as
-    it is published; then, while they solve, this thread builds every instance's estimator around the
-    views of the answer's arrays (:meth:`AttentionSVM._batched_shells`), and gives the estimators of the
-    solved chunks their numbers, in order, solving a chunk itself whenever too few are waiting. Each
-    instance comes back as :func:`solve_group` would return it by :func:`solve_arrays` and
-    :func:`estimators`, bit for bit, except ``solve_time_``: the group's wall time per instance, stacking
-    and building the estimators included (they overlap the solve)."""
+    it is published; then, while they solve, this thread runs ``on_stack`` and hands the certified
+    instances of the solved runs to ``on_solved``, in order, solving a run itself whenever too few are
+    waiting (``FILL_MIN``). The stack is, bit for bit, the one :func:`solve_arrays` returns, except ``per``:
+    the group's wall time per instance, stacking and the callbacks included (they overlap the solve)."""
     t0 = time.perf_counter()
     B = len(problems)
     n, T, d, dz = group_key(problems[0])
@@ -296,8 +295,6 @@ def _solve_group_compiled(
     alpha = np.require(alpha, np.int64, ["C", "W"])
     mask = np.ones((B, n, T), dtype=bool)
     np.put_along_axis(mask, alpha[:, :, None], False, axis=2)
-    out: list[AttentionSVM | None] = [None] * B
-    tol = est.tol
     with (
         gc_paused(),
         kernel.StackJob(
@@ -313,7 +310,8 @@ def _solve_group_compiled(
             o["A"], Zq, mask, alpha, o["W"], o["lam"], o["margins"], o["support"], o["stats"], o["code"],
             path="batched-active-set", per=0.0,
         )  # fmt: skip
-        shells = _shells(type(est), est.get_params(), st)
+        if on_stack is not None:
+            on_stack(st)
         done = 0
         while done < B:
             upto = job.finished()
@@ -321,22 +319,14 @@ def _solve_group_compiled(
                 if not job.step():
                     job.finish()
                 continue
-            ok = _certified(st.code[done:upto], st.stats[done:upto], st.W[done:upto], tol)
-            idx = (np.flatnonzero(ok) + done).tolist()
-            _fill([shells[i] for i in idx], idx, st, None)
-            for i in idx:
-                out[i] = shells[i]
+            if on_solved is not None:
+                ok = _certified(st.code[done:upto], st.stats[done:upto], st.W[done:upto], tol)
+                on_solved(st, (np.flatnonzero(ok) + done).tolist())
             done = upto
-    per = (time.perf_counter() - t0) / B
-    for e in out:
-        if e is not None:
-            e.__dict__["solve_time_"] = per
-    for i, e in proved_infeasible(est, st._replace(per=per)).items():
-        out[i] = e
-    return out
+    return st._replace(per=(time.perf_counter() - t0) / B)
 
 
-# _solve_group_compiled gives estimators their numbers once this many more instances are solved (or all are)
+# _solve_problems_compiled hands on the solved instances once this many more are solved (or all are)
 FILL_MIN = 64
 # ... and stacks the problems' arrays in parts: the first small, so that the pool's threads start soon
 STACK_FIRST = 64
@@ -388,7 +378,7 @@ os.register_at_fork(after_in_child=_gc_pause_after_fork)
 
 
 def solve_arrays(
-    est: AttentionSVM,
+    settings: FitSettings,
     X: NDArray[np.float64],
     Zq: NDArray[np.float64],
     alpha: NDArray[np.int64],
@@ -396,14 +386,15 @@ def solve_arrays(
     overwrite_x: bool = False,
 ) -> Stacked:
     """Solve the Frobenius SVMs of the stack X (B, n, T, d), Zq (B, n, d_z) at the selections ``alpha``
-    (B, n) as one program (module doc), without building estimators. With numba installed (and
-    ``est.max_iter`` None) the stack goes to the compiled dual active set of :mod:`._active_set`, spread
-    over :func:`attsvm._threads.batch_threads` threads; otherwise it is processed in chunks of about
+    (B, n) as one program (module doc). With numba installed (and ``settings.max_iter`` None; ``settings``
+    an :class:`~attsvm.svm._base.FitSettings` or any object with its attributes) the stack goes to the
+    compiled dual active set of :mod:`._active_set`, spread over :func:`attsvm._threads.batch_threads`
+    threads; otherwise it is processed in chunks of about
     ``CHUNK_FLOATS`` Gram entries, which bounds the memory of a step while keeping the NumPy calls per
     instance few. ``overwrite_x``: X is the caller's own stack, which the compiled route may overwrite
     with the rows A (the returned ``A`` is then X)."""
     kernel = compiled()
-    if kernel is not None and uses_compiled(est):
+    if kernel is not None and uses_compiled(settings):
         return _solve_compiled(X, Zq, alpha, kernel, overwrite_x)
     B, n, T, _ = X.shape
     if B == 0:
@@ -414,7 +405,7 @@ def solve_arrays(
     # (an instance far from unit scale over- or underflows here: its certificate fails and fit rescales it)
     with np.errstate(all="ignore"):
         parts = [
-            _solve_chunk(est, X[lo : lo + size], Zq[lo : lo + size], alpha[lo : lo + size], opt)
+            _solve_chunk(float(settings.tol), X[lo : lo + size], Zq[lo : lo + size], alpha[lo : lo + size], opt)
             for lo in range(0, B, size)
         ]
     if len(parts) == 1:
@@ -478,7 +469,7 @@ def _solve_compiled(
 
 
 def _solve_chunk(
-    est: AttentionSVM,
+    tol: float,
     X: NDArray[np.float64],
     Zq: NDArray[np.float64],
     alpha: NDArray[np.int64],
@@ -510,42 +501,23 @@ def _solve_chunk(
     ridge = opt.ridge * np.maximum(np.trace(G, axis1=1, axis2=2) / K, 1e-300)
     lam_hat, settled, iters = _pdas_many(G, bh, ridge, max(1, min(opt.pdas_max_iter, opt.max_iter - 1)))
     ok &= settled
-    # 4. lift and certify (docs/spec.md §3; the certificate of attsvm.svm.certificate, vectorised)
+    # 4. lift and certify (docs/spec.md §3; the certificate of attsvm.svm.certificate.certify_stack)
     lam = lam_hat * g[:, None] / s  # multipliers of the user's rows (degree 2)
     W = (Af * lam[:, :, None]).transpose(0, 2, 1) @ Zf  # (B, d, d_z)
-    lam_c = np.maximum(lam, 0.0)
-    Y = (Af * lam_c[:, :, None]).transpose(0, 2, 1) @ Zf  # 𝒜*(λ) of the sign-feasible λ
-    m = np.matmul(A, np.matmul(Zq, W.transpose(0, 2, 1))[:, :, :, None])[..., 0]  # (B, n, T), 0 off the mask
-    rhs = mask.astype(np.float64)
-    r = m - rhs
-    v = np.maximum(-r, 0.0)
-    wsq = np.einsum("bde,bde->b", W, W)
-    fn = np.sqrt(np.einsum("bntd,bntd->bnt", A, A)) * np.sqrt(np.einsum("bnd,bnd->bn", Zq, Zq))[:, :, None]
-    sigma = np.maximum(rhs, (ROW_FLOOR * np.sqrt(wsq))[:, None, None] * fn)
-    rel_viol = np.where(v > 0, v / np.where(sigma > 0, sigma, 1.0), 0.0).reshape(B, -1).max(axis=1)
-    rel_viol = np.where(((v > 0) & (sigma <= 0)).reshape(B, -1).any(axis=1), np.inf, rel_viol)
-    lam_nt = np.zeros((B, n * T))
-    lam_nt[rows, idx] = lam_c
-    lam_nt = lam_nt.reshape(B, n, T)
-    primal = 0.5 * wsq
-    dual = lam_c.sum(axis=1) - 0.5 * np.einsum("bde,bde->b", Y, Y)
-    gap = primal - dual
-    den = np.abs(primal) + np.abs(dual)
-    rel_gap = np.where(den > 0, np.abs(gap) / np.where(den > 0, den, 1.0), np.where(gap == 0, 0.0, np.inf))
-    ok &= (rel_viol <= est.tol) & (rel_gap <= est.tol) & np.isfinite(wsq)
-    support = mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
-    viol = v.reshape(B, -1).max(axis=1) + 0.0
-    compl = np.abs(lam_nt * r).reshape(B, -1).max(axis=1)
-    stats = np.stack([viol, rel_viol, gap, rel_gap, compl, g], axis=1)
+    cert = certify_stack(A, Zq, mask, W, lam, rows=(Af, Zf, idx))
+    ok &= (cert.relative_violation <= tol) & (cert.relative_gap <= tol) & np.isfinite(cert.primal)
+    stats = np.stack(
+        [cert.violation, cert.relative_violation, cert.gap, cert.relative_gap, cert.complementarity, g], axis=1
+    )
     return Stacked(
         A,
         Zq,
         mask,
         alpha,
         W,
-        lam_nt,
-        np.where(mask, m, np.inf),
-        support,
+        cert.lam,
+        cert.margins,
+        cert.support,
         stats,
         np.where(ok, iters, LEAVE_TIED),
         path="batched-dense",
@@ -553,72 +525,16 @@ def _solve_chunk(
     )
 
 
-def estimators(
-    cls: type[AttentionSVM], params: dict[str, Any], st: Stacked, keep: NDArray[np.int64]
-) -> list[AttentionSVM]:
-    """Fitted estimators of class ``cls`` with the parameters ``params`` (those the stack was solved
-    with) for the instances ``keep`` of ``st`` that the batch certified (:meth:`Stacked.certified`), in
-    that order. Their arrays are per-instance views of the stack, so an estimator costs a few attribute
-    writes."""
-    idx = keep.tolist()
-    out = _shells(cls, params, st, None if len(idx) == st.A.shape[0] else idx)  # (all: views by iteration)
-    _fill(out, idx, st, st.per)
-    return out
-
-
-def _shells(cls: type[AttentionSVM], params: dict[str, Any], st: Stacked, idx: list[int] | None = None) -> list:
-    """:meth:`AttentionSVM._batched_shells` for the instances ``idx`` of ``st`` (all: None): estimators
-    around the views of the stack's arrays, which need not be solved yet."""
-    _, n, T, _ = st.A.shape
-    eq = np.zeros((n, T), dtype=bool)
-    eq.flags.writeable = False  # (shared by every instance's constraint set)
-    rhs = st.mask.astype(np.float64)
-    arrays = (st.A, st.Zq, st.mask, rhs, st.alpha, st.W, st.lam, st.margins, st.support)
-    # (the instances' views of each stacked array)
-    views = [list(arr) for arr in arrays] if idx is None else [[arr[i] for i in idx] for arr in arrays]
-    return cls._batched_shells(params, eq, *views)
-
-
-def _fill(shells: list[AttentionSVM], idx: list[int], st: Stacked, per: float | None) -> None:
-    """:meth:`AttentionSVM._batched_fill` of the shells of the instances ``idx`` of ``st`` (solved and
-    certified: the others' arrays may not be)."""
-    if not shells:
-        return
-    B, n, T, _ = st.A.shape
-    W = st.W[idx]
-    objective = np.sqrt(np.einsum("bde,bde->b", W, W)).tolist()
-    info = {"backend": "frobenius", "path": st.path, "K": n * (T - 1), "batch_size": B}
-    stats = st.stats[idx].T.tolist()
-    type(shells[0])._batched_fill(shells, objective, stats, st.code[idx].tolist(), info, per)
-
-
-def proved_infeasible(est: AttentionSVM, st: Stacked) -> dict[int, AttentionSVM]:
-    """The instances of ``st`` the batch proved infeasible with a certificate that verifies
-    (:func:`infeasible`), fitted, by position; none with ``on_infeasible="raise"`` (``fit`` raises the
-    named error for those)."""
-    out: dict[int, AttentionSVM] = {}
-    if est.on_infeasible == "status":
-        for i in np.flatnonzero(st.code == LEAVE_INFEASIBLE).tolist():
-            e = infeasible(est, st, i)
-            if e is not None:
-                out[i] = e
-    return out
-
-
-def infeasible(est: AttentionSVM, st: Stacked, i: int) -> AttentionSVM | None:
-    """Instance ``i`` of ``st``, which the active set found infeasible (code LEAVE_INFEASIBLE): fitted
-    with status "infeasible" through the estimator's own acceptance (:meth:`AttentionSVM._accept`, as
-    ``fit``) when its candidate verifies as a Farkas certificate
-    (:func:`~attsvm.svm.certificate.farkas_certificate`); None otherwise (``fit``)."""
+def farkas_of(st: Stacked, i: int) -> tuple[ConstraintSet, FarkasCertificate] | None:
+    """Instance ``i`` of ``st``, which the active set found infeasible (code LEAVE_INFEASIBLE): its constraint
+    set and its candidate as a verified Farkas certificate
+    (:func:`~attsvm.svm.certificate.farkas_certificate`), or None where the candidate does not verify (the
+    instance then goes through ``fit``)."""
     n, T = st.mask.shape[1:]
     eq = np.zeros((n, T), dtype=bool)
     cs = ConstraintSet._trusted(st.A[i], st.Zq[i], st.mask[i], st.mask[i].astype(np.float64), eq)
     cert = farkas_certificate(cs, st.lam[i], "active set")
-    if not cert.valid:
-        return None
-    e = type(est)(**est.get_params())
-    raw = RawSolution(None, cert.lam, INFEASIBLE, 0, {"backend": "frobenius", "path": st.path})
-    return e._accept(cs, st.alpha[i], raw, "frobenius", st.per)
+    return (cs, cert) if cert.valid else None
 
 
 def group_key(problem: AttentionProblem) -> tuple[int, ...]:
@@ -644,6 +560,6 @@ def deficient_shape(key: tuple[int, ...]) -> bool:
     return K > min(d, K) * min(dz, n)
 
 
-def ready(est: AttentionSVM) -> bool:
-    """Whether ``est``'s parameters take the batched route (Frobenius, our backend)."""
-    return est.norm == "fro" and est.backend == "auto"
+def ready(settings: FitSettings) -> bool:
+    """Whether a fit with these ``settings`` takes the batched route (Frobenius, our backend)."""
+    return settings.norm == "fro" and settings.backend == "auto"

@@ -28,23 +28,22 @@ augmented Lagrangian: the two agree on every instance of the tests.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from . import batch
-from ._base import ConstraintSet, RawSolution
+from ._base import ConstraintSet, FitSettings, RawSolution
 from ._factored import _make_feasible, _nuclear, _reduce, _Reduced
 from ._sdp import _guarded, ipm_many
+from .certificate import OptimalityCertificate, optimality_certificate
+from .norms import NUCLEAR
 from .nuclear import _lift_dual, _trivial
 from .reduction import Reduction, prescale, reduce
 from .status import OPTIMAL
 
-if TYPE_CHECKING:
-    from .estimator import AttentionSVM
-
-__all__ = ["NUC_BATCH_MAX_K", "NUC_BATCH_MAX_N", "ready", "solve_many"]
+__all__ = ["NUC_BATCH_MAX_K", "NUC_BATCH_MAX_N", "NuclearSolved", "ready", "solve_many"]
 
 # Reduced programs with more constraint rows, or a larger semidefinite block (r_a + r_z), go one at a
 # time: the interior point's K × K Schur complement and its N × N eigenvalue problems grow as K³ and
@@ -174,21 +173,29 @@ def _distinct_rows(red: _Reduced) -> NDArray[np.int64]:
     return idx[np.sort(first)]
 
 
-def ready(est: AttentionSVM) -> bool:
-    """Whether ``est``'s parameters take the batched nuclear route (an explicit ``max_iter`` is a limit
-    on ``fit``'s augmented-Lagrangian iterations: those estimators go one at a time)."""
-    return est.norm == "nuc" and est.rank is None and est.backend == "auto" and est.max_iter is None
+class NuclearSolved(NamedTuple):
+    """An instance the batched interior point solved and certified: the raw solution (W and λ in the
+    user's units, status "optimal", the route in ``info``), its optimality certificate
+    (:func:`~attsvm.svm.certificate.optimality_certificate` of ``(W, λ)``, which passes ``tol``) and the
+    seconds spent on it (its share of the batch, its reduction, lift and certificate)."""
+
+    raw: RawSolution
+    certificate: OptimalityCertificate
+    time: float
 
 
-def solve_many(
-    est: AttentionSVM, constraint_sets: list[ConstraintSet | None], alphas: list[NDArray[np.int64] | None]
-) -> list[AttentionSVM | None]:
-    """Fit the nuclear SVMs of ``constraint_sets`` (module doc; ``alphas``: the selections they come
-    from, recorded as ``tokens_``, or None).
+def ready(settings: FitSettings) -> bool:
+    """Whether a fit with these ``settings`` takes the batched nuclear route (an explicit ``max_iter`` is a
+    limit on ``fit``'s augmented-Lagrangian iterations: those instances go one at a time)."""
+    return settings.norm == "nuc" and settings.rank is None and settings.backend == "auto" and settings.max_iter is None
 
-    Returns, per instance, a fitted estimator with ``est``'s parameters, or None where the instance
-    must go through ``fit`` (and where its constraint set is None: too large for the batch)."""
-    out: list[AttentionSVM | None] = [None] * len(constraint_sets)
+
+def solve_many(settings: FitSettings, constraint_sets: list[ConstraintSet | None]) -> list[NuclearSolved | None]:
+    """Solve the nuclear SVMs of ``constraint_sets`` (module doc) and certify each at ``settings.tol``.
+
+    Returns, per instance, its :class:`NuclearSolved`, or None where the instance must go through
+    ``fit`` (and where its constraint set is None: too large for the batch)."""
+    out: list[NuclearSolved | None] = [None] * len(constraint_sets)
     prepared: list[tuple[ConstraintSet, Reduction, _Reduced, NDArray[np.int64], float] | None] = []
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i, cs in enumerate(constraint_sets):
@@ -208,7 +215,7 @@ def solve_many(
         if idx.size > NUC_BATCH_MAX_K or r_a + r_z > NUC_BATCH_MAX_N:
             continue
         groups.setdefault((idx.size, r_a, r_z), []).append(i)
-    params = est.get_params()
+    tol = settings.tol
     compiled = batch.compiled() is not None  # (the interior point's route: attsvm.svm._sdp)
 
     def run(chunk: list[int], compiled: bool) -> list[int]:
@@ -249,17 +256,9 @@ def solve_many(
                 "route": "compiled" if compiled else "numpy",
             }
             raw = RawSolution(W, lam, OPTIMAL, int(iters[j]), info)
-            e = type(est)(**params)
-            e._accept(cs, alphas[i], raw, "nuclear", t_prep + per + time.perf_counter() - t1)
-            if e.status_ == OPTIMAL:
-                e.info_.update(
-                    time=e.solve_time_,
-                    objective=e.objective_,
-                    dual_objective=e.objective_ - e.duality_gap_,
-                    relative_gap=e.relative_gap_,
-                    violation=e.max_violation_,
-                )
-                out[i] = e
+            cert = optimality_certificate(cs, W, lam, NUCLEAR)  # (as fit certifies its answer)
+            if cert.passes(tol):
+                out[i] = NuclearSolved(raw, cert, t_prep + per + time.perf_counter() - t1)
             else:
                 failed.append(i)
         return failed

@@ -23,6 +23,11 @@ verdict never depends on the units of X or Z:
 
 ``status = "optimal"`` requires ``relative_violation ≤ tol`` and ``relative_gap ≤ tol``.
 
+:func:`certify_stack` computes the same optimality certificate for a stack of B ≥ 1 Frobenius Att-SVM(α)
+instances at once (inequality rows, b = 1), in arrays over the instances: the batched routes of
+:mod:`.batch` certify with it, and the compiled kernel of :mod:`._active_set`, which computes it inside its
+solve, is tested against it.
+
 **Infeasibility** (Farkas, theorem of alternatives; :func:`farkas_certificate`): λ (n, T) with
 λ_I ≥ 0, normalised to ``Σ_k |λ_k| = 1``, is accepted when
 
@@ -55,6 +60,8 @@ from .reduction import Reduction, reduce
 
 __all__ = [
     "OptimalityCertificate",
+    "StackCertificate",
+    "certify_stack",
     "numerical_rank",
     "FarkasCertificate",
     "optimality_certificate",
@@ -193,6 +200,75 @@ def optimality_certificate(
         support=support,
         rank=rank,
     )
+
+
+class StackCertificate(NamedTuple):
+    """The optimality certificate of a stack of B Frobenius Att-SVM(α) instances (:func:`certify_stack`),
+    arrays over the instances b: ``violation``, ``relative_violation``, ``gap``, ``relative_gap``,
+    ``complementarity`` and ``primal`` (½‖W‖_F²) are (B,); ``lam`` (the multipliers clipped to λ ≥ 0),
+    ``margins`` (``a_itᵀ W z_i``, inf off the mask) and ``support`` (the tight rows) are (B, n, T)."""
+
+    violation: NDArray[np.float64]
+    relative_violation: NDArray[np.float64]
+    gap: NDArray[np.float64]
+    relative_gap: NDArray[np.float64]
+    complementarity: NDArray[np.float64]
+    primal: NDArray[np.float64]
+    lam: NDArray[np.float64]
+    margins: NDArray[np.float64]
+    support: NDArray[np.bool_]
+
+
+def certify_stack(
+    A: NDArray[np.float64],
+    Zq: NDArray[np.float64],
+    mask: NDArray[np.bool_],
+    W: NDArray[np.float64],
+    lam: NDArray[np.float64],
+    rows: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]] | None = None,
+) -> StackCertificate:
+    """The optimality certificate (module doc) of ``(W, λ)`` for each instance of a stack of B ≥ 1 Frobenius
+    Att-SVM(α) programs ``min ½‖W‖_F² s.t. a_itᵀ W z_i ≥ 1 (mask)``, as arrays over the instances.
+
+    ``A`` (B, n, T, d): the rows, 0 off the mask; ``Zq`` (B, n, d_z): the queries; ``mask`` (B, n, T): the
+    constraints, K = n(T − 1) per instance (every token but α_i); ``W`` (B, d, d_z); ``lam``: the
+    multipliers (B, n, T), or (B, K) over the masked rows in row-major order when ``rows`` gives those rows
+    already gathered, ``(A_f (B, K, d), Z_f (B, K, d_z), idx (B, K))`` with ``idx`` their flat (n·T)
+    positions. The sums over rows run over the K masked rows in that order, whichever form is given."""
+    B, n, T, d = A.shape
+    K = n * (T - 1)
+    if rows is None:
+        idx = np.nonzero(mask.reshape(B, n * T))[1].reshape(B, K)  # row-major, as ConstraintSet's
+        at = np.arange(B)[:, None]
+        Af = A.reshape(B, n * T, d)[at, idx]
+        Zf = Zq[at, idx // T]
+        lam = lam.reshape(B, n * T)[at, idx]
+    else:
+        Af, Zf, idx = rows
+    at = np.arange(B)[:, None]
+    lam_c = np.maximum(lam, 0.0)
+    Y = (Af * lam_c[:, :, None]).transpose(0, 2, 1) @ Zf  # 𝒜*(λ) of the sign-feasible λ
+    m = np.matmul(A, np.matmul(Zq, W.transpose(0, 2, 1))[:, :, :, None])[..., 0]  # (B, n, T), 0 off the mask
+    rhs = mask.astype(np.float64)
+    r = m - rhs
+    v = np.maximum(-r, 0.0)
+    wsq = np.einsum("bde,bde->b", W, W)
+    fn = np.sqrt(np.einsum("bntd,bntd->bnt", A, A)) * np.sqrt(np.einsum("bnd,bnd->bn", Zq, Zq))[:, :, None]
+    sigma = np.maximum(rhs, (ROW_FLOOR * np.sqrt(wsq))[:, None, None] * fn)
+    rel_viol = np.where(v > 0, v / np.where(sigma > 0, sigma, 1.0), 0.0).reshape(B, -1).max(axis=1)
+    rel_viol = np.where(((v > 0) & (sigma <= 0)).reshape(B, -1).any(axis=1), np.inf, rel_viol)
+    lam_nt = np.zeros((B, n * T))
+    lam_nt[at, idx] = lam_c
+    lam_nt = lam_nt.reshape(B, n, T)
+    primal = 0.5 * wsq
+    dual = lam_c.sum(axis=1) - 0.5 * np.einsum("bde,bde->b", Y, Y)
+    gap = primal - dual
+    den = np.abs(primal) + np.abs(dual)
+    rel_gap = np.where(den > 0, np.abs(gap) / np.where(den > 0, den, 1.0), np.where(gap == 0, 0.0, np.inf))
+    support = mask & np.isfinite(m) & (np.abs(r) <= SUPPORT_TOL * np.maximum(1.0, np.abs(m)))
+    viol = v.reshape(B, -1).max(axis=1) + 0.0
+    compl = np.abs(lam_nt * r).reshape(B, -1).max(axis=1)
+    return StackCertificate(viol, rel_viol, gap, rel_gap, compl, primal, lam_nt, np.where(mask, m, np.inf), support)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -29,8 +29,17 @@ from numpy.typing import ArrayLike, NDArray
 from .._threads import SMALL_NUCLEAR_ELEMENTS, SMALL_SOLVE_ELEMENTS, blas_threads
 from .._validation import SEED_MAX, Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem
+from . import backends
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
-from .certificate import FARKAS_RTOL, feasible_point, find_farkas, numerical_rank, optimality_certificate
+from .backends import SolveRequest
+from .certificate import (
+    FARKAS_RTOL,
+    OptimalityCertificate,
+    feasible_point,
+    find_farkas,
+    numerical_rank,
+    optimality_certificate,
+)
 from .norms import (
     BUILTIN_NAMES,
     BUILTIN_TYPES,
@@ -461,8 +470,7 @@ class AttentionSVM:
         A selection that :meth:`fit` would refuse (a tie, an index out of range) raises here,
         before anything is solved, naming the problem's position.
         """
-        from . import batch, batch_nuclear
-        from .frobenius import FrobeniusOptions
+        from . import _fitted
 
         self._validate_params()
         if isinstance(problems, (AttentionProblem, str, bytes)) or not hasattr(problems, "__len__"):
@@ -478,42 +486,7 @@ class AttentionSVM:
                 f"tokens must hold one selection per problem (or be None); got {len(toks)} for {len(probs)} problems"
             )
         alphas, stacked = _check_selections(probs, toks)
-        out: list[AttentionSVM | None] = [None] * len(probs)
-        if batch.ready(self):
-            opt = FrobeniusOptions(tol=min(float(self.tol), 1e-10))
-            if self.max_iter is not None:
-                opt = replace(opt, max_iter=int(self.max_iter))
-            limit = batch.max_k(self)
-            deficient_ok = batch.uses_compiled(self)
-            keys = [batch.group_key(p) for p in probs]
-            groups: dict[tuple[int, ...], list[int]] = {}
-            if keys and keys.count(keys[0]) == len(keys):  # (a sweep: one shape, one group of every problem)
-                groups[keys[0]] = list(range(len(keys)))
-            else:
-                for i, key in enumerate(keys):
-                    groups.setdefault(key, []).append(i)
-            for key, members in groups.items():
-                if not (0 < key[0] * (key[1] - 1) <= limit and (deficient_ok or not batch.deficient_shape(key))):
-                    continue
-                everyone = len(members) == len(probs)
-                with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
-                    if stacked is None:
-                        alpha = np.stack([alphas[i] for i in members])
-                    else:  # (the checked copy itself where the group is every problem)
-                        alpha = stacked if everyone else stacked[members]
-                    fitted = batch.solve_group(self, probs if everyone else [probs[i] for i in members], alpha, opt)
-                if everyone:
-                    out = fitted
-                else:
-                    for i, e in zip(members, fitted):
-                        out[i] = e
-        if batch_nuclear.ready(self):
-            css = [
-                _att_svm_constraints(p, a) if p.n * (p.T - 1) <= batch_nuclear.NUC_BATCH_MAX_K else None
-                for p, a in zip(probs, alphas)
-            ]
-            with blas_threads(1):
-                out = batch_nuclear.solve_many(self, css, list(alphas))
+        out: list[AttentionSVM | None] = _fitted.batched(self, probs, alphas, stacked)
         return self._fit_rest(
             out, [p.X.size for p in probs], lambda est, i: est.fit(probs[i], alphas[i]), lambda i: f"problems[{i}]"
         )
@@ -531,9 +504,10 @@ class AttentionSVM:
         Z : (B, n, d_z) the query of each sequence (``X[:, :, q]`` for self-attention at position q).
         tokens : (B, n) the selection α of each instance (integer token indices in [0, T)).
         """
-        from .stack import fit_stack
+        from . import _fitted
 
-        return fit_stack(self, X, Z, tokens)
+        self._validate_params()
+        return _fitted.fit_stack(self, X, Z, tokens)
 
     def fit_constraints(self, cs: ConstraintSet) -> AttentionSVM:
         """Solve ``min ‖W‖ s.t. cs`` for any constraint set (e.g. docs/spec.md §5's SVM-eq / W_fin)."""
@@ -553,7 +527,7 @@ class AttentionSVM:
         :mod:`attsvm.svm.batch_nuclear` and certified one by one; every other program, and any that
         does not certify there, goes through :meth:`fit_constraints` (the Frobenius batch takes only the
         inequality rows b = 1 of :meth:`fit_many`'s problems)."""
-        from . import batch_nuclear
+        from . import _fitted
 
         self._validate_params()
         if isinstance(constraint_sets, (ConstraintSet, str, bytes)) or not hasattr(constraint_sets, "__len__"):
@@ -564,10 +538,7 @@ class AttentionSVM:
         for i, cs in enumerate(css):
             if not isinstance(cs, ConstraintSet):
                 raise TypeError(f"constraint_sets[{i}] must be a ConstraintSet, got {type(cs).__name__}")
-        out: list[AttentionSVM | None] = [None] * len(css)
-        if batch_nuclear.ready(self):
-            with blas_threads(1):
-                out = batch_nuclear.solve_many(self, list(css), [None] * len(css))
+        out: list[AttentionSVM | None] = _fitted.nuclear_batch(self, css)
         return self._fit_rest(
             out,
             [cs.A.size for cs in css],
@@ -601,58 +572,23 @@ class AttentionSVM:
         return [e for e in out if e is not None]
 
     def _solve(self, cs: ConstraintSet) -> tuple[RawSolution, str]:
-        kw: dict[str, Any] = {} if self.max_iter is None else {"max_iter": int(self.max_iter)}
+        """The raw solution of ``cs`` by the backend registered for these parameters (:mod:`.backends`)."""
+        return backends.solve(cs, self._request())
+
+    def _request(self) -> SolveRequest:
+        """These parameters as a backend reads them (:class:`~attsvm.svm.backends.SolveRequest`)."""
         kind = self._norm_kind()
-        if kind == "generic":
-            from .generic import solve_generic
-
-            return solve_generic(cs, self._norm_object(), tol=float(self.tol), seed=int(self.seed), **kw), "generic"
-        if self.backend == "cvxpy":
-            from .cvxpy_backend import solve_cvxpy
-
-            try:
-                if kind == "lp":
-                    from .cvxpy_backend import solve_cvxpy_lp
-
-                    raw = solve_cvxpy_lp(cs, self._exponent(), solver=self.solver)
-                else:
-                    which: Literal["fro", "nuc", "spectral"] = (
-                        "fro" if kind == "fro" else "spectral" if kind == "spectral" else "nuc"
-                    )
-                    raw = solve_cvxpy(cs, which, solver=self.solver)
-            except Exception as exc:  # a solver failure is a status with info, never an escaping exception
-                raw = RawSolution(
-                    None,
-                    np.zeros(cs.mask.shape),
-                    ERROR,
-                    0,
-                    {"solver": self.solver, "message": f"{type(exc).__name__}: {exc}"},
-                )
-            return raw, f"cvxpy:{raw.info.get('solver', '?')}"
-        if kind == "lp":
-            from .lp import solve_lp
-
-            return solve_lp(cs, self._exponent(), tol=float(self.tol), **kw), "lp"
-        if kind == "spectral":
-            from .spectral import solve_spectral
-
-            # (the interior point stops at a quarter of tol, so the certificate recomputed here passes it)
-            return solve_spectral(cs, tol=float(self.tol), **kw), "spectral"
-        if kind in ("l1", "linf"):
-            from .lp import solve_lp_limit
-
-            return solve_lp_limit(cs, "l1" if kind == "l1" else "linf"), "highs"
-        if kind == "fro":
-            from .frobenius import solve_frobenius
-
-            # the Frobenius solver is exact: ask it for a margin below the certificate tolerance
-            return solve_frobenius(cs, tol=min(float(self.tol), 1e-10), **kw), "frobenius"
-        from . import nuclear
-
-        if self.rank is not None:
-            raw = nuclear.solve_nuclear_rank(cs, rank=int(self.rank), tol=float(self.tol), seed=int(self.seed), **kw)
-            return raw, "nuclear-rank"
-        return nuclear.solve_nuclear(cs, tol=float(self.tol), seed=int(self.seed), **kw), "nuclear"
+        return SolveRequest(
+            kind,
+            self._norm_object() if kind == "generic" else None,
+            self._exponent() if kind == "lp" else None,
+            self.rank,
+            self.tol,
+            self.max_iter,
+            self.seed,
+            self.solver,
+            self.backend == "cvxpy",
+        )
 
     def _ours_nuc(self) -> bool:
         """Whether this fit runs our convex nuclear solver (which has a BLAS-thread limit of its own)."""
@@ -682,11 +618,9 @@ class AttentionSVM:
         """Where fit's nuclear route ends "optimal_inaccurate", the batched interior point of ``fit_many``
         (:mod:`attsvm.svm.batch_nuclear`) is tried too, and its answer taken when it certifies: fit and
         fit_many then give one status on one instance (fit_many already falls back to fit)."""
-        from . import batch_nuclear
+        from . import _fitted
 
-        if not batch_nuclear.ready(self):
-            return
-        other = batch_nuclear.solve_many(self, [cs], [alpha])[0]
+        other = _fitted.nuclear(self, [cs], [alpha])[0]
         if other is not None and other.status_ == OPTIMAL:
             params = self.get_params()
             self.__dict__.update(other.__dict__)
@@ -701,10 +635,12 @@ class AttentionSVM:
         backend: str,
         solve_time: float,
         stacklevel: int = 3,
+        certificate: OptimalityCertificate | None = None,
     ) -> AttentionSVM:
         """The fitted attributes from a backend's raw solution: the status only with a certificate that
         passes (optimal) or a verified Farkas certificate (infeasible). Also the end of the batched
-        nuclear route (:mod:`attsvm.svm.batch_nuclear`), so that both routes certify alike."""
+        nuclear route (:mod:`attsvm.svm.batch_nuclear`), so that both routes certify alike: it passes
+        the ``certificate`` of ``(raw.W, raw.dual)`` it already computed, which is then not computed again."""
         self.solve_time_ = solve_time
         self.backend_ = backend
         self.n_iter_ = int(raw.n_iter)
@@ -722,7 +658,7 @@ class AttentionSVM:
                 f"AttentionSVM: backend {backend} returned no solution ({msg})", RuntimeWarning, stacklevel=stacklevel
             )
             return self
-        self._set_certificate(cs, raw)
+        self._set_certificate(cs, raw, certificate)
         return self
 
     def _clear(self, status: str) -> None:
@@ -809,10 +745,11 @@ class AttentionSVM:
             )
         return self
 
-    def _set_certificate(self, cs: ConstraintSet, raw: RawSolution) -> None:
-        """The optimality certificate of :mod:`.certificate` from ``(cs, W, λ)``."""
+    def _set_certificate(self, cs: ConstraintSet, raw: RawSolution, cert: OptimalityCertificate | None = None) -> None:
+        """The optimality certificate of :mod:`.certificate` from ``(cs, W, λ)`` (``cert``, when given)."""
         assert raw.W is not None
-        cert = optimality_certificate(cs, raw.W, raw.dual, self._norm_object())
+        if cert is None:
+            cert = optimality_certificate(cs, raw.W, raw.dual, self._norm_object())
         self.W_ = np.asarray(raw.W, dtype=np.float64)
         self.objective_ = cert.objective
         self.dual_coef_ = cert.lam
@@ -887,100 +824,6 @@ class AttentionSVM:
                 stacklevel=4,
             )
         return self
-
-    # the fitted numbers a batch sets per instance once it is solved (AttentionSVM._batched_fill)
-    _FILL_FIELDS = (
-        "objective_",
-        "max_violation_",
-        "relative_violation_",
-        "duality_gap_",
-        "relative_gap_",
-        "complementary_slackness_",
-        "n_iter_",
-        "info_",
-        "solve_time_",
-    )
-
-    @classmethod
-    def _batched_shells(
-        cls,
-        params: dict[str, Any],
-        equality: NDArray[np.bool_],
-        *arrays: Sequence[NDArray],
-    ) -> list[AttentionSVM]:
-        """New estimators with ``params`` and the fitted arrays of instances of a :mod:`attsvm.svm.batch`
-        stack, each a view of the stack's arrays, which may still be being solved. ``arrays``: per
-        instance, in this order, the rows A, queries Z, mask and right-hand side of its constraint set
-        (whose equality mask is the shared, read-only ``equality``), and its tokens, W, multipliers,
-        margins (already inf off the mask) and support. Built without ``__init__``: a batch makes
-        thousands of them, so each is a copy of one dictionary (that already holds every fitted attribute,
-        so that setting them adds no entry) and a few stores. Each is fitted (as :meth:`_fit` sets an
-        optimal instance) once :meth:`_batched_fill` gives it its numbers; a shell whose instance the
-        batch does not certify is discarded."""
-        template = {
-            **params,
-            "backend_": "frobenius",
-            "factors_": None,
-            "reached_convex_optimum_": None,
-            "_rank": None,
-            "certificate_": None,
-            "certificate_residual_": None,
-            "status_": OPTIMAL,
-            "constraints_": None,
-            "tokens_": None,
-            "W_": None,
-            "dual_coef_": None,
-            "margins_": None,
-            "support_": None,
-            **dict.fromkeys(cls._FILL_FIELDS),
-        }
-        new = object.__new__
-        cs_type = ConstraintSet
-        out = []
-        for A, Z, mask, rhs, tokens, W, lam, margins, support in zip(*arrays):
-            cs = new(cs_type)
-            c = cs.__dict__  # (frozen: no setattr; the arrays satisfy its invariants, as ConstraintSet._trusted)
-            c["A"] = A
-            c["Z"] = Z
-            c["mask"] = mask
-            c["rhs"] = rhs
-            c["equality"] = equality
-            self = new(cls)
-            d = self.__dict__ = template.copy()
-            d["constraints_"] = cs
-            d["tokens_"] = tokens
-            d["W_"] = W
-            d["dual_coef_"] = lam
-            d["margins_"] = margins
-            d["support_"] = support
-            out.append(self)
-        return out
-
-    @staticmethod
-    def _batched_fill(
-        shells: list[AttentionSVM],
-        objective: list[float],
-        stats: list[list[float]],
-        code: list[int],
-        info: dict[str, Any],
-        solve_time: float | None = None,
-    ) -> None:
-        """Give shells of :meth:`_batched_shells` the numbers of their certified instances: ``objective``,
-        the 6 columns of the batch's ``stats`` (violation, relative violation, gap, relative gap,
-        complementarity, g), the iteration counts ``code``, ``info_`` (``info`` with each one's
-        ``global_scale`` g) and, when known, ``solve_time_``."""
-        for e, obj, viol, rviol, gap, rgap, compl, g, it in zip(shells, objective, *stats, code):
-            d = e.__dict__
-            d["objective_"] = obj
-            d["max_violation_"] = viol
-            d["relative_violation_"] = rviol
-            d["duality_gap_"] = gap
-            d["relative_gap_"] = rgap
-            d["complementary_slackness_"] = compl
-            d["n_iter_"] = it
-            d["info_"] = {**info, "global_scale": g}
-            if solve_time is not None:
-                d["solve_time_"] = solve_time
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:

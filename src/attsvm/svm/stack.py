@@ -2,8 +2,9 @@
 
 A sweep that solves thousands of SVMs of one shape wants their answers as arrays — every W, status and
 certificate of the sweep in a few arrays it can reduce, save or plot — not as thousands of estimator
-objects, whose construction costs more than a small solve. :func:`fit_stack` takes the stacked data
-``X`` (B, n, T, d), queries ``Z`` (B, n, d_z) and selections (B, n) and returns an :class:`SVMStack`:
+objects, whose construction costs more than a small solve. :meth:`AttentionSVM.fit_stack` takes the stacked
+data ``X`` (B, n, T, d), queries ``Z`` (B, n, d_z) and selections (B, n) (checked by :func:`check_stack`) and
+returns an :class:`SVMStack`:
 
 - **Frobenius** (``backend="auto"``): the stack goes to the batch of :mod:`.batch` (the compiled dual
   active set with numba, else the NumPy route) as one program, with no per-instance Python; instances it
@@ -18,32 +19,31 @@ with the latitude of :meth:`AttentionSVM.fit_many`: on a degenerate face the mul
 differently from ``fit``'s, a Farkas certificate from the batch may differ from ``fit``'s (both verify),
 and ``n_iter`` counts the iterations of the method that solved the instance. ``stack[b]`` is the fitted
 estimator of instance b, built on first access with the parameters the stack was fitted with.
+
+This module holds the arrays; the estimator (:mod:`attsvm.svm._fitted`) solves the stack, fills the rows of
+the instances that ``fit`` returned and hands the stack the function that builds ``stack[b]``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._threads import blas_threads
 from .._validation import as_float_array
 from ..tokens import _constraint_mask, _differences
 from ._base import ConstraintSet
-from .status import INFEASIBLE, OPTIMAL
+from .status import OPTIMAL
 
 if TYPE_CHECKING:
     from .batch import Stacked
-    from .estimator import AttentionSVM
 
-__all__ = ["SVMStack", "fit_stack"]
+__all__ = ["SVMStack", "check_stack", "constraints"]
 
 # the per-instance scalars of the certificate, as arrays of SVMStack and attributes of AttentionSVM
-_SCALARS = (
+SCALARS = (
     ("max_violation", "max_violation_"),
     ("relative_violation", "relative_violation_"),
     ("duality_gap", "duality_gap_"),
@@ -95,26 +95,27 @@ class SVMStack:
 
     def __init__(
         self,
-        est: AttentionSVM,
         shape: tuple[int, int, int, int, int],
         tokens: NDArray[np.int64],
         stacked: Stacked | None,
-        fitted: dict[int, AttentionSVM],
+        tol: float,
         solve_time: float,
+        build: Callable[[int], Any],
     ) -> None:
+        """The arrays of a stack of ``shape`` (B, n, T, d, d_z) fitted at ``tokens``: those of the instances
+        that the batch's arrays ``stacked`` certified at ``tol`` (viewed, not copied), NaN (status "") for
+        every other instance until its row is written; ``build(b)`` returns the fitted estimator of
+        instance b (``stack[b]``)."""
         B, n, T, d, dz = shape
-        self._cls, self._params = type(est), est.get_params()  # (as fitted: est may be changed later)
-        self._stacked = stacked
-        self._fitted = fitted
+        self._build = build
         self.tokens = tokens
         self.solve_time = solve_time
         if stacked is not None:  # the batch's arrays (its estimators' views), NaN where it did not certify
             st = stacked
-            ok = st.certified(est.tol)  # (the others are in fitted)
-            self._batched = ok
+            ok = st.certified(tol)  # (the others' rows are written by whoever fits them)
             self.W, self.dual_coef, self.margins, self.support = st.W, st.lam, st.margins, st.support
             self.objective = np.sqrt(np.einsum("bde,bde->b", st.W, st.W))
-            for j, (name, _) in enumerate(_SCALARS):
+            for j, (name, _) in enumerate(SCALARS):
                 setattr(self, name, st.stats[:, j])
             self.n_iter = st.code.copy()
             self.status = np.full(B, OPTIMAL, dtype="<U20")
@@ -125,31 +126,16 @@ class SVMStack:
                 self.support[off] = False
                 self.n_iter[off] = 0
         else:
-            self._batched = np.zeros(B, dtype=bool)
             self.W = np.full((B, d, dz), np.nan)
             self.objective = np.full(B, np.nan)
             self.dual_coef = np.full((B, n, T), np.nan)
             self.margins = np.full((B, n, T), np.nan)
             self.support = np.zeros((B, n, T), dtype=bool)
-            for name, _ in _SCALARS:
+            for name, _ in SCALARS:
                 setattr(self, name, np.full(B, np.nan))
             self.n_iter = np.zeros(B, dtype=np.int64)
             self.status = np.full(B, "", dtype="<U20")
         self.certificate = np.full((B, n, T), np.nan)
-        for i, e in fitted.items():  # the instances fit (or the batch's infeasibility proof) returned
-            self.status[i] = e.status_
-            self.n_iter[i] = e.n_iter_
-            if e.status_ == INFEASIBLE:
-                self.certificate[i] = e.certificate_
-            if e.W_ is None:
-                continue
-            self.W[i] = e.W_
-            self.objective[i] = e.objective_
-            self.dual_coef[i] = e.dual_coef_
-            self.margins[i] = e.margins_
-            self.support[i] = e.support_
-            for name, attr in _SCALARS:
-                getattr(self, name)[i] = getattr(e, attr)
 
     @property
     def optimal(self) -> NDArray[np.bool_]:
@@ -159,22 +145,16 @@ class SVMStack:
     def __len__(self) -> int:
         return int(self.status.shape[0])
 
-    def __getitem__(self, b: int) -> AttentionSVM:
+    def __getitem__(self, b: int) -> Any:
+        """The fitted :class:`~attsvm.svm.AttentionSVM` of instance ``b`` (built on first access)."""
         if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
             raise TypeError(f"an SVMStack is indexed by an instance number, got {type(b).__name__}")
         B = len(self)
         if not -B <= b < B:
             raise IndexError(f"instance {b} out of range for a stack of {B}")
-        b = int(b) % B
-        e = self._fitted.get(b)
-        if e is None:  # certified by the batch: the estimator from its arrays, once
-            from .batch import estimators
+        return self._build(int(b) % B)
 
-            assert self._stacked is not None and self._batched[b]
-            e = self._fitted[b] = estimators(self._cls, self._params, self._stacked, np.array([b]))[0]
-        return e
-
-    def __iter__(self) -> Iterator[AttentionSVM]:
+    def __iter__(self) -> Iterator[Any]:
         return (self[b] for b in range(len(self)))
 
     def __repr__(self) -> str:
@@ -185,10 +165,10 @@ class SVMStack:
         return f"SVMStack({len(self)} instance{'' if len(self) == 1 else 's'}{tally}; {self.solve_time:.3g} s)"
 
 
-def _check_stack(
+def check_stack(
     X: ArrayLike, Z: ArrayLike, tokens: ArrayLike
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
-    """The arrays of :func:`fit_stack`, validated: errors name the argument and, for a selection, the
+    """The arrays of :meth:`AttentionSVM.fit_stack`, validated: errors name the argument and, for a selection, the
     instance."""
     X = as_float_array(X, "X", ndim=4, copy=False)  # (read during the call only, never kept)
     B, n, T, d = X.shape
@@ -212,56 +192,9 @@ def _check_stack(
     return X, Z, tok.astype(np.int64)  # (a copy: the caller's array is neither aliased nor read again)
 
 
-def _constraints(X: NDArray[np.float64], Z: NDArray[np.float64], alpha: NDArray[np.int64]) -> ConstraintSet:
+def constraints(X: NDArray[np.float64], Z: NDArray[np.float64], alpha: NDArray[np.int64]) -> ConstraintSet:
     """The constraint set ``fit`` builds for one instance (attsvm.svm._base.att_svm_constraints)."""
     n, T, _ = X.shape
     A = _differences(X[np.arange(n), alpha], X)
     mask = _constraint_mask(n, T, alpha)
     return ConstraintSet._trusted(A, Z.copy(), mask, mask.astype(np.float64), np.zeros_like(mask))
-
-
-def fit_stack(est: AttentionSVM, X: ArrayLike, Z: ArrayLike, tokens: ArrayLike) -> SVMStack:
-    """:meth:`AttentionSVM.fit_stack` (module doc)."""
-    from . import batch, batch_nuclear
-    from .frobenius import FrobeniusOptions
-
-    est._validate_params()
-    X, Z, alpha = _check_stack(X, Z, tokens)
-    B, n, T, d = X.shape
-    shape = (B, n, T, d, Z.shape[2])
-    t0 = time.perf_counter()
-    key = (n, T, d, Z.shape[2])
-    K = n * (T - 1)
-    fitted: dict[int, Any] = {}
-    batched = batch.ready(est) and K <= batch.max_k(est)
-    if B and batched and (batch.uses_compiled(est) or not batch.deficient_shape(key)):
-        opt = FrobeniusOptions(tol=min(float(est.tol), 1e-10))  # (as fit_many)
-        if est.max_iter is not None:
-            opt = replace(opt, max_iter=int(est.max_iter))
-        with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
-            st = batch.solve_arrays(est, X, Z, alpha, opt)
-        fitted.update(batch.proved_infeasible(est, st))
-        rest = [i for i in np.flatnonzero(~st.certified(est.tol)).tolist() if i not in fitted]
-        if rest:  # (fit one at a time, as fit_many's leftovers: one BLAS-thread limit around them all)
-            fits = est._fit_rest(
-                [None] * len(rest),
-                [n * T * d] * len(rest),
-                lambda e, j: e._fit(_constraints(X[rest[j]], Z[rest[j]], alpha[rest[j]]), alpha[rest[j]]),
-                lambda j: f"instance {rest[j]} (X[{rest[j]}], Z[{rest[j]}])",
-            )
-            fitted.update(zip(rest, fits))
-        return SVMStack(est, shape, alpha, st, fitted, time.perf_counter() - t0)
-    # every other norm or backend: fit_many's nuclear batch where it applies, then fit one at a time
-    css: list[ConstraintSet | None] = [_constraints(X[i], Z[i], alpha[i]) for i in range(B)]
-    out: list[AttentionSVM | None] = [None] * B
-    if batch_nuclear.ready(est):
-        with blas_threads(1):
-            out = batch_nuclear.solve_many(est, css, list(alpha))
-    sizes = [n * T * d] * B
-    fits = est._fit_rest(
-        out,
-        sizes,
-        lambda e, i: e._fit(css[i], alpha[i]),  # type: ignore[arg-type]
-        lambda i: f"instance {i} (X[{i}], Z[{i}])",
-    )
-    return SVMStack(est, shape, alpha, None, dict(enumerate(fits)), time.perf_counter() - t0)

@@ -20,6 +20,10 @@ __all__ = [
     "CERTIFIED",
     "FAILED",
     "ALL_STATUSES",
+    "LEAVE_TIED",
+    "LEAVE_MAX_ITER",
+    "LEAVE_INFEASIBLE",
+    "LEAVE_SINGULAR",
 ]
 
 
@@ -50,3 +54,12 @@ CERTIFIED: frozenset[Status] = frozenset({OPTIMAL, INFEASIBLE})
 # no trustworthy answer
 FAILED: frozenset[Status] = frozenset({MAX_ITER, ERROR})
 ALL_STATUSES: tuple[Status, ...] = tuple(Status)
+
+# Codes of the instances of a solved stack (attsvm.svm.batch): a non-negative code is the iteration count;
+# the negative ones say why the instance leaves the stack for AttentionSVM.fit (LEAVE_INFEASIBLE stays
+# when its candidate Farkas certificate verifies)
+LEAVE_TIED = -1  # a zero or vanishing row (tied tokens): possibly infeasible; also the NumPy route's "not ok"
+LEAVE_MAX_ITER = -2  # iteration budget spent
+LEAVE_INFEASIBLE = -3  # a violated row dependent on active rows whose multipliers cannot be released: the
+# multipliers hold the candidate Farkas certificate, verified before the instance is reported infeasible
+LEAVE_SINGULAR = -4  # the working set's Gram matrix lost positive definiteness, or outgrew W's entries
