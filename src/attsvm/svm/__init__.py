@@ -123,3 +123,16 @@ __all__ = [
     "p_svm_constraints",
     "head_svm_constraints",
 ]
+
+
+def _start_preload() -> None:
+    """Begin loading the compiled kernels in the background (:func:`attsvm.svm.batch.start_preload`): last,
+    once the package is whole."""
+    from .batch import start_preload
+
+    # (a fit_many of no instance: the modules it imports on first use, and the inspection of the loaded BLAS
+    # libraries behind attsvm._threads.blas_threads, about 50 ms)
+    start_preload(lambda: AttentionSVM().fit_many([]))
+
+
+_start_preload()

@@ -739,6 +739,23 @@ class StackJob:
             self.finish()  # (raises if not all was published)
 
 
+def warm() -> None:
+    """Load every kernel the batch calls (from numba's cache next to this file, else compile it) by solving
+    one tiny stack on each of its two routes, :func:`solve_stack` and a :class:`StackJob` published in parts:
+    :mod:`attsvm.svm.batch` runs this in the background when ``attsvm.svm`` is imported, so that the first
+    real call finds the kernels loaded. The argument types are those of the batch's calls (float64 C arrays,
+    int64 selections), so the machine code loaded is the code those calls run."""
+    X = np.zeros((1, 2, 2, 1))
+    X[0, :, 0, 0] = 1.0  # (every row x_α − x_t = 1: feasible, W = 1/2 … solved in a few iterations)
+    Z = np.ones((1, 2, 1))
+    alpha = np.zeros((1, 2), dtype=np.int64)
+    K = 2
+    solve_stack(X.copy(), Z, alpha, GI_TOL, max_iterations(K), 1)
+    with StackJob(X.copy(), Z.copy(), alpha, GI_TOL, max_iterations(K), 1, True, ready=0) as job:
+        job.publish(1)
+        job.finished()
+
+
 def solve_stack(
     X: NDArray[np.float64],
     Z: NDArray[np.float64],

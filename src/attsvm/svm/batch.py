@@ -38,8 +38,10 @@ certificate; a failing instance never changes the others.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
+import importlib.util
 import itertools
 import os
 import threading
@@ -156,8 +158,10 @@ def _pdas_many(
 
 def compiled() -> ModuleType | None:
     """The compiled solver :mod:`attsvm.svm._active_set`, or None where numba is not installed (the
-    ``fast`` extra) or ``ATTSVM_COMPILED=0`` turns it off."""
+    ``fast`` extra) or ``ATTSVM_COMPILED=0`` turns it off. Waits for the background load of the kernels
+    (:func:`start_preload`) if it is still running: the route never depends on how far it got."""
     global _compiled_module
+    wait_preload()
     if _compiled_module is None:
         with _compiled_lock:  # (threads that ask while numba loads wait for the choice, never see half of it)
             if _compiled_module is None:
@@ -175,6 +179,49 @@ def compiled() -> ModuleType | None:
 
 _compiled_module: ModuleType | bool | None = None  # None: not chosen yet; False: the NumPy route
 _compiled_lock = threading.Lock()
+_preload_thread: threading.Thread | None = None
+_first_use: Callable[[], object] | None = None
+
+
+def start_preload(first_use: Callable[[], object] | None = None) -> None:
+    """Load the compiled kernels in a background thread (:func:`attsvm.svm._active_set.warm`): importing
+    numba and loading the kernels' machine code from its cache takes about 0.4 s on 2 cores, which the first
+    ``fit_many`` or ``fit_stack`` of a process would otherwise pay; started once, at the end of ``import
+    attsvm.svm``, it overlaps whatever the caller does next (building its problems). Every use of the batch
+    waits for it (:func:`compiled`), and so do a fork (the child must not inherit a half-held lock) and the
+    interpreter's exit. Nothing happens without numba, with ``ATTSVM_COMPILED=0``, or with
+    ``ATTSVM_PRELOAD=0``. ``first_use``: the rest of a first call's one-time work, run in that thread after the
+    kernels (the package passes what its estimator imports on first use)."""
+    global _preload_thread, _first_use
+    if _preload_thread is not None or "0" in (
+        os.environ.get("ATTSVM_COMPILED", "1"),
+        os.environ.get("ATTSVM_PRELOAD", "1"),
+    ):
+        return
+    if importlib.util.find_spec("numba") is None:
+        return
+    _first_use = first_use
+    thread = threading.Thread(target=_preload, name="attsvm-preload", daemon=True)
+    _preload_thread = thread
+    os.register_at_fork(before=wait_preload)
+    atexit.register(wait_preload)
+    thread.start()
+
+
+def _preload() -> None:
+    with contextlib.suppress(Exception):  # (an error here reappears, with its traceback, at the first real call)
+        kernel = compiled()
+        if kernel is not None:
+            kernel.warm()
+        if _first_use is not None:
+            _first_use()
+
+
+def wait_preload() -> None:
+    """Wait for the background load of :func:`start_preload`, if one runs (from any other thread)."""
+    thread = _preload_thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
 
 
 def uses_compiled(settings: FitSettings) -> bool:
