@@ -180,7 +180,6 @@ class DaskExecutor(Executor):
                 processes=True,
                 host="127.0.0.1",
                 dashboard_address=None,
-                silence_logs=logging.ERROR,  # (its workers' shutdown warnings are no news to the user)
             )
             self._client = Client(self._cluster)
             self.description = f"Dask LocalCluster ({n} worker processes, loopback)"
@@ -213,7 +212,14 @@ class DaskExecutor(Executor):
     def close(self, abort: bool = False) -> None:
         self._client.close()
         if self._cluster is not None:
-            self._cluster.close()
+            # the nannies kill workers that take over 4 s to exit and say so at WARNING: no news to the user
+            nanny = logging.getLogger("distributed.nanny")
+            level = nanny.level
+            nanny.setLevel(logging.ERROR)
+            try:
+                self._cluster.close()
+            finally:
+                nanny.setLevel(level)
 
 
 def make_executor(workers: int = 1, scheduler: str | None = None, temp_dir: Path | None = None) -> Executor:
