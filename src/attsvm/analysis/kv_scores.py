@@ -45,6 +45,7 @@ __all__ = [
     "window_priority",
     "compute_n_kept",
     "check_compression_ratio",
+    "check_count",
     "svm_support_scores",
 ]
 
@@ -364,8 +365,8 @@ def protect(scores: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
     with ``step = max(1, |top|/64)``, which exceeds the dtype's spacing there (bfloat16 included); where those
     values would pass the dtype's largest value, the unprotected scores are capped at half of it and the
     protected ones spread over the upper half. A NaN score (a model's NaN) is evicted first."""
-    window = _check_int(window, "window", 0)
-    n_sink = _check_int(n_sink, "n_sink", 0)
+    window = check_count(window, "window", 0)
+    n_sink = check_count(n_sink, "n_sink", 0)
     finfo = torch.finfo(scores.dtype)
     out = torch.where(torch.isnan(scores), finfo.min, scores)  # (topk ranks NaN above everything)
     K = out.shape[-1]
@@ -396,7 +397,7 @@ def protect(scores: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------- a press's window
 def _group(logits: torch.Tensor, n_kv_heads: Any) -> int:
     """Query heads per KV head: ``n_kv_heads`` must be a positive int dividing the logits' query heads."""
-    n_kv_heads = _check_int(n_kv_heads, "n_kv_heads", 1)
+    n_kv_heads = check_count(n_kv_heads, "n_kv_heads", 1)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 4 or logits.shape[1] % n_kv_heads:
         raise ValueError(
             f"n_kv_heads must divide the query heads of logits (B, H_q, w, K), got {n_kv_heads} for logits of shape "
@@ -449,12 +450,13 @@ def check_compression_ratio(compression_ratio: Any) -> float:
 def compute_n_kept(k_len: int, compression_ratio: float) -> int:
     """Keys kept per layer and KV head out of ``k_len`` at ``compression_ratio``, kvpress's rule (no kvpress
     import needed): 0 at ratio 1 (the layer is emptied), else ``max(1, int(k_len · (1 − compression_ratio)))``."""
-    k_len = _check_int(k_len, "k_len", 1)
+    k_len = check_count(k_len, "k_len", 1)
     ratio = check_compression_ratio(compression_ratio)
     return 0 if ratio >= 1.0 else max(1, int(k_len * (1 - ratio)))
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
+def check_count(value: Any, name: str, minimum: int) -> int:
+    """``value`` as an int of at least ``minimum``; TypeError (not an int) or ValueError naming ``name``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
@@ -489,8 +491,8 @@ def svm_support_scores(
     only) and ``support_keys`` (per KV head, the keys some SVM needs)."""
     from ..svm import AttentionSVM
 
-    n_candidates = _check_int(n_candidates, "n_candidates", 2)
-    max_rounds = _check_int(max_rounds, "max_rounds", 1)
+    n_candidates = check_count(n_candidates, "n_candidates", 2)
+    max_rounds = check_count(max_rounds, "max_rounds", 1)
     B, Hq, w, d = queries.shape
     Hkv, K = keys.shape[1], keys.shape[2]
     G = _group(torch.empty(B, Hq, w, K, device="meta"), Hkv)

@@ -153,7 +153,7 @@ def ov_direction(model: Any, layer: int, head: int) -> NDArray[np.float64]:
 
 def _selection_constraints(X: NDArray[np.float64], Z: NDArray[np.float64], alpha: NDArray[np.intp]) -> Any:
     """The Att-SVM constraints of the selection ``alpha``: tokens X (n, T, d), queries Z (n, d)."""
-    from ..svm._base import ConstraintSet
+    from ..svm import ConstraintSet
 
     n, T = X.shape[:2]
     mask = np.ones((n, T), dtype=bool)

@@ -10,8 +10,7 @@ from numpy.typing import NDArray
 from .._linalg import correlation
 from ..datasets import paper_instance
 from ..problem import AttentionProblem, TieError
-from ..svm import AttentionSVM
-from ..svm._base import ConstraintSet
+from ..svm import AttentionSVM, ConstraintSet
 
 if TYPE_CHECKING:  # (torch loads with the trainer, in the trials that train: not in svm-rank's workers)
     from ..train import TrainResult
@@ -33,7 +32,7 @@ def fit_svm(
     problem: AttentionProblem | ConstraintSet, tokens: NDArray[np.int64] | None = None, norm: str = "fro"
 ) -> AttentionSVM:
     """A fitted :class:`attsvm.svm.AttentionSVM` of ``problem`` at ``tokens`` (docs/spec.md §3), or of a
-    :class:`~attsvm.svm._base.ConstraintSet` (the SVM-eq / W_fin programs of docs/spec.md §5).
+    :class:`~attsvm.svm.ConstraintSet` (the SVM-eq / W_fin programs of docs/spec.md §5).
 
     An infeasible program is a status (``status_ == "infeasible"``, ``W_ is None``), never an exception.
     """

@@ -35,8 +35,7 @@ from numpy.typing import NDArray
 
 from .._linalg import correlation
 from ..problem import AttentionProblem
-from ..svm import AttentionSVM
-from ..svm._base import att_svm_constraints
+from ..svm import AttentionSVM, att_svm_constraints
 from ._base import MIN_FIT_POINTS, Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import paper_problems
 from ._plotting import FLOOR, band, figure_legend, one_minus_corr, save, subplots

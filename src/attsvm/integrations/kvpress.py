@@ -43,8 +43,8 @@ from .._validation import check_bool
 from ..analysis.kv_scores import (
     H2OPolicy,
     SVMarginPolicy,
-    _check_int,
     check_compression_ratio,
+    check_count,
     compute_n_kept,
     protect,
     window_scores,
@@ -270,16 +270,16 @@ def _check_rope_model(model: Any, press: str) -> None:
 
 _WINDOW_FIELDS = {
     "compression_ratio": check_compression_ratio,
-    "window_size": lambda v: _check_int(v, "window_size", 1),
-    "n_sink": lambda v: _check_int(v, "n_sink", 0),
-    "n_candidates": lambda v: _check_int(v, "n_candidates", 2),
+    "window_size": lambda v: check_count(v, "window_size", 1),
+    "n_sink": lambda v: check_count(v, "n_sink", 0),
+    "n_candidates": lambda v: check_count(v, "n_candidates", 2),
 }
 _DECODING_FIELDS = {
-    "compression_interval": lambda v: _check_int(v, "compression_interval", 1),
-    "target_size": lambda v: _check_int(v, "target_size", 1),
-    "hidden_states_buffer_size": lambda v: _check_int(v, "hidden_states_buffer_size", 0),
-    "window_size": lambda v: _check_int(v, "window_size", 1),
-    "n_sink": lambda v: _check_int(v, "n_sink", 0),
+    "compression_interval": lambda v: check_count(v, "compression_interval", 1),
+    "target_size": lambda v: check_count(v, "target_size", 1),
+    "hidden_states_buffer_size": lambda v: check_count(v, "hidden_states_buffer_size", 0),
+    "window_size": lambda v: check_count(v, "window_size", 1),
+    "n_sink": lambda v: check_count(v, "n_sink", 0),
     "carry": lambda v: check_bool(v, "carry"),
 }
 
