@@ -166,12 +166,13 @@ class _RunsLast:
         self.xprod = new(n, T, k, R)  # the products of s (then of q) with the token table
         self.a = new(n, k, R)
         self.ra = new(n, k, R) if head == "relu" else self.a
-        self.pos = new(n, k, R, dtype=torch.bool)
+        self.pos = new(n, k, R)  # 1.0 where a > 0, else 0.0 (a float mask: a bool one costs a cast per product)
         self.qk = new(n, k, R)
-        self.f, self.uy, self.nuy, self.dl, self.q = (new(n, R) for _ in range(5))
+        self.f, self.nuy, self.dl, self.q = (new(n, R) for _ in range(4))
+        self.ny = -y  # −y_i: (−y)·u is −(y·u) to the last bit, so −y f and −y ℓ' take one product each
         self.delta = new(n, T, R)
         if loss not in ("logistic", "exponential"):  # correlation: ∂ℓ/∂f = −1
-            torch.mul(y, -torch.ones_like(self.uy), out=self.q)
+            torch.mul(y, -torch.ones_like(self.q), out=self.q)
 
     def kernel_times(self, v: Tensor) -> Tensor:
         """K v (N, R) for coefficients v (N, R), into a buffer."""
@@ -180,7 +181,7 @@ class _RunsLast:
 
     def logit_grad(self, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Risk (R,), ``δ'`` (n, T, R), probabilities (n, T, R) and c (R,) at logits g (n, T, R)."""
-        n, XV, y = self.n, self.XV, self.y
+        n, XV = self.n, self.XV
         gmax, ref, gap, ez, Zs, s = self.gmax, self.ref, self.gap, self.ez, self.Zs, self.s
         torch.max(g, 1, keepdim=True, out=(gmax, ref))
         torch.sub(gmax, g, out=gap)
@@ -193,16 +194,15 @@ class _RunsLast:
         s_scaled = torch.sub(logscale, gap, out=self.s_scaled).clamp_(max=0.0).exp_().div_(Zs)  # e^{c} s_it, t ≠ r_i
         a = torch.sum(torch.mul(s.unsqueeze(2), XV, out=self.xprod), 1, out=self.a)  # (n, k, R) = Vᵀ o_i
         f = a[:, 0] if self.head == "linear" else torch.sum(torch.clamp_min(a, 0.0, out=self.ra), 1, out=self.f)
-        uy = torch.mul(y, f, out=self.uy)
+        nuy = torch.mul(self.ny, f, out=self.nuy)  # −y_i f_i
         if self.loss == "logistic":
-            nuy = torch.neg(uy, out=self.nuy)
             losses = torch.nn.functional.softplus(nuy)
-            torch.mul(y, torch.sigmoid(nuy, out=self.dl).neg_(), out=self.q)
+            torch.mul(self.ny, torch.sigmoid(nuy, out=self.dl), out=self.q)  # y_i ℓ'(y_i f_i)
         elif self.loss == "exponential":
-            losses = torch.exp(torch.clamp(torch.neg(uy, out=self.nuy), max=EXP_CLIP))
-            torch.mul(y, torch.neg(losses, out=self.dl), out=self.q)
+            losses = torch.exp(torch.clamp(nuy, max=EXP_CLIP))
+            torch.mul(self.ny, losses, out=self.q)
         else:
-            losses = torch.neg(uy, out=self.nuy)
+            losses = nuy
         q = self.q.unsqueeze(1)  # (n, 1, R): ∂ℓ/∂f
         if self.head == "relu":
             q = torch.mul(q, torch.gt(a, 0, out=self.pos), out=self.qk)  # (n, k, R)
@@ -237,7 +237,8 @@ def _train_runs_last(
     ws = _RunsLast(_runs_last(K, 2), _runs_last(batch.XV, 3), _runs_last(batch.y, 1), batch.head, batch.loss, R)
     g0l = g0.t().contiguous()  # (N, R)
     neg_eta = plan.step.init((W0,))  # −η (R, 1, 1), or None for a schedule
-    eta = None if neg_eta is None else -neg_eta[:, 0, 0]
+    minus_eta = None if neg_eta is None else neg_eta[:, 0, 0]  # −η (R,)
+    one, zero = (torch.tensor(v, dtype=W0.dtype, device=W0.device) for v in (1.0, 0.0))
     eps = plan.eps
     beta = torch.zeros((N, R), dtype=W0.dtype, device=W0.device)
     step = torch.empty((N, R), dtype=W0.dtype, device=W0.device)
@@ -252,13 +253,13 @@ def _train_runs_last(
             recorder.record(L, W, (gW,), (W,), s.permute(2, 0, 1))
         if k == steps:
             break
-        if eta is None:
+        if minus_eta is None:
             (u,), _ = plan.step.update((torch.ones_like(W0[:, :1, :1]),), None, (W0,), loss=L, step=k)
-            eta_k = -u[:, 0, 0]
+            minus_eta_k = u[:, 0, 0]
         else:
-            eta_k = eta
+            minus_eta_k = minus_eta
         if eps is None:  # plain GD: the true gradient is e^{−c} δ
-            coef = -eta_k * torch.exp(-logc)
+            coef = minus_eta_k * torch.exp(-logc)
         else:
             # e^{c}‖∇_W L‖_F, as in train_span's generic loop
             if eps > 0:
@@ -269,7 +270,7 @@ def _train_runs_last(
                 unit = df / big
                 denom = big * torch.sqrt((ws.kernel_times(unit) * unit).sum(0).clamp_min(0.0))
             pos = denom > 0
-            coef = torch.where(pos, -eta_k / torch.where(pos, denom, 1.0), 0.0)
+            coef = torch.where(pos, minus_eta_k / torch.where(pos, denom, one), zero)
         beta.add_(torch.mul(coef, df, out=step))
         if bar is not None:
             bar.update(1)  # type: ignore[attr-defined]
