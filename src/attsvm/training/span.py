@@ -173,10 +173,21 @@ class _RunsLast:
         self.delta = new(n, T, R)
         if loss not in ("logistic", "exponential"):  # correlation: ∂ℓ/∂f = −1
             torch.mul(y, -torch.ones_like(self.q), out=self.q)
+        # views of the buffers, taken once
+        self.g3, self.df = self.g.view(n, T, R), self.delta.view(N, R)
+        self.df_row = self.df.unsqueeze(0)
+        self.s_col = self.s.unsqueeze(2)  # (n, T, 1, R)
+        self.q_col = (self.qk if head == "relu" else self.q.unsqueeze(1)).unsqueeze(1)  # (n, 1, k, R)
+        self.q1 = self.q.unsqueeze(1)
+        self.f_lin = self.a[:, 0]
 
     def kernel_times(self, v: Tensor) -> Tensor:
         """K v (N, R) for coefficients v (N, R), into a buffer."""
-        torch.mul(self.K, v.unsqueeze(0), out=self.prod)
+        return self.kernel_times_row(v.unsqueeze(0))
+
+    def kernel_times_row(self, v_row: Tensor) -> Tensor:
+        """K v (N, R) for coefficients ``v_row = v.unsqueeze(0)`` (1, N, R), into a buffer."""
+        torch.mul(self.K, v_row, out=self.prod)
         return torch.sum(self.prod, 1, out=self.Kv)
 
     def logit_grad(self, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -192,8 +203,8 @@ class _RunsLast:
         gap.scatter_(1, ref, float("inf"))
         logscale = torch.amin(gap, dim=(0, 1), out=self.logscale)  # (R,)
         s_scaled = torch.sub(logscale, gap, out=self.s_scaled).clamp_(max=0.0).exp_().div_(Zs)  # e^{c} s_it, t ≠ r_i
-        a = torch.sum(torch.mul(s.unsqueeze(2), XV, out=self.xprod), 1, out=self.a)  # (n, k, R) = Vᵀ o_i
-        f = a[:, 0] if self.head == "linear" else torch.sum(torch.clamp_min(a, 0.0, out=self.ra), 1, out=self.f)
+        a = torch.sum(torch.mul(self.s_col, XV, out=self.xprod), 1, out=self.a)  # (n, k, R) = Vᵀ o_i
+        f = self.f_lin if self.head == "linear" else torch.sum(torch.clamp_min(a, 0.0, out=self.ra), 1, out=self.f)
         nuy = torch.mul(self.ny, f, out=self.nuy)  # −y_i f_i
         if self.loss == "logistic":
             losses = torch.nn.functional.softplus(nuy)
@@ -203,10 +214,9 @@ class _RunsLast:
             torch.mul(self.ny, losses, out=self.q)
         else:
             losses = nuy
-        q = self.q.unsqueeze(1)  # (n, 1, R): ∂ℓ/∂f
-        if self.head == "relu":
-            q = torch.mul(q, torch.gt(a, 0, out=self.pos), out=self.qk)  # (n, k, R)
-        Xe = torch.sum(torch.mul(XV, q.unsqueeze(1), out=self.xprod), 2, out=self.nt)  # (n, T, R): x_itᵀ e_i
+        if self.head == "relu":  # ∂ℓ/∂f (n, 1, R) on the active units: (n, k, R)
+            torch.mul(self.q1, torch.gt(a, 0, out=self.pos), out=self.qk)
+        Xe = torch.sum(torch.mul(XV, self.q_col, out=self.xprod), 2, out=self.nt)  # (n, T, R): x_itᵀ e_i
         c = Xe.sub_(torch.gather(Xe, 1, ref, out=self.gat))
         cbar = torch.sum(torch.mul(s, c, out=self.delta), 1, keepdim=True, out=self.cbar)
         delta = torch.mul(s_scaled, c.sub_(cbar), out=self.delta).scatter_(1, ref, 0.0).div_(n)
@@ -243,10 +253,10 @@ def _train_runs_last(
     beta = torch.zeros((N, R), dtype=W0.dtype, device=W0.device)
     step = torch.empty((N, R), dtype=W0.dtype, device=W0.device)
     s = torch.empty(0)
+    beta_row, df = beta.unsqueeze(0), ws.df
     for k in range(steps + 1):
-        g = torch.add(g0l, ws.kernel_times(beta), out=ws.g)
-        L, delta, s, logc = ws.logit_grad(g.view(n, T, R))
-        df = delta.view(N, R)
+        torch.add(g0l, ws.kernel_times_row(beta_row), out=ws.g)
+        L, _, s, logc = ws.logit_grad(ws.g3)  # δ' is ws.df
         if k == recorder.next_step:
             W = W0 + _span_matrix(beta.t(), Xf, Zf)
             gW = _span_matrix(df.t(), Xf, Zf) * torch.exp(-logc)[:, None, None]
@@ -263,7 +273,7 @@ def _train_runs_last(
         else:
             # e^{c}‖∇_W L‖_F, as in train_span's generic loop
             if eps > 0:
-                quad = torch.sum(ws.kernel_times(df).mul_(df), 0).clamp_min_(0.0).sqrt_()
+                quad = torch.sum(ws.kernel_times_row(ws.df_row).mul_(df), 0).clamp_min_(0.0).sqrt_()
                 denom = quad.add_(eps * torch.exp(logc))
             else:
                 big = df.abs().amax(0).clamp_min(torch.finfo(df.dtype).tiny)
