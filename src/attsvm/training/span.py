@@ -12,8 +12,8 @@ the data kernel ``K_{(it),(jτ)} = (x_itᵀ x_jτ)(z_iᵀ z_j)``, the step is ``
 O(N²) per run instead of O(n d²). For the linear and ReLU heads the runs are laid out along the *last*
 axis (tensors (n, T, R), (N, N, R), …): every operation then is an elementwise product or a reduction
 over a small leading axis with R contiguous numbers in the inner loop, instead of R tiny batched
-matrix products (3–4× faster per operation on CPU at these sizes). That loop
-writes every step into buffers allocated once (:class:`_RunsLast`). Together, the svm-eq workload
+matrix products (3–4× faster per operation on CPU at these sizes), written into buffers allocated
+once per training (:class:`_RunsLast`). Together, the svm-eq workload
 (n = 3, T = 4, d = 10, ReLU head) trains 3.3× faster than the dense loop
 (``benchmarks/bench_train.py --span``, 1,000 runs).
 
@@ -155,7 +155,7 @@ class _RunsLast:
         def new(*shape: int, dtype: torch.dtype = dt) -> Tensor:
             return torch.empty(shape, dtype=dtype, device=dev)
 
-        self.K, self.XV, self.y, self.head, self.loss, self.n, self.T = K, XV, y, head, loss, n, T
+        self.K, self.XV, self.head, self.loss, self.n, self.T = K, XV, head, loss, n, T
         self.prod = new(N, N, R)  # the products K_ij v_j of K v
         self.Kv = new(N, R)
         self.g = new(N, R)
@@ -204,7 +204,10 @@ class _RunsLast:
         logscale = torch.amin(gap, dim=(0, 1), out=self.logscale)  # (R,)
         s_scaled = torch.sub(logscale, gap, out=self.s_scaled).clamp_(max=0.0).exp_().div_(Zs)  # e^{c} s_it, t ≠ r_i
         a = torch.sum(torch.mul(self.s_col, XV, out=self.xprod), 1, out=self.a)  # (n, k, R) = Vᵀ o_i
-        f = self.f_lin if self.head == "linear" else torch.sum(torch.clamp_min(a, 0.0, out=self.ra), 1, out=self.f)
+        if self.head == "linear":
+            f = self.f_lin
+        else:  # 1ᵀReLU(a): clamp_min gives torch.relu's numbers
+            f = torch.sum(torch.clamp_min(a, 0.0, out=self.ra), 1, out=self.f)
         nuy = torch.mul(self.ny, f, out=self.nuy)  # −y_i f_i
         if self.loss == "logistic":
             losses = torch.nn.functional.softplus(nuy)
