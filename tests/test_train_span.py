@@ -151,3 +151,37 @@ def test_auto_refuses_a_kernel_that_overflows():
     p = paper_instance(3, 4, 5, seed=3)
     q = AttentionProblem(p.X * 1e80, p.y, p.head, Z=p.Z * 1e80)
     assert train(q, steps=2, record_every=100, progress=False).info["space"] == "dense"
+
+
+@pytest.mark.parametrize("head", ["linear", "relu"])
+@pytest.mark.parametrize("loss", ["logistic", "exponential", "correlation"])
+def test_runs_last_step_matches_the_model(head, loss):
+    """The runs-last arithmetic of the span loop (buffers reused from step to step) gives the model's
+    risk, logit gradient, probabilities and scale at every call, not only the first."""
+    import torch
+
+    from attsvm.model import Batch, risk_and_scaled_logit_grad
+    from attsvm.training.span import _runs_last, _RunsLast, span_kernel
+
+    rng = np.random.default_rng(7)
+    n, T, d, P = 3, 4, 6, 9
+    probs = []
+    for _ in range(P):
+        h = Head.linear(rng.normal(size=d)) if head == "linear" else Head.relu(rng.normal(size=(d, d)) / d)
+        y = np.array([1.0, -1.0, 1.0])
+        probs.append(AttentionProblem(rng.normal(size=(n, T, d)), y, h, Z=rng.normal(size=(n, d)), loss=loss))
+    batch = Batch.from_problems(probs)
+    K = span_kernel(batch)[2]
+    ws = _RunsLast(_runs_last(K, 2), _runs_last(batch.XV, 3), _runs_last(batch.y, 1), head, loss, P)
+    for scale in (1.0, 30.0, 0.1):  # three calls on the same buffers
+        g = torch.as_tensor(scale * rng.normal(size=(P, n, T)))
+        losses, delta, s, c = risk_and_scaled_logit_grad(batch, g)
+        L2, delta2, s2, c2 = ws.logit_grad(g.permute(1, 2, 0).contiguous())
+        np.testing.assert_allclose(L2.numpy(), losses.mean(-1).numpy(), rtol=1e-12, atol=0)
+        np.testing.assert_allclose(delta2.permute(2, 0, 1).numpy(), delta.numpy(), rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(s2.permute(2, 0, 1).numpy(), s.numpy(), rtol=1e-12, atol=1e-300)
+        np.testing.assert_allclose(c2.numpy(), c.numpy(), rtol=1e-12, atol=0)
+        # K v against the batched product
+        v = torch.as_tensor(rng.normal(size=(P, n * T)))
+        Kv = ws.kernel_times(v.t().contiguous())
+        np.testing.assert_allclose(Kv.t().numpy(), (K @ v.unsqueeze(-1)).squeeze(-1).numpy(), rtol=1e-12, atol=1e-12)

@@ -12,7 +12,8 @@ the data kernel ``K_{(it),(jτ)} = (x_itᵀ x_jτ)(z_iᵀ z_j)``, the step is ``
 O(N²) per run instead of O(n d²). For the linear and ReLU heads the runs are laid out along the *last*
 axis (tensors (n, T, R), (N, N, R), …): every operation then is an elementwise product or a reduction
 over a small leading axis with R contiguous numbers in the inner loop, instead of R tiny batched
-matrix products (3–4× faster per operation on CPU at these sizes). Together, the svm-eq workload
+matrix products (3–4× faster per operation on CPU at these sizes), written into buffers allocated
+once per training (:class:`_RunsLast`). Together, the svm-eq workload
 (n = 3, T = 4, d = 10, ReLU head) trains 3.3× faster than the dense loop
 (``benchmarks/bench_train.py --span``, 1,000 runs).
 
@@ -138,44 +139,155 @@ def _span_matrix(coef: Tensor, Xf: Tensor, Zf: Tensor) -> Tensor:
     return (coef.unsqueeze(-1) * Xf).transpose(-1, -2) @ Zf
 
 
-def _logit_grad_last(XV: Tensor, y: Tensor, head: str, loss: str, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`attsvm.model.risk_and_scaled_logit_grad` for the linear and ReLU heads, with the runs on the
-    last axis: token table XV (n, T, k, B), labels y (n, B), logits g (n, T, R). Returns the risk (R,),
-    ``δ'`` (n, T, R), the probabilities (n, T, R) and c (R,); the same formulas, term by term."""
-    n = g.shape[0]
-    gmax, ref = g.max(1, keepdim=True)  # (n, 1, R)
-    gap = gmax - g
-    ez = torch.exp(-gap)
-    Zs = ez.sum(1, keepdim=True)
-    s = ez / Zs
-    logscale = gap.scatter(1, ref, float("inf")).amin(dim=(0, 1))  # (R,)
-    s_scaled = torch.exp(torch.clamp(logscale - gap, max=0.0)) / Zs  # e^{c} s_it for t ≠ r_i
-    a = (s.unsqueeze(2) * XV).sum(1)  # (n, k, R) = Vᵀ o_i
-    f = a[:, 0] if head == "linear" else torch.relu(a).sum(1)  # (n, R)
-    uy = y * f
-    if loss == "logistic":
-        losses = torch.nn.functional.softplus(-uy)
-        dl = -torch.sigmoid(-uy)
-    elif loss == "exponential":
-        losses = torch.exp(torch.clamp(-uy, max=EXP_CLIP))
-        dl = -losses
-    else:
-        losses = -uy
-        dl = -torch.ones_like(uy)
-    q = (y * dl).unsqueeze(1)  # (n, 1, R): ∂ℓ/∂f
-    if head == "relu":
-        q = q * (a > 0).to(a.dtype)  # (n, k, R)
-    Xe = (XV * q.unsqueeze(1)).sum(2)  # (n, T, R): x_itᵀ e_i
-    c = Xe - torch.gather(Xe, 1, ref)
-    cbar = (s * c).sum(1, keepdim=True)
-    delta = (s_scaled * (c - cbar)).scatter(1, ref, 0.0) / n
-    delta = delta.scatter(1, ref, -delta.sum(1, keepdim=True))
-    return losses.mean(0), delta, s, logscale
+class _RunsLast:
+    """The arithmetic of one step with the runs on the last axis, in buffers allocated once.
+
+    :meth:`logit_grad` is :func:`attsvm.model.risk_and_scaled_logit_grad` for the linear and ReLU heads
+    with token table XV (n, T, k, B) and labels y (n, B): the same formulas, term by term and in the same
+    order (so the same numbers to the last bit), written into the buffers instead of new tensors. Its
+    outputs are views of those buffers, valid until the next call."""
+
+    def __init__(self, K: Tensor, XV: Tensor, y: Tensor, head: str, loss: str, runs: int) -> None:
+        n, T, k, _ = XV.shape
+        N, R = n * T, runs
+        dt, dev = XV.dtype, XV.device
+
+        def new(*shape: int, dtype: torch.dtype = dt) -> Tensor:
+            return torch.empty(shape, dtype=dtype, device=dev)
+
+        self.K, self.XV, self.head, self.loss, self.n, self.T = K, XV, head, loss, n, T
+        self.prod = new(N, N, R)  # the products K_ij v_j of K v
+        self.Kv = new(N, R)
+        self.g = new(N, R)
+        self.gmax, self.ref = new(n, 1, R), new(n, 1, R, dtype=torch.int64)
+        self.gap, self.ez, self.s, self.s_scaled, self.nt = (new(n, T, R) for _ in range(5))
+        self.Zs, self.gat, self.cbar, self.dsum = (new(n, 1, R) for _ in range(4))
+        self.logscale = new(R)
+        self.xprod = new(n, T, k, R)  # the products of s (then of q) with the token table
+        self.a = new(n, k, R)
+        self.ra = new(n, k, R) if head == "relu" else self.a
+        self.pos = new(n, k, R)  # 1.0 where a > 0, else 0.0 (a float mask: a bool one costs a cast per product)
+        self.qk = new(n, k, R)
+        self.f, self.nuy, self.dl, self.q = (new(n, R) for _ in range(4))
+        self.ny = -y  # −y_i: (−y)·u is −(y·u) to the last bit, so −y f and −y ℓ' take one product each
+        self.delta = new(n, T, R)
+        if loss not in ("logistic", "exponential"):  # correlation: ∂ℓ/∂f = −1
+            torch.mul(y, -torch.ones_like(self.q), out=self.q)
+        # views of the buffers, taken once
+        self.g3, self.df = self.g.view(n, T, R), self.delta.view(N, R)
+        self.df_row = self.df.unsqueeze(0)
+        self.s_col = self.s.unsqueeze(2)  # (n, T, 1, R)
+        self.q_col = (self.qk if head == "relu" else self.q.unsqueeze(1)).unsqueeze(1)  # (n, 1, k, R)
+        self.q1 = self.q.unsqueeze(1)
+        self.f_lin = self.a[:, 0]
+
+    def kernel_times(self, v: Tensor) -> Tensor:
+        """K v (N, R) for coefficients v (N, R), into a buffer."""
+        return self.kernel_times_row(v.unsqueeze(0))
+
+    def kernel_times_row(self, v_row: Tensor) -> Tensor:
+        """K v (N, R) for coefficients ``v_row = v.unsqueeze(0)`` (1, N, R), into a buffer."""
+        torch.mul(self.K, v_row, out=self.prod)
+        return torch.sum(self.prod, 1, out=self.Kv)
+
+    def logit_grad(self, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Risk (R,), ``δ'`` (n, T, R), probabilities (n, T, R) and c (R,) at logits g (n, T, R)."""
+        n, XV = self.n, self.XV
+        gmax, ref, gap, ez, Zs, s = self.gmax, self.ref, self.gap, self.ez, self.Zs, self.s
+        torch.max(g, 1, keepdim=True, out=(gmax, ref))
+        torch.sub(gmax, g, out=gap)
+        torch.neg(gap, out=ez).exp_()
+        torch.sum(ez, 1, keepdim=True, out=Zs)
+        torch.div(ez, Zs, out=s)
+        # gap at r_i is not needed below (δ' is set there at the end): it becomes the +∞ of the minimum
+        gap.scatter_(1, ref, float("inf"))
+        logscale = torch.amin(gap, dim=(0, 1), out=self.logscale)  # (R,)
+        s_scaled = torch.sub(logscale, gap, out=self.s_scaled).clamp_(max=0.0).exp_().div_(Zs)  # e^{c} s_it, t ≠ r_i
+        a = torch.sum(torch.mul(self.s_col, XV, out=self.xprod), 1, out=self.a)  # (n, k, R) = Vᵀ o_i
+        if self.head == "linear":
+            f = self.f_lin
+        else:  # 1ᵀReLU(a): clamp_min gives torch.relu's numbers
+            f = torch.sum(torch.clamp_min(a, 0.0, out=self.ra), 1, out=self.f)
+        nuy = torch.mul(self.ny, f, out=self.nuy)  # −y_i f_i
+        if self.loss == "logistic":
+            losses = torch.nn.functional.softplus(nuy)
+            torch.mul(self.ny, torch.sigmoid(nuy, out=self.dl), out=self.q)  # y_i ℓ'(y_i f_i)
+        elif self.loss == "exponential":
+            losses = torch.exp(torch.clamp(nuy, max=EXP_CLIP))
+            torch.mul(self.ny, losses, out=self.q)
+        else:
+            losses = nuy
+        if self.head == "relu":  # ∂ℓ/∂f (n, 1, R) on the active units: (n, k, R)
+            torch.mul(self.q1, torch.gt(a, 0, out=self.pos), out=self.qk)
+        Xe = torch.sum(torch.mul(XV, self.q_col, out=self.xprod), 2, out=self.nt)  # (n, T, R): x_itᵀ e_i
+        c = Xe.sub_(torch.gather(Xe, 1, ref, out=self.gat))
+        cbar = torch.sum(torch.mul(s, c, out=self.delta), 1, keepdim=True, out=self.cbar)
+        delta = torch.mul(s_scaled, c.sub_(cbar), out=self.delta).scatter_(1, ref, 0.0).div_(n)
+        delta.scatter_(1, ref, torch.sum(delta, 1, keepdim=True, out=self.dsum).neg_())
+        return losses.mean(0), delta, s, logscale
 
 
 def _runs_last(t: Tensor, k: int) -> Tensor:
     """Move the leading (run) axis of ``t`` behind its k other axes, contiguous."""
     return t.permute(*range(1, k + 1), 0).contiguous()
+
+
+def _train_runs_last(
+    batch: Batch,
+    W0: Tensor,
+    plan: SpanPlan,
+    steps: int,
+    recorder: Recorder,
+    kernel: tuple[Tensor, Tensor, Tensor],
+    g0: Tensor,
+    bar: object | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`train_span` for the linear and ReLU heads, with the runs on the last axis (module doc)."""
+    R = W0.shape[0]
+    n, T = batch.n, batch.T
+    N = n * T
+    Xf, Zf, K = kernel
+    ws = _RunsLast(_runs_last(K, 2), _runs_last(batch.XV, 3), _runs_last(batch.y, 1), batch.head, batch.loss, R)
+    g0l = g0.t().contiguous()  # (N, R)
+    neg_eta = plan.step.init((W0,))  # −η (R, 1, 1), or None for a schedule
+    minus_eta = None if neg_eta is None else neg_eta[:, 0, 0]  # −η (R,)
+    one, zero = (torch.tensor(v, dtype=W0.dtype, device=W0.device) for v in (1.0, 0.0))
+    eps = plan.eps
+    beta = torch.zeros((N, R), dtype=W0.dtype, device=W0.device)
+    step = torch.empty((N, R), dtype=W0.dtype, device=W0.device)
+    s = torch.empty(0)
+    beta_row, df = beta.unsqueeze(0), ws.df
+    for k in range(steps + 1):
+        torch.add(g0l, ws.kernel_times_row(beta_row), out=ws.g)
+        L, _, s, logc = ws.logit_grad(ws.g3)  # δ' is ws.df
+        if k == recorder.next_step:
+            W = W0 + _span_matrix(beta.t(), Xf, Zf)
+            gW = _span_matrix(df.t(), Xf, Zf) * torch.exp(-logc)[:, None, None]
+            recorder.record(L, W, (gW,), (W,), s.permute(2, 0, 1))
+        if k == steps:
+            break
+        if minus_eta is None:
+            (u,), _ = plan.step.update((torch.ones_like(W0[:, :1, :1]),), None, (W0,), loss=L, step=k)
+            minus_eta_k = u[:, 0, 0]
+        else:
+            minus_eta_k = minus_eta
+        if eps is None:  # plain GD: the true gradient is e^{−c} δ
+            coef = minus_eta_k * torch.exp(-logc)
+        else:
+            # e^{c}‖∇_W L‖_F, as in train_span's generic loop
+            if eps > 0:
+                quad = torch.sum(ws.kernel_times_row(ws.df_row).mul_(df), 0).clamp_min_(0.0).sqrt_()
+                denom = quad.add_(eps * torch.exp(logc))
+            else:
+                big = df.abs().amax(0).clamp_min(torch.finfo(df.dtype).tiny)
+                unit = df / big
+                denom = big * torch.sqrt((ws.kernel_times(unit) * unit).sum(0).clamp_min(0.0))
+            pos = denom > 0
+            coef = torch.where(pos, minus_eta_k / torch.where(pos, denom, one), zero)
+        beta.add_(torch.mul(coef, df, out=step))
+        if bar is not None:
+            bar.update(1)  # type: ignore[attr-defined]
+    return W0 + _span_matrix(beta.t(), Xf, Zf), s.permute(2, 0, 1).contiguous()
 
 
 def train_span(
@@ -193,33 +305,27 @@ def train_span(
     R = W0.shape[0]
     n, T = batch.n, batch.T
     N = n * T
-    Xf, Zf, K = span_kernel(batch) if kernel is None else kernel
+    kernel = span_kernel(batch) if kernel is None else kernel
+    Xf, Zf, K = kernel
     g0 = (batch.X * (batch.Z @ W0.transpose(-1, -2)).unsqueeze(-2)).sum(-1).reshape(R, N)
+    if batch.head in ("linear", "relu") and batch.loss != "cross_entropy":  # runs on the last axis (module doc)
+        return _train_runs_last(batch, W0, plan, steps, recorder, kernel, g0, bar)
     neg_eta = plan.step.init((W0,))  # −η (R, 1, 1), or None for a schedule
     eps = plan.eps
-    last = batch.head in ("linear", "relu") and batch.loss != "cross_entropy"
-    if last:  # runs on the last axis (module doc)
-        Kl, g0l = _runs_last(K, 2), g0.t().contiguous()  # (N, N, B), (N, R)
-        XVl, yl = _runs_last(batch.XV, 3), _runs_last(batch.y, 1)  # (n, T, k, B), (n, B)
-    beta = torch.zeros((N, R) if last else (R, N), dtype=W0.dtype, device=W0.device)
+    beta = torch.zeros((R, N), dtype=W0.dtype, device=W0.device)
     s = torch.empty(0)
 
-    def kernel_times(v: Tensor) -> Tensor:  # K v for coefficients v (R, N), or (N, R) with runs last
-        return (Kl * v.unsqueeze(0)).sum(1) if last else (K @ v.unsqueeze(-1)).squeeze(-1)
+    def kernel_times(v: Tensor) -> Tensor:  # K v for coefficients v (R, N)
+        return (K @ v.unsqueeze(-1)).squeeze(-1)
 
     for k in range(steps + 1):
-        g = g0l + kernel_times(beta) if last else g0 + kernel_times(beta)
-        if last:
-            L, delta, s, logc = _logit_grad_last(XVl, yl, batch.head, batch.loss, g.view(n, T, R))
-            df = delta.view(N, R)
-        else:
-            losses, delta, s, logc = risk_and_scaled_logit_grad(batch, g.view(R, n, T))
-            L, df = losses.mean(-1), delta.reshape(R, N)  # e^{c} ∂L/∂g
+        g = g0 + kernel_times(beta)
+        losses, delta, s, logc = risk_and_scaled_logit_grad(batch, g.view(R, n, T))
+        L, df = losses.mean(-1), delta.reshape(R, N)  # e^{c} ∂L/∂g
         if k == recorder.next_step:
-            b, dfr = (beta.t(), df.t()) if last else (beta, df)
-            W = W0 + _span_matrix(b, Xf, Zf)
-            gW = _span_matrix(dfr, Xf, Zf) * torch.exp(-logc)[:, None, None]
-            recorder.record(L, W, (gW,), (W,), s.permute(2, 0, 1) if last else s)
+            W = W0 + _span_matrix(beta, Xf, Zf)
+            gW = _span_matrix(df, Xf, Zf) * torch.exp(-logc)[:, None, None]
+            recorder.record(L, W, (gW,), (W,), s)
         if k == steps:
             break
         if neg_eta is None:
@@ -233,16 +339,14 @@ def train_span(
             # e^{c}‖∇_W L‖_F. For ε = 0, δ is scaled by its largest entry first (as NormalizeByNorm does): a
             # tiny loss derivative would otherwise underflow in the square and stop the run. (With ε > 0
             # such a step is ~η‖∇‖/ε ≈ 0 either way.)
-            axis = 0 if last else -1
             if eps > 0:
-                denom = torch.sqrt((kernel_times(df) * df).sum(axis).clamp_min(0.0)) + eps * torch.exp(logc)
+                denom = torch.sqrt((kernel_times(df) * df).sum(-1).clamp_min(0.0)) + eps * torch.exp(logc)
             else:
-                big = df.abs().amax(axis).clamp_min(torch.finfo(df.dtype).tiny)
-                unit = df / (big if last else big[:, None])
-                denom = big * torch.sqrt((kernel_times(unit) * unit).sum(axis).clamp_min(0.0))
+                big = df.abs().amax(-1).clamp_min(torch.finfo(df.dtype).tiny)
+                unit = df / big[:, None]
+                denom = big * torch.sqrt((kernel_times(unit) * unit).sum(-1).clamp_min(0.0))
             coef = torch.where(denom > 0, -eta / torch.where(denom > 0, denom, 1.0), 0.0)
-        beta = beta + (coef * df if last else coef[:, None] * df)
+        beta = beta + coef[:, None] * df
         if bar is not None:
             bar.update(1)  # type: ignore[attr-defined]
-    b = beta.t() if last else beta
-    return W0 + _span_matrix(b, Xf, Zf), (s.permute(2, 0, 1).contiguous() if last else s)
+    return W0 + _span_matrix(beta, Xf, Zf), s
