@@ -101,7 +101,7 @@ test: lint docs docs-check $(KVSTAMP)
 	# the numba kernels compiled once, here, after an edit of their source: a kernel compiled afresh and one
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
 	$(PY) -m attsvm.svm._warm
-	$(PY) -m pytest -q -n 2 --dist loadfile --ignore=tests/test_docs_site.py
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/test_docs_site.py
 
 # a fresh virtual environment with only the core install fits AttentionSVM and trains
 test-core-install: $(STAMP)
