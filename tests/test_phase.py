@@ -106,6 +106,8 @@ def test_phase_is_a_study_run_by_name_not_by_reproduce_all() -> None:
     assert s["ns"][0] == 2 and s["ns"][-1] == 32 and s["Ts"][-1] == 32 and s["ds"][0] == 1 and s["ds"][-1] == 64
     with pytest.raises(ValueError, match="'Ts'"):
         get_experiment("phase").settings(overrides={"Ts": [1, 2]})
+    with pytest.raises(ValueError, match="'max_rows' = 1 leaves no \\(n, T\\) pair"):
+        get_experiment("phase").settings(overrides={"max_rows": 1})
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+from attsvm.experiments import STUDIES
+
 DOCS = Path(__file__).resolve().parents[1]
 PAGE = DOCS / "guide" / "reproductions.md"
 FIGURES = DOCS / "assets" / "figures"
@@ -37,7 +39,7 @@ ORDER = (
     "optimizer-bias",
     "phase",
 )
-STUDIES = ("phase",)  # studies of their own (not one of the papers' figures): their settings are ours
+
 
 INTRO = """# Reproductions
 
@@ -92,7 +94,7 @@ def _section(name: str, run: Path, spec_rows: dict[str, tuple[str, str]], figure
     out = [f"## {name}", "", f"**{title}.**", ""]
     if name in spec_rows:
         settings, shows = spec_rows[name]
-        lead = "Settings" if name in STUDIES else "Paper settings"
+        lead = "Settings" if name in STUDIES else "Paper settings"  # (a study's settings are ours)
         out += [f"{lead}: {settings}. The figure shows {shows}.", ""]
     out += [f"*Run: `attsvm reproduce {name}{' --quick' if quick else ''}`.*", ""]
     pngs = sorted((run / "figures").glob("*.png"))

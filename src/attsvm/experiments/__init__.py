@@ -15,7 +15,7 @@ require("pandas", feature="attsvm.experiments")  # the trial data are DataFrames
 from .._folders import FolderBusyError, FolderLock, RunFolderError
 from ._base import Experiment, Headline, apply_overrides, headline, parse_overrides
 from ._executor import DaskExecutor, Executor, PoolExecutor, SerialExecutor, make_executor
-from ._registry import EXPERIMENTS, experiment_names, get_experiment
+from ._registry import EXPERIMENTS, STUDIES, experiment_names, get_experiment
 from ._runner import RunOutput, execute_trial, fingerprint, plot_run, reproduce, reproduce_all, versions
 from ._store import TrialStore
 
@@ -32,6 +32,7 @@ __all__ = [
     "make_executor",
     "EXPERIMENTS",
     "experiment_names",
+    "STUDIES",
     "get_experiment",
     "RunOutput",
     "execute_trial",

@@ -158,6 +158,12 @@ class Phase(Experiment):
         super().validate(s)
         if min(s["Ts"]) < 2:
             raise ValueError(f"setting 'Ts' must hold T >= 2 (attention chooses among tokens), got {s['Ts']}")
+        fewest = min(s["ns"]) * (min(s["Ts"]) - 1)
+        if fewest > s["max_rows"]:
+            raise ValueError(
+                f"setting 'max_rows' = {s['max_rows']} leaves no (n, T) pair to run: the smallest has n(T − 1) = "
+                f"{fewest} constraints"
+            )
 
     def cells(self, s: dict[str, Any]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The (n, T) pairs run, and those left out for having more than ``max_rows`` constraints."""

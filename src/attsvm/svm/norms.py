@@ -122,6 +122,11 @@ class _Frobenius(Norm):
         return W / nrm if nrm > 0 else np.zeros_like(W)
 
 
+def _singular_values(W: NDArray[np.float64], svals: NDArray[np.floating] | None) -> NDArray[np.floating]:
+    """The singular values of W, or ``svals`` when the caller has them already."""
+    return np.linalg.svd(W, compute_uv=False) if svals is None else svals
+
+
 @dataclass(frozen=True)
 class _Nuclear(Norm):
     name: str = "nuc"
@@ -131,7 +136,7 @@ class _Nuclear(Norm):
     def value(self, W, svals=None) -> float:
         if W.size == 0:
             return 0.0
-        s = np.linalg.svd(W, compute_uv=False) if svals is None else svals
+        s = _singular_values(W, svals)
         return float(s.sum())
 
     def dual_norm(self, Y) -> float:
@@ -257,7 +262,7 @@ class _Spectral(Norm):
     def value(self, W, svals=None) -> float:
         if W.size == 0:
             return 0.0
-        s = np.linalg.svd(W, compute_uv=False) if svals is None else svals
+        s = _singular_values(W, svals)
         return float(s.max(initial=0.0))
 
     def dual_norm(self, Y) -> float:
