@@ -59,6 +59,7 @@ from scipy.linalg.lapack import dposv as _dposv
 
 from .._validation import check_choice, check_finite_scalar, check_positive_int
 from ._base import ConstraintSet, Operator, RawSolution
+from ._cholesky_active_set import solve_cholesky_active_set
 from .certificate import ROW_FLOOR, farkas_certificate, find_farkas, relative_violation
 from .reduction import VANISHED_ROW_MESSAGE, DenseReduction, reduce, reduce_dense
 from .status import ERROR, INFEASIBLE, MAX_ITER, OPTIMAL
@@ -91,6 +92,10 @@ class FrobeniusOptions:
         primal-dual active-set guess of at most pdas_max_iter Cholesky solves (0 disables it).
     ldp_max_k, ldp_min_iter, ldp_max_features : the LDP/NNLS fallback (after a stalled Newton run
         with a real budget, max_iter ≥ ldp_min_iter) on problems up to that size.
+    cholesky_min, cholesky_max_rows : all-inequality instances with at least cholesky_min constraints
+        (0 disables it) are first solved by the active set on one growing Cholesky factor
+        (:mod:`._cholesky_active_set`), whose working set may hold up to cholesky_max_rows rows
+        (its factor takes 8·rows² bytes); the Newton route takes over when it does not settle.
     """
 
     tol: float = 1e-10
@@ -111,6 +116,8 @@ class FrobeniusOptions:
     ldp_max_k: int = 20_000
     ldp_min_iter: int = 20
     ldp_max_features: int = 4_000
+    cholesky_min: int = 20_000
+    cholesky_max_rows: int = 16_000
 
     def __post_init__(self) -> None:
         check_finite_scalar(self.tol, "tol", positive=True)
@@ -120,6 +127,8 @@ class FrobeniusOptions:
         check_positive_int(self.cg_max_iter, "cg_max_iter")
         check_positive_int(self.pdas_max_k, "pdas_max_k", minimum=0)
         check_positive_int(self.pdas_max_iter, "pdas_max_iter", minimum=0)
+        check_positive_int(self.cholesky_min, "cholesky_min", minimum=0)
+        check_positive_int(self.cholesky_max_rows, "cholesky_max_rows", minimum=0)
 
 
 DENSE_MAX = FrobeniusOptions.dense_max
@@ -288,6 +297,12 @@ def _solve_reduced(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
             # the NNLS residual vanished and its u verifies as a Farkas certificate: done (else the
             # Newton route below decides; on these shapes it is 20–30× slower to reach the same ray)
             return ldp
+    if use_ws and 0 < opt.cholesky_min <= K and not cs.has_equality:
+        chol = solve_cholesky_active_set(
+            cs, tol=opt.tol, ridge=opt.ridge, start=opt.working_set_start, max_rows=opt.cholesky_max_rows
+        )
+        if chol is not None:
+            return chol
     raw = _working_set(cs, opt) if (use_ws and K > 0) else _projected_newton(cs, None, opt)
     if raw.status == MAX_ITER and K <= opt.ldp_max_k and opt.max_iter >= opt.ldp_min_iter:
         # Ill-conditioned instances (a singular Gram matrix with near-degenerate faces) can stall

@@ -1,0 +1,90 @@
+"""The active set on one growing Cholesky factor (svm/_cholesky_active_set.py), the first route of large
+all-inequality Frobenius instances: the same answer as the Newton route, certified, and a clean hand-over
+to that route whenever it cannot settle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attsvm.datasets import paper_instance
+from attsvm.svm import AttentionSVM, att_svm_constraints, solve_frobenius
+from attsvm.svm import _cholesky_active_set as cas
+from attsvm.svm.certificate import optimality_certificate
+
+# the two routes stop at the same certificate tolerance (1e-10): their W agree to a few times it
+AGREE_RTOL = 1e-8
+
+
+def _cs(n: int, T: int, d: int, seed: int = 0):
+    p = paper_instance(n, T, d, seed=seed)
+    return p, att_svm_constraints(p, p.optimal_tokens(ties="first"))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_it_matches_the_newton_route_and_certifies(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, cs = _cs(50, 100, 64, seed)  # K = 4,950: several rounds, rows frozen and cut on the way
+    calls = {"freeze": 0, "cut": 0}
+    for name in calls:
+        orig = getattr(cas._Factor, name)
+
+        def counted(self, *a, _orig=orig, _name=name):
+            calls[_name] += 1
+            return _orig(self, *a)
+
+        monkeypatch.setattr(cas._Factor, name, counted)
+    chol = solve_frobenius(cs, cholesky_min=1000)
+    newton = solve_frobenius(cs, cholesky_min=0)
+    assert chol.info["path"] == "cholesky_active_set" and newton.info["path"].startswith("working_set")
+    assert chol.status == newton.status == "optimal"
+    assert calls["freeze"] >= 1, calls  # (the instance exercises the frozen rows)
+    scale = np.linalg.norm(newton.W)
+    assert np.linalg.norm(chol.W - newton.W) <= AGREE_RTOL * scale
+    cert = optimality_certificate(cs, chol.W, chol.dual, "fro")
+    assert cert.relative_violation <= 1e-10 and abs(cert.relative_gap) <= 1e-10
+    # dual feasibility and complementary slackness: multipliers only on tight rows
+    assert (chol.dual >= 0).all() and (chol.dual[~cs.mask] == 0).all()
+    assert np.abs(cs.apply(chol.W) - cs.rhs)[chol.dual > 0].max() <= 1e-9
+
+
+def test_the_estimator_takes_it_for_large_instances() -> None:
+    p, cs = _cs(100, 201, 64)  # K = 20,000: the default threshold
+    assert cs.n_constraints >= 20_000
+    svm = AttentionSVM("fro").fit(p, p.optimal_tokens(ties="first"))
+    assert svm.status_ == "optimal" and svm.info_["path"] == "cholesky_active_set"
+    assert svm.max_violation_ <= 1e-9 and abs(svm.relative_gap_) <= 1e-9
+
+
+def test_a_singular_gram_hands_over_to_the_newton_route() -> None:
+    # d = 3: 9 dimensions for W, far fewer than the rows a working set takes, so the appended block is
+    # not positive definite; the Newton/LDP route answers instead
+    _, cs = _cs(60, 100, 3)
+    raw = solve_frobenius(cs, cholesky_min=1000)
+    assert raw.info["path"] != "cholesky_active_set"
+    ref = solve_frobenius(cs, cholesky_min=0)
+    assert raw.status == ref.status
+    if raw.status == "optimal":
+        assert np.allclose(raw.W, ref.W, rtol=1e-8, atol=1e-10 * np.linalg.norm(ref.W))
+
+
+def test_a_working_set_beyond_max_rows_hands_over() -> None:
+    _, cs = _cs(50, 100, 64)
+    raw = solve_frobenius(cs, cholesky_min=1000, cholesky_max_rows=300)
+    assert raw.status == "optimal" and raw.info["path"].startswith("working_set")
+
+
+def test_equality_rows_take_the_newton_route() -> None:
+    _, cs = _cs(50, 100, 64)
+    eq = cs.equality.copy()
+    eq[:, :] = False
+    eq[0, np.flatnonzero(cs.mask[0])[0]] = True
+    cs_eq = type(cs)(cs.A, cs.Z, cs.mask, cs.rhs, eq)
+    raw = solve_frobenius(cs_eq, cholesky_min=1000)
+    assert raw.info["path"] != "cholesky_active_set"
+
+
+@pytest.mark.parametrize("name,value", [("cholesky_min", -1), ("cholesky_max_rows", 1.5)])
+def test_bad_options_are_named(name: str, value: object) -> None:
+    _, cs = _cs(4, 5, 6)
+    with pytest.raises((ValueError, TypeError), match=name):
+        solve_frobenius(cs, **{name: value})
