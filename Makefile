@@ -13,7 +13,8 @@ export OMP_NUM_THREADS ?= 1
 export DASK_TEMPORARY_DIRECTORY ?= $(CURDIR)/.dask-tmp
 LINT_PATHS := src tests benchmarks docs/scripts docs/hooks docs/tutorials
 
-.PHONY: demo install-kvpress test test-core-install test-slow lint format docs docs-check docs-serve docs-figures bench install clean
+.PHONY: demo install-kvpress test test-core-install test-slow lint format docs docs-check docs-serve docs-figures bench install clean \
+	chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,11 +75,14 @@ $(VENDOR_STAMP):
 docs: $(STAMP) $(VENDOR_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
-# the built site in headless Chromium (tests/test_docs_site.py): maths typeset, images loaded, no console errors,
-# no raw Sphinx roles, no broken internal links. Chromium and its driver come from Debian if missing
-docs-check: docs
+# Chromium and its driver, from Debian if missing
+chromium:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { apt-get update -qq \
 		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+
+# the built site in headless Chromium (tests/test_docs_site.py): maths typeset, images loaded, no console errors,
+# no raw Sphinx roles, no broken internal links
+docs-check: docs chromium
 	$(PY) -m pytest -q tests/test_docs_site.py
 
 docs-serve: $(STAMP) $(VENDOR_STAMP)
@@ -94,14 +98,19 @@ docs-figures: $(STAMP)
 		rc=$$?; [ $$rc -le 1 ] || exit $$rc; done
 	$(PY) docs/scripts/reproductions.py results/docs-figures
 
-test: lint docs docs-check $(KVSTAMP)
+# the two environments, Chromium and the site's browser libraries are set up two at a time (the installs wait
+# on the disk and the network as much as on a core), then lint, the strict site build and its browser test
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint docs-check $(KVSTAMP)
 	$(PY) -m pytest -q -m core_install tests/test_packaging.py
 	# kvpress 0.5.5 + transformers 5.2.x: the presses and the cache on the older transformers
 	$(KVPY) -m pytest -q -n 2 --dist loadfile tests/presses tests/test_kvpress_extra.py tests/test_kv_layouts.py
 	# the numba kernels compiled once, here, after an edit of their source: a kernel compiled afresh and one
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
 	$(PY) -m attsvm.svm._warm
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/test_docs_site.py
+	# (`make docs` above built the site with --strict: its test here would only repeat that build)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/test_docs_site.py \
+		--deselect tests/test_docs.py::test_site_builds_strict
 
 # a fresh virtual environment with only the core install fits AttentionSVM and trains
 test-core-install: $(STAMP)
