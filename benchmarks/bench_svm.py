@@ -175,6 +175,8 @@ def dense_floor(cs, support):
     t1 = time.perf_counter()
     _, info = dpotrf(G.T, lower=0, overwrite_a=1)
     t2 = time.perf_counter()
+    if info != 0:  # (a support Gram that is not positive definite has no floor of this kind)
+        return np.nan, np.nan
     return t1 - t0, t2 - t1
 
 

@@ -55,11 +55,27 @@ def test_the_estimator_takes_it_for_large_instances() -> None:
     assert svm.max_violation_ <= 1e-9 and abs(svm.relative_gap_) <= 1e-9
 
 
-def test_a_singular_gram_hands_over_to_the_newton_route() -> None:
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The answers of the Cholesky route during the next solves (None: it handed over)."""
+    import attsvm.svm.frobenius as frob
+
+    answers: list = []
+
+    def spied(*a, **k):
+        answers.append(cas.solve_cholesky_active_set(*a, **k))
+        return answers[-1]
+
+    monkeypatch.setattr(frob, "solve_cholesky_active_set", spied)
+    return answers
+
+
+def test_a_singular_gram_hands_over_to_the_newton_route(monkeypatch: pytest.MonkeyPatch) -> None:
     # d = 3: 9 dimensions for W, far fewer than the rows a working set takes, so the appended block is
     # not positive definite; the Newton/LDP route answers instead
     _, cs = _cs(60, 100, 3)
+    answers = _spy(monkeypatch)
     raw = solve_frobenius(cs, cholesky_min=1000)
+    assert answers == [None]  # (tried, and handed over)
     assert raw.info["path"] != "cholesky_active_set"
     ref = solve_frobenius(cs, cholesky_min=0)
     assert raw.status == ref.status
@@ -67,24 +83,46 @@ def test_a_singular_gram_hands_over_to_the_newton_route() -> None:
         assert np.allclose(raw.W, ref.W, rtol=1e-8, atol=1e-10 * np.linalg.norm(ref.W))
 
 
-def test_a_working_set_beyond_max_rows_hands_over() -> None:
+def test_a_working_set_beyond_max_rows_hands_over(monkeypatch: pytest.MonkeyPatch) -> None:
     _, cs = _cs(50, 100, 64)
+    answers = _spy(monkeypatch)
     raw = solve_frobenius(cs, cholesky_min=1000, cholesky_max_rows=300)
+    assert answers == [None]
     assert raw.status == "optimal" and raw.info["path"].startswith("working_set")
 
 
-def test_equality_rows_take_the_newton_route() -> None:
+def test_the_answer_does_not_depend_on_the_units_of_x_and_z() -> None:
+    # the route runs on the reduced, row-normalised problem: X ×1e8 and Z ×1e-5 give W / 1e3, certified
+    _, cs = _cs(50, 100, 64)
+    ref = solve_frobenius(cs, cholesky_min=1000)
+    big = type(cs)(cs.A * 1e8, cs.Z * 1e-5, cs.mask, cs.rhs, cs.equality)
+    raw = solve_frobenius(big, cholesky_min=1000)
+    assert raw.info["path"] == ref.info["path"] == "cholesky_active_set" and raw.status == "optimal"
+    assert np.linalg.norm(raw.W * 1e3 - ref.W) <= AGREE_RTOL * np.linalg.norm(ref.W)
+    cert = optimality_certificate(big, raw.W, raw.dual, "fro")
+    assert cert.relative_violation <= 1e-10 and abs(cert.relative_gap) <= 1e-10
+
+
+def test_equality_rows_take_the_newton_route(monkeypatch: pytest.MonkeyPatch) -> None:
     _, cs = _cs(50, 100, 64)
     eq = cs.equality.copy()
     eq[:, :] = False
     eq[0, np.flatnonzero(cs.mask[0])[0]] = True
     cs_eq = type(cs)(cs.A, cs.Z, cs.mask, cs.rhs, eq)
+    answers = _spy(monkeypatch)
     raw = solve_frobenius(cs_eq, cholesky_min=1000)
-    assert raw.info["path"] != "cholesky_active_set"
+    assert raw.info["path"] != "cholesky_active_set" and answers == []
+    assert solve_frobenius(cs, cholesky_min=1000).info["path"] == "cholesky_active_set" and len(answers) == 1
 
 
-@pytest.mark.parametrize("name,value", [("cholesky_min", -1), ("cholesky_max_rows", 1.5)])
-def test_bad_options_are_named(name: str, value: object) -> None:
+@pytest.mark.parametrize(
+    "name,value,error,message",
+    [
+        ("cholesky_min", -1, ValueError, "cholesky_min must be >= 0, got -1"),
+        ("cholesky_max_rows", 1.5, TypeError, "cholesky_max_rows must be an integer, got float 1.5"),
+    ],
+)
+def test_bad_options_are_named(name: str, value: object, error: type, message: str) -> None:
     _, cs = _cs(4, 5, 6)
-    with pytest.raises((ValueError, TypeError), match=name):
+    with pytest.raises(error, match=f"^{message}$"):
         solve_frobenius(cs, **{name: value})

@@ -3,8 +3,8 @@
 For tens of thousands of constraints and more, the work no exact method avoids is the *dense floor*:
 the Gram matrix of the support and one Cholesky factorisation of it. This solver of the dual
 (``min ½λᵀGλ − bᵀλ``, ``λ ≥ 0``, all rows inequalities) spends little more than that. It keeps a
-working set P of rows in the order they entered and one (p, p) array holding the lower Cholesky
-factor L of ``G_PP + ρI`` and, above the diagonal, ``G_PP`` itself. Each round
+working set P of rows in the order they entered and the lower Cholesky factor L of ``G_PP + ρI``
+(a (p, p) array; only its lower triangle is read). Each round
 
 1. **appends** a block of rows N: its Gram rows ``C = G_NP`` and ``D = G_NN``, then
    ``L21 = C L⁻ᵀ`` (one triangular solve with many right-hand sides) and ``L22 = chol(D − L21 L21ᵀ)``.
@@ -35,7 +35,7 @@ import scipy.linalg as sla
 from numpy.typing import NDArray
 from scipy.linalg.lapack import dpotrf
 
-from ._base import ConstraintSet, RawSolution, margins
+from ._base import ConstraintSet, RawSolution
 from .certificate import ROW_FLOOR
 from .status import OPTIMAL
 
@@ -54,7 +54,7 @@ _FROZEN_SHARE = 16
 
 
 def _lower_solve(L: NDArray[np.float64], B: NDArray[np.float64], trans: int = 0) -> NDArray[np.float64]:
-    # (LAPACK's trtrs reads only the lower triangle: the Gram entries above it are never touched)
+    # (LAPACK's trtrs reads only the lower triangle: what lies above it is never touched)
     return sla.solve_triangular(L, B, lower=True, trans=trans, check_finite=False)
 
 
@@ -92,7 +92,7 @@ class _Factor:
         if j0 == 0:
             self.M = np.zeros((0, 0))  # (free the old factor before the new one is built)
         old, rows = self.M, self.rows[:j0]
-        M = np.empty((m, m))
+        M = np.zeros((m, m))
         if j0:
             M[:j0, :j0] = old[:j0, :j0]
             # G_{R,:j0} L11⁻ᵀ, one triangular solve with q right-hand sides
@@ -208,10 +208,10 @@ def solve_cholesky_active_set(
         # price every row
         lam = np.zeros(n * T)
         lam[F.rows] = x
-        Ar = A2[F.rows]
-        W = (Ar.T * x) @ Z[F.rows // T]
-        m = margins(cs.A, Z @ W.T).ravel()
+        W = cs.adjoint(lam.reshape(n, T))
+        m = cs.apply(W).ravel()
         wsq = float(np.sum(W * W))
+        # (rows normalised, ‖a_k‖‖z_k‖ = 1: the certificate's σ_k = max(|b_k|, ROW_FLOOR·‖W‖))
         sigma = np.maximum(np.abs(b), ROW_FLOOR * np.sqrt(wsq))
         rel = np.where(mask, (b - m) / sigma, -np.inf)
         bad = rel > tol
