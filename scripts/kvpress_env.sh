@@ -9,11 +9,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STAMP="$VENV/.installed-stamp"
 if [ -f "$STAMP" ] && [ "$STAMP" -nt "$ROOT/pyproject.toml" ]; then exit 0; fi
 test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
+# `pip install` into the environment (through uv where it can be had)
+install() { bash "$ROOT/scripts/venv_install.sh" "$VENV" "$@"; }
 # the CPU build of torch first, pinned: kvpress's own "torch<3,>=2.3.1" would otherwise pull a CUDA build
-"$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
+install "torch==2.13.0"
 # kvpress 0.5.5 requires pandas<3 and transformers<5.3; everything else it needs resolves against the pinned torch
-"$VENV/bin/python" -m pip install --quiet -e "$ROOT[test,models,kvpress]" "transformers>=5.2,<5.3" "torch==2.13.0"
+install -e "$ROOT[test,models,kvpress]" "transformers>=5.2,<5.3" "torch==2.13.0"
 "$VENV/bin/python" - <<'PY'
 import torch, transformers, kvpress  # noqa: F401  (fail here, not in the tests, if the resolution went wrong)
 assert torch.__version__.startswith("2.13.0"), torch.__version__

