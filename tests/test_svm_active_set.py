@@ -261,9 +261,11 @@ for shape, count in (((10, 5, 4), 40), ((3, 5, 6), 40), ((6, 8, 10), 20), ((4, 9
 """
 
 
+@pytest.mark.slow
 def test_no_out_of_bounds_access_on_degenerate_and_infeasible_stacks(tmp_path):
     # numba does not check indices: the kernel runs here compiled with NUMBA_BOUNDSCHECK=1 (its own cache)
-    # on degenerate, infeasible and tiny shapes, where an IndexError would surface instead of corrupting memory
+    # on degenerate, infeasible and tiny shapes, where an IndexError would surface instead of corrupting memory.
+    # A debug build: compiling it takes half a minute, so it runs with the slow tests
     import os
     import subprocess
     import sys

@@ -18,9 +18,11 @@ Only the standard library is used here (:func:`save_figure`, handed a matplotlib
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -94,19 +96,18 @@ def save_figure(fig: Any, path: Path, *, pdf: bool = True, **savefig_kwargs: Any
 
     finish(fig)
     savefig_kwargs["dpi"] = max(float(savefig_kwargs.get("dpi") or PNG_DPI), PNG_DPI)
-    savefig_kwargs.setdefault("bbox_inches", "tight")
-    savefig_kwargs.setdefault("pad_inches", 0.04)
     targets = [path]
     if pdf and path.suffix.lower() == ".png":
         targets.append(path.with_suffix(".pdf"))
     rendered = []
-    for target in targets:
-        buf = io.BytesIO()
-        fig.savefig(buf, format=target.suffix.lstrip(".") or "png", **savefig_kwargs)
-        data = buf.getvalue()
-        if target.suffix.lower() == ".png":
-            data = _palette_png(data, savefig_kwargs["dpi"])
-        rendered.append((target, data))
+    with _laid_out_once(fig, savefig_kwargs):
+        for target in targets:
+            buf = io.BytesIO()
+            fig.savefig(buf, format=target.suffix.lstrip(".") or "png", **savefig_kwargs)
+            data = buf.getvalue()
+            if target.suffix.lower() == ".png":
+                data = _palette_png(data, savefig_kwargs["dpi"])
+            rendered.append((target, data))
     for target, data in rendered:
         tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
         try:
@@ -119,6 +120,37 @@ def save_figure(fig: Any, path: Path, *, pdf: bool = True, **savefig_kwargs: Any
             tmp.unlink(missing_ok=True)
             raise
     return path
+
+
+@contextlib.contextmanager
+def _laid_out_once(fig: Any, savefig_kwargs: dict[str, Any]) -> Iterator[None]:
+    """The figure laid out (its layout engine run) and its tight bounding box found once, at the PNG's dpi, for
+    every file written inside: matplotlib's ``bbox_inches="tight"`` otherwise draws each file twice and runs the
+    layout engine in both draws. A caller's explicit ``bbox_inches`` (not ``"tight"``) is used as it is."""
+    if savefig_kwargs.get("bbox_inches", "tight") != "tight":
+        yield
+        return
+    import matplotlib as mpl
+
+    pad = savefig_kwargs.pop("pad_inches", 0.04)
+    engine = fig.get_layout_engine()
+    dpi = fig.dpi
+    fig.set_dpi(savefig_kwargs["dpi"])
+    try:
+        fig.draw_without_rendering()
+        savefig_kwargs["bbox_inches"] = fig.get_tightbbox().padded(pad)
+    finally:
+        fig.set_dpi(dpi)
+    # then no engine (with matplotlib's "none" savefig would still draw once more): the positions the engine has
+    # just set stay. savefig sets the engine to None itself and back when done, which brings back the rcParams'
+    # default engine: the rcParams name none while the files are written
+    with mpl.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+        fig.set_layout_engine(None)
+        try:
+            yield
+        finally:
+            if engine is not None:
+                fig.set_layout_engine(engine)
 
 
 def _palette_png(data: bytes, dpi: float) -> bytes:
