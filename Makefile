@@ -11,9 +11,13 @@ KVPY    := $(KVVENV)/bin/python
 KVSTAMP := $(KVVENV)/.installed-stamp
 export OMP_NUM_THREADS ?= 1
 export DASK_TEMPORARY_DIRECTORY ?= $(CURDIR)/.dask-tmp
+# the environments are installed without bytecode (uv's default; compiling every package costs minutes) and Python
+# caches the bytecode of what it imports, once: with PYTHONDONTWRITEBYTECODE set it would not, and every test process
+# would compile torch's sources again
+unexport PYTHONDONTWRITEBYTECODE
 LINT_PATHS := src tests benchmarks docs/scripts docs/hooks docs/tutorials
 
-.PHONY: demo install-kvpress test test-core-install test-slow lint format docs docs-check docs-serve docs-figures bench install clean \
+.PHONY: demo install-kvpress test test-kvpress test-core-install test-slow lint format docs docs-check docs-serve docs-figures bench install clean \
 	chromium
 
 # scripts/venv_install.sh VENV ARGS is `pip install ARGS` into VENV, through uv when uv can be had (seconds, not minutes)
@@ -99,18 +103,20 @@ docs-figures: $(STAMP)
 	$(PY) docs/scripts/reproductions.py results/docs-figures
 
 # the two environments, Chromium and the site's browser libraries are set up two at a time (the installs wait
-# on the disk and the network as much as on a core), then lint, the strict site build and its browser test
+# on the disk and the network as much as on a core), then lint, the strict site build and its browser test, the
+# kvpress tests as soon as their environment is ready, and the core-install check
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint docs-check $(KVSTAMP)
-	$(PY) -m pytest -q -m core_install tests/test_packaging.py
-	# kvpress 0.5.5 + transformers 5.2.x: the presses and the cache on the older transformers
-	$(KVPY) -m pytest -q -n 2 --dist loadfile tests/presses tests/test_kvpress_extra.py tests/test_kv_layouts.py
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint docs-check test-kvpress test-core-install
 	# the numba kernels compiled once, here, after an edit of their source: a kernel compiled afresh and one
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
 	$(PY) -m attsvm.svm._warm
 	# (`make docs` above built the site with --strict: its test here would only repeat that build)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/test_docs_site.py \
 		--deselect tests/test_docs.py::test_site_builds_strict
+
+# kvpress 0.5.5 + transformers 5.2.x: the presses and the cache on the older transformers
+test-kvpress: $(KVSTAMP)
+	$(KVPY) -m pytest -q -n 2 --dist loadfile tests/presses tests/test_kvpress_extra.py tests/test_kv_layouts.py
 
 # a fresh virtual environment with only the core install fits AttentionSVM and trains
 test-core-install: $(STAMP)

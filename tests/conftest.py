@@ -28,6 +28,30 @@ except ImportError:  # pragma: no cover
     pass
 
 
+# The longest files first: under `pytest -n 2 --dist loadfile` (make test) the workers take whole files in
+# collection order, and a long file taken last keeps one worker busy while the other has finished
+_LONG_FILES = (
+    "test_experiments.py",
+    "test_sweep_integrity.py",
+    "test_sweep.py",
+    "test_phase.py",
+    "test_figure_style.py",
+    "test_gemma_analyze.py",
+    "test_kv_compare.py",
+    "test_cli_polish.py",
+    "test_analysis_cli.py",
+    "test_claims_gemma.py",
+    "test_cli_options.py",
+    "test_bad_input_experiments.py",
+    "test_kv_layouts.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: the rest keep their order)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
