@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from . import _rows
+from ._rows import TIE_ULPS
 from ._validation import as_float_array, check_bool, check_finite_scalar, check_positive_int, check_selection
 from .problem import AttentionProblem, check_problem
 
@@ -38,14 +40,7 @@ def constraint_mask(n: int, T: int, tokens: ArrayLike) -> NDArray[np.bool_]:
     """Boolean (n, T): True for the constraint pairs (i, t ≠ α_i)."""
     n = check_positive_int(n, "n")
     T = check_positive_int(T, "T")
-    return _constraint_mask(n, T, check_selection(tokens, n, T))
-
-
-def _constraint_mask(n: int, T: int, tokens: NDArray[np.int64]) -> NDArray[np.bool_]:
-    """:func:`constraint_mask` of a validated selection."""
-    mask = np.ones((n, T), dtype=bool)
-    mask[np.arange(n), tokens] = False
-    return mask
+    return _rows.constraint_mask(n, T, check_selection(tokens, n, T))
 
 
 def pair_differences(
@@ -56,14 +51,7 @@ def pair_differences(
     ``tokens=None`` uses the optimal tokens. Rows at ``t = α_i`` are zero and masked out; so are the rows of
     tokens tied with ``x_{iα_i}`` up to round-off (:func:`differences`).
     """
-    return _pair_differences(problem, check_problem(problem).check_tokens(tokens))
-
-
-# Tokens equal to the selected one up to this many units of round-off in every coordinate are tied
-# (docs/spec.md §3): their row is exactly 0, not the round-off that a solver would scale up to a unit row
-# (x and 10·x differ by one ulp in one representation and by another in the other, so a "solution" of
-# size 1/ulp would depend on the units).
-TIE_ULPS = 8.0
+    return _rows.pair_differences(problem, check_problem(problem).check_tokens(tokens))
 
 
 def differences(sel: ArrayLike, X: ArrayLike) -> NDArray[np.float64]:
@@ -77,24 +65,7 @@ def differences(sel: ArrayLike, X: ArrayLike) -> NDArray[np.float64]:
             f"X must be (..., n, T, d) and sel (..., n, d) with the same n and d, got {Xa.shape} and {sa.shape}"
         )
     with np.errstate(over="ignore", invalid="ignore"):
-        return _differences(sa, Xa)
-
-
-def _differences(sel: NDArray[np.float64], X: NDArray[np.float64]) -> NDArray[np.float64]:
-    """:func:`differences` of validated arrays (the constraint builders' hot path)."""
-    A = sel[..., None, :] - X
-    scale = TIE_ULPS * np.finfo(np.float64).eps * np.maximum(np.abs(sel)[..., None, :], np.abs(X))
-    tied: NDArray[np.bool_] = np.all(np.abs(A) <= scale, axis=-1)
-    return np.where(tied[..., None], 0.0, A) if tied.any() else A
-
-
-def _pair_differences(
-    problem: AttentionProblem, alpha: NDArray[np.int64]
-) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """:func:`pair_differences` at an already validated selection ``alpha``."""
-    X = problem.X
-    A = _differences(X[np.arange(problem.n), alpha], X)  # (n, T, d); 0 at t = α_i and on tied tokens
-    return A, _constraint_mask(problem.n, problem.T, alpha)
+        return _rows.differences(sa, Xa)
 
 
 def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -> NDArray[np.float64]:
@@ -110,7 +81,7 @@ def margins(problem: AttentionProblem, tokens: ArrayLike | None, W: ArrayLike) -
     if e is not None:  # (a margin beyond the float range is ±inf, never inf − inf)
         with np.errstate(over="ignore"):
             m = np.ldexp(m, e)
-    mask = _constraint_mask(problem.n, problem.T, alpha)
+    mask = _rows.constraint_mask(problem.n, problem.T, alpha)
     return np.where(mask, m, np.inf)
 
 

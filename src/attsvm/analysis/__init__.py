@@ -18,6 +18,9 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "load_model": "attsvm.analysis._models",
+    "resolve_model": "attsvm.analysis._models",
+    "plot_anatomy": "attsvm.analysis._anatomy_report",
+    "write_anatomy_report": "attsvm.analysis._anatomy_report",
     "gemma_folder": "attsvm.analysis.gemma",
     "gguf_to_folder": "attsvm.analysis.gemma",
     "qk_weights": "attsvm.analysis._models",

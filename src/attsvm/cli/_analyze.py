@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         )
     import torch
 
-    from attsvm.analysis._anatomy_report import plot_anatomy, write_anatomy_report
+    from attsvm.analysis import plot_anatomy, write_anatomy_report
     from attsvm.analysis.anatomy import analyze
 
     from ._output import owned_folders
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.svm_head is not None:  # check the head before the (long) anatomy run
         import json
 
-        from attsvm.analysis._models import resolve_model
+        from attsvm.analysis import resolve_model
         from attsvm.analysis.svm_view import parse_head
 
         layer, head = parse_head(args.svm_head)

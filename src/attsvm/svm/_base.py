@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from .._rows import pair_differences as _pair_differences
 from .._validation import as_float_array
 from ..problem import AttentionProblem, check_problem
-from ..tokens import _pair_differences
 
 __all__ = [
     "ConstraintSet",

@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from .._rows import differences as _differences
 from .._threads import batch_threads
-from ..tokens import _differences
 from ._base import ConstraintSet, FitSettings
 from .certificate import FarkasCertificate, certify_stack, farkas_certificate
 from .frobenius import FrobeniusOptions

@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._linalg import correlation
+from .._rows import differences as _differences
 from .._validation import (
     as_float_array,
     check_choice,
@@ -36,7 +37,6 @@ from .._validation import (
     check_positive_int,
 )
 from ..problem import AttentionProblem
-from ..tokens import _differences
 from ._base import ConstraintSet
 
 __all__ = [

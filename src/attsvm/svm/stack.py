@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .._rows import constraint_mask as _constraint_mask
+from .._rows import differences as _differences
 from .._validation import as_float_array
-from ..tokens import _constraint_mask, _differences
 from ._base import ConstraintSet
 from .status import OPTIMAL
 
