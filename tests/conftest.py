@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,6 +51,22 @@ _LONG_FILES = (
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(_LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: the rest keep their order)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_folder(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The tiny test LM (``TINY_LM``, about 12 s to train), trained once per test session: under pytest-xdist
+    the workers share it (their temporary folders have a common parent; a file lock lets one of them train).
+    Tests read it and never write into it."""
+    pytest.importorskip("transformers")
+    from filelock import FileLock
+
+    from attsvm.analysis.lm import TINY_LM, train_lm
+
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # (the parent: this session's, shared by its workers)
+    with FileLock(str(root / "tiny-lm.lock")):
+        return train_lm(root / "tiny-lm", TINY_LM)
 
 
 @pytest.fixture

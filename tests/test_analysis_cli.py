@@ -48,10 +48,8 @@ def test_analyze_rejects_a_missing_model_folder(tmp_path, capsys):
     assert "local Hugging Face model folder" in capsys.readouterr().err
 
 
-def test_kv_bench_quick_runs_end_to_end(tmp_path):
-    from attsvm.analysis.lm import TINY_LM, train_lm
-
-    lm = train_lm(tmp_path / "lm", TINY_LM)
+def test_kv_bench_quick_runs_end_to_end(tmp_path, tiny_lm_folder):
+    lm = tiny_lm_folder
     out = tmp_path / "kv"
     assert main(["kv-bench", "--quick", "--lm", str(lm), "--out", str(out), "--budgets", "0.1,0.5"]) == 0
     data = json.loads((out / "kv_bench.json").read_text())

@@ -120,11 +120,9 @@ def test_bad_model_argument_is_named(tmp_path):
         resolve_model(3)  # type: ignore[arg-type]
 
 
-def test_gpt2_extraction_matches_output_attentions(tmp_path):
+def test_gpt2_extraction_matches_output_attentions(tiny_lm_folder):
     """Any local HF folder of a supported family: a GPT-2 (pre-LN, Conv1D, causal) trained by attsvm."""
-    from attsvm.analysis.lm import TINY_LM, train_lm
-
-    folder = train_lm(tmp_path / "lm", TINY_LM)
+    folder = tiny_lm_folder
     model, tok = load_model(folder)
     w = qk_weights(model)
     assert w.causal and (w.n_layers, w.n_heads, w.d_head) == (2, 2, 16)

@@ -152,11 +152,11 @@ def test_full_rank_projection_changes_nothing_and_lower_ranks_do():
     assert m.top1[0].mean() < 1.0 and m.output_error[0].mean() > 1e-3  # rank 1 does change the heads
 
 
-def test_mla_latent_of_full_size_keeps_the_perplexity(tmp_path):
+def test_mla_latent_of_full_size_keeps_the_perplexity(tiny_lm_folder):
     from attsvm.analysis.claims import mla_perplexity
-    from attsvm.analysis.lm import TINY_LM, encode_heldout, load_lm, train_lm
+    from attsvm.analysis.lm import TINY_LM, encode_heldout, load_lm
 
-    net, tok = load_lm(train_lm(tmp_path / "lm", TINY_LM))
+    net, tok = load_lm(tiny_lm_folder)
     held = encode_heldout(tok, TINY_LM, n_seq=2, seq_len=32)
     d = int(net.config.hidden_size)
     ppl = mla_perplexity(net, held, [1, d])

