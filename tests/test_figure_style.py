@@ -156,6 +156,27 @@ def test_save_figure_writes_a_200_dpi_png_and_a_pdf_with_plain_ticks_on_short_lo
     plt.close(fig)
 
 
+def test_save_figure_lays_out_once_for_both_files_and_keeps_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.pyplot as plt
+
+    runs = []
+    execute = ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, fig: runs.append(1) or execute(self, fig))
+    with style():
+        fig, axes = plt.subplots(1, 2, layout="constrained")
+    for ax in axes:
+        ax.plot([1, 2, 3], [3.0, 1.0, 2.0])
+        ax.set_title("a title", loc="left")
+    engine = fig.get_layout_engine()
+    save_figure(fig, tmp_path / "f.png")
+    assert len(runs) == 1  # (matplotlib's bbox_inches="tight" alone: once per file)
+    assert fig.get_layout_engine() is engine
+    assert (tmp_path / "f.png").stat().st_size > 0 and (tmp_path / "f.pdf").stat().st_size > 0
+    plt.close(fig)
+
+
 def test_save_figure_can_leave_out_the_pdf(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
