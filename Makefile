@@ -116,7 +116,9 @@ test:
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
 	$(PY) -m attsvm.svm._warm
 	# (`make docs` above built the site with --strict: its test here would only repeat that build)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/test_docs_site.py \
+	# (--no-loadscope-reorder: the workers take the files in the order tests/conftest.py gives, the longest first;
+	# xdist would otherwise order them by their number of tests and leave a long file with few tests for last)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 --ignore=tests/test_docs_site.py \
 		--deselect tests/test_docs.py::test_site_builds_strict
 
 # kvpress 0.5.5 + transformers 5.2.x: the presses and the cache on the older transformers

@@ -29,8 +29,8 @@ except ImportError:  # pragma: no cover
     pass
 
 
-# The longest files first: under `pytest -n 2 --dist loadfile` (make test) the workers take whole files in
-# collection order, and a long file taken last keeps one worker busy while the other has finished
+# The longest files first: under `pytest -n 2 --dist loadfile --no-loadscope-reorder` (make test) the workers take
+# whole files in collection order, and a long file taken last keeps one worker busy while the other has finished
 _LONG_FILES = (
     "test_experiments.py",
     "test_sweep_integrity.py",
