@@ -278,6 +278,17 @@ class ConstraintSet:
         """``‖a_it z_iᵀ‖_F² = ‖a_it‖² ‖z_i‖²`` of shape (n, T) (0 where masked)."""
         return (self.A**2).sum(-1) * (self.Z**2).sum(-1)[:, None] * self.mask
 
+    def hardest_rows(self, k: int) -> NDArray[np.bool_]:
+        """(n, T), True on the ``k`` inequality rows per sequence with the largest right-hand side per unit of
+        feature, ``b_k/(‖a_k‖‖z_k‖)`` (the first working set of the active-set routes; where a sequence has
+        fewer than ``k`` inequality rows, other positions of it are marked too: intersect with the rows wanted)."""
+        scale = np.sqrt(self.gram_diag())  # ‖a_k‖‖z_k‖: violations are compared as distances
+        hard = np.where(self.inequality, -self.rhs / np.maximum(scale, 1e-300), np.inf)
+        first = np.zeros(self.mask.shape, bool)
+        order = np.argsort(hard, axis=1, kind="stable")[:, : min(self.mask.shape[1], k)]
+        np.put_along_axis(first, order, True, axis=1)
+        return first
+
     @property
     def feature_norms(self) -> NDArray[np.float64]:
         """``‖a_it z_iᵀ‖_F = ‖a_it‖ ‖z_i‖`` of shape (n, T) (0 where masked; computed once, read-only)."""

@@ -173,11 +173,7 @@ def solve_cholesky_active_set(
     b = cs.rhs.ravel()
     mask = cs.mask.ravel()
     F = _Factor(A2, Z @ Z.T, T, ridge * max(float(np.mean(cs.gram_diag()[cs.mask])), 1e-300))
-    hard = np.where(cs.mask, -cs.rhs, np.inf)
-    k0 = min(T, start)
-    first = np.zeros((n, T), bool)
-    np.put_along_axis(first, np.argsort(hard, axis=1, kind="stable")[:, :k0], True, axis=1)
-    new = np.flatnonzero(first.ravel() & mask)
+    new = np.flatnonzero(cs.hardest_rows(start).ravel() & mask)
     solves = rounds = 0
     x = np.zeros(0)
     while True:

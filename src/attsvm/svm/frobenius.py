@@ -690,13 +690,7 @@ def _working_set(cs: ConstraintSet, opt: FrobeniusOptions) -> RawSolution:
     t0 = time.perf_counter()
     n, T, _ = cs.A.shape
     scale = np.sqrt(cs.gram_diag())  # ‖a_k‖‖z_k‖: violations are compared as distances
-    # the hardest rows have the largest rhs per unit of feature, b_k/(‖a_k‖‖z_k‖)
-    hard = np.where(cs.inequality, -cs.rhs / np.maximum(scale, 1e-300), np.inf)
-    k0 = min(T, opt.working_set_start)
-    S = cs.equality.copy()
-    first = np.argsort(hard, axis=1, kind="stable")[:, :k0]
-    np.put_along_axis(S, first, True, axis=1)
-    S &= cs.mask
+    S = (cs.equality | cs.hardest_rows(opt.working_set_start)) & cs.mask
     lam = np.zeros((n, T))
     total_iter = 0
     rounds = 0
