@@ -6,7 +6,7 @@
 # Environment: UV=path of a uv to use (default VENV/bin/uv, installed there by pip if missing); ATTSVM_NO_UV=1
 # makes pip install.
 set -euo pipefail
-VENV="$1"
+VENV="${1:?usage: scripts/venv_install.sh VENV PIP-INSTALL-ARGUMENTS...}"
 shift
 PY="$VENV/bin/python"
 UV="${UV:-$VENV/bin/uv}"
