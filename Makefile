@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml scripts/venv_install.sh
 # the numba kernels compiled once (about 20 s; cached next to their sources), not in the first run's workers; a
 # target of its own, so that what needs only the packages (lint, the core-install check) need not wait for it
 $(KERNELS): $(STAMP)
-	$(PY) -m attsvm.svm._warm
+	$(PY) -m attsvm._warm
 	touch $(KERNELS)
 
 $(KVSTAMP): pyproject.toml scripts/kvpress_env.sh scripts/venv_install.sh
@@ -114,7 +114,7 @@ test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint docs-check test-kvpress test-core-install
 	# the numba kernels compiled once, here, after an edit of their source: a kernel compiled afresh and one
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
-	$(PY) -m attsvm.svm._warm
+	$(PY) -m attsvm._warm
 	# (`make docs` above built the site with --strict: its test here would only repeat that build)
 	# (--no-loadscope-reorder: the workers take the files in the order tests/conftest.py gives, the longest first;
 	# xdist would otherwise order them by their number of tests and leave a long file with few tests for last)

@@ -16,7 +16,8 @@ n, T and d.
 
 ``--span`` times ``train(space="span")`` against ``train(space="dense")`` (attsvm.training.span) on
 1,000 runs × 200 normalized steps, recorded every 100 steps, for the shapes that set the crossover
-constants of ``space="auto"``; the svm-eq shapes (n=3, T=4, ReLU head) come first.
+constants of ``space="auto"``; the svm-eq shapes (n=3, T=4, ReLU head) come first. With numba the span
+form runs its compiled loop, and its torch loop is timed too.
 
 A full run (no --quick, the default --runs, --steps and --ref-runs) writes its tables to benchmarks/records/
 (``--record`` records any run, ``--no-record`` none; docs/performance.md is generated from the records).
@@ -185,39 +186,67 @@ def main() -> None:
 
 
 def span_table(device: str, rec: Recorder, runs: int = 1000, steps: int = 200) -> None:
-    """Dense W against the span form, same runs, same run: time ratio and agreement."""
-    from attsvm.training.span import span_is_cheaper
+    """Dense W against the span form (its compiled loop where numba is installed, and its torch loop),
+    same runs, same run: time ratios and agreement."""
+    from attsvm.training import span
 
+    compiled = span.compiled() is not None and torch.device(device).type == "cpu"
     print(f"span form vs dense W: {runs} runs x {steps} normalized steps, record every 100 (1 thread)")
-    print(f"{'instance':>10} {'n':>3} {'T':>3} {'d':>3} {'dense s':>8} {'span s':>8} {'dense/span':>10} {'auto':>6}")
+    print(
+        f"{'instance':>10} {'n':>3} {'T':>3} {'d':>3} {'dense s':>8} {'span s':>8} {'torch s':>8} "
+        f"{'dense/span':>10} {'torch/span':>10} {'auto':>6}"
+    )
     shapes = [("relu", 3, 4, d) for d in (4, 6, 8, 10)]
     shapes += [
         ("paper", n, T, d) for n, T, d in [(3, 4, 3), (6, 4, 10), (3, 8, 10), (6, 8, 10), (10, 4, 10), (6, 8, 20)]
     ]
+    if compiled:  # compiled once, outside the timings
+        train(relu_instance(3, 4, 4, 1), steps=2, progress=False, space="span")
     rows = []
     for kind, n, T, d in shapes:
         if kind == "relu":
             probs = [relu_instance(n, T, d, s) for s in range(1, runs + 1)]
         else:
             probs = [paper_instance(n, T, d, seed=s) for s in range(runs)]
-        ts = {}
-        for space in ("dense", "span"):
-            t0 = time.perf_counter()
-            train(probs, steps=steps, lr=0.1, record_every=100, progress=False, threads=1, space=space, device=device)
-            ts[space] = time.perf_counter() - t0
-        auto = "span" if span_is_cheaper(n, T, d, 100) else "dense"
+        ts, Ws = {}, {}
+        for name, space, loop in (("dense", "dense", None), ("span", "span", None), ("torch", "span", False)):
+            if loop is False and not compiled:
+                continue
+            saved = span._compiled_module
+            if loop is False:
+                span._compiled_module = False  # the span form's torch loop
+            try:
+                t0 = time.perf_counter()
+                Ws[name] = train(
+                    probs, steps=steps, lr=0.1, record_every=100, progress=False, threads=1, space=space, device=device
+                ).W
+                ts[name] = time.perf_counter() - t0
+            finally:
+                span._compiled_module = saved
+        ts.setdefault("torch", ts["span"])
+        auto = "span" if span.span_is_cheaper(n, T, d, 100, compiled=compiled) else "dense"
         print(
-            f"{kind:>10} {n:>3} {T:>3} {d:>3} {ts['dense']:8.2f} {ts['span']:8.2f} "
-            f"{ts['dense'] / ts['span']:9.2f}x {auto:>6}"
+            f"{kind:>10} {n:>3} {T:>3} {d:>3} {ts['dense']:8.2f} {ts['span']:8.2f} {ts['torch']:8.2f} "
+            f"{ts['dense'] / ts['span']:9.2f}x {ts['torch'] / ts['span']:9.2f}x {auto:>6}"
         )
-        ratio = f"{ts['dense'] / ts['span']:.2f}×"
-        rows.append([kind, n, T, d, round(ts["dense"], 2), round(ts["span"], 2), ratio, auto])
+        rows.append(
+            [
+                kind, n, T, d, round(ts["dense"], 2), round(ts["span"], 2), round(ts["torch"], 2),
+                f"{ts['dense'] / ts['span']:.2f}×", f"{ts['torch'] / ts['span']:.2f}×", auto,
+            ]
+        )  # fmt: skip
     rec.table(
         "Span form against dense W",
-        ["instance", "n", "T", "d", "dense (s)", "span (s)", "dense / span", 'space="auto"'],
+        [
+            "instance", "n", "T", "d", "dense (s)", "span (s)", "span, torch loop (s)", "dense / span",
+            "torch loop / span", 'space="auto"',
+        ],
         rows,
-        [f"{runs} runs × {steps} normalized steps, recorded every 100, one thread, device {device}"],
-    )
+        [
+            f"{runs} runs × {steps} normalized steps, recorded every 100, one thread, device {device}; "
+            f"span: the {'compiled' if compiled else 'torch'} loop"
+        ],
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

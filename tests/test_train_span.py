@@ -77,8 +77,17 @@ def test_auto_picks_span_where_it_pays():
     assert train(relu, steps=3, record_every=100, progress=False).info["space"] == "span"
     # recorded at every step: forming W each step costs more than it saves
     assert train(relu, steps=3, record_every=1, progress=False).info["space"] == "dense"
+    # N = 48: the torch span loop loses to the dense one there, the compiled loop wins (bench_train --span)
+    from attsvm.training import span
+
     big = [paper_instance(6, 8, 10, seed=s) for s in range(3)]
-    assert train(big, steps=3, record_every=100, progress=False).info["space"] == "dense"
+    fast = span.compiled() is not None
+    assert train(big, steps=3, record_every=100, progress=False).info["space"] == ("span" if fast else "dense")
+    assert span.span_is_cheaper(6, 8, 10, 100, compiled=True) and not span.span_is_cheaper(6, 8, 10, 100)
+    assert not span.span_is_cheaper(20, 9, 10, 100, compiled=True)  # N = 180: beyond what was measured
+    # a schedule runs the torch loop: its crossover applies
+    sched = train(big, steps=3, lr=lambda k: 0.1, record_every=100, progress=False)
+    assert sched.info["space"] == "dense"
     # other parameterisations and update rules keep the dense loop
     assert train(relu, param="KQ", steps=3, record_every=100, progress=False).info["space"] == "dense"
     md = mirror_descent(p=3, lr=0.1)
@@ -185,3 +194,117 @@ def test_runs_last_step_matches_the_model(head, loss):
         v = torch.as_tensor(rng.normal(size=(P, n * T)))
         Kv = ws.kernel_times(v.t().contiguous())
         np.testing.assert_allclose(Kv.t().numpy(), (K @ v.unsqueeze(-1)).squeeze(-1).numpy(), rtol=1e-12, atol=1e-12)
+
+
+# the compiled span loop (attsvm.training._span_compiled) against the torch loop it replaces when numba is
+# installed: the same formulas in the same order, but other exponentials and the logits stepped with β
+# (g += coef·Kδ) instead of recomputed as g₀ + Kβ, so round-off apart
+COMPILED_RTOL = 1e-11
+# probabilities, absolute: a logit's round-off is multiplied by the logits' size in e^{g}
+COMPILED_PROBS_ATOL = 1e-9
+# ReLU heads: steps near a kink amplify round-off (measured: up to ~3e-11 after 120 steps)
+COMPILED_RELU_RTOL = 1e-9
+
+
+def _loops(problems, monkeypatch, **kw):
+    """The same training by the compiled loop and by the torch loop."""
+    from attsvm.training import span
+
+    pytest.importorskip("numba")
+    kw = {"steps": 300, "record_every": 25, "record_W": True, "progress": False, "space": "span", **kw}
+    monkeypatch.setattr(span, "_compiled_module", None)
+    torch_loop = span._train_runs_last
+
+    def not_here(*a, **k):
+        raise AssertionError("the torch loop ran where the compiled one should")
+
+    monkeypatch.setattr(span, "_train_runs_last", not_here)
+    fast = train(problems, **kw)
+    assert span.compiled() is not None
+    monkeypatch.setattr(span, "_train_runs_last", torch_loop)
+    monkeypatch.setattr(span, "_compiled_module", False)  # the torch loop
+    slow = train(problems, **kw)
+    return fast, slow
+
+
+def _mixed_problems(head, loss, P=8, seed=5):
+    rng = np.random.default_rng(seed)
+    n, T, d = 3, 4, 6
+    out = []
+    for _ in range(P):
+        h = Head.linear(rng.normal(size=d)) if head == "linear" else Head.relu(rng.normal(size=(d, d)) / d)
+        X = rng.normal(size=(n, T, d))
+        out.append(AttentionProblem(X, np.array([1.0, -1.0, 1.0]), h, Z=rng.normal(size=(n, d)), loss=loss))
+    return out
+
+
+@pytest.mark.parametrize("head", ["linear", "relu"])
+@pytest.mark.parametrize("loss", ["logistic", "exponential", "correlation"])
+@pytest.mark.parametrize(
+    "kw",
+    [{"lr": 0.1}, {"lr": 0.1, "normalize_eps": 0.0}, {"normalized": False, "lr": 0.05}],
+    ids=["normalized", "exact-normalisation", "plain"],
+)
+def test_compiled_loop_equals_torch_loop(head, loss, kw, monkeypatch):
+    probs = _mixed_problems(head, loss)
+    fast, slow = _loops(probs, monkeypatch, steps=120, **kw)
+    assert fast.info["space"] == slow.info["space"] == "span"
+    tol = COMPILED_RTOL if head == "linear" else COMPILED_RELU_RTOL
+    assert _rel(slow.W, fast.W).max() < tol
+    assert _rel(slow.history["W"], fast.history["W"]).max() < tol
+    assert np.abs(fast.probs - slow.probs).max() < COMPILED_PROBS_ATOL
+    for key in ("loss", "W_norm", "grad_norm", "max_prob"):
+        np.testing.assert_allclose(fast.history[key], slow.history[key], rtol=100 * tol, atol=0)
+    np.testing.assert_array_equal(fast.history["selected"], slow.history["selected"])
+
+
+def test_compiled_loop_svm_eq_workload(monkeypatch):
+    """The svm-eq protocol's runs (ReLU head, normalized GD) over a few hundred steps, and one data set
+    shared by several initialisations (the compiled loop indexes the data by run modulo B)."""
+    probs = [relu_instance(3, 4, 10, s) for s in range(1, 41)]
+    fast, slow = _loops(probs, monkeypatch, steps=400, record_every=100)
+    assert (_rel(slow.W, fast.W) < 1e-10).mean() >= RELU_SHARE_SAME
+    fast, slow = _loops(paper_instance(4, 5, 8, seed=3), monkeypatch, n_init=6, seed=2, lr=0.1)
+    assert _rel(slow.W, fast.W).max() < COMPILED_RTOL
+
+
+def test_compiled_loop_does_not_depend_on_record_steps_threads_or_calls(monkeypatch):
+    """β and its logits are carried from call to call: where the records fall, how many updates one call
+    takes and how many threads share the runs change no bit of the result."""
+    from attsvm.training import span
+
+    pytest.importorskip("numba")
+    probs = [relu_instance(3, 4, 8, s) for s in range(1, 150)]
+    kw = {"steps": 260, "lr": 0.1, "progress": False, "space": "span"}
+    ref = train(probs, record_every=260, **kw)
+    assert span.compiled() is not None
+    for other in (
+        train(probs, record_every=7, **kw),
+        train(probs, record_every=260, threads=2, **kw),
+    ):
+        np.testing.assert_array_equal(other.W, ref.W)
+        np.testing.assert_array_equal(other.probs, ref.probs)
+    monkeypatch.setattr(span, "COMPILED_CHUNK", 3)
+    np.testing.assert_array_equal(train(probs, record_every=260, **kw).W, ref.W)
+
+
+def test_compiled_loop_is_switched_off_by_the_environment(monkeypatch):
+    from attsvm.training import span
+
+    monkeypatch.setattr(span, "_compiled_module", None)
+    monkeypatch.setenv("ATTSVM_COMPILED", "0")
+    assert span.compiled() is None
+    monkeypatch.setattr(span, "_compiled_module", None)
+    monkeypatch.delenv("ATTSVM_COMPILED")
+    pytest.importorskip("numba")
+    assert span.compiled() is not None
+
+
+def test_install_compiles_the_span_kernel():
+    """`make install` runs attsvm._warm, which compiles this kernel with the solvers'."""
+    pytest.importorskip("numba")
+    from attsvm._warm import compile_all
+    from attsvm.training import _span_compiled
+
+    assert compile_all() is True
+    assert len(_span_compiled._advance_range.signatures) >= 1

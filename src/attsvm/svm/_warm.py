@@ -1,5 +1,5 @@
 """Compile the numba kernels of docs/spec.md §3's batched solvers now: ``python -m attsvm.svm._warm``
-(``make install`` runs it).
+(``make install`` runs :mod:`attsvm._warm`, which calls this and compiles the training kernel too).
 
 The compiled routes (:mod:`._active_set` for the Frobenius batch, :mod:`._sdp_compiled` for the
 nuclear interior point) are compiled on first use and cached next to their sources (``cache=True``):

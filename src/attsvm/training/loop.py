@@ -63,7 +63,7 @@ from .optim import (
     chain,
 )
 from .recording import Recorder, Recording
-from .span import span_is_cheaper, span_kernel, span_plan, span_well_conditioned, train_span
+from .span import compiled_loop_applies, span_is_cheaper, span_kernel, span_plan, span_well_conditioned, train_span
 
 __all__ = ["train", "TrainResult", "threads_context", "SMALL_PROBLEM_ELEMENTS", "PROGRESS_MIN_WORK"]
 
@@ -636,7 +636,8 @@ def train(
     if space != "dense" and not wants_excess:
         plan = span_plan(par, rule)
         # (auto: float64 only; in float32 the kernel products lose digits the dense step keeps)
-        auto_ok = dtype == torch.float64 and span_is_cheaper(n, T, d, rec.every)
+        fast = plan is not None and compiled_loop_applies(batch, plan, params[0])
+        auto_ok = dtype == torch.float64 and span_is_cheaper(n, T, d, rec.every, compiled=fast)
         if plan is not None and (space == "span" or auto_ok):
             with torch.no_grad():
                 kern = span_kernel(batch)

@@ -17,6 +17,13 @@ once per training (:class:`_RunsLast`). Together, the svm-eq workload
 (n = 3, T = 4, d = 10, ReLU head) trains 3.3× faster than the dense loop
 (``benchmarks/bench_train.py --span``, 1,000 runs).
 
+With numba installed, the linear- and ReLU-head runs in float64 on the CPU with a constant step size go
+to a compiled loop instead (:mod:`attsvm.training._span_compiled`, :func:`compiled_loop_applies`): the
+same arithmetic one run at a time, its kernel and coefficients in cache for all its steps and no call
+per step, with the logits stepped along with β (``g += a_k K δ'`` for the step ``β += a_k δ'``; the product the norm needs
+anyway) instead of recomputed. It agrees with the torch loop to round-off, and pays off at larger N
+than the torch loop does (:data:`SPAN_COMPILED_MAX_N`).
+
 :func:`span_plan` decides when the trainer takes this path (``space="auto"``): the W parameterisation in
 float64, an update rule that is plain or normalized GD with a step size (no penalty, mirror map or
 Polyak step), a kernel that is cheaper than the dense step, and a well-conditioned kernel on every instance
@@ -28,8 +35,11 @@ coefficients β rather than W: :func:`span_plan` takes from the rule only its ε
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from types import ModuleType
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,6 +53,8 @@ __all__ = [
     "span_plan",
     "span_kernel",
     "span_is_cheaper",
+    "compiled_loop_applies",
+    "compiled",
     "span_well_conditioned",
     "train_span",
     "SPAN_MAX_COND",
@@ -50,6 +62,8 @@ __all__ = [
     "SPAN_MAX_N",
     "SPAN_COST_RATIO",
     "SPAN_MIN_RECORD_EVERY",
+    "SPAN_COMPILED_MAX_N",
+    "SPAN_COMPILED_COST_RATIO",
 ]
 
 # The span path is taken only where every instance's kernel (restricted to its range) has condition
@@ -64,6 +78,11 @@ SPAN_SMALL_N = 12
 SPAN_MAX_N = 24
 SPAN_COST_RATIO = 1.0
 SPAN_MIN_RECORD_EVERY = 8
+# The compiled loop (numba) keeps a run's kernel in cache and pays no call per step: measured faster than
+# the dense loop at every shape tried, up to N = 160 and N² = 21·n·d² (1.5–5×; 300–1,000 runs, one thread,
+# benchmarks/bench_train.py --span); beyond those the choice is left to the dense loop.
+SPAN_COMPILED_MAX_N = 160
+SPAN_COMPILED_COST_RATIO = 24.0
 
 
 @dataclass(frozen=True)
@@ -105,14 +124,31 @@ def span_kernel(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     return Xf, Zf, (Xf @ Xf.transpose(-1, -2)) * (Zf @ Zf.transpose(-1, -2))
 
 
-def span_is_cheaper(n: int, T: int, d: int, record_every: int) -> bool:
+def span_is_cheaper(n: int, T: int, d: int, record_every: int, *, compiled: bool = False) -> bool:
     """Whether the span form is expected to be faster (:data:`SPAN_SMALL_N`, :data:`SPAN_MAX_N`,
-    :data:`SPAN_COST_RATIO`, :data:`SPAN_MIN_RECORD_EVERY`)."""
+    :data:`SPAN_COST_RATIO`, :data:`SPAN_MIN_RECORD_EVERY`; with ``compiled``, the compiled loop's
+    :data:`SPAN_COMPILED_MAX_N` and :data:`SPAN_COMPILED_COST_RATIO`)."""
     n, T, d = check_positive_int(n, "n"), check_positive_int(T, "T"), check_positive_int(d, "d")
     record_every = check_positive_int(record_every, "record_every")
     N = n * T
-    cheaper = N <= SPAN_SMALL_N or (N <= SPAN_MAX_N and N * N <= SPAN_COST_RATIO * n * d * d)
+    if compiled:
+        cheaper = N <= SPAN_COMPILED_MAX_N and N * N <= SPAN_COMPILED_COST_RATIO * n * d * d
+    else:
+        cheaper = N <= SPAN_SMALL_N or (N <= SPAN_MAX_N and N * N <= SPAN_COST_RATIO * n * d * d)
     return record_every >= SPAN_MIN_RECORD_EVERY and cheaper
+
+
+def compiled_loop_applies(batch: Batch, plan: SpanPlan, W0: Tensor) -> bool:
+    """Whether :func:`train_span` runs the compiled loop for this batch, plan and start (R, d, d): numba
+    installed and not switched off, a linear or ReLU head, float64 on the CPU, a constant step size."""
+    return (
+        compiled() is not None
+        and batch.head in ("linear", "relu")
+        and batch.loss != "cross_entropy"
+        and W0.dtype == torch.float64
+        and W0.device.type == "cpu"
+        and plan.step.init((W0,)) is not None
+    )
 
 
 def span_well_conditioned(K: Tensor) -> bool:
@@ -290,6 +326,81 @@ def _train_runs_last(
     return W0 + _span_matrix(beta.t(), Xf, Zf), s.permute(2, 0, 1).contiguous()
 
 
+def compiled() -> ModuleType | None:
+    """The compiled span loop :mod:`attsvm.training._span_compiled`, or None where numba is not installed
+    (the ``fast`` extra) or ``ATTSVM_COMPILED=0`` turns it off."""
+    global _compiled_module
+    if _compiled_module is None:
+        chosen: ModuleType | bool = False
+        if os.environ.get("ATTSVM_COMPILED", "1") != "0":
+            try:
+                from . import _span_compiled
+
+                chosen = _span_compiled
+            except ImportError:  # numba not installed: the torch loop
+                pass
+        _compiled_module = chosen
+    return _compiled_module if isinstance(_compiled_module, ModuleType) else None
+
+
+_compiled_module: ModuleType | bool | None = None  # None: not chosen yet; False: the torch loop
+# at most this many updates per call of the compiled loop: the progress bar moves and Ctrl-C is seen
+# between calls (each call evaluates its end state once more, a 1/COMPILED_CHUNK share of the work)
+COMPILED_CHUNK = 250
+
+
+def _train_compiled(
+    mod: ModuleType,
+    batch: Batch,
+    W0: Tensor,
+    plan: SpanPlan,
+    steps: int,
+    recorder: Recorder,
+    kernel: tuple[Tensor, Tensor, Tensor],
+    g0: Tensor,
+    bar: object | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`train_span` for the linear and ReLU heads by the compiled loop (module doc): float64 on the
+    CPU, a constant step size per run."""
+    R = W0.shape[0]
+    n, T = batch.n, batch.T
+    Xf, Zf, K = kernel
+
+    def arr(t: Tensor) -> np.ndarray:
+        return np.require(t.detach().numpy(), np.float64, ["C", "W"])
+
+    neg_eta = plan.step.init((W0,))
+    assert neg_eta is not None  # (train_span sends schedules to the torch loop)
+    eta = arr(-neg_eta[:, 0, 0])
+    Kn, XVn, yn = arr(K), arr(batch.XV), arr(batch.y)
+    g = arr(g0).copy()  # the logits g₀ + Kβ, stepped with β
+    beta = np.zeros((R, n * T))
+    eps = mod.EPS_PLAIN if plan.eps is None else float(plan.eps)
+    options = {
+        "eps": eps,
+        "relu": batch.head == "relu",
+        "loss": mod.LOSS_CODES.get(batch.loss, -1),
+        "exp_clip": EXP_CLIP,
+        "threads": torch.get_num_threads(),
+    }
+    k = 0
+    while True:
+        target = recorder.next_step if 0 <= recorder.next_step <= steps else steps
+        todo = min(target - k, COMPILED_CHUNK)
+        s, df, L, logc = mod.advance(Kn, XVn, yn, g, beta, eta, updates=todo, **options)
+        if bar is not None and todo:
+            bar.update(todo)  # type: ignore[attr-defined]
+        k += todo
+        if k == recorder.next_step:
+            Lt, dft, ct = torch.from_numpy(L), torch.from_numpy(df), torch.from_numpy(logc)
+            W = W0 + _span_matrix(torch.from_numpy(beta), Xf, Zf)
+            gW = _span_matrix(dft, Xf, Zf) * torch.exp(-ct)[:, None, None]
+            recorder.record(Lt, W, (gW,), (W,), torch.from_numpy(s).view(R, n, T))
+        if k == steps:
+            break
+    return W0 + _span_matrix(torch.from_numpy(beta), Xf, Zf), torch.from_numpy(s).view(R, n, T)
+
+
 def train_span(
     batch: Batch,
     W0: Tensor,
@@ -308,6 +419,8 @@ def train_span(
     kernel = span_kernel(batch) if kernel is None else kernel
     Xf, Zf, K = kernel
     g0 = (batch.X * (batch.Z @ W0.transpose(-1, -2)).unsqueeze(-2)).sum(-1).reshape(R, N)
+    if compiled_loop_applies(batch, plan, W0):
+        return _train_compiled(compiled(), batch, W0, plan, steps, recorder, kernel, g0, bar)  # type: ignore[arg-type]
     if batch.head in ("linear", "relu") and batch.loss != "cross_entropy":  # runs on the last axis (module doc)
         return _train_runs_last(batch, W0, plan, steps, recorder, kernel, g0, bar)
     neg_eta = plan.step.init((W0,))  # −η (R, 1, 1), or None for a schedule
