@@ -272,10 +272,10 @@ def test_the_interior_point_leaves_a_nan_instance_alone(compiled):
 
 
 def test_compile_kernels_runs_both_compiled_kernels(monkeypatch):
-    # `make install` compiles the numba kernels through this (attsvm.svm._warm)
+    # `make install` compiles the numba kernels through this (attsvm._warm)
     sdpc = pytest.importorskip("attsvm.svm._sdp_compiled")
+    from attsvm._warm import compile_solvers
     from attsvm.svm import _active_set
-    from attsvm.svm._warm import compile_kernels
 
     calls = []
     kernel = sdpc.solve_stack
@@ -288,7 +288,7 @@ def test_compile_kernels_runs_both_compiled_kernels(monkeypatch):
             super().__init__(*a, **kw)
 
     monkeypatch.setattr(_active_set, "StackJob", Spy)
-    assert compile_kernels() is True
+    assert compile_solvers() is True
     assert set(calls) == {sdpc, _active_set}
 
 

@@ -14,7 +14,7 @@ import attsvm.svm
 
 SVM = Path(attsvm.svm.__file__).parent
 # the modules above the estimator: they build AttentionSVM objects for their own users
-ABOVE_THE_ESTIMATOR = {"__init__", "_warm", "equivalence", "graph", "local", "prompt"}
+ABOVE_THE_ESTIMATOR = {"__init__", "equivalence", "graph", "local", "prompt"}
 
 
 def _modules() -> set[str]:

@@ -20,9 +20,9 @@ once per training (:class:`_RunsLast`). Together, the svm-eq workload
 With numba installed, the linear- and ReLU-head runs in float64 on the CPU with a constant step size go
 to a compiled loop instead (:mod:`attsvm.training._span_compiled`, :func:`compiled_loop_applies`): the
 same arithmetic one run at a time, its kernel and coefficients in cache for all its steps and no call
-per step, with the logits stepped along with β (``g += a_k K δ'`` for the step ``β += a_k δ'``; the product the norm needs
-anyway) instead of recomputed. It agrees with the torch loop to round-off, and pays off at larger N
-than the torch loop does (:data:`SPAN_COMPILED_MAX_N`).
+per step. The logits follow the step ``β += a_k δ'`` as ``g += a_k K δ'`` (K δ' is the product the
+step's norm needs anyway) instead of being recomputed. It agrees with the torch loop to round-off, and
+pays off at larger N than the torch loop does (:data:`SPAN_COMPILED_MAX_N`).
 
 :func:`span_plan` decides when the trainer takes this path (``space="auto"``): the W parameterisation in
 float64, an update rule that is plain or normalized GD with a step size (no penalty, mirror map or
