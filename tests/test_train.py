@@ -464,6 +464,42 @@ def test_regularization_path_keeps_converging_past_gradient_underflow():
     assert gap[-1] < 1e-6
 
 
+@pytest.mark.parametrize("param", ["W", "KQ"])
+def test_regularization_paths_equal_one_at_a_time(param):
+    """Solved together, each path takes the iterations it takes alone (the runs need different counts,
+    so a finished radius must wait without moving) and the same iterates to round-off; (K, Q) paths keep
+    their own seeds' draws."""
+    from attsvm.training import regularization_paths
+
+    probs = [paper_instance(6, 8, 10, seed=s) for s in (0, 3, 5)]
+    radii = np.geomspace(1.0, 300.0, 5)
+    together = regularization_paths(probs, radii, param=param, seeds=[0, 3, 5])
+    iters = []
+    for p, s, rp in zip(probs, (0, 3, 5), together):
+        alone = regularization_path(p, radii, param=param, seed=s)
+        np.testing.assert_array_equal(rp.n_iter, alone.n_iter)
+        np.testing.assert_array_equal(rp.converged, alone.converged)
+        assert np.abs(rp.W - alone.W).max() <= 1e-9 * np.abs(alone.W).max()
+        np.testing.assert_allclose(rp.corr_fro, alone.corr_fro, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(rp.tokens, alone.tokens)
+        iters.append(alone.n_iter)
+    assert len({tuple(i) for i in iters}) > 1  # (the runs do differ in their iteration counts)
+
+
+def test_regularization_paths_bad_input():
+    from attsvm.training import regularization_paths
+
+    p, q = random_instance(3, 4, 5, seed=0), random_instance(3, 5, 5, seed=0)
+    with pytest.raises(ValueError, match=r"problems must share one shape \(n, T, d\); problems\[1\] is \(3, 5, 5\)"):
+        regularization_paths([p, q], [1.0])
+    with pytest.raises(ValueError, match="seeds must hold one seed per problem \\(2\\), got 1"):
+        regularization_paths([p, p], [1.0], seeds=[0])
+    with pytest.raises(TypeError, match="problems must be a non-empty sequence of AttentionProblem"):
+        regularization_paths(p, [1.0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="problems\\[1\\] must be an AttentionProblem"):
+        regularization_paths([p, "x"], [1.0])  # type: ignore[list-item]
+
+
 def test_regularization_path_errors():
     p = random_instance(3, 4, 5, seed=0)
     with pytest.raises(ValueError, match="radii must be a non-empty increasing"):

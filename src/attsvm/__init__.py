@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "TrainResult": "attsvm.training",
     "Recording": "attsvm.training",
     "regularization_path": "attsvm.training",
+    "regularization_paths": "attsvm.training",
     "RegularizationPath": "attsvm.training",
     "cone_init": "attsvm.training",
     "smoothness_bound": "attsvm.training",

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         optim,
         parameterization,
         regularization_path,
+        regularization_paths,
         smoothness_bound,
         train,
     )
@@ -52,6 +53,7 @@ __all__ = [
     "cone_init",
     "INITS",
     "regularization_path",
+    "regularization_paths",
     "RegularizationPath",
     "NORMALIZED_LR",
     "NORMALIZE_EPS",

@@ -2,7 +2,8 @@
 (K̄, Q̄)_R under ‖K‖² + ‖Q‖² ≤ 2R) aligns with W_mm (resp. W*_mm) as R grows.
 
 Local-convergence data (published recipe, n = 6, T = 8, d = 10, seed = run); the path is
-:func:`attsvm.train.regularization_path` (warm-started projected accelerated gradient), compared with
+:func:`attsvm.train.regularization_paths` (warm-started projected accelerated gradient, the runs of a
+trial solved together), compared with
 the Frobenius / nuclear SVM of the tokens selected at the largest radius.
 
 A run whose path solution becomes non-finite at some radius has NaN correlations there; the means are
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..datasets import paper_instance
-from ._base import MIN_FIT_POINTS, Experiment, Headline, Trial, diverged_headline, headline
+from ._base import MIN_FIT_POINTS, Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._plotting import FLOOR, W_MM, W_MM_NUC, band, figure_legend, one_minus_corr, save, subplots
 
 __all__ = ["RegPath", "EXPERIMENT"]
@@ -41,13 +42,14 @@ class RegPath(Experiment):
         "T": 8,
         "d": 10,
         "runs": 10,
+        "chunk": 10,
         "r_min": 0.5,
         "r_max": 1e4,
         "n_radii": 16,
         "threshold": 0.99,
         "fit_from": 10.0,
     }
-    quick = {"runs": 1, "r_max": 1e3, "n_radii": 8, "threshold": 0.95}
+    quick = {"runs": 1, "chunk": 1, "r_max": 1e3, "n_radii": 8, "threshold": 0.95}
 
     def validate(self, s: dict[str, Any]) -> None:
         super().validate(s)
@@ -61,28 +63,41 @@ class RegPath(Experiment):
             )
 
     def trials(self, s: dict[str, Any]) -> list[Trial]:
-        return [{"key": f"{p}-s{r:04d}", "param": p, "seed": r} for p in ("W", "KQ") for r in range(s["runs"])]
+        return [
+            {"key": f"{p}-s{a:04d}-{b:04d}", "param": p, "start": a, "stop": b}
+            for p in ("W", "KQ")
+            for a, b in chunks(s["runs"], s["chunk"])
+        ]
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
-        from ..train import regularization_path
+        from ..train import regularization_paths
 
-        p = paper_instance(s["n"], s["T"], s["d"], seed=trial["seed"])
+        seeds = list(range(trial["start"], trial["stop"]))
+        probs = [paper_instance(s["n"], s["T"], s["d"], seed=sd) for sd in seeds]
         radii = np.geomspace(s["r_min"], s["r_max"], s["n_radii"])
-        rp = regularization_path(p, radii, param=trial["param"], seed=trial["seed"])
         nan = np.full(len(radii), np.nan)
-        return pd.DataFrame(
-            {
-                "param": trial["param"],
-                "seed": trial["seed"],
-                "R": radii,
-                "finite": np.isfinite(rp.W).all(axis=(-2, -1)),
-                "corr_fro": rp.corr_fro if rp.corr_fro is not None else nan,
-                "corr_nuc": rp.corr_nuc if rp.corr_nuc is not None else nan,
-                "converged": rp.converged,
-                "stationarity": rp.stationarity,
-                "n_iter": rp.n_iter,
-                "loss": rp.loss,
-            }
+        # the runs of a trial are solved together: each takes its own iterations, with the same numbers
+        # as one at a time (regularization_paths)
+        paths = regularization_paths(probs, radii, param=trial["param"], seeds=seeds)
+        return pd.concat(
+            [
+                pd.DataFrame(
+                    {
+                        "param": trial["param"],
+                        "seed": seed,
+                        "R": radii,
+                        "finite": np.isfinite(rp.W).all(axis=(-2, -1)),
+                        "corr_fro": rp.corr_fro if rp.corr_fro is not None else nan,
+                        "corr_nuc": rp.corr_nuc if rp.corr_nuc is not None else nan,
+                        "converged": rp.converged,
+                        "stationarity": rp.stationarity,
+                        "n_iter": rp.n_iter,
+                        "loss": rp.loss,
+                    }
+                )
+                for seed, rp in zip(seeds, paths)
+            ],
+            ignore_index=True,
         )
 
     @staticmethod
