@@ -5,8 +5,11 @@ a constant step size per run) when numba is installed (the ``fast`` extra). The 
 of :meth:`attsvm.training.span._RunsLast.logit_grad` and its step — the logits ``g = g₀ + Kβ``, the
 softmax from the gaps to the top logit, the scale ``e^{c}`` of the smallest gap, ``δ'`` with its top
 entry set to minus the sum of the others, the step ``β ← β − η δ'/‖δ'‖_K`` (or ``−η e^{−c} δ'`` for
-plain GD) — term by term and in the same order, so the two agree to round-off (the exponentials come
-from another library; tests/test_train_span.py holds this kernel to the torch loop as its oracle).
+plain GD) — in the same order, with three rewritings that save exponentials: the logits follow β's step
+(``g += a K δ'``, K δ' being the product the norm needs), ``e^{c − gap}`` is ``e^{c}·e^{−gap}`` wherever
+neither factor can under- or overflow (gaps below 700), and the logistic loss's softplus and sigmoid
+share one exponential. The two loops therefore agree to round-off, not bit for bit;
+tests/test_train_span.py holds this kernel to the torch loop as its oracle.
 
 The torch loop pays a few microseconds of dispatch per tensor operation and streams every
 intermediate (N, N, R) product through memory; here a run's N = nT coefficients, its kernel and its
@@ -36,15 +39,10 @@ CHUNKS_PER_THREAD = 4
 
 
 @nb.njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _softplus(x):
-    # torch's softplus (beta 1, threshold 20)
-    return x if x > 20.0 else math.log1p(math.exp(x))
-
-
-@nb.njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _state(XV, y, g, relu, loss, exp_clip, s, zs, delta, a, qk, Xe, ref):
+def _state(XV, y, g, relu, loss, exp_clip, s, ezs, zs, delta, a, qk, Xe, ref):
     """Risk and c at the logits g (N,); the probabilities s and ``δ'`` (flattened (N,)) into the buffers,
-    with each sequence's softmax normaliser zs (n,), top token ref (n,) and the head's work space a, qk, Xe."""
+    with the unnormalised ezs (N,), each sequence's softmax normaliser zs (n,) and top token ref (n,), and
+    the head's work space a, qk, Xe."""
     n, T, k = XV.shape
     logc = math.inf
     for i in range(n):
@@ -60,15 +58,16 @@ def _state(XV, y, g, relu, loss, exp_clip, s, zs, delta, a, qk, Xe, ref):
         z = 0.0
         for t in range(T):
             ez = math.exp(-(gm - g[o + t]))
-            s[o + t] = ez
+            ezs[o + t] = ez
             z += ez
         for t in range(T):
-            s[o + t] = s[o + t] / z
+            s[o + t] = ezs[o + t] / z
             if t != r:
                 gap = gm - g[o + t]
                 if gap < logc:
                     logc = gap
         zs[i] = z
+    elc = math.exp(logc) if logc < 700.0 else 0.0
     L = 0.0
     for i in range(n):
         o = i * T
@@ -85,9 +84,10 @@ def _state(XV, y, g, relu, loss, exp_clip, s, zs, delta, a, qk, Xe, ref):
         else:
             f = a[0]
         nuy = -y[i] * f
-        if loss == 0:
-            L += _softplus(nuy)
-            q = -y[i] * (1.0 / (1.0 + math.exp(-nuy)))
+        if loss == 0:  # softplus (torch's, threshold 20) and the sigmoid from one exponential
+            e = math.exp(nuy)
+            L += nuy if nuy > 20.0 else math.log1p(e)
+            q = -y[i] * (1.0 / (1.0 + 1.0 / e))
         elif loss == 1:
             e = math.exp(min(nuy, exp_clip))
             L += e
@@ -113,7 +113,10 @@ def _state(XV, y, g, relu, loss, exp_clip, s, zs, delta, a, qk, Xe, ref):
                 delta[o + t] = 0.0
             else:
                 gap = g[o + r] - g[o + t]
-                sc = math.exp(min(logc - gap, 0.0)) / zs[i]
+                if gap < 700.0 and logc < 700.0:  # e^{c − gap} = e^{c}·e^{−gap}, neither factor under- or overflowing
+                    sc = elc * ezs[o + t] / zs[i]
+                else:
+                    sc = math.exp(min(logc - gap, 0.0)) / zs[i]
                 delta[o + t] = sc * (Xe[t] - cbar) / n
                 tot += delta[o + t]
         delta[o + r] = -tot
@@ -127,6 +130,7 @@ def _advance_range(
     B, n, T, k = XV.shape
     N = n * T
     s = np.empty(N)
+    ezs = np.empty(N)
     zs = np.empty(n)
     delta = np.empty(N)
     a = np.empty(k)
@@ -139,7 +143,7 @@ def _advance_range(
         b = r % B  # (one data set shared by every run: B = 1)
         Kr, XVr, yr, g, br = K[b], XV[b], y[b], g_all[r], beta[r]
         for u in range(updates + 1):
-            L, logc = _state(XVr, yr, g, relu, loss, exp_clip, s, zs, delta, a, qk, Xe, ref)
+            L, logc = _state(XVr, yr, g, relu, loss, exp_clip, s, ezs, zs, delta, a, qk, Xe, ref)
             if u == updates:
                 break
             if eps != 0.0:  # (plain GD, or ε > 0)
