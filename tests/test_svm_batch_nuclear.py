@@ -17,7 +17,7 @@ from attsvm.svm import AttentionSVM, batch
 from attsvm.svm._base import ConstraintSet
 from attsvm.svm._factored import _reduce
 from attsvm.svm._sdp import ipm_many
-from attsvm.svm.batch_nuclear import NUC_BATCH_MAX_K, _tighten
+from attsvm.svm.batch_nuclear import NUC_BATCH_MAX_K, NUC_BATCH_MAX_ROWS, _tighten
 from attsvm.svm.reduction import reduce
 from test_svm_batch import _duplicate_selected  # (a zero feature: an infeasible instance)
 from test_svm_batch import _mixed as _mixed_instances
@@ -79,6 +79,30 @@ def test_fit_many_equals_fit_instance_by_instance(compiled):
     assert sum(small) >= 70
     assert batched == small  # every feasible small one went through the batch, nothing else did
     assert all(m.backend_ == "nuclear" and m.info_["solver"] == "ipm-hkm-batched" for m, b in zip(many, batched) if b)
+
+
+def _small_vocabulary(n: int, seed: int) -> AttentionProblem:
+    """n sequences of 4 distinct tokens from a vocabulary of 6, read with one of two queries: n·3 rows, at
+    most 2·6·5 distinct ones (the same pair of tokens under the same query is the same row in every
+    sequence). Every label +1, so every sequence ranks the vocabulary alike and the SVM is feasible."""
+    rng = np.random.default_rng(seed)
+    vocab = rng.normal(size=(6, 5))
+    X = np.stack([vocab[rng.permutation(6)[:4]] for _ in range(n)])
+    queries = rng.normal(size=(2, 5))
+    return AttentionProblem(X, np.ones(n), rng.normal(size=5), Z=queries[np.arange(n) % 2])
+
+
+def test_rows_repeated_across_sequences_are_solved_once(compiled):
+    """Many rows, few distinct ones: the batch drops the repeats (across sequences too) before its limit
+    decides, and certifies what fit certifies. (These programs are degenerate — 24 distinct rows on a
+    5 × 2 block — and the NumPy route's interior point stalls on one of them, which then goes to fit.)"""
+    probs = [_small_vocabulary(120, seed=s) for s in range(3)]
+    assert NUC_BATCH_MAX_K < 120 * 3 <= NUC_BATCH_MAX_ROWS
+    many = AttentionSVM("nuc").fit_many(probs)
+    batched = [a.info_.get("path") == "batched-ipm" for a in many]
+    assert sum(batched) >= 2
+    for p, a in zip(probs, many):
+        _assert_same(a, AttentionSVM("nuc").fit(p))
 
 
 def test_a_failing_instance_does_not_change_the_others():

@@ -79,10 +79,12 @@ def layer_svms(result: DeepResult, norm: str = "fro") -> list[list[AttentionSVM]
     _check_result(result)
     check_choice(norm, "norm", NORMS)
     sel = result.selected
-    return [
-        [AttentionSVM(norm).fit(layer_problem(result, r, ell), sel[r, ell]) for ell in range(result.layers)]  # type: ignore[arg-type]
-        for r in range(result.W.shape[0])
-    ]
+    R, L = result.W.shape[0], result.layers
+    pairs = [(r, ell) for r in range(R) for ell in range(L)]
+    # one fit_many over every (run, layer): the batched routes where they apply, fit elsewhere
+    problems = [layer_problem(result, r, ell) for r, ell in pairs]
+    fitted = AttentionSVM(norm).fit_many(problems, [sel[r, ell] for r, ell in pairs])  # type: ignore[arg-type]
+    return [fitted[r * L : (r + 1) * L] for r in range(R)]
 
 
 def layer_equivalence(
@@ -146,7 +148,11 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
     hist_sel = result.history["selected"]  # (R, S, L, n)
     rows = []
     for si, k in enumerate(steps):
-        Q = _queries_at(result, si) if int(k) in roll else None
+        rolled = None
+        if int(k) in roll:  # the SVMs of this step's inputs and selections, by one fit_many
+            Q = _queries_at(result, si)
+            problems = [layer_problem(result, r, ell, Q[r, ell]) for r in range(R) for ell in range(L)]
+            rolled = AttentionSVM(norm).fit_many(problems, [hist_sel[r, si, ell] for r in range(R) for ell in range(L)])  # type: ignore[arg-type]
         for r in range(R):
             for ell in range(L):
                 W = result.history["W"][r, si, ell]
@@ -160,8 +166,8 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
                     "final_status": str(fin.status_),
                     "corr_rolling": np.nan,
                 }
-                if Q is not None:
-                    svm = AttentionSVM(norm).fit(layer_problem(result, r, ell, Q[r, ell]), hist_sel[r, si, ell])  # type: ignore[arg-type]
+                if rolled is not None:
+                    svm = rolled[r * L + ell]
                     if svm.W_ is not None:
                         row["corr_rolling"] = float(correlation(W, svm.W_))
                 rows.append(row)

@@ -312,7 +312,7 @@ def batched(
                     out[i] = e
     if batch_nuclear.ready(fs):
         css = [
-            _att_svm_constraints(p, a) if p.n * (p.T - 1) <= batch_nuclear.NUC_BATCH_MAX_K else None
+            _att_svm_constraints(p, a) if p.n * (p.T - 1) <= batch_nuclear.NUC_BATCH_MAX_ROWS else None
             for p, a in zip(problems, alphas)
         ]
         with blas_threads(1):

@@ -18,7 +18,8 @@ rank constraint, ``backend="auto"``, no explicit ``max_iter``) here:
 
 An instance goes to :meth:`AttentionSVM.fit` (or ``fit_constraints``) instead — the augmented
 Lagrangian with its polish, its fallbacks and its Farkas certificates — when it is trivial or
-infeasible by inspection, too large for the batch (:data:`NUC_BATCH_MAX_K`, :data:`NUC_BATCH_MAX_N`),
+infeasible by inspection, too large for the batch (:data:`NUC_BATCH_MAX_K` distinct rows after the
+reduction, :data:`NUC_BATCH_MAX_N`, :data:`NUC_BATCH_MAX_ROWS` rows before it),
 or when its interior point does not certify at ``tol`` (an infeasible instance never does). So every
 instance comes back as ``fit`` would return it: optimal with a passing certificate, or whatever ``fit``
 says; a failing instance never changes the others. The interior point is also an independent check of the
@@ -43,13 +44,17 @@ from .nuclear import _lift_dual, _trivial
 from .reduction import Reduction, prescale, reduce
 from .status import OPTIMAL
 
-__all__ = ["NUC_BATCH_MAX_K", "NUC_BATCH_MAX_N", "NuclearSolved", "ready", "solve_many"]
+__all__ = ["NUC_BATCH_MAX_K", "NUC_BATCH_MAX_N", "NUC_BATCH_MAX_ROWS", "NuclearSolved", "ready", "solve_many"]
 
 # Reduced programs with more constraint rows, or a larger semidefinite block (r_a + r_z), go one at a
 # time: the interior point's K × K Schur complement and its N × N eigenvalue problems grow as K³ and
 # N³, while the augmented Lagrangian works on low-rank factors (benchmarks/bench_batch.py)
 NUC_BATCH_MAX_K = 160
 NUC_BATCH_MAX_N = 48
+# Rows before the reduction: a set with up to this many rows is reduced and its repeated rows dropped (cheap
+# next to a fit of that size) before NUC_BATCH_MAX_K decides; data with few distinct tokens and queries (a
+# small vocabulary) give many rows but few distinct ones
+NUC_BATCH_MAX_ROWS = 8 * NUC_BATCH_MAX_K
 # instances per interior-point call (bounds the memory of the K × K and N × N stacks)
 NUC_CHUNK = 256
 
@@ -157,14 +162,16 @@ def _rows(Fs: NDArray[np.float64], Zs: NDArray[np.float64], M: NDArray[np.float6
 
 def _distinct_rows(red: _Reduced) -> NDArray[np.int64]:
     """The flat indices of the constraint rows, each repeated row once (a duplicated token gives two
-    identical rows: the same feature, query, right-hand side and kind). A repeated row adds nothing to
-    the program but makes the interior point's Schur complement singular; its multiplier is 0 in the
-    solution (any split of one multiplier over identical rows is a solution)."""
+    identical rows: the same feature, query, right-hand side and kind — within a sequence, or across
+    sequences that share a query). A repeated row adds nothing to the program but makes the interior
+    point's Schur complement singular; its multiplier is 0 in the solution (any split of one multiplier
+    over identical rows is a solution)."""
     idx = np.flatnonzero(red.mask.ravel())
     n, T, r_a = red.A.shape
     if idx.size < 2 or r_a == 0:
         return idx
-    rows = np.column_stack([idx // T, red.A.reshape(n * T, r_a)[idx], red.b.ravel()[idx], red.eq.ravel()[idx]])
+    A, Z = red.A.reshape(n * T, r_a)[idx], red.Z[idx // T]
+    rows = np.column_stack([Z, A, red.b.ravel()[idx], red.eq.ravel()[idx]])
     # (usually no row repeats: sorting the rows and comparing neighbours says so without np.unique's copies)
     srt = rows[np.lexsort(rows.T[::-1])]
     if not (srt[1:] == srt[:-1]).all(axis=1).any():
@@ -200,8 +207,8 @@ def solve_many(settings: FitSettings, constraint_sets: list[ConstraintSet | None
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i, cs in enumerate(constraint_sets):
         prepared.append(None)
-        if cs is None or cs.n_constraints > NUC_BATCH_MAX_K:
-            continue  # (more rows than the batch takes even before the reduction: fit, and its threads)
+        if cs is None or cs.n_constraints > NUC_BATCH_MAX_ROWS:
+            continue  # (too many rows to look for repeats: fit, and its threads)
         if prescale(cs) is not None:
             continue  # (data far from unit scale: fit rescales them exactly first)
         t0 = time.perf_counter()
