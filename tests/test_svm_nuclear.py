@@ -93,6 +93,35 @@ def test_matches_cvxpy_and_certifies(n: int, T: int, d: int, self_att: bool, see
     assert matrix_rank(raw.W) <= min(n, d)
 
 
+def test_rows_repeated_across_sequences_are_solved_once() -> None:
+    """A small vocabulary read with two queries: 300 rows, 24 distinct. fit solves the distinct ones (a
+    repeated row only adds a singular direction to the polish) and certifies the whole set: the optimum of
+    the independent interior point, and at most one nonzero multiplier per distinct row."""
+    rng = np.random.default_rng(4)
+    vocab, queries = rng.normal(size=(6, 5)), rng.normal(size=(2, 5))
+    X = np.stack([vocab[rng.permutation(6)[:4]] for _ in range(100)])
+    p = AttentionProblem(X, np.ones(100), rng.normal(size=5), Z=queries[np.arange(100) % 2])
+    alpha = p.optimal_tokens()
+    cs = att_svm_constraints(p, alpha)
+    raw = solve_nuclear(cs)
+    assert raw.status == "optimal"
+    ref = solve_cvxpy(cs, "nuc", solver="CLARABEL")
+    assert abs(_nuc(raw.W) - _nuc(ref.W)) <= OBJ_RTOL * _nuc(ref.W)
+    viol, gap, spec = _certify(cs, raw.W, raw.dual)
+    assert viol <= VIOL_TOL and abs(gap) <= GAP_RTOL and spec <= 1 + DUAL_FEAS_TOL
+    # one key per (query, token pair): the nonzero multipliers name distinct rows
+    i, t = np.nonzero(raw.dual)
+    keys = [
+        (
+            i_ % 2,
+            int(np.flatnonzero((vocab == X[i_, alpha[i_]]).all(1))[0]),
+            int(np.flatnonzero((vocab == X[i_, t_]).all(1))[0]),
+        )
+        for i_, t_ in zip(i, t)
+    ]
+    assert len(keys) == len(set(keys)) >= 1
+
+
 def test_estimator_nuclear_certificate_on_paper_instance() -> None:
     p = paper_instance(6, 8, 10, seed=0)
     est = AttentionSVM("nuc").fit(p)

@@ -149,6 +149,45 @@ def _reduce(reduction: Reduction) -> _Reduced:
     )
 
 
+def distinct_rows(red: _Reduced) -> NDArray[np.int64]:
+    """The flat indices of the constraint rows, each repeated row once (a duplicated token gives two
+    identical rows: the same feature, query, right-hand side and kind — within a sequence, or across
+    sequences that share a query). A repeated row adds nothing to the program but makes the interior
+    point's Schur complement singular; its multiplier is 0 in the solution (any split of one multiplier
+    over identical rows is a solution)."""
+    idx = np.flatnonzero(red.mask.ravel())
+    n, T, r_a = red.A.shape
+    if idx.size < 2 or r_a == 0:
+        return idx
+    A, Z = red.A.reshape(n * T, r_a)[idx], red.Z[idx // T]
+    rows = np.column_stack([Z, A, red.b.ravel()[idx], red.eq.ravel()[idx]])
+    # (usually no row repeats: sorting the rows and comparing neighbours says so without np.unique's copies)
+    srt = rows[np.lexsort(rows.T[::-1])]
+    if not (srt[1:] == srt[:-1]).all(axis=1).any():
+        return idx
+    _, first = np.unique(rows, axis=0, return_index=True)
+    return idx[np.sort(first)]
+
+
+def without_repeats(red: _Reduced) -> _Reduced:
+    """``red`` with every repeated row (:func:`distinct_rows`) but its first set aside like a vanished one
+    (mask off, zero feature and right-hand side): the same feasible set, and the solvers' systems stay
+    nonsingular; the set-aside rows get multiplier 0. ``red`` itself when no row repeats."""
+    flat = np.zeros(red.mask.size, dtype=bool)
+    flat[distinct_rows(red)] = True
+    keep = flat.reshape(red.mask.shape)
+    if np.array_equal(keep, red.mask):
+        return red
+    return replace(
+        red,
+        A=np.where(keep[..., None], red.A, 0.0),
+        b=np.where(keep, red.b, 0.0),
+        ineq=red.ineq & keep,
+        eq=red.eq & keep,
+        mask=keep,
+    )
+
+
 # ----------------------------------------------------------------------------- helpers
 def balanced_factors(
     W: NDArray[np.float64], rank: int | None = None

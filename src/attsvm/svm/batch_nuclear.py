@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 
 from . import batch
 from ._base import ConstraintSet, FitSettings, RawSolution
-from ._factored import _make_feasible, _nuclear, _reduce, _Reduced
+from ._factored import _make_feasible, _nuclear, _reduce, _Reduced, distinct_rows
 from ._sdp import _guarded, ipm_many
 from .certificate import OptimalityCertificate, optimality_certificate
 from .norms import NUCLEAR
@@ -160,26 +160,6 @@ def _rows(Fs: NDArray[np.float64], Zs: NDArray[np.float64], M: NDArray[np.float6
     return np.einsum("bkr,bkr->bk", Fs @ M, Zs)
 
 
-def _distinct_rows(red: _Reduced) -> NDArray[np.int64]:
-    """The flat indices of the constraint rows, each repeated row once (a duplicated token gives two
-    identical rows: the same feature, query, right-hand side and kind — within a sequence, or across
-    sequences that share a query). A repeated row adds nothing to the program but makes the interior
-    point's Schur complement singular; its multiplier is 0 in the solution (any split of one multiplier
-    over identical rows is a solution)."""
-    idx = np.flatnonzero(red.mask.ravel())
-    n, T, r_a = red.A.shape
-    if idx.size < 2 or r_a == 0:
-        return idx
-    A, Z = red.A.reshape(n * T, r_a)[idx], red.Z[idx // T]
-    rows = np.column_stack([Z, A, red.b.ravel()[idx], red.eq.ravel()[idx]])
-    # (usually no row repeats: sorting the rows and comparing neighbours says so without np.unique's copies)
-    srt = rows[np.lexsort(rows.T[::-1])]
-    if not (srt[1:] == srt[:-1]).all(axis=1).any():
-        return idx
-    _, first = np.unique(rows, axis=0, return_index=True)
-    return idx[np.sort(first)]
-
-
 class NuclearSolved(NamedTuple):
     """An instance the batched interior point solved and certified: the raw solution (W and λ in the
     user's units, status "optimal", the route in ``info``), its optimality certificate
@@ -214,7 +194,7 @@ def solve_many(settings: FitSettings, constraint_sets: list[ConstraintSet | None
         t0 = time.perf_counter()
         reduction = reduce(cs)
         red = _reduce(reduction)
-        idx = _distinct_rows(red)
+        idx = distinct_rows(red)
         r_a, r_z = red.A.shape[2], red.Z.shape[1]
         prepared[i] = (cs, reduction, red, idx, time.perf_counter() - t0)
         if _trivial(cs, reduction, red, t0, "") is not None:

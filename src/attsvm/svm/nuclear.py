@@ -84,6 +84,7 @@ from ._factored import (
     _Reduced,
     _rescale_only,
     balanced_factors,
+    without_repeats,
 )
 from .certificate import find_farkas, optimality_certificate, relative_violation
 from .reduction import VANISHED_ROW_MESSAGE, Reduction, reduce
@@ -214,6 +215,9 @@ def solve_nuclear(cs: ConstraintSet, options: NuclearOptions | None = None, **ov
     triv = _trivial(cs, reduction, red, t0, "alm-burer-monteiro")
     if triv is not None:
         return triv
+    # a repeated row (a token pair seen again under the same query) adds nothing but a singular direction to
+    # the polish's Newton systems: solved once, its copies get multiplier 0
+    red = without_repeats(red)
     r_a, r_z = red.A.shape[2], red.Z.shape[1]
     # start near the rank that typical optima have (~√K/2 here), never below _P0; grown as needed
     p = min(r_a, r_z, max(opt.p0, round(0.5 * np.sqrt(red.mask.sum()))))
