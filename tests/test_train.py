@@ -496,6 +496,8 @@ def test_regularization_paths_bad_input():
         regularization_paths([p, p], [1.0], seeds=[0])
     with pytest.raises(TypeError, match="problems must be a non-empty sequence of AttentionProblem"):
         regularization_paths(p, [1.0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="seeds must be a sequence of one integer seed per problem, got str"):
+        regularization_paths([p], [1.0], seeds="a")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="problems\\[1\\] must be an AttentionProblem"):
         regularization_paths([p, "x"], [1.0])  # type: ignore[list-item]
 

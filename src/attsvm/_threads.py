@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "batch_threads",
+    "compiled_wanted",
     "blas_threads",
     "run_ranges",
     "start_helpers",
@@ -39,6 +40,12 @@ SMALL_SOLVE_ELEMENTS = 500_000
 # The nuclear solver's limit: at (200, 32, 128) (819,200 features) it took 4.0–9.2 s with one thread over
 # seeds 0–9 and 10.7–13.7 s with the pool (seeds 0–4; 2026-12-04, after the polish's release rule).
 SMALL_NUCLEAR_ELEMENTS = 1_000_000
+
+
+def compiled_wanted() -> bool:
+    """Whether the environment allows the numba-compiled kernels (the solvers' batches, the span training
+    loop): ``ATTSVM_COMPILED=0`` turns them all off."""
+    return os.environ.get("ATTSVM_COMPILED", "1") != "0"
 
 
 def batch_threads() -> int:

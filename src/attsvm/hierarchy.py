@@ -74,8 +74,9 @@ def layer_problem(
 
 def layer_svms(result: DeepResult, norm: str = "fro") -> list[list[AttentionSVM]]:
     """The final-view SVM of every run and layer (``[run][layer]``): ``norm`` ("fro" for W layers, "nuc"
-    for (K, Q)) at the layer's final selection on its final inputs. An infeasible one has status
-    "infeasible" and its Farkas certificate."""
+    for (K, Q)) at the layer's final selection on its final inputs, fitted by one ``fit_many`` (so a nuclear
+    W from its batch may differ from ``fit``'s within the certificate's tolerance). An infeasible one has
+    status "infeasible" and its Farkas certificate."""
     _check_result(result)
     check_choice(norm, "norm", NORMS)
     sel = result.selected

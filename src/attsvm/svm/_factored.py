@@ -171,7 +171,7 @@ def distinct_rows(red: _Reduced) -> NDArray[np.int64]:
 
 def without_repeats(red: _Reduced) -> _Reduced:
     """``red`` with every repeated row (:func:`distinct_rows`) but its first set aside like a vanished one
-    (mask off, zero feature and right-hand side): the same feasible set, and the solvers' systems stay
+    (mask off, zero feature and right-hand side, scale 1): the same feasible set, and the solvers' systems stay
     nonsingular; the set-aside rows get multiplier 0. ``red`` itself when no row repeats."""
     flat = np.zeros(red.mask.size, dtype=bool)
     flat[distinct_rows(red)] = True
@@ -182,6 +182,7 @@ def without_repeats(red: _Reduced) -> _Reduced:
         red,
         A=np.where(keep[..., None], red.A, 0.0),
         b=np.where(keep, red.b, 0.0),
+        scale=np.where(keep, red.scale, 1.0),
         ineq=red.ineq & keep,
         eq=red.eq & keep,
         mask=keep,

@@ -54,7 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._rows import differences as _differences
-from .._threads import batch_threads
+from .._threads import batch_threads, compiled_wanted
 from ._base import ConstraintSet, FitSettings
 from .certificate import FarkasCertificate, certify_stack, farkas_certificate
 from .frobenius import FrobeniusOptions
@@ -166,7 +166,7 @@ def compiled() -> ModuleType | None:
         with _compiled_lock:  # (threads that ask while numba loads wait for the choice, never see half of it)
             if _compiled_module is None:
                 chosen: ModuleType | bool = False
-                if os.environ.get("ATTSVM_COMPILED", "1") != "0":
+                if compiled_wanted():
                     try:
                         from . import _active_set
 
@@ -193,10 +193,7 @@ def start_preload(first_use: Callable[[], object] | None = None) -> None:
     ``ATTSVM_PRELOAD=0``. ``first_use``: the rest of a first call's one-time work, run in that thread after the
     kernels (the package passes what its estimator imports on first use)."""
     global _preload_thread, _first_use
-    if _preload_thread is not None or "0" in (
-        os.environ.get("ATTSVM_COMPILED", "1"),
-        os.environ.get("ATTSVM_PRELOAD", "1"),
-    ):
+    if _preload_thread is not None or not compiled_wanted() or os.environ.get("ATTSVM_PRELOAD", "1") == "0":
         return
     if importlib.util.find_spec("numba") is None:
         return

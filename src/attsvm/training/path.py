@@ -177,6 +177,8 @@ def regularization_paths(
                 f"problems must share one shape (n, T, d); problems[{i}] is {(p.n, p.T, p.d)}, "
                 f"problems[0] is {(probs[0].n, probs[0].T, probs[0].d)}"
             )
+    if seeds is not None and (isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__len__")):
+        raise TypeError(f"seeds must be a sequence of one integer seed per problem, got {type(seeds).__name__}")
     sds = list(range(len(probs))) if seeds is None else [int(check_positive_int(s, "seeds", minimum=0)) for s in seeds]
     if len(sds) != len(probs):
         raise ValueError(f"seeds must hold one seed per problem ({len(probs)}), got {len(sds)}")

@@ -35,7 +35,6 @@ coefficients β rather than W: :func:`span_plan` takes from the rule only its ε
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._threads import compiled_wanted
 from .._validation import check_positive_int
 from ..model import EXP_CLIP, Batch, FullW, Parameterization, risk_and_scaled_logit_grad
 from .optim import Chain, NormalizeByNorm, StepSize, Transform
@@ -175,6 +175,24 @@ def _span_matrix(coef: Tensor, Xf: Tensor, Zf: Tensor) -> Tensor:
     return (coef.unsqueeze(-1) * Xf).transpose(-1, -2) @ Zf
 
 
+def _record(
+    recorder: Recorder,
+    W0: Tensor,
+    beta: Tensor,
+    df: Tensor,
+    L: Tensor,
+    logc: Tensor,
+    s: Tensor,
+    kernel: tuple[Tensor, Tensor, Tensor],
+) -> None:
+    """Record the state at coefficients β (R, N) with scaled logit gradient ``δ'`` (R, N), risk L (R,), scale
+    c (R,) and probabilities s (R, n, T): W and its true gradient ``e^{−c} Σ δ'_j x_j z_jᵀ`` formed here."""
+    Xf, Zf, _ = kernel
+    W = W0 + _span_matrix(beta, Xf, Zf)
+    gW = _span_matrix(df, Xf, Zf) * torch.exp(-logc)[:, None, None]
+    recorder.record(L, W, (gW,), (W,), s)
+
+
 class _RunsLast:
     """The arithmetic of one step with the runs on the last axis, in buffers allocated once.
 
@@ -297,9 +315,7 @@ def _train_runs_last(
         torch.add(g0l, ws.kernel_times_row(beta_row), out=ws.g)
         L, _, s, logc = ws.logit_grad(ws.g3)  # δ' is ws.df
         if k == recorder.next_step:
-            W = W0 + _span_matrix(beta.t(), Xf, Zf)
-            gW = _span_matrix(df.t(), Xf, Zf) * torch.exp(-logc)[:, None, None]
-            recorder.record(L, W, (gW,), (W,), s.permute(2, 0, 1))
+            _record(recorder, W0, beta.t(), df.t(), L, logc, s.permute(2, 0, 1), kernel)
         if k == steps:
             break
         if minus_eta is None:
@@ -332,7 +348,7 @@ def compiled() -> ModuleType | None:
     global _compiled_module
     if _compiled_module is None:
         chosen: ModuleType | bool = False
-        if os.environ.get("ATTSVM_COMPILED", "1") != "0":
+        if compiled_wanted():
             try:
                 from . import _span_compiled
 
@@ -392,10 +408,8 @@ def _train_compiled(
             bar.update(todo)  # type: ignore[attr-defined]
         k += todo
         if k == recorder.next_step:
-            Lt, dft, ct = torch.from_numpy(L), torch.from_numpy(df), torch.from_numpy(logc)
-            W = W0 + _span_matrix(torch.from_numpy(beta), Xf, Zf)
-            gW = _span_matrix(dft, Xf, Zf) * torch.exp(-ct)[:, None, None]
-            recorder.record(Lt, W, (gW,), (W,), torch.from_numpy(s).view(R, n, T))
+            Lt, dft, ct, st = (torch.from_numpy(a) for a in (L, df, logc, s))
+            _record(recorder, W0, torch.from_numpy(beta), dft, Lt, ct, st.view(R, n, T), kernel)
         if k == steps:
             break
     return W0 + _span_matrix(torch.from_numpy(beta), Xf, Zf), torch.from_numpy(s).view(R, n, T)
@@ -436,9 +450,7 @@ def train_span(
         losses, delta, s, logc = risk_and_scaled_logit_grad(batch, g.view(R, n, T))
         L, df = losses.mean(-1), delta.reshape(R, N)  # e^{c} ∂L/∂g
         if k == recorder.next_step:
-            W = W0 + _span_matrix(beta, Xf, Zf)
-            gW = _span_matrix(df, Xf, Zf) * torch.exp(-logc)[:, None, None]
-            recorder.record(L, W, (gW,), (W,), s)
+            _record(recorder, W0, beta, df, L, logc, s, kernel)
         if k == steps:
             break
         if neg_eta is None:
