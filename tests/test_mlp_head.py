@@ -52,6 +52,22 @@ def test_mlp_head_gradient_matches_finite_differences(activation, depth):
     assert np.linalg.norm(G - fd) <= TOL_FD * max(1.0, np.linalg.norm(fd))
 
 
+@pytest.mark.parametrize("activation", ACTS)
+def test_the_written_out_head_derivative_equals_autograd(activation):
+    from attsvm.model import mlp_rest
+    from attsvm.model.attention import mlp_rest_and_grad
+
+    b = Batch.from_problems([_problem(activation, 3, seed=s) for s in range(3)])
+    k = b.XV.shape[-1]
+    a = 3 * torch.randn((3, 3, k), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    a_ = a.clone().requires_grad_(True)
+    f_ = mlp_rest(b, a_)
+    (J_,) = torch.autograd.grad(f_.sum(), a_)
+    f, J = mlp_rest_and_grad(b, a)
+    assert torch.equal(f, f_.detach())  # (the same forward operations)
+    assert torch.allclose(J, J_, rtol=1e-13, atol=1e-13 * float(J_.abs().max()))
+
+
 def test_scores_use_the_mlp_head():
     p = _problem("gelu", 2)
     assert np.allclose(p.scores, -loss_fn("logistic", p.y[:, None] * p.head(p.X)))
