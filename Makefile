@@ -18,7 +18,7 @@ export DASK_TEMPORARY_DIRECTORY ?= $(CURDIR)/.dask-tmp
 unexport PYTHONDONTWRITEBYTECODE
 LINT_PATHS := src tests benchmarks docs/scripts docs/hooks docs/tutorials
 
-.PHONY: demo install-kvpress test test-kvpress test-core-install test-slow lint format docs docs-check docs-serve docs-figures bench install clean \
+.PHONY: demo install-kvpress test test-main test-kvpress test-core-install test-slow lint format docs docs-check docs-serve docs-figures bench install clean \
 	chromium
 
 # scripts/venv_install.sh VENV ARGS is `pip install ARGS` into VENV, through uv when uv can be had (seconds, not minutes)
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml scripts/venv_install.sh
 	bash scripts/venv_install.sh $(VENV) -e ".[test,models]"
 	touch $(STAMP)
 
-# the numba kernels compiled once (about 20 s; cached next to their sources), not in the first run's workers; a
+# the numba kernels compiled once (about 90 s of one core; cached next to their sources), not in the first run's workers; a
 # target of its own, so that what needs only the packages (lint, the core-install check) need not wait for it
 $(KERNELS): $(STAMP)
 	$(PY) -m attsvm._warm
@@ -107,15 +107,18 @@ docs-figures: $(KERNELS)
 		rc=$$?; [ $$rc -le 1 ] || exit $$rc; done
 	$(PY) docs/scripts/reproductions.py results/docs-figures
 
-# the two environments, Chromium and the site's browser libraries are set up two at a time (the installs wait
-# on the disk and the network as much as on a core), then lint, the strict site build and its browser test, the
-# kvpress tests as soon as their environment is ready, and the core-install check
+# Everything at once, three recipes at a time: the main suite starts as soon as the numba kernels are compiled, and
+# the rest (the kvpress environment and its tests, Chromium, the site's browser libraries, lint, the strict site build
+# and its browser test, the core-install check) shares the cores with it; the installs wait on the disk and the
+# network as much as on a core, so the suite fills the gaps they leave
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint docs-check test-kvpress test-core-install
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-main lint test-kvpress docs-check test-core-install
+
+test-main: $(KERNELS)
 	# the numba kernels compiled once, here, after an edit of their source: a kernel compiled afresh and one
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
 	$(PY) -m attsvm._warm
-	# (`make docs` above built the site with --strict: its test here would only repeat that build)
+	# (`make docs` builds the site with --strict: its test here would only repeat that build)
 	# (--no-loadscope-reorder: the workers take the files in the order tests/conftest.py gives, the longest first;
 	# xdist would otherwise order them by their number of tests and leave a long file with few tests for last)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 --ignore=tests/test_docs_site.py \

@@ -354,8 +354,8 @@ def answer_context(
             _, q = encode_query(tok, "", question, prefix)
             preds.append(decode_answer(model, tok, cache, q, n, max_new))
             for layer, length in zip(cache.layers, lengths):  # drop the question and answer (kvpress does too)
-                layer.keys = layer.keys[:, :, :length]  # type: ignore[union-attr,index]  # a DynamicCache layer
-                layer.values = layer.values[:, :, :length]  # type: ignore[union-attr,index]  # a DynamicCache layer
+                layer.keys = layer.keys[:, :, :length]  # a DynamicCache layer
+                layer.values = layer.values[:, :, :length]  # a DynamicCache layer
         return preds, n, n_kept
     for question, prefix, max_new in queries:
         cache = method.build(model, ratio, n_kept)

@@ -266,7 +266,7 @@ def solve_cvxpy_lp(
                 (expr == work.rhs[i, t]) if work.equality[i, t] else (expr >= work.rhs[i, t])
             )
         constraints = cons_ineq + cons_eq
-    norm_p = cp.pnorm(cp.vec(W, order="F"), p)  # type: ignore[arg-type]  # (cvxpy accepts any p ≥ 1)
+    norm_p = cp.pnorm(cp.vec(W, order="F"), p)  # (cvxpy accepts any p ≥ 1)
     prob = cp.Problem(cp.Minimize(0.5 * cp.square(norm_p)), constraints)
     try:
         prob.solve(solver=solver, **_solver_options(solver, time_limit, verbose))
