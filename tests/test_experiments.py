@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,18 +24,33 @@ from attsvm.experiments import (
     plot_run,
     reproduce,
 )
+from test_figure_style import Caught, check_run_figures
 
 # W^eq / W_fin constraints hold to this
 CONSTRAINT_TOL = 1e-8
 
 
 @pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Every experiment once in --quick mode (shared by the tests below)."""
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Caught]]:
+    """Every experiment once in --quick mode (shared by the tests below), and the figures each one saved."""
     root = tmp_path_factory.mktemp("quick")
-    return {
-        name: reproduce(name, quick=True, out=root / name, progress=False, command=["test"]) for name in EXPERIMENTS
-    }
+    runs, figures = {}, {}
+    with pytest.MonkeyPatch.context() as mp:
+        for name in EXPERIMENTS:
+            figures[name] = Caught().install(mp)
+            runs[name] = reproduce(name, quick=True, out=root / name, progress=False, command=["test"])
+    return runs, figures
+
+
+@pytest.fixture(scope="module")
+def quick_runs(quick: tuple[dict[str, Any], dict[str, Caught]]) -> dict[str, Any]:
+    return quick[0]
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_quick_run_figures_follow_the_style(quick: tuple[dict[str, Any], dict[str, Caught]], name: str) -> None:
+    runs, figures = quick
+    check_run_figures(figures[name], runs[name].out)
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))

@@ -2,8 +2,9 @@
 one legend per figure, one notation for W_mm, constrained layout, plain ticks on sub-decade log axes and log
 ranges set by the data above numerical floors.
 
-The figures are caught as matplotlib saves them, from quick runs of the reproductions, from ``attsvm plot``
-redrawing a run from its saved data, and from the ``analyze`` / ``claims`` plotting code on synthetic results.
+The figures are caught as matplotlib saves them: from ``attsvm plot`` redrawing a run from its saved data and from
+the ``analyze`` / ``claims`` plotting code on synthetic results here, from every reproduction's quick run in
+test_experiments.py (its shared quick runs catch their figures with :class:`Caught`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from PIL import Image
 
 from attsvm._folders import save_figure
 from attsvm._style import PNG_DPI, above_floor, style
-from attsvm.experiments import EXPERIMENTS, plot_run, reproduce
+from attsvm.experiments import plot_run, reproduce
 
-# quick runs drawn here by default: quantile bands (local-convergence), a 2×2 grid that used to repeat its legend
-# in every panel (gd-paths), a histogram + scatter (nuclear-identity), a grid with the legend in its spare cell
-# (svm-eq); every other experiment with `-m slow`
-FAST = ("local-convergence", "gd-paths", "nuclear-identity", "svm-eq")
 PLAIN_WMM = re.compile(r"W\*?_mm|W_\{mm\}|W\^\*_\{mm\}")  # W_mm typeset any other way than $W_{\mathrm{mm}}$
+
+
+_SAVEFIG = Figure.savefig
 
 
 class Caught:
@@ -44,18 +44,20 @@ class Caught:
     def figures(self) -> list[Figure]:
         return list({id(f): f for f, _, _ in self.saves}.values())
 
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> Caught:
+        """Catch every figure saved from now on (until ``monkeypatch`` undoes it)."""
+
+        def spy(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> Any:
+            self.saves.append((fig, str(kwargs.get("format")), float(kwargs.get("dpi") or 0)))
+            return _SAVEFIG(fig, fname, *args, **kwargs)
+
+        monkeypatch.setattr(Figure, "savefig", spy)
+        return self
+
 
 @pytest.fixture
 def caught(monkeypatch: pytest.MonkeyPatch) -> Caught:
-    c = Caught()
-    real = Figure.savefig
-
-    def spy(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> Any:
-        c.saves.append((fig, str(kwargs.get("format")), float(kwargs.get("dpi") or 0)))
-        return real(fig, fname, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", spy)
-    return c
+    return Caught().install(monkeypatch)
 
 
 def _is_colorbar(ax: Any) -> bool:
@@ -107,12 +109,6 @@ def check_run_figures(caught: Caught, out: Path) -> None:
     for fig in figs:
         assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine), "figures use constrained layout"
         assert not style_problems(fig), style_problems(fig)
-
-
-@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in EXPERIMENTS])
-def test_reproduction_figures_follow_the_style(name: str, tmp_path: Path, caught: Caught) -> None:
-    run = reproduce(name, quick=True, out=tmp_path / name, progress=False, command=["test"])
-    check_run_figures(caught, run.out)
 
 
 def test_redrawn_figures_follow_the_style(tmp_path: Path, caught: Caught) -> None:
