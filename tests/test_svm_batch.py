@@ -144,6 +144,32 @@ def test_other_norms_go_one_at_a_time_and_agree():
             np.testing.assert_allclose(a.W_, b.W_, atol=1e-9 * np.abs(b.W_).max())
 
 
+def test_optimal_tokens_found_together_are_each_problems_own():
+    from attsvm.problem import Head, TieError, optimal_tokens_together
+
+    rng = np.random.default_rng(5)
+    probs: list = [paper_instance(4, 6, 5, seed=s) for s in range(6)] + [paper_instance(3, 7, 4, seed=9)]
+    X = probs[2].X.copy()
+    top = probs[2].optimal_tokens()[0]
+    X[0, (top + 1) % 6] = X[0, top] * (1 - 1e-13)  # a tie within TIE_RTOL: left to optimal_tokens
+    probs[2] = AttentionProblem(X, probs[2].y, probs[2].v, Z=probs[2].Z)
+    relu = Head.relu(rng.normal(size=(5, 3)))
+    probs.append(AttentionProblem(rng.normal(size=(4, 6, 5)), np.ones(4), relu, Z=rng.normal(size=(4, 5))))
+    probs.append("not a problem")
+    found = optimal_tokens_together(probs)
+    for i, (p, a) in enumerate(zip(probs, found)):
+        if i in (2, 7, 8):
+            assert a is None
+        else:
+            assert a.dtype == np.int64 and np.array_equal(a, p.optimal_tokens())
+    with pytest.raises(TieError):
+        probs[2].optimal_tokens()
+    good = [p for i, p in enumerate(probs) if i not in (2, 8)]
+    est = AttentionSVM()
+    for a, b in zip(est.fit_many(good), est.fit_many(good, [p.optimal_tokens() for p in good])):
+        assert np.array_equal(a.tokens_, b.tokens_) and np.array_equal(a.W_, b.W_)
+
+
 def test_tied_tokens_raise_the_named_error_with_the_position():
     p = paper_instance(3, 4, 5, seed=0)
     X = p.X.copy()

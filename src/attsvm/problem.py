@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -52,6 +52,30 @@ def _tied_for_max(g: NDArray[np.float64]) -> NDArray[np.bool_]:
     row's largest |score| (docs/spec.md §2). A row with more than one True has a tie for the maximum."""
     top = g.max(axis=-1, keepdims=True)
     return np.abs(g - top) <= TIE_RTOL * np.abs(g).max(axis=-1, keepdims=True)
+
+
+def optimal_tokens_together(problems: Sequence[Any]) -> list[NDArray[np.int64] | None]:
+    """``p.optimal_tokens()`` of each :class:`AttentionProblem` with a linear head, computed in one stacked pass
+    per shape (n, T, d): a sweep of thousands of small problems would spend more in the per-problem calls than
+    in solving them. The same argmax of the same scores (a tie is judged as :func:`optimal_tokens` judges it).
+    None for any other entry and for a problem with a tie for the maximum: its own ``optimal_tokens()`` names
+    the tie (raises the :class:`TieError`)."""
+    out: list[NDArray[np.int64] | None] = [None] * len(problems)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(problems):
+        if type(p) is AttentionProblem and p.head.kind == "linear":
+            groups.setdefault(p.X.shape, []).append(i)
+    for members in groups.values():
+        X = np.stack([problems[i].X for i in members])  # (R, n, T, d)
+        v = np.stack([problems[i].head.weights for i in members])  # (R, d)
+        y = np.stack([problems[i].y for i in members])  # (R, n)
+        g = y[:, :, None] * np.einsum("rntd,rd->rnt", X, v)  # (R, n, T) scores
+        opt = np.argmax(g, axis=-1).astype(np.int64)
+        clean = ~(_tied_for_max(g).sum(axis=-1) > 1).any(axis=-1)
+        for j, i in enumerate(members):
+            if clean[j]:
+                out[i] = opt[j]
+    return out
 
 
 class TieError(ValueError):

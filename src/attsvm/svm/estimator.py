@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .._threads import SMALL_NUCLEAR_ELEMENTS, SMALL_SOLVE_ELEMENTS, blas_threads
 from .._validation import SEED_MAX, Choice, Integer, ParamSpec, Real, check_param
-from ..problem import AttentionProblem
+from ..problem import AttentionProblem, optimal_tokens_together
 from . import backends
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .backends import SolveRequest
@@ -212,7 +212,8 @@ def _check_selections(
     :meth:`AttentionSVM.fit_many`, its error naming the pair's position. Selections that are already
     int64 vectors of the right length are range-checked together (a sweep passes thousands of them);
     if any is out of range, and for every other selection, ``check_tokens`` runs one by one and raises
-    the named error.
+    the named error. Missing selections (None: the optimal tokens) of linear-head problems are found
+    together (:func:`attsvm.problem.optimal_tokens_together`); a tie leaves its problem to ``check_tokens``.
 
     Returns the checked selections and, when all of them were checked together and have one length,
     the matrix whose rows they are (None otherwise; when given, it is also the first value)."""
@@ -241,6 +242,10 @@ def _check_selections(
                 parts = np.split(flat, np.cumsum(lengths)[:-1])
             for i, t in zip(fast, parts):
                 alphas[i] = t
+    missing = [i for i, t in enumerate(toks) if t is None]
+    if len(missing) > 1:  # the optimal tokens, of linear-head problems together
+        for i, a in zip(missing, optimal_tokens_together([probs[i] for i in missing])):
+            alphas[i] = a
     for i, (p, t) in enumerate(zip(probs, toks)):
         if not isinstance(p, AttentionProblem):
             raise TypeError(f"problems[{i}] must be an AttentionProblem, got {type(p).__name__}")
