@@ -144,8 +144,13 @@ def test_other_norms_go_one_at_a_time_and_agree():
             np.testing.assert_allclose(a.W_, b.W_, atol=1e-9 * np.abs(b.W_).max())
 
 
-def test_optimal_tokens_found_together_are_each_problems_own():
+@pytest.mark.parametrize("stack_elements", [None, 300])  # (300: two problems of 120 elements per stacked pass)
+def test_optimal_tokens_found_together_are_each_problems_own(monkeypatch, stack_elements):
+    import attsvm.problem
     from attsvm.problem import Head, TieError, optimal_tokens_together
+
+    if stack_elements is not None:
+        monkeypatch.setattr(attsvm.problem, "_STACK_ELEMENTS", stack_elements)
 
     rng = np.random.default_rng(5)
     probs: list = [paper_instance(4, 6, 5, seed=s) for s in range(6)] + [paper_instance(3, 7, 4, seed=9)]

@@ -12,6 +12,7 @@ that downstream solvers and trainers never see malformed input.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,17 +66,23 @@ def optimal_tokens_together(problems: Sequence[Any]) -> list[NDArray[np.int64] |
     for i, p in enumerate(problems):
         if type(p) is AttentionProblem and p.head.kind == "linear":
             groups.setdefault(p.X.shape, []).append(i)
-    for members in groups.values():
-        X = np.stack([problems[i].X for i in members])  # (R, n, T, d)
-        v = np.stack([problems[i].head.weights for i in members])  # (R, d)
-        y = np.stack([problems[i].y for i in members])  # (R, n)
-        g = y[:, :, None] * np.einsum("rntd,rd->rnt", X, v)  # (R, n, T) scores
-        opt = np.argmax(g, axis=-1).astype(np.int64)
-        clean = ~(_tied_for_max(g).sum(axis=-1) > 1).any(axis=-1)
-        for j, i in enumerate(members):
-            if clean[j]:
-                out[i] = opt[j]
+    for shape, group in groups.items():
+        step = max(1, _STACK_ELEMENTS // math.prod(shape))  # (the stacked copy of X stays below 64 MB)
+        for start in range(0, len(group), step):
+            members = group[start : start + step]
+            X = np.stack([problems[i].X for i in members])  # (R, n, T, d)
+            v = np.stack([problems[i].head.weights for i in members])  # (R, d)
+            y = np.stack([problems[i].y for i in members])  # (R, n)
+            g = y[:, :, None] * np.einsum("rntd,rd->rnt", X, v)  # (R, n, T) scores
+            opt = np.argmax(g, axis=-1).astype(np.int64)
+            clean = ~(_tied_for_max(g).sum(axis=-1) > 1).any(axis=-1)
+            for j, i in enumerate(members):
+                if clean[j]:
+                    out[i] = opt[j]
     return out
+
+
+_STACK_ELEMENTS = 1 << 23
 
 
 class TieError(ValueError):
