@@ -2,7 +2,7 @@
 
 The kernels — the batched solvers' (:mod:`attsvm.svm.batch`'s dual active set and
 :mod:`attsvm.svm.batch_nuclear`'s interior point, about 40 s of one core each) and the span training
-loop's (:mod:`attsvm.training.span`, about 4 s) — are compiled on first use and cached next to their
+loop's (:mod:`attsvm.training.span`, about 7 s) — are compiled on first use and cached next to their
 sources (``cache=True``). Compiling them once at install time keeps that cost out of the first experiment, whose
 process-pool workers would otherwise each compile them at the same time. Without numba (or with
 ``ATTSVM_COMPILED=0``) there is nothing to compile and this does nothing.

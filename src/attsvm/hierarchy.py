@@ -79,13 +79,19 @@ def layer_svms(result: DeepResult, norm: str = "fro") -> list[list[AttentionSVM]
     status "infeasible" and its Farkas certificate."""
     _check_result(result)
     check_choice(norm, "norm", NORMS)
-    sel = result.selected
-    R, L = result.W.shape[0], result.layers
-    pairs = [(r, ell) for r in range(R) for ell in range(L)]
-    # one fit_many over every (run, layer): the batched routes where they apply, fit elsewhere
-    problems = [layer_problem(result, r, ell) for r, ell in pairs]
-    fitted = AttentionSVM(norm).fit_many(problems, [sel[r, ell] for r, ell in pairs])  # type: ignore[arg-type]
-    return [fitted[r * L : (r + 1) * L] for r in range(R)]
+    fitted = _fit_layers(result, norm, result.selected, result.queries)
+    L = result.layers
+    return [fitted[r * L : (r + 1) * L] for r in range(result.W.shape[0])]
+
+
+def _fit_layers(
+    result: DeepResult, norm: str, selected: NDArray[np.int64], queries: NDArray[np.float64]
+) -> list[AttentionSVM]:
+    """The SVM of every (run, layer), run-major, at ``selected`` (R, L, n) on the queries (R, L, n, d), by one
+    ``fit_many``: the batched routes where they apply, ``fit`` elsewhere."""
+    pairs = [(r, ell) for r in range(result.W.shape[0]) for ell in range(result.layers)]
+    problems = [layer_problem(result, r, ell, queries[r, ell]) for r, ell in pairs]
+    return AttentionSVM(norm).fit_many(problems, [selected[r, ell] for r, ell in pairs])  # type: ignore[arg-type]
 
 
 def layer_equivalence(
@@ -149,11 +155,8 @@ def layer_trajectories(result: DeepResult, norm: str = "fro", rolling: bool | Se
     hist_sel = result.history["selected"]  # (R, S, L, n)
     rows = []
     for si, k in enumerate(steps):
-        rolled = None
-        if int(k) in roll:  # the SVMs of this step's inputs and selections, by one fit_many
-            Q = _queries_at(result, si)
-            problems = [layer_problem(result, r, ell, Q[r, ell]) for r in range(R) for ell in range(L)]
-            rolled = AttentionSVM(norm).fit_many(problems, [hist_sel[r, si, ell] for r in range(R) for ell in range(L)])  # type: ignore[arg-type]
+        # the SVMs of this step's inputs and selections
+        rolled = _fit_layers(result, norm, hist_sel[:, si], _queries_at(result, si)) if int(k) in roll else None
         for r in range(R):
             for ell in range(L):
                 W = result.history["W"][r, si, ell]

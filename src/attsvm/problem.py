@@ -34,6 +34,7 @@ __all__ = [
     "LossName",
     "LOSSES",
     "loss_fn",
+    "optimal_tokens_together",
 ]
 
 HeadKind = Literal["linear", "relu", "multiclass", "mlp"]
@@ -53,6 +54,10 @@ def _tied_for_max(g: NDArray[np.float64]) -> NDArray[np.bool_]:
     row's largest |score| (docs/spec.md §2). A row with more than one True has a tie for the maximum."""
     top = g.max(axis=-1, keepdims=True)
     return np.abs(g - top) <= TIE_RTOL * np.abs(g).max(axis=-1, keepdims=True)
+
+
+# elements of tokens that optimal_tokens_together stacks at a time (64 MB of float64)
+_STACK_ELEMENTS = 1 << 23
 
 
 def optimal_tokens_together(problems: Sequence[Any]) -> list[NDArray[np.int64] | None]:
@@ -80,9 +85,6 @@ def optimal_tokens_together(problems: Sequence[Any]) -> list[NDArray[np.int64] |
                 if clean[j]:
                     out[i] = opt[j]
     return out
-
-
-_STACK_ELEMENTS = 1 << 23
 
 
 class TieError(ValueError):

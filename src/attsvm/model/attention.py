@@ -50,18 +50,28 @@ def activation(name: str, a: Tensor) -> Tensor:
     return torch.nn.functional.silu(a)
 
 
-def mlp_rest(batch: Batch, a: Tensor) -> Tensor:
-    """An MLP head from its first-layer pre-activations ``a = Vᵀo`` (R, n, k) to its output (R, n)."""
+def _mlp_forward(batch: Batch, a: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """An MLP head's output f (R, n) from ``a = Vᵀo`` (R, n, k), with what its derivative reuses: the SwiGLU
+    gate's SiLU (None for the other activations) and each later layer's pre-activations."""
     act = "silu" if batch.mlp_act == "swiglu" else str(batch.mlp_act)
+    sg = None
     if batch.mlp_act == "swiglu":
         w = batch.mlp_width
-        z = torch.nn.functional.silu(a[..., w:]) * a[..., :w]
+        sg = torch.nn.functional.silu(a[..., w:])
+        z = sg * a[..., :w]
     else:
         z = activation(act, a)
+    pre = []
     for H in batch.mlp_hidden:
-        z = activation(act, z @ H)
+        pre.append(z @ H)
+        z = activation(act, pre[-1])
     assert batch.mlp_out is not None
-    return (z * batch.mlp_out.unsqueeze(-2)).sum(-1)
+    return (z * batch.mlp_out.unsqueeze(-2)).sum(-1), sg, pre
+
+
+def mlp_rest(batch: Batch, a: Tensor) -> Tensor:
+    """An MLP head from its first-layer pre-activations ``a = Vᵀo`` (R, n, k) to its output (R, n)."""
+    return _mlp_forward(batch, a)[0]
 
 
 def _slope(name: str, a: Tensor) -> Tensor:
@@ -82,25 +92,14 @@ def mlp_rest_and_grad(batch: Batch, a: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`mlp_rest` ``f`` (R, n) and its derivative ``∂f/∂a`` (R, n, k), by the chain rule written out
     (the head is small: one pass forward keeping the pre-activations, one back)."""
     act = "silu" if batch.mlp_act == "swiglu" else str(batch.mlp_act)
-    w = batch.mlp_width
-    if batch.mlp_act == "swiglu":
-        lin, gate = a[..., :w], a[..., w:]
-        sg = torch.nn.functional.silu(gate)
-        z = sg * lin
-    else:
-        z = activation(act, a)
-    pre = []
-    for H in batch.mlp_hidden:
-        pre.append(z @ H)
-        z = activation(act, pre[-1])
+    f, sg, pre = _mlp_forward(batch, a)
     assert batch.mlp_out is not None
-    out = batch.mlp_out.unsqueeze(-2)
-    f = (z * out).sum(-1)
-    b = out  # ∂f/∂z of the current layer
+    b = batch.mlp_out.unsqueeze(-2)  # ∂f/∂z of the current layer
     for H, p in zip(reversed(batch.mlp_hidden), reversed(pre), strict=True):
         b = (b * _slope(act, p)) @ H.transpose(-1, -2)
-    if batch.mlp_act == "swiglu":
-        J = torch.cat((b * sg, b * lin * _slope("silu", gate)), -1)
+    if sg is not None:  # SwiGLU: z = silu(gate) · lin
+        w = batch.mlp_width
+        J = torch.cat((b * sg, b * a[..., :w] * _slope("silu", a[..., w:])), -1)
     else:
         J = b * _slope(act, a)
     return f, J.expand(a.shape)
