@@ -205,6 +205,28 @@ def test_tied_rows_are_zeroed_within_tie_ulps_only():
     assert not A[0, 2].any()  # 4 ulps apart: tied, exactly 0
 
 
+@pytest.mark.parametrize("few", [1 << 30, 0])
+def test_large_differences_find_the_same_ties(monkeypatch: pytest.MonkeyPatch, few: int) -> None:
+    # large arrays screen rows by their first coordinate before the full test: the same zeros either way,
+    # including rows tied in the first coordinate only and rows tied to within a few ulps
+    from attsvm import _rows
+
+    monkeypatch.setattr(_rows, "_FEW", few)
+    eps = np.finfo(np.float64).eps
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2, 3, 6, 4))  # (..., n, T, d)
+    sel = X[..., 0, :].copy()
+    X[..., 1, :] = sel * (1 + 4 * eps)  # tied
+    X[..., 2, 0] = sel[..., 0]  # first coordinate only: not tied
+    X[1, 2, 3, :] = sel[1, 2] * (1 + 100 * eps)  # 100 ulps: not tied
+    A = _rows.differences(sel, X)
+    zero = (A == 0).all(-1)
+    expected = np.zeros((2, 3, 6), bool)
+    expected[..., :2] = True
+    assert np.array_equal(zero, expected)
+    assert np.array_equal(A[~zero], (sel[..., None, :] - X)[~zero])
+
+
 def test_margins_one_part_in_1e5_from_1_are_not_support():
     from attsvm.tokens import SUPPORT_TOL, support_tokens
 

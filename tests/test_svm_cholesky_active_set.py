@@ -126,3 +126,54 @@ def test_bad_options_are_named(name: str, value: object, error: type, message: s
     _, cs = _cs(4, 5, 6)
     with pytest.raises(error, match=f"^{message}$"):
         solve_frobenius(cs, **{name: value})
+
+
+def _dense_factor(F: cas._Factor) -> np.ndarray:
+    """L as one square array, assembled from the block rows."""
+    L = np.zeros((F.p, F.p))
+    for s, L21, D in zip(F.starts, F.L21, F.D):
+        e = s + D.shape[0]
+        L[s:e, :s] = L21
+        L[s:e, s:e] = np.tril(D)
+    return L
+
+
+def test_the_block_row_factor_appends_cuts_freezes_and_solves_as_a_dense_cholesky() -> None:
+    # an independent check of the factor: after appends and a cut whose first removed row lies inside a
+    # block (that block splits; the later kept rows keep their part of L left of it), L Lᵀ = G_PP + ρI to
+    # round-off, and the free-set solve equals a dense solve on the free rows with the frozen ones at zero
+    rng = np.random.default_rng(0)
+    n, T, d = 12, 30, 40
+    A2 = rng.standard_normal((n * T, d))
+    Z = rng.standard_normal((n, d))
+    F = cas._Factor(A2, Z @ Z.T, T, ridge=1e-3)
+
+    def G(rows: np.ndarray) -> np.ndarray:
+        return (A2[rows] @ A2[rows].T) * (Z[rows // T] @ Z[rows // T].T) + 1e-3 * np.eye(rows.size)
+
+    order = rng.permutation(n * T)[:200]
+    for lo, hi in [(0, 60), (60, 110), (110, 200)]:
+        assert F.append(np.sort(order[lo:hi]))
+    assert len(F.starts) == 3
+    L = _dense_factor(F)
+    assert np.allclose(L @ L.T, G(F.rows), rtol=0, atol=1e-9 * np.abs(G(F.rows)).max())
+    keep = np.ones(F.p, bool)
+    keep[[75, 80, 150, 199]] = False  # (the first removed row, 75, lies inside the second block)
+    before = F.rows[keep]
+    assert F.cut(keep)
+    assert np.array_equal(F.rows, before) and F.starts == [0, 60, 75]
+    L = _dense_factor(F)
+    assert np.allclose(L @ L.T, G(F.rows), rtol=0, atol=1e-9 * np.abs(G(F.rows)).max())
+    F.freeze(np.array([3, 70, 120]))
+    assert F.append(np.sort(rng.permutation(np.setdiff1d(np.arange(n * T), F.rows))[:40]))  # (Y grows a tail)
+    F.freeze(np.array([10]))
+    F.thaw(np.array([70]))
+    assert sorted(F.frozen.tolist()) == [3, 10, 120]
+    assert np.allclose(F.YY, F.Y.T @ F.Y, rtol=1e-12, atol=1e-12)
+    b = rng.standard_normal(F.p)
+    x = F.solve(b)
+    free = np.setdiff1d(np.arange(F.p), F.frozen)
+    ref = np.zeros(F.p)
+    ref[free] = np.linalg.solve(G(F.rows)[np.ix_(free, free)], b[free])
+    assert np.allclose(x, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+    assert (x[F.frozen] == 0).all()

@@ -3,18 +3,20 @@
 For tens of thousands of constraints and more, the work no exact method avoids is the *dense floor*:
 the Gram matrix of the support and one Cholesky factorisation of it. This solver of the dual
 (``min ½λᵀGλ − bᵀλ``, ``λ ≥ 0``, all rows inequalities) spends little more than that. It keeps a
-working set P of rows in the order they entered and the lower Cholesky factor L of ``G_PP + ρI``
-(a (p, p) array; only its lower triangle is read). Each round
+working set P of rows in the order they entered and the lower Cholesky factor L of ``G_PP + ρI``,
+stored as one block row per appended block (so an append copies none of it, and it takes half the memory
+of a square array). Each round
 
-1. **appends** a block of rows N: its Gram rows ``C = G_NP`` and ``D = G_NN``, then
-   ``L21 = C L⁻ᵀ`` (one triangular solve with many right-hand sides) and ``L22 = chol(D − L21 L21ᵀ)``.
-   Over the rounds this is the work of a single factorisation of the final P;
+1. **appends** a block of rows N: its Gram rows ``C = G_NP`` and ``D = G_NN`` (the lower triangle only),
+   then ``L21 = C L⁻ᵀ`` (blocked forward substitution with many right-hand sides) and
+   ``L22 = chol(D − L21 L21ᵀ)``. Over the rounds this is the work of a single factorisation of the final P;
 2. **solves** ``G_FF λ_F = b_F`` on the free rows F ⊆ P and drops every row whose multiplier is not
    positive, all at once (primal-dual active set, Hintermüller, Ito & Kunisch 2002), until all free
    multipliers are positive. A dropped row is *frozen*: it stays in the factor with ``λ = 0`` and the
    solve on F uses the factor of P with a k × k capacitance system, ``Y = L⁻¹E_D`` (k frozen rows),
-   so that a drop costs one triangular solve, not a new factorisation. Past p/16 frozen rows they
-   are cut for good (the factor is rebuilt from the first of them on);
+   so that a drop costs one triangular solve, not a new factorisation. Past p/8 frozen rows they
+   are cut for good: the rows after the first of them keep their part of L left of it and only their
+   block right of it is factorised again;
 3. **prices** every row: ``W = 𝒜*(λ)`` and all margins in O(n·T·d + n·d²). Violated frozen rows are
    freed at no cost; the most violated rows outside P form the next block.
 
@@ -33,6 +35,7 @@ import time
 import numpy as np
 import scipy.linalg as sla
 from numpy.typing import NDArray
+from scipy.linalg import blas
 from scipy.linalg.lapack import dpotrf
 
 from ._base import ConstraintSet, RawSolution
@@ -50,7 +53,10 @@ _MAX_ROUNDS = 200
 _GROWTH = 0.25
 _MIN_BLOCK = 1000
 # frozen rows cost every later solve and append a little: past p/_FROZEN_SHARE of them they are cut for good
-_FROZEN_SHARE = 16
+# (a cut refactorises most of L; of 4, 8, 12 and 16, 8 was fastest or tied on n·T = 10⁵, d = 256 and two other
+# large instances)
+_FROZEN_SHARE = 8
+_CHUNK = 16  # rows of a Gram block scaled at a time
 
 
 def _lower_solve(L: NDArray[np.float64], B: NDArray[np.float64], trans: int = 0) -> NDArray[np.float64]:
@@ -66,93 +72,140 @@ def _chol_inplace(S: NDArray[np.float64]) -> bool:
 
 
 class _Factor:
-    """The working set: flat row indices ``rows`` (entry order) and ``M`` (p, p), whose lower triangle is L."""
+    """The working set: flat row indices ``rows`` (entry order) and the lower Cholesky factor L of
+    ``G_PP + ρI``, kept as *block rows*, one per appended block: block b (rows s_b … s_b + q_b) holds its
+    rows' part left of the diagonal ``L21[b]`` (q_b, s_b) and its diagonal block ``D[b]`` (q_b, q_b; only
+    the lower triangle is read). A solve with L is blocked substitution: one matrix product and one
+    triangular solve per block."""
 
     def __init__(self, A2: NDArray[np.float64], ZZ: NDArray[np.float64], T: int, ridge: float) -> None:
         self.A2, self.ZZ, self.T, self.ridge = A2, ZZ, T, ridge
-        self.M = np.zeros((0, 0))
+        self.L21: list[NDArray[np.float64]] = []
+        self.D: list[NDArray[np.float64]] = []
+        self.starts: list[int] = []
         self.rows = np.zeros(0, np.int64)
         self.frozen = np.zeros(0, np.int64)  # positions of the frozen rows
         self.Y = np.zeros((0, 0))  # L⁻¹ E_frozen (p, k)
+        self.YY = np.zeros((0, 0))  # YᵀY, kept up to date
 
     @property
     def p(self) -> int:
         return int(self.rows.size)
 
-    def gram(self, r: NDArray[np.int64], c: NDArray[np.int64]) -> NDArray[np.float64]:
-        G = self.A2[r] @ self.A2[c].T
-        G *= self.ZZ[np.ix_(r // self.T, c // self.T)]
+    def gram(self, r: NDArray[np.int64], c: NDArray[np.int64] | None = None) -> NDArray[np.float64]:
+        """``G_rc``; with ``c`` None, ``G_rr`` with only its lower triangle computed (the upper one is 0)."""
+        if c is None:  # (C-ordered: the upper triangle of its transpose, by BLAS syrk at half the work)
+            G = blas.dsyrk(1.0, self.A2[r].T, trans=1, lower=0).T
+            c = r
+        else:
+            G = self.A2[r] @ self.A2[c].T
+        Zc = self.ZZ[:, c // self.T]  # (then its rows: G_kl has the factor z_{i(k)}ᵀ z_{i(l)})
+        ri = r // self.T
+        for a in range(0, r.size, _CHUNK):  # (in chunks that stay in cache)
+            G[a : a + _CHUNK] *= Zc[ri[a : a + _CHUNK]]
         return G
 
-    def rebuild(self, j0: int, R: NDArray[np.int64]) -> bool:
-        """Positions ≥ j0 become the rows ``R`` (flat indices): ``L21 = G_{R,:j0} L11⁻ᵀ``,
-        ``L22 = chol(G_RR + ρI − L21 L21ᵀ)``; positions < j0 keep their factor."""
-        q = R.size
-        m = j0 + q
-        if j0 == 0:
-            self.M = np.zeros((0, 0))  # (free the old factor before the new one is built)
-        old, rows = self.M, self.rows[:j0]
-        M = np.zeros((m, m))
-        if j0:
-            M[:j0, :j0] = old[:j0, :j0]
-            # G_{R,:j0} L11⁻ᵀ, one triangular solve with q right-hand sides
-            M[j0:, :j0] = _lower_solve(old if old.shape[0] == j0 else M[:j0, :j0], self.gram(R, rows).T).T
-        del old
-        self.M = None  # type: ignore[assignment]
-        B = M[j0:, j0:]
-        B[...] = self.gram(R, R)
-        B[np.diag_indices(q)] += self.ridge
-        if j0:
-            B -= M[j0:, :j0] @ M[j0:, :j0].T
-        S = np.ascontiguousarray(B) if j0 else B
+    def forward(self, B: NDArray[np.float64], first: int = 0) -> NDArray[np.float64]:
+        """``L⁻¹B`` for B (p, r) whose rows before position ``first`` are 0 (so are the answer's)."""
+        X = np.zeros((self.p, B.shape[1]))
+        for s, L21, D in zip(self.starts, self.L21, self.D):
+            e = s + D.shape[0]
+            if e <= first:
+                continue
+            rhs = B[s:e] - L21[:, first:] @ X[first:s] if s > first else B[s:e]
+            X[s:e] = _lower_solve(D, rhs)
+        return X
+
+    def backward(self, C: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``L⁻ᵀC`` for C (p,) or (p, r)."""
+        C = C.copy()
+        for s, L21, D in zip(reversed(self.starts), reversed(self.L21), reversed(self.D)):
+            e = s + D.shape[0]
+            C[s:e] = _lower_solve(D, C[s:e], trans=1)
+            if s:
+                C[:s] -= L21.T @ C[s:e]
+        return C
+
+    def _add(self, R: NDArray[np.int64], L21: NDArray[np.float64]) -> bool:
+        """Rows ``R`` (flat indices) after the current ones, their part of L left of the diagonal given:
+        ``D = chol(G_RR + ρI − L21 L21ᵀ)``; the frozen rows' columns of L⁻¹E continue as −D⁻¹ L21 Y."""
+        S = self.gram(R)  # (only lower triangles are computed and read from here on)
+        S[np.diag_indices(R.size)] += self.ridge
+        if L21.shape[1]:  # S −= L21 L21ᵀ by syrk on the transposes (Fortran order: no copies)
+            blas.dsyrk(-1.0, L21.T, beta=1.0, c=S.T, trans=1, lower=0, overwrite_c=1)
         if not _chol_inplace(S):
             return False
-        if j0:
-            B[...] = S
-        Ytop = self.Y[:j0]
-        self.M, self.rows = M, np.concatenate([rows, R])
-        if Ytop.shape[1]:  # the frozen rows all lie before j0: their columns of L⁻¹E continue as −L22⁻¹ L21 Y_top
-            tail = _lower_solve(S, -(M[j0:, :j0] @ Ytop))
-            self.Y = np.vstack([Ytop, tail])
+        if self.Y.shape[1]:
+            tail = _lower_solve(S, -(L21 @ self.Y))
+            self.Y = np.vstack([self.Y, tail])
+            self.YY += tail.T @ tail
         else:
-            self.Y = np.zeros((m, 0))
+            self.Y = np.zeros((self.p + R.size, 0))
+        self.starts.append(self.p)
+        self.L21.append(L21)
+        self.D.append(S)
+        self.rows = np.concatenate([self.rows, R])
         return True
 
     def append(self, new: NDArray[np.int64]) -> bool:
-        return self.rebuild(self.p, new)
+        """Add the rows ``new`` (flat indices): ``L21 = G_{new,P} L⁻ᵀ`` by forward substitution."""
+        L21 = self.forward(self.gram(self.rows, new)).T if self.p else np.zeros((new.size, 0))
+        return self._add(new, np.ascontiguousarray(L21))
 
     def cut(self, keep: NDArray[np.bool_]) -> bool:
-        """Remove the rows at positions where ``keep`` is False, refactorising from the first of them."""
+        """Remove the rows at positions where ``keep`` is False (every frozen row among them). Positions
+        before the first removed one, j0, keep their factor; a kept row after it keeps its part of L left
+        of column j0 (that part depends only on its own Gram row), so only the kept rows' block right of
+        j0 is factorised again."""
         j0 = int(np.argmax(~keep))
-        if j0 < self.p // 4:  # most of the factor changes: build it afresh from the kept rows
-            j0 = 0
-        R = self.rows[j0:][keep[j0:]]
         if self.frozen.size and self.frozen.max() >= j0:
             raise AssertionError("frozen rows must be cut together with the rows after them")
-        return self.rebuild(j0, R)
+        kept = np.flatnonzero(keep[j0:]) + j0
+        parts = []
+        starts, L21s, Ds = [], [], []
+        for s, L21, D in zip(self.starts, self.L21, self.D):
+            e = s + D.shape[0]
+            if e <= j0:
+                starts.append(s)
+                L21s.append(L21)
+                Ds.append(D)
+                continue
+            if s < j0:  # the block that holds j0: its rows before j0 stay a block of their own
+                starts.append(s)
+                L21s.append(L21[: j0 - s].copy())
+                Ds.append(np.ascontiguousarray(D[: j0 - s, : j0 - s]))
+            local = kept[(kept >= s) & (kept < e)] - s
+            if local.size:
+                parts.append(np.hstack([L21[local], D[local, : j0 - s]]) if s < j0 else L21[local, :j0])
+        R = self.rows[kept]
+        self.starts, self.L21, self.D = starts, L21s, Ds
+        self.rows = self.rows[:j0]
+        self.Y, self.YY = self.Y[:j0], self.YY[:0, :0]
+        left = np.vstack(parts) if parts else np.zeros((0, j0))
+        return self._add(R, np.ascontiguousarray(left)) if R.size else True
 
     def freeze(self, pos: NDArray[np.int64]) -> None:
-        j0 = int(pos.min())
-        E = np.zeros((self.p - j0, pos.size))
-        E[pos - j0, np.arange(pos.size)] = 1.0
-        Ynew = np.zeros((self.p, pos.size))
-        Ynew[j0:] = _lower_solve(np.ascontiguousarray(self.M[j0:, j0:]), E)
+        E = np.zeros((self.p, pos.size))
+        E[pos, np.arange(pos.size)] = 1.0
+        Ynew = self.forward(E, int(pos.min()))
+        cross = self.Y.T @ Ynew
+        self.YY = np.block([[self.YY, cross], [cross.T, Ynew.T @ Ynew]])
         self.frozen = np.concatenate([self.frozen, pos])
         self.Y = np.hstack([self.Y, Ynew])
 
     def thaw(self, pos: NDArray[np.int64]) -> None:
         keep = ~np.isin(self.frozen, pos)
-        self.frozen, self.Y = self.frozen[keep], self.Y[:, keep]
+        self.frozen, self.Y, self.YY = self.frozen[keep], self.Y[:, keep], self.YY[np.ix_(keep, keep)]
 
     def solve(self, b: NDArray[np.float64]) -> NDArray[np.float64]:
         """λ_P with ``(G + ρI)_FF λ_F = b_F`` on the free rows and ``λ = 0`` on the frozen ones."""
         bt = b.copy()
         bt[self.frozen] = 0.0
-        c = _lower_solve(self.M, bt)
+        c = self.forward(bt[:, None])[:, 0]
         if self.frozen.size:  # (YᵀY) u = −Yᵀc makes the solution vanish on the frozen rows
-            u = np.linalg.solve(self.Y.T @ self.Y, -(self.Y.T @ c))
+            u = np.linalg.solve(self.YY, -(self.Y.T @ c))
             c += self.Y @ u
-        x = _lower_solve(self.M, c, trans=1)
+        x = self.backward(c)
         x[self.frozen] = 0.0
         return x
 
