@@ -17,9 +17,10 @@ Instances of one shape (n, T, d, d_z) are stacked and solved together, by one of
 - **NumPy** (up to ``BATCH_MAX_K`` rows of full rank), each step a batched NumPy/LAPACK call over the stack:
 
 1. **Constraints** ``a_it = x_{iα_i} − x_it`` and their K = n(T − 1) flat rows, for the whole stack.
-2. **Reduction** (steps 1 and 3 of :mod:`.reduction`): the Gram matrix of the unit rows
-   ``Ĝ_kl = G_kl / (s_k s_l)``, ``b̂ = b / (s g)`` with ``s_k = ‖a_k‖‖z_k‖`` and g the power of two
-   at the median of b/s — the same numbers as :func:`~attsvm.svm.reduction.reduce_dense`.
+2. **Reduction** (:func:`~attsvm.svm.reduction.reduce_stack`, steps 1 and 3 of :mod:`.reduction`): the Gram
+   matrix of the unit rows ``Ĝ_kl = G_kl / (s_k s_l)``, ``b̂ = b / (s g)`` with ``s_k = ‖a_k‖‖z_k‖`` and g the
+   power of two at the median of b/s — the function whose case B = 1 is ``fit``'s
+   :func:`~attsvm.svm.reduction.reduce_dense`.
 3. **Primal-dual active set** (Hintermüller–Ito–Kunisch, as :func:`attsvm.svm.frobenius._pdas`): each
    round gathers every pending instance's free rows and solves the blocks with one batched LU per
    block size — each far smaller than K × K after the first round, and never depending on the other
@@ -58,7 +59,7 @@ from .._threads import batch_threads, compiled_wanted
 from ._base import ConstraintSet, FitSettings
 from .certificate import FarkasCertificate, certify_stack, farkas_certificate
 from .frobenius import FrobeniusOptions
-from .reduction import ZERO_ROW_RTOL
+from .reduction import reduce_stack
 from .status import LEAVE_INFEASIBLE, LEAVE_MAX_ITER, LEAVE_SINGULAR, LEAVE_TIED
 
 if TYPE_CHECKING:
@@ -98,12 +99,6 @@ COMPILED_MAX_K = 400
 # Gram entries per chunk of the stack (16 MiB of float64): large enough that the per-round NumPy calls
 # are few per instance, small enough to bound memory (benchmarks/bench_batch.py)
 CHUNK_FLOATS = 2_097_152
-
-
-def _pow2(x: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Elementwise :func:`attsvm.svm.reduction._pow2`: the power of two g with x/g ∈ (½, 1]."""
-    m, e = np.frexp(x)
-    return np.ldexp(1.0, np.where(m == 0.5, e - 1, e))
 
 
 def _pdas_many(
@@ -530,17 +525,8 @@ def _solve_chunk(
     rows = np.arange(B)[:, None]
     Af = A.reshape(B, n * T, d)[rows, idx]  # (B, K, d)
     Zf = Zq[rows, idx // T]  # (B, K, d_z)
-    # 2. the reduction: Gram matrix of the unit rows, b̂ = b/(s g)
-    G = Af @ Af.transpose(0, 2, 1)
-    G *= Zf @ Zf.transpose(0, 2, 1)
-    s = np.sqrt(np.einsum("bkk->bk", G))
-    ok = s.min(axis=1) > ZERO_ROW_RTOL * s.max(axis=1)
-    s = np.where(ok[:, None], s, 1.0)
-    G /= s[:, :, None]
-    G /= s[:, None, :]
-    bh = 1.0 / s
-    g = _pow2(np.partition(bh, K // 2, axis=1)[:, K // 2])  # (upper) median
-    bh /= g[:, None]
+    # 2. the reduction (reduction.reduce_stack): Gram matrix of the unit rows, b̂ = b/(s g)
+    G, bh, s, g, ok = reduce_stack(Af, Zf, np.ones((B, K)), by_rows=False)
     # 3. the active-set iteration (the ridge as the one-at-a-time path: opt.ridge · mean diagonal)
     ridge = opt.ridge * np.maximum(np.trace(G, axis1=1, axis2=2) / K, 1e-300)
     lam_hat, settled, iters = _pdas_many(G, bh, ridge, max(1, min(opt.pdas_max_iter, opt.max_iter - 1)))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,6 +44,9 @@ __all__ = [
     "PRESCALE_EXP",
     "DenseReduction",
     "reduce_dense",
+    "reduce_stack",
+    "StackReduction",
+    "pow2_many",
     "ZERO_ROW_RTOL",
     "SPREAD_MAX",
 ]
@@ -261,38 +265,92 @@ class DenseReduction:
         return (self.A.T * lam) @ self.Z
 
 
+class StackReduction(NamedTuple):
+    """:func:`reduce_stack` of B instances of K rows each (arrays over the stack).
+
+    G : (B, K, K) ``Ĝ``.  b : (B, K) ``b̂``.  row_scale : (B, K) ``s_k``.  global_scale : (B,) ``g``.
+    ok : (B,) False where some row may have a vanishing feature (``s_k ≤ ZERO_ROW_RTOL · max_l s_l``): such an
+    instance needs :func:`reduce` (its ``s`` are replaced by 1 here so that nothing divides by 0; its G and b̂
+    are not to be used).
+    """
+
+    G: NDArray[np.float64]
+    b: NDArray[np.float64]
+    row_scale: NDArray[np.float64]
+    global_scale: NDArray[np.float64]
+    ok: NDArray[np.bool_]
+
+
+def pow2_many(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Elementwise :func:`_pow2`: the power of two g with x/g ∈ (½, 1] (1 where x is 0)."""
+    m, e = np.frexp(x)
+    return np.ldexp(1.0, np.where(m == 0.5, e - 1, e))
+
+
+def reduce_stack(
+    Af: NDArray[np.float64], Zf: NDArray[np.float64], b: NDArray[np.float64], *, by_rows: bool | None = None
+) -> StackReduction:
+    """Steps 1 and 3 of :func:`reduce` for B dense duals at once (``min ½λᵀĜλ − b̂ᵀλ`` of ``min ½‖W‖_F²``): the
+    Gram matrix ``Ĝ_kl = G_kl / (s_k s_l)`` of the unit rows ``â_k ẑ_kᵀ``, ``b̂ = b / (s g)`` with ``s_k =
+    ‖a_k‖‖z_k‖`` and g the power of two at the (upper) median of the nonzero ``|b_k|/s_k``. Af (B, K, d) and
+    Zf (B, K, d_z): the rows a_k and the query z_k of each row; b (B, K) their right-hand sides.
+
+    ``by_rows``: normalise the K rows before the product (O(K·d) scaling) instead of scaling the K × K Gram
+    matrix (O(K²)); None chooses by size (rows when K > d + d_z). The two agree to round-off.
+    :func:`reduce_dense` is the case B = 1; the NumPy route of :mod:`attsvm.svm.batch` takes the Gram scaling."""
+    B, K, _ = Af.shape
+    if by_rows is None:
+        by_rows = K > Af.shape[2] + Zf.shape[2]
+    if by_rows:
+        na = np.sqrt(np.einsum("bkd,bkd->bk", Af, Af))
+        nz = np.sqrt(np.einsum("bkd,bkd->bk", Zf, Zf))
+        s = na * nz
+    else:
+        G = Af @ Af.transpose(0, 2, 1)
+        G *= Zf @ Zf.transpose(0, 2, 1)
+        s = np.sqrt(np.einsum("bkk->bk", G))  # ‖a_k‖‖z_k‖
+    ok = s.min(axis=1, initial=np.inf) > ZERO_ROW_RTOL * s.max(axis=1, initial=0.0)
+    if not ok.all():
+        s = np.where(ok[:, None], s, 1.0)
+        if by_rows:
+            na, nz = np.where(ok[:, None], na, 1.0), np.where(ok[:, None], nz, 1.0)
+    if by_rows:
+        An = Af / na[:, :, None]
+        Zn = Zf / nz[:, :, None]
+        G = An @ An.transpose(0, 2, 1)
+        G *= Zn @ Zn.transpose(0, 2, 1)
+    else:
+        G /= s[:, None, :]
+        G /= s[:, :, None]
+    bh = b / s
+    mag = np.abs(bh)
+    nonzero = mag != 0
+    if nonzero.all():
+        med = np.partition(mag, K // 2, axis=1)[:, K // 2] if K else np.zeros(B)
+    else:  # (the upper median of each instance's nonzero entries)
+        count = nonzero.sum(axis=1)
+        ordered = np.sort(np.where(nonzero, mag, np.inf), axis=1)
+        med = np.take_along_axis(ordered, np.minimum(count // 2, max(K - 1, 0))[:, None], axis=1)[:, 0]
+        med = np.where(count > 0, med, 0.0)
+    g = pow2_many(np.where(np.isfinite(med), med, 0.0))
+    bh /= g[:, None]
+    return StackReduction(G, bh, s, g, ok)
+
+
 def reduce_dense(cs: ConstraintSet, max_rows: int = 300) -> DenseReduction | None:
     """:class:`DenseReduction` of ``cs``, or None when some row may have a vanishing feature
     (``s_k ≤ ZERO_ROW_RTOL · max_l s_l``, which every zero row of :func:`reduce` satisfies) or there are
-    no rows or more than ``max_rows`` (G is K × K): :func:`reduce` handles those. Its ``Ĝ``, ``b̂``
-    and ``g`` are those of ``reduce(cs, subspace=False)`` up to round-off."""
+    no rows or more than ``max_rows`` (G is K × K): :func:`reduce` handles those. The case B = 1 of
+    :func:`reduce_stack`; its ``Ĝ``, ``b̂`` and ``g`` are those of ``reduce(cs, subspace=False)`` up to
+    round-off."""
     n, T, d = cs.A.shape
     idx = np.flatnonzero(cs.mask.ravel())
     if idx.size == 0 or idx.size > max_rows:
         return None
     Af = cs.A.reshape(-1, d)[idx]
     Zf = cs.Z[idx // T]
-    if idx.size <= d + Zf.shape[1]:  # scale the K × K Gram matrix: fewer, smaller steps
-        G = Af @ Af.T
-        G *= Zf @ Zf.T
-        s = np.sqrt(G.diagonal())  # ‖a_k‖‖z_k‖
-        if not s.min() > ZERO_ROW_RTOL * s.max():
-            return None
-        G /= s
-        G /= s[:, None]
-    else:  # scale the K rows: O(K·d) work instead of O(K²)
-        na = np.sqrt(np.einsum("kd,kd->k", Af, Af))
-        nz = np.sqrt(np.einsum("kd,kd->k", Zf, Zf))
-        s = na * nz
-        if not s.min() > ZERO_ROW_RTOL * s.max():
-            return None
-        An = Af / na[:, None]
-        Zn = Zf / nz[:, None]
-        G = An @ An.T
-        G *= Zn @ Zn.T
-    b = cs.rhs.ravel()[idx] / s
-    nzb = np.abs(b[b != 0])
-    g = _pow2(float(np.partition(nzb, nzb.size // 2)[nzb.size // 2])) if nzb.size else 1.0  # (upper) median
-    if g != 1.0:
-        b /= g
-    return DenseReduction(G, b, ~cs.equality.ravel()[idx], idx, Af, Zf, s, g, (n, T))
+    red = reduce_stack(Af[None], Zf[None], cs.rhs.ravel()[idx][None])
+    if not red.ok[0]:
+        return None
+    g = float(red.global_scale[0])
+    return DenseReduction(red.G[0], red.b[0], ~cs.equality.ravel()[idx], idx, Af, Zf, red.row_scale[0], g, (n, T))
