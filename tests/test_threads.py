@@ -33,23 +33,24 @@ def test_small_fits_run_on_one_blas_thread_large_ones_keep_the_pool():
     """The limit each fit asks for (recorded at the call, so that the test tells "one thread" from "the
     pool" whatever the pool is in this process: the test session starts with one BLAS thread), and the
     pool inside the block of a small fit."""
+    import attsvm.svm.backends as backends_mod
     import attsvm.svm.estimator as est_mod
 
     asked: list[int | None] = []
     inside: list[list[int]] = []
-    real_limit, real_solve = est_mod.blas_threads, AttentionSVM._solve
+    real_limit, real_solve = est_mod.blas_threads, backends_mod.solve
 
     def limit(n):
         asked.append(n)
         return real_limit(n)
 
-    def solve(self, cs):
+    def solve(cs, request):  # (the solve stage of every fit: attsvm.svm.pipeline)
         inside.append(_blas_threads())
-        return real_solve(self, cs)
+        return real_solve(cs, request)
 
     p = paper_instance(6, 8, 10, seed=0)
     assert p.X.size <= SMALL_SOLVE_ELEMENTS
-    with mock.patch.object(est_mod, "blas_threads", limit), mock.patch.object(AttentionSVM, "_solve", solve):
+    with mock.patch.object(est_mod, "blas_threads", limit), mock.patch.object(backends_mod, "solve", solve):
         AttentionSVM().fit(p)
         AttentionSVM("nuc").fit(p)
         with mock.patch.object(est_mod, "SMALL_SOLVE_ELEMENTS", 0):  # as if the instance were large
@@ -62,7 +63,7 @@ def test_small_fits_run_on_one_blas_thread_large_ones_keep_the_pool():
     # fit_many's one-at-a-time fits (here: max_iter keeps them out of the batch) share one limit around them
     asked.clear()
     inside.clear()
-    with mock.patch.object(est_mod, "blas_threads", limit), mock.patch.object(AttentionSVM, "_solve", solve):
+    with mock.patch.object(est_mod, "blas_threads", limit), mock.patch.object(backends_mod, "solve", solve):
         AttentionSVM("nuc", max_iter=200).fit_many([p, p])
         with mock.patch.object(est_mod, "SMALL_NUCLEAR_ELEMENTS", 0):
             AttentionSVM("nuc", max_iter=200).fit_many([p, p])

@@ -272,6 +272,40 @@ def nuclear(est: Any, constraint_sets: list[ConstraintSet | None], alphas: list[
     return out
 
 
+def _frobenius_groups(
+    est: Any, fs: FitSettings, problems: list[AttentionProblem], alphas: Any, stacked: NDArray[np.int64] | None
+) -> list[Any]:
+    """:func:`batched`'s Frobenius part: each group of one shape within the batch's limits by
+    :func:`solve_group`; None for every other problem."""
+    out: list[Any] = [None] * len(problems)
+    opt = frobenius_options(fs)
+    limit = batch.max_k(fs)
+    deficient_ok = batch.uses_compiled(fs)
+    keys = [batch.group_key(p) for p in problems]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    if keys and keys.count(keys[0]) == len(keys):  # (a sweep: one shape, one group of every problem)
+        groups[keys[0]] = list(range(len(keys)))
+    else:
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+    for key, members in groups.items():
+        if not (0 < key[0] * (key[1] - 1) <= limit and (deficient_ok or not batch.deficient_shape(key))):
+            continue
+        everyone = len(members) == len(problems)
+        with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
+            if stacked is None:
+                alpha = np.stack([alphas[i] for i in members])
+            else:  # (the checked copy itself where the group is every problem)
+                alpha = stacked if everyone else stacked[members]
+            fitted = solve_group(est, problems if everyone else [problems[i] for i in members], alpha, opt)
+        if everyone:
+            out = fitted
+        else:
+            for i, e in zip(members, fitted):
+                out[i] = e
+    return out
+
+
 def batched(
     est: Any,
     problems: list[AttentionProblem],
@@ -285,31 +319,8 @@ def batched(
     fs = settings(est)
     out: list[Any] = [None] * len(problems)
     if batch.ready(fs):
-        opt = frobenius_options(fs)
-        limit = batch.max_k(fs)
-        deficient_ok = batch.uses_compiled(fs)
-        keys = [batch.group_key(p) for p in problems]
-        groups: dict[tuple[int, ...], list[int]] = {}
-        if keys and keys.count(keys[0]) == len(keys):  # (a sweep: one shape, one group of every problem)
-            groups[keys[0]] = list(range(len(keys)))
-        else:
-            for i, key in enumerate(keys):
-                groups.setdefault(key, []).append(i)
-        for key, members in groups.items():
-            if not (0 < key[0] * (key[1] - 1) <= limit and (deficient_ok or not batch.deficient_shape(key))):
-                continue
-            everyone = len(members) == len(problems)
-            with blas_threads(1):  # (batched calls on small matrices: one thread, attsvm._threads)
-                if stacked is None:
-                    alpha = np.stack([alphas[i] for i in members])
-                else:  # (the checked copy itself where the group is every problem)
-                    alpha = stacked if everyone else stacked[members]
-                fitted = solve_group(est, problems if everyone else [problems[i] for i in members], alpha, opt)
-            if everyone:
-                out = fitted
-            else:
-                for i, e in zip(members, fitted):
-                    out[i] = e
+        with batch.gc_paused():  # (grouping allocates a key per problem, and each group builds its estimators)
+            out = _frobenius_groups(est, fs, problems, alphas, stacked)
     if batch_nuclear.ready(fs):
         css = [
             _att_svm_constraints(p, a) if p.n * (p.T - 1) <= batch_nuclear.NUC_BATCH_MAX_ROWS else None

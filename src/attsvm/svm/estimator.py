@@ -2,7 +2,8 @@
 
 ``fit(problem, tokens)`` builds ``Att-SVM(α)`` (docs/spec.md §3) and hands it to
 :meth:`fit_constraints`, which accepts any :class:`ConstraintSet` (docs/spec.md §5's SVM-eq and
-W_fin too). Whatever backend solved the problem, its answer goes through the one certificate
+W_fin too). The fit itself is :mod:`.pipeline` (prescale → solve → certify → unscale), whose record the
+estimator copies onto itself: whatever backend solved the problem, its answer goes through the one certificate
 module, :mod:`.certificate`: the optimality certificate is recomputed from ``(constraints, W, λ)``
 and an infeasibility claim is accepted only with a verified Farkas certificate. ``status_`` is
 "optimal" only when the relative violation and the relative duality gap (both defined there, both
@@ -17,7 +18,6 @@ table (:data:`_PARAMETERS`) with the shared validators, and reading a fitted att
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,16 +29,13 @@ from numpy.typing import ArrayLike, NDArray
 from .._threads import SMALL_NUCLEAR_ELEMENTS, SMALL_SOLVE_ELEMENTS, blas_threads
 from .._validation import SEED_MAX, Choice, Integer, ParamSpec, Real, check_param
 from ..problem import AttentionProblem, optimal_tokens_together
-from . import backends
+from . import pipeline
 from ._base import ConstraintSet, RawSolution, _att_svm_constraints
 from .backends import SolveRequest
 from .certificate import (
     FARKAS_RTOL,
     OptimalityCertificate,
-    feasible_point,
-    find_farkas,
     numerical_rank,
-    optimality_certificate,
 )
 from .norms import (
     BUILTIN_NAMES,
@@ -51,8 +48,7 @@ from .norms import (
     missing_methods,
     registered_norms,
 )
-from .reduction import prescale
-from .status import ERROR, ILL_CONDITIONED, INFEASIBLE, MAX_ITER, OPTIMAL, OPTIMAL_INACCURATE
+from .status import INFEASIBLE, OPTIMAL, OPTIMAL_INACCURATE
 
 if TYPE_CHECKING:
     from .stack import SVMStack
@@ -172,24 +168,10 @@ def _backend_words(backend: str) -> str:
     return _BACKEND_NAMES.get(backend, backend)
 
 
-_EPS = float(np.finfo(np.float64).eps)
-# the attributes of a solution and its certificate (None when there is no solution), in this order
-_SOLUTION_FIELDS = (
-    "W_",
-    "objective_",
-    "dual_coef_",
-    "margins_",
-    "support_",
-    "max_violation_",
-    "relative_violation_",
-    "duality_gap_",
-    "relative_gap_",
-    "complementary_slackness_",
-)
 # Attributes set by fit (reading one before fit raises NotFittedError).
 _FITTED = (
     "status_",
-    *_SOLUTION_FIELDS,
+    *pipeline.SOLUTION_FIELDS,
     "dual_",
     "rank_",
     "certificate_",
@@ -576,10 +558,6 @@ class AttentionSVM:
                     raise ValueError(f"{label(i)}: {exc}") from exc
         return [e for e in out if e is not None]
 
-    def _solve(self, cs: ConstraintSet) -> tuple[RawSolution, str]:
-        """The raw solution of ``cs`` by the backend registered for these parameters (:mod:`.backends`)."""
-        return backends.solve(cs, self._request())
-
     def _request(self) -> SolveRequest:
         """These parameters as a backend reads them (:class:`~attsvm.svm.backends.SolveRequest`)."""
         kind = self._norm_kind()
@@ -606,18 +584,10 @@ class AttentionSVM:
             return self._fit_here(cs, alpha)
 
     def _fit_here(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> AttentionSVM:
-        t0 = time.perf_counter()
-        pre = prescale(cs)
-        if pre is None:
-            raw, backend = self._solve(cs)
-            self._accept(cs, alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
-            if self.status_ == OPTIMAL_INACCURATE:
-                self._try_batched_nuclear(cs, alpha)
-            return self
-        # data far from unit scale: solve and certify the exactly rescaled set, then undo it (.reduction)
-        raw, backend = self._solve(pre[0])
-        self._accept(pre[0], alpha, raw, backend, time.perf_counter() - t0, stacklevel=4)
-        return self._unscale(cs, pre[1])
+        self._take(pipeline.run(cs, alpha, self._request(), self._norm_object()), stacklevel=5)
+        if self.status_ == OPTIMAL_INACCURATE and "prescale" not in self.info_:
+            self._try_batched_nuclear(cs, alpha)
+        return self
 
     def _try_batched_nuclear(self, cs: ConstraintSet, alpha: NDArray[np.int64] | None) -> None:
         """Where fit's nuclear route ends "optimal_inaccurate", the batched interior point of ``fit_many``
@@ -642,35 +612,28 @@ class AttentionSVM:
         stacklevel: int = 3,
         certificate: OptimalityCertificate | None = None,
     ) -> AttentionSVM:
-        """The fitted attributes from a backend's raw solution: the status only with a certificate that
-        passes (optimal) or a verified Farkas certificate (infeasible). Also the end of the batched
-        nuclear route (:mod:`attsvm.svm.batch_nuclear`), so that both routes certify alike: it passes
-        the ``certificate`` of ``(raw.W, raw.dual)`` it already computed, which is then not computed again."""
-        self.solve_time_ = solve_time
-        self.backend_ = backend
-        self.n_iter_ = int(raw.n_iter)
-        self.info_ = {k: v for k, v in raw.info.items() if k not in ("K", "Q")}
-        self.factors_ = (raw.info["K"], raw.info["Q"]) if "K" in raw.info and "Q" in raw.info else None
-        self.tokens_ = alpha
-        self.constraints_ = cs
-        self.reached_convex_optimum_ = raw.info.get("reached_convex_optimum") if self.rank is not None else None
-        if raw.status == INFEASIBLE:
-            return self._set_infeasible(cs, raw)
-        if raw.W is None:  # the backend failed: report it, never hide it
-            self._clear(status=MAX_ITER if raw.status == MAX_ITER else ERROR)
-            msg = raw.info.get("message", raw.info.get("cvxpy_status", raw.status))
-            warnings.warn(
-                f"AttentionSVM: backend {backend} returned no solution ({msg})", RuntimeWarning, stacklevel=stacklevel
-            )
-            return self
-        self._set_certificate(cs, raw, certificate)
-        return self
+        """The fitted attributes from a backend's raw solution by :func:`.pipeline.accept`, the certifying
+        stage of ``fit``: also the end of the batched routes (:mod:`._fitted`), so that all certify alike
+        (``certificate``: the one the batched nuclear route already computed)."""
+        rec = pipeline.accept(cs, alpha, raw, backend, solve_time, self._request(), self._norm_object(), certificate)
+        return self._take(rec, stacklevel + 1)
 
-    def _clear(self, status: str) -> None:
-        self.status_ = status
-        for name in (*_SOLUTION_FIELDS, "certificate_", "certificate_residual_"):
-            setattr(self, name, None)
-        self.__dict__["_rank"] = None
+    def _take(self, rec: pipeline.FitRecord, stacklevel: int) -> AttentionSVM:
+        """Copy a :class:`~.pipeline.FitRecord` onto this estimator and issue its warnings (``stacklevel`` counted
+        from here); an infeasible fit raises :class:`InfeasibleSVMError` with ``on_infeasible="raise"``."""
+        self.__dict__.update(rec.fields)
+        for message in rec.warnings:
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+        if self.status_ == INFEASIBLE and self.on_infeasible == "raise":
+            where = "" if self.tokens_ is None else f" for tokens {self.tokens_.tolist()[:20]}"
+            raise InfeasibleSVMError(
+                f"the attention SVM is infeasible{where}: λ ≥ 0 with 1ᵀλ = 1 and ‖Σ λ_k a_k z_kᵀ‖_F = "
+                f"{self.certificate_residual_:.1e} certifies it (docs/spec.md §3); see .certificate",
+                self.certificate_,
+                self.certificate_residual_,
+                self.tokens_,
+            )
+        return self
 
     @property
     def sequence_violation_(self) -> NDArray[np.float64] | None:
@@ -708,127 +671,6 @@ class AttentionSVM:
         if "status_" not in self.__dict__:
             raise NotFittedError("this AttentionSVM is not fitted yet (no attribute 'dual_'): call fit first")
         return self.certificate_ if self.status_ == INFEASIBLE else self.dual_coef_
-
-    def _set_infeasible(self, cs: ConstraintSet, raw: RawSolution) -> AttentionSVM:
-        """Accept an infeasibility claim only with a verified Farkas certificate (.certificate)."""
-        self._clear(INFEASIBLE)
-        cert = find_farkas(cs, candidates=((f"{self.backend_} certificate", raw.dual),))
-        if cert is None:
-            self._clear(ERROR)
-            warnings.warn(
-                f"AttentionSVM: backend {self.backend_} reported infeasible but no Farkas certificate "
-                "verifies it (the feasibility LP finds none)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return self
-        W = feasible_point(cs, cert.lam, self.tol)
-        if W is not None:  # feasible after all, with a huge ‖W‖: say both (never a false "infeasible")
-            self._set_certificate(cs, RawSolution(W, np.zeros(cs.mask.shape), OPTIMAL_INACCURATE, 0, {}))
-            self.status_ = ILL_CONDITIONED
-            self.info_["feasible_norm"] = self.objective_
-            warnings.warn(
-                f"AttentionSVM: ill-conditioned: a Farkas certificate passes the tolerance (residual "
-                f"{cert.residual:.1e}), yet a W of norm {self.objective_:.3g} meets every constraint; W_ is that "
-                "point (not certified optimal), certificate_ the near-Farkas λ",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        self.certificate_: NDArray[np.float64] | None = cert.lam
-        self.certificate_residual_: float | None = cert.residual
-        self.info_["certificate_source"] = cert.source
-        if W is not None:
-            return self
-        if self.on_infeasible == "raise":
-            where = "" if self.tokens_ is None else f" for tokens {self.tokens_.tolist()[:20]}"
-            raise InfeasibleSVMError(
-                f"the attention SVM is infeasible{where}: λ ≥ 0 with 1ᵀλ = 1 and ‖Σ λ_k a_k z_kᵀ‖_F = "
-                f"{cert.residual:.1e} certifies it (docs/spec.md §3); see .certificate",
-                self.certificate_,
-                cert.residual,
-                self.tokens_,
-            )
-        return self
-
-    def _set_certificate(self, cs: ConstraintSet, raw: RawSolution, cert: OptimalityCertificate | None = None) -> None:
-        """The optimality certificate of :mod:`.certificate` from ``(cs, W, λ)`` (``cert``, when given)."""
-        assert raw.W is not None
-        if cert is None:
-            cert = optimality_certificate(cs, raw.W, raw.dual, self._norm_object())
-        self.W_ = np.asarray(raw.W, dtype=np.float64)
-        self.objective_ = cert.objective
-        self.dual_coef_ = cert.lam
-        self.margins_ = np.where(cs.mask, cert.margins, np.inf)
-        self.support_ = cert.support
-        self.max_violation_ = cert.violation
-        self.relative_violation_ = cert.relative_violation
-        self.duality_gap_ = cert.gap
-        self.relative_gap_ = cert.relative_gap
-        self.complementary_slackness_ = cert.complementarity
-        self.__dict__["_rank"] = cert.rank  # (None: computed from W_ when rank_ is first read)
-        self.certificate_ = None
-        self.certificate_residual_ = None
-        ok = cert.passes(self.tol)
-        if self.rank is not None:
-            # non-convex problem: the convex dual bound certifies only when the convex optimum is reached
-            ok = cert.relative_violation <= self.tol and bool(self.reached_convex_optimum_)
-        if ok:
-            self.status_ = OPTIMAL
-        else:
-            self.status_ = MAX_ITER if raw.status == MAX_ITER else OPTIMAL_INACCURATE
-            if raw.status == MAX_ITER:
-                warnings.warn(
-                    f"AttentionSVM: the {self.backend_} backend hit its iteration limit "
-                    f"(violation {self.max_violation_:.1e}, relative gap {self.relative_gap_:.1e})",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
-
-    def _unscale(self, cs: ConstraintSet, kappa: float) -> AttentionSVM:
-        """The fitted attributes of the prescaled set (:func:`~attsvm.svm.reduction.prescale`, factor κ)
-        in the units of ``cs``: W, its norm and rank-m factors times κ; multipliers, gap and
-        complementarity times κ^degree; margins, violations, support, relative measures and a Farkas
-        certificate unchanged. A W that float64 cannot hold at these units is an "error"."""
-        self.constraints_ = cs
-        self.info_["prescale"] = kappa
-        if self.certificate_residual_ is not None:  # ‖Σ λ_k a_k z_kᵀ‖_F of the (unchanged) Farkas λ
-            with np.errstate(over="ignore"):
-                self.certificate_residual_ = float(self.certificate_residual_ / np.float64(kappa))
-        if self.W_ is None:
-            return self
-        W0, lam0 = self.W_, self.dual_coef_
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            power = np.float64(kappa) ** self._norm_object().degree
-            self.W_ = self.W_ * kappa
-            self.objective_ = float(self.objective_ * np.float64(kappa))
-            if "feasible_norm" in self.info_:  # (an ill-conditioned instance's W: its norm in the user's units)
-                self.info_["feasible_norm"] = self.objective_
-            self.dual_coef_ = self.dual_coef_ * power
-            self.duality_gap_ = float(self.duality_gap_ * power)
-            self.complementary_slackness_ = float(self.complementary_slackness_ * power)
-            if self.factors_ is not None:
-                self.factors_ = (self.factors_[0] * kappa, self.factors_[1])
-
-        def held(new: NDArray[np.float64], old: NDArray[np.float64]) -> bool:
-            # no entry overflows, and none that matters flushes to 0 (entries below round-off of the
-            # largest, ε·max|·|, may: they carry no information)
-            big = np.abs(old) > _EPS * np.abs(old).max(initial=0.0)
-            return bool(np.isfinite(new).all() and (new[big] != 0).all())
-
-        w_held = held(self.W_, W0) and bool(np.isfinite(self.objective_))
-        if not (w_held and held(self.dual_coef_, lam0)):
-            self._clear(ERROR)
-            what = "W is κ" if not w_held else f"the multipliers λ are κ^{self._norm_object().degree}"
-            self.info_["message"] = (
-                f"the solution is not representable in float64 at these units ({what} times those of the "
-                f"rescaled data, κ = {kappa:.1e}): rescale X or Z"
-            )
-            warnings.warn(
-                f"AttentionSVM: {self.info_['message']}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        return self
 
     # ------------------------------------------------------------------ reporting
     def _check_fitted(self) -> None:
