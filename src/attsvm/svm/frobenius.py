@@ -95,7 +95,8 @@ class FrobeniusOptions:
     cholesky_min, cholesky_max_rows : all-inequality instances with at least cholesky_min constraints
         (0 disables it) are first solved by the active set on one growing Cholesky factor
         (:mod:`._cholesky_active_set`), whose working set may hold up to cholesky_max_rows rows
-        (its factor takes 8·rows² bytes); the Newton route takes over when it does not settle.
+        (its factor takes about 4·rows² bytes: 2 GB at the default); the Newton route takes over when it
+        does not settle or needs more rows.
     """
 
     tol: float = 1e-10
@@ -117,7 +118,7 @@ class FrobeniusOptions:
     ldp_min_iter: int = 20
     ldp_max_features: int = 4_000
     cholesky_min: int = 20_000
-    cholesky_max_rows: int = 16_000
+    cholesky_max_rows: int = 22_600
 
     def __post_init__(self) -> None:
         check_finite_scalar(self.tol, "tol", positive=True)
