@@ -89,3 +89,19 @@ def test_the_compiled_kernel_scales_as_reduce_stack() -> None:
     sets = [stack[b].constraints_ for b in np.flatnonzero(solved)]
     Af, Zf, ones, _ = _stack(sets)
     assert np.array_equal(g, reduce_stack(Af, Zf, ones).global_scale)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda Af, Zf, b: (Af[0], Zf, b), r"^Af must be a \(B, K, d\) array of rows, got shape \(4, 8\)$"),
+        (lambda Af, Zf, b: (Af, Zf[:, :3], b), r"^Zf must be a \(B, K, d_z\) array with Af's B and K"),
+        (lambda Af, Zf, b: (Af, Zf, b[:, :3]), r"^b must have shape \(B, K\) = \(2, 4\), got \(2, 3\)$"),
+        (lambda Af, Zf, b: (Af, Zf, b * np.nan), r"^b must be finite$"),
+    ],
+)
+def test_bad_arrays_are_named(change, message: str) -> None:
+    rng = np.random.default_rng(0)
+    Af, Zf, b = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 4, 5)), np.ones((2, 4))
+    with pytest.raises(ValueError, match=message):
+        reduce_stack(*change(Af, Zf, b))

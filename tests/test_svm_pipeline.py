@@ -39,3 +39,9 @@ def test_warnings_point_at_the_callers_line() -> None:
     assert est.status_ == "max_iter"
     mine = [w for w in caught if issubclass(w.category, RuntimeWarning) and "iteration limit" in str(w.message)]
     assert mine and all(w.filename == __file__ for w in mine)
+
+
+def test_run_names_a_wrong_argument() -> None:
+    est = AttentionSVM()
+    with pytest.raises(TypeError, match=r"^cs must be a ConstraintSet, got ndarray$"):
+        pipeline.run(np.zeros((2, 3, 4)), None, est._request(), est._norm_object())  # type: ignore[arg-type]

@@ -53,8 +53,8 @@ _MAX_ROUNDS = 200
 _GROWTH = 0.25
 _MIN_BLOCK = 1000
 # frozen rows cost every later solve and append a little: past p/_FROZEN_SHARE of them they are cut for good
-# (a cut refactorises most of L; of 4, 8, 12 and 16, 8 was fastest or tied on n·T = 10⁵, d = 256 and two other
-# large instances)
+# (a cut refactorises most of L; of 8, 12 and 16, 8 was fastest or tied on n·T = 10⁵, d = 256 and two other
+# large instances, and 4 was slower than 8 on the first)
 _FROZEN_SHARE = 8
 _CHUNK = 16  # rows of a Gram block scaled at a time
 

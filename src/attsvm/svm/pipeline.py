@@ -74,6 +74,11 @@ class FitRecord:
 
 def run(cs: ConstraintSet, alpha: NDArray[np.int64] | None, request: SolveRequest, norm: Norm) -> FitRecord:
     """Stages 1–4 (module doc) on ``cs``: the record of its fit, in the units of ``cs``."""
+    if not isinstance(cs, ConstraintSet):
+        raise TypeError(f"cs must be a ConstraintSet, got {type(cs).__name__}")
+    if not isinstance(request, SolveRequest) or not isinstance(norm, Norm):
+        got = f"{type(request).__name__} and {type(norm).__name__}"
+        raise TypeError(f"request and norm must be a SolveRequest and a Norm, got {got}")
     t0 = time.perf_counter()
     pre = prescale(cs)
     target = cs if pre is None else pre[0]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -287,6 +287,21 @@ def pow2_many(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.ldexp(1.0, np.where(m == 0.5, e - 1, e))
 
 
+def _stack_arrays(Af: Any, Zf: Any, b: Any) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """:func:`reduce_stack`'s arrays as float64, or the one-line error naming the first that does not fit."""
+    Af, Zf, b = (np.asarray(v, dtype=np.float64) for v in (Af, Zf, b))
+    if Af.ndim != 3:
+        raise ValueError(f"Af must be a (B, K, d) array of rows, got shape {Af.shape}")
+    if Zf.ndim != 3 or Zf.shape[:2] != Af.shape[:2]:
+        raise ValueError(f"Zf must be a (B, K, d_z) array with Af's B and K = {Af.shape[:2]}, got shape {Zf.shape}")
+    if b.shape != Af.shape[:2]:
+        raise ValueError(f"b must have shape (B, K) = {Af.shape[:2]}, got {b.shape}")
+    for name, v in (("Af", Af), ("Zf", Zf), ("b", b)):
+        if not np.isfinite(v).all():
+            raise ValueError(f"{name} must be finite")
+    return Af, Zf, b
+
+
 def reduce_stack(
     Af: NDArray[np.float64], Zf: NDArray[np.float64], b: NDArray[np.float64], *, by_rows: bool | None = None
 ) -> StackReduction:
@@ -298,6 +313,7 @@ def reduce_stack(
     ``by_rows``: normalise the K rows before the product (O(K·d) scaling) instead of scaling the K × K Gram
     matrix (O(K²)); None chooses by size (rows when K > d + d_z). The two agree to round-off.
     :func:`reduce_dense` is the case B = 1; the NumPy route of :mod:`attsvm.svm.batch` takes the Gram scaling."""
+    Af, Zf, b = _stack_arrays(Af, Zf, b)
     B, K, _ = Af.shape
     if by_rows is None:
         by_rows = K > Af.shape[2] + Zf.shape[2]
