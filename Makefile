@@ -30,8 +30,9 @@ $(STAMP): pyproject.toml scripts/venv_install.sh
 	bash scripts/venv_install.sh $(VENV) -e ".[test,models]"
 	touch $(STAMP)
 
-# the numba kernels compiled once (about 90 s of one core; cached next to their sources), not in the first run's workers; a
-# target of its own, so that what needs only the packages (lint, the core-install check) need not wait for it
+# the numba kernels compiled once (about 55 s of one core, in three processes at once; cached next to their sources), not
+# in the first run's workers; a target of its own, so that what needs only the packages (lint, the core-install check)
+# need not wait for it
 $(KERNELS): $(STAMP)
 	$(PY) -m attsvm._warm
 	touch $(KERNELS)
@@ -117,7 +118,8 @@ test:
 test-main: $(KERNELS)
 	# the numba kernels compiled once, here, after an edit of their source: a kernel compiled afresh and one
 	# loaded from numba's cache can differ in the last bit, and the sweep tests compare processes bit for bit
-	$(PY) -m attsvm._warm
+	# (--serial: in this process; loading the cached kernels takes seconds)
+	$(PY) -m attsvm._warm --serial
 	# (`make docs` builds the site with --strict: its test here would only repeat that build)
 	# (--no-loadscope-reorder: the workers take the files in the order tests/conftest.py gives, the longest first;
 	# xdist would otherwise order them by their number of tests and leave a long file with few tests for last)
