@@ -388,7 +388,8 @@ def test_reproduce_all_runs_a_repeated_name_once(tmp_path: Path) -> None:
 def test_the_svm_experiments_load_no_torch_until_a_trial_draws_data():
     """In a fresh interpreter: the main process of ``attsvm reproduce svm-rank`` (registry, runner, the
     experiment, the datasets and the solvers) loads no torch: only the trials, which draw the published
-    data with torch's generator, do (then once per worker)."""
+    data with torch's generator, do (then once per worker). Nor does ``attsvm list``, which imports every
+    experiment's module."""
     import os
     import subprocess
     import sys
@@ -404,6 +405,11 @@ def test_the_svm_experiments_load_no_torch_until_a_trial_draws_data():
         e = get_experiment("svm-rank")
         e.trials(dict(e.defaults))
         assert "torch" not in sys.modules, "loaded torch"
+        import contextlib, io
+        with contextlib.redirect_stdout(io.StringIO()) as listed:
+            assert attsvm.cli.main(["list"]) == 0  # (every experiment's module)
+        assert "lp-convergence" in listed.getvalue()
+        assert "torch" not in sys.modules, "attsvm list loaded torch"
         attsvm.datasets.paper_instance(3, 4, 5, seed=0)
         assert "torch" in sys.modules
         print("ok")

@@ -26,10 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .._linalg import correlation
-from ..diagnostics import bregman_alignment
 from ..svm import AttentionSVM
-from ..training import train
-from ..training.joint import head_svm_constraints, train_joint
 from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import num, paper_problems
 from ._plotting import FLOOR, band, figure_legend, one_minus_corr, save, subplots
@@ -104,6 +101,11 @@ class LpConvergence(Experiment):
         return out
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
+        # (the trainers load torch: imported here, so that listing the experiments does not)
+        from ..diagnostics import bregman_alignment
+        from ..training import train
+        from ..training.joint import head_svm_constraints, train_joint
+
         seeds = list(range(trial["start"], trial["stop"]))
         probs = paper_problems(s["n"], s["T"], s["d"], seeds)
         p = float(trial["p"])

@@ -32,7 +32,6 @@ import pandas as pd
 
 from ..ntp import NextTokenProblem, random_ntp_problem
 from ..svm.graph import fin_basis, graph_svm, graph_svm_constraints, ntp_decomposition
-from ..training.ntp import ntp_w_fin, train_ntp
 from ._base import Experiment, Headline, Trial, chunks, diverged_headline, headline
 from ._common import num
 from ._plotting import FLOOR, W_SVM, band, figure_legend, one_minus_corr, panels, save
@@ -122,6 +121,8 @@ class NTPConvergence(Experiment):
         return out
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
+        from ..training.ntp import ntp_w_fin, train_ntp  # (loads torch: not on listing the experiments)
+
         if trial["kind"] == "scc":
             rows = []
             for r in range(int(s["scc_draws"])):

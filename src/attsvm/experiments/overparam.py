@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..diagnostics import convergence_type
 from ..tokens import margins, support_tokens
 from ._base import Experiment, Headline, Trial, chunks, headline
 from ._common import fit_svms, optimal_or_none, paper_problems, train_W_reduced
@@ -69,6 +68,8 @@ class Overparam(Experiment):
         ]
 
     def run_trial(self, s: dict[str, Any], trial: Trial) -> pd.DataFrame:
+        from ..diagnostics import convergence_type  # (loads torch: not on listing the experiments)
+
         seeds = list(range(trial["start"], trial["stop"]))
         probs = paper_problems(s["n"], s["T"], trial["d"], seeds)
         W_final = train_W_reduced(probs, seeds, steps=s["steps"], lr=s["lr"])  # exact, cost independent of d
