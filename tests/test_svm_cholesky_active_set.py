@@ -177,16 +177,3 @@ def test_the_block_row_factor_appends_cuts_freezes_and_solves_as_a_dense_cholesk
     ref[free] = np.linalg.solve(G(F.rows)[np.ix_(free, free)], b[free])
     assert np.allclose(x, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
     assert (x[F.frozen] == 0).all()
-
-
-def test_the_next_block_takes_the_sequences_round_robin() -> None:
-    T = 10
-    # sequence 0: six rows violated far more than any other row; sequences 1 and 2: two rows each
-    out = np.array([0, 1, 2, 3, 4, 5, 10, 11, 25, 27])
-    rel = np.array([9.0, 8.5, 8.0, 7.5, 7.0, 6.5, 0.2, 0.3, 0.1, 0.4])
-    # cap 4: each sequence's most violated row (0, 11, 27), then the most violated second row (1); the
-    # globally most violated rows would be four of sequence 0
-    np.testing.assert_array_equal(cas._next_block(out, rel, T, 4), [0, 1, 11, 27])
-    np.testing.assert_array_equal(cas._next_block(out, rel, T, 6), [0, 1, 10, 11, 25, 27])
-    np.testing.assert_array_equal(cas._next_block(out, rel, T, 10), np.sort(out))  # (all: index order)
-    np.testing.assert_array_equal(cas._next_block(out[::-1], rel[::-1], T, 4), [0, 1, 11, 27])

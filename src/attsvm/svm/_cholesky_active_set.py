@@ -18,8 +18,7 @@ of a square array). Each round
    are cut for good: the rows after the first of them keep their part of L left of it and only their
    block right of it is factorised again;
 3. **prices** every row: ``W = 𝒜*(λ)`` and all margins in O(n·T·d + n·d²). Violated frozen rows are
-   freed at no cost; the violated rows outside P form the next block, at most ``max(1000, p/4)`` of them taken
-   round-robin over the sequences (each one's most violated row first).
+   freed at no cost; the most violated rows outside P form the next block.
 
 It stops when no row is violated: the free multipliers are positive and solve their block, every
 other row holds, so λ and W satisfy the KKT conditions of the full problem, tested by the same
@@ -58,24 +57,6 @@ _MIN_BLOCK = 1000
 # large instances, and 4 was slower than 8 on the first)
 _FROZEN_SHARE = 8
 _CHUNK = 16  # rows of a Gram block scaled at a time
-
-
-def _next_block(out: NDArray[np.int64], rel: NDArray[np.float64], T: int, cap: int) -> NDArray[np.int64]:
-    """The next block: of the violated rows ``out`` (flat indices, sequence ``k // T``; relative violations
-    ``rel``), at most ``cap``, taken round-robin over the sequences — every sequence's most violated row, then
-    every sequence's second most violated, … (the most violated first within a round) — in index order. A
-    sequence's rows are near-duplicates of one another more often than another sequence's are: once its most
-    violated rows are in, the rest of it is often satisfied (on the n·T = 10⁵, d = 256 instance, the working set
-    ends with 511 frozen rows instead of 565, and the solve takes 0.90–0.96 of the time of the globally most
-    violated rows)."""
-    if out.size <= cap:
-        return np.sort(out)
-    seq = out // T
-    order = np.lexsort((-rel, seq))  # by sequence, the most violated first within each
-    first = np.flatnonzero(np.r_[True, seq[order][1:] != seq[order][:-1]])
-    rank = np.arange(out.size) - np.repeat(first, np.diff(np.r_[first, out.size]))  # (0: a sequence's most violated)
-    pick = order[np.lexsort((-rel[order], rank))[:cap]]
-    return np.sort(out[pick])
 
 
 def _lower_solve(L: NDArray[np.float64], B: NDArray[np.float64], trans: int = 0) -> NDArray[np.float64]:
@@ -234,9 +215,9 @@ def solve_cholesky_active_set(
 ) -> RawSolution | None:
     """Solve the reduced, row-normalised, all-inequality instance ``cs`` (module doc).
 
-    ``start`` hardest rows per sequence form the first block; later blocks hold at most ``max(1000, p/4)``
-    violated rows (:func:`_next_block`). Returns None (take another route) when a round does not settle or
-    the working set would exceed ``max_rows``.
+    ``start`` hardest rows per sequence form the first block; later blocks hold at most
+    ``max(1000, p/4)`` rows. Returns None (take another route) when a round does not settle or the
+    working set would exceed ``max_rows``.
     """
     t0 = time.perf_counter()
     n, T, d = cs.A.shape
@@ -315,4 +296,6 @@ def solve_cholesky_active_set(
         if thaw.size:
             F.thaw(F.frozen[thaw])
         cap = max(_MIN_BLOCK, int(F.p * _GROWTH))
-        new = _next_block(out, rel[out], T, cap)
+        if out.size > cap:
+            out = out[np.argpartition(-rel[out], cap)[:cap]]
+        new = np.sort(out)
