@@ -79,7 +79,7 @@ PARTS = {
 
 def _compile_parallel() -> bool:
     """Each of :data:`PARTS` in a process of its own, all at once; whether numba is there. A part that fails
-    raises SystemExit with its status (its error is on stderr already)."""
+    ends this with a SystemExit naming it and its exit status (its error is on stderr already)."""
     # (no background preload in the parts: each would load, or compile, the Frobenius kernels too)
     env = dict(os.environ, ATTSVM_PRELOAD="0")
     procs = {name: subprocess.Popen([sys.executable, "-m", "attsvm._warm", "--part", name], env=env) for name in PARTS}
