@@ -45,3 +45,7 @@ def test_run_names_a_wrong_argument() -> None:
     est = AttentionSVM()
     with pytest.raises(TypeError, match=r"^cs must be a ConstraintSet, got ndarray$"):
         pipeline.run(np.zeros((2, 3, 4)), None, est._request(), est._norm_object())  # type: ignore[arg-type]
+    p = paper_instance(3, 4, 5, seed=0)
+    cs = att_svm_constraints(p, p.optimal_tokens())
+    with pytest.raises(TypeError, match=r"^request and norm must be a SolveRequest and a Norm, got dict and str$"):
+        pipeline.run(cs, None, {}, "fro")  # type: ignore[arg-type]

@@ -58,3 +58,16 @@ def test_a_part_compiles_its_group_in_this_process(monkeypatch):
     assert len(_span_compiled._advance_range.signatures) >= 1
     monkeypatch.setitem(_warm.PARTS, "span", lambda: False)
     assert _warm.main(["--part", "span"]) == 3
+
+
+@pytest.mark.parametrize("argv, cpus", [(["--serial"], 2), ([], 1)])
+def test_serial_or_one_core_compiles_in_this_process(monkeypatch, capsys, argv, cpus):
+    def no_process(*a, **k):
+        raise AssertionError("no process may be started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    monkeypatch.setattr(_warm.os, "cpu_count", lambda: cpus)
+    ran: list[str] = []
+    monkeypatch.setattr(_warm, "compile_all", lambda: ran.append("all") or True)
+    assert _warm.main(argv) == 0 and ran == ["all"]
+    assert "numba kernels compiled" in capsys.readouterr().out

@@ -1,11 +1,11 @@
 """Compile every numba kernel now: ``python -m attsvm._warm`` (``make install`` runs it).
 
 The kernels — the batched solvers' (:mod:`attsvm.svm.batch`'s dual active set and
-:mod:`attsvm.svm.batch_nuclear`'s interior point, about 25 s of one core each) and the span training
-loop's (:mod:`attsvm.training.span`, about 5 s) — are compiled on first use and cached next to their
-sources (``cache=True``). Compiling them once at install time keeps that cost out of the first experiment, whose
-process-pool workers would otherwise each compile them at the same time. Without numba (or with
-``ATTSVM_COMPILED=0``) there is nothing to compile and this does nothing.
+:mod:`attsvm.svm.batch_nuclear`'s interior point, 22–25 s of one core each) and the span training
+loop's (:mod:`attsvm.training.span`, about 8 s; each with its imports) — are compiled on first use and
+cached next to their sources (``cache=True``). Compiling them once at install time keeps that cost out of
+the first experiment, whose process-pool workers would otherwise each compile them at the same time.
+Without numba (or with ``ATTSVM_COMPILED=0``) there is nothing to compile and this does nothing.
 
 Run as a module, it compiles the three groups in three processes at once (each group's kernels are their own
 functions, cached in their own files), so that a machine with a free core spends the time of the longest group
